@@ -1,0 +1,152 @@
+package agent
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"rewind.dev/rewind/shm"
+)
+
+// Agent is the state of one node agent. Its methods are safe for concurrent
+// use: operations on one rank are serialized by a per-rank mutex, the budget
+// by the agent's mutex.
+type Agent struct {
+	cfg     Config
+	log     *slog.Logger
+	paths   shm.Paths
+	segs    *shm.Segments
+	metrics *metrics
+	fsStat  shm.FSStat
+	budget  uint64
+
+	mu     sync.Mutex // guards ranks, used, seq, leases
+	ranks  map[rankKey]*lockedRank
+	used   uint64
+	seq    uint64
+	leases map[uint64]*lease
+
+	verifyQ chan verifyJob
+}
+
+type rankKey struct {
+	job  string
+	rank uint32
+}
+
+type lockedRank struct {
+	mu sync.Mutex
+	rankState
+}
+
+type lease struct {
+	r       *lockedRank
+	s       *slot
+	expires time.Time
+}
+
+// New runs the pre-flight check, re-indexes the segments under the root and
+// returns an agent ready to serve. It refuses a misconfigured node.
+func New(cfg Config) (*Agent, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	a := &Agent{
+		cfg:    cfg,
+		log:    cfg.Logger.With("component", "agent", "node", cfg.Node),
+		paths:  shm.Paths{Root: cfg.ShmRoot},
+		ranks:  map[rankKey]*lockedRank{},
+		leases: map[uint64]*lease{},
+	}
+	mode := os.FileMode(0o600)
+	if cfg.SocketGroup != "" {
+		mode = 0o660
+	}
+	a.segs = &shm.Segments{FS: cfg.FS, Paths: a.paths, FileMode: mode}
+	if err := a.preflight(); err != nil {
+		return nil, err
+	}
+	a.metrics = newMetrics(cfg.Registry, a)
+	if err := a.reindex(); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+func newToken() uint64 {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return binary.LittleEndian.Uint64(b[:]) | 1 // never zero
+}
+
+func (a *Agent) rank(job string, rank uint32, create bool) *lockedRank {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	k := rankKey{job, rank}
+	r := a.ranks[k]
+	if r == nil && create {
+		r = &lockedRank{rankState: rankState{job: job, rank: rank}}
+		a.ranks[k] = r
+	}
+	return r
+}
+
+// reserveBudget accounts for a segment growing from old to size bytes.
+func (a *Agent) reserveBudget(job string, rank uint32, old, size int64) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if size <= old {
+		return nil
+	}
+	grow := uint64(size - old)
+	if a.used+grow > a.budget {
+		left := uint64(0)
+		if a.budget > a.used {
+			left = a.budget - a.used
+		}
+		return fmt.Errorf("%w: agent: segment for job %s rank %d is %s, budget left %s (budget %s, %s in use)",
+			ErrBudget, job, rank, shm.Bytes(uint64(size)), shm.Bytes(left), shm.Bytes(a.budget), shm.Bytes(a.used))
+	}
+	a.used += grow
+	return nil
+}
+
+// adjustUsed records a segment's size change, once the file has changed.
+func (a *Agent) adjustUsed(delta int64) {
+	a.mu.Lock()
+	a.used = uint64(int64(a.used) + delta)
+	a.mu.Unlock()
+}
+
+func (a *Agent) nextSeq() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.seq++
+	return a.seq
+}
+
+// Used returns the bytes of all segments and the budget.
+func (a *Agent) Used() (used, budget uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.used, a.budget
+}
+
+func validateRank(job string, rank, worldSize uint32) error {
+	if err := shm.ValidateJob(job); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if worldSize != 0 && rank >= worldSize {
+		return fmt.Errorf("%w: agent: rank %d out of range for world size %d", ErrInvalid, rank, worldSize)
+	}
+	return nil
+}
+
+var errClosed = errors.New("agent: closed")

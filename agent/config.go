@@ -1,0 +1,104 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"rewind.dev/rewind/internal/clock"
+	"rewind.dev/rewind/shm"
+)
+
+// Config configures an agent.
+type Config struct {
+	// Node names this node in listings and, later, in the cluster.
+	Node string
+	// ShmRoot is the directory on tmpfs that holds the segments.
+	ShmRoot string
+	// Socket is the Unix socket the SDK dials.
+	Socket string
+	// SocketGroup, when set, makes the socket and segments readable and
+	// writable by this group (0660) instead of by the owner only (0600).
+	SocketGroup string
+	// ListenAddr is the TCP address for peers and the coordinator; empty
+	// disables it.
+	ListenAddr string
+	// MetricsAddr serves Prometheus /metrics over HTTP; empty disables it.
+	MetricsAddr string
+	// BudgetBytes caps the bytes of all segments on the node; 0 means the
+	// size of the shared-memory file system.
+	BudgetBytes uint64
+	// SlotsPerRank is how many segments each rank rotates through.
+	SlotsPerRank int
+	// VerifyWorkers is how many goroutines verify checksums.
+	VerifyWorkers int
+	// VerifyAfterCommit re-reads every committed shard in the background.
+	VerifyAfterCommit bool
+	// LeaseTTL bounds how long a reader that never releases its lease holds
+	// a slot.
+	LeaseTTL time.Duration
+
+	FS       shm.FS
+	Clock    clock.Clock
+	Logger   *slog.Logger
+	Registry prometheus.Registerer
+}
+
+// DefaultConfig returns the configuration of a node agent on a Linux host.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{
+		Node:              host,
+		ShmRoot:           "/dev/shm/rewind", // memory-backed on every Linux host and pod
+		Socket:            "/run/rewind/agent.sock",
+		ListenAddr:        ":7070",
+		MetricsAddr:       ":9464",
+		SlotsPerRank:      2, // the latest committed step plus the save in progress
+		VerifyWorkers:     2, // verification runs beside training: leave it most cores
+		VerifyAfterCommit: true,
+		LeaseTTL:          5 * time.Minute, // far above any restore copy, short enough to recover a lost reader's slot
+	}
+}
+
+// Validate checks the configuration and fills in the parts left nil.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Node == "" {
+		errs = append(errs, errors.New("node name is empty"))
+	}
+	if c.ShmRoot == "" {
+		errs = append(errs, errors.New("shm root is empty"))
+	}
+	if c.Socket == "" {
+		errs = append(errs, errors.New("socket path is empty"))
+	}
+	if c.SlotsPerRank < 2 {
+		errs = append(errs, fmt.Errorf("slots per rank is %d; at least 2 keep the latest checkpoint safe while the next is written", c.SlotsPerRank))
+	}
+	if c.VerifyWorkers < 1 {
+		errs = append(errs, fmt.Errorf("verify workers is %d, must be at least 1", c.VerifyWorkers))
+	}
+	if c.LeaseTTL <= 0 {
+		errs = append(errs, fmt.Errorf("lease TTL %v must be positive", c.LeaseTTL))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("agent: invalid config: %w", err)
+	}
+	if c.FS == nil {
+		c.FS = shm.OSFS
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Real
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Registry == nil {
+		c.Registry = prometheus.NewRegistry()
+	}
+	return nil
+}

@@ -1,0 +1,56 @@
+package agent
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	saves          *prometheus.CounterVec
+	committedBytes prometheus.Counter
+	corrupt        prometheus.Counter
+	verifySeconds  prometheus.Histogram
+	readBytes      prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer, a *Agent) *metrics {
+	m := &metrics{
+		saves: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rewind_agent_saves_total",
+			Help: "Saves by outcome: ok (committed), budget, no_space.",
+		}, []string{"result"}),
+		committedBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rewind_agent_committed_bytes_total",
+			Help: "Bytes of shards committed into shared memory.",
+		}),
+		corrupt: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rewind_agent_corrupt_shards_total",
+			Help: "Shards whose bytes did not match their checksums.",
+		}),
+		verifySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "rewind_agent_verify_seconds",
+			Help:    "Time to verify one shard's checksums.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 8),
+		}),
+		readBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rewind_agent_read_bytes_total",
+			Help: "Bytes of shards streamed to readers over gRPC.",
+		}),
+	}
+	usedFn := func() float64 { u, _ := a.Used(); return float64(u) }
+	budgetFn := func() float64 { _, b := a.Used(); return float64(b) }
+	shards := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "rewind_agent_committed_shards",
+		Help: "Committed shards held in shared memory.",
+	}, func() float64 {
+		n := 0
+		for _, s := range a.List("") {
+			if s.State == stateCommitted {
+				n++
+			}
+		}
+		return float64(n)
+	})
+	reg.MustRegister(m.saves, m.committedBytes, m.corrupt, m.verifySeconds, m.readBytes, shards,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rewind_agent_shm_bytes", Help: "Bytes of all segments in shared memory."}, usedFn),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rewind_agent_shm_budget_bytes", Help: "The node's shared-memory budget."}, budgetFn),
+	)
+	return m
+}

@@ -1,0 +1,437 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"time"
+
+	"rewind.dev/rewind/shm"
+)
+
+// PrepareResult says where a rank writes its next shard.
+type PrepareResult struct {
+	Slot    uint32
+	Path    string
+	Size    int64
+	Token   uint64
+	Resized bool
+}
+
+// maxShardBytes bounds one shard (16 TiB): beyond any node's memory, it only
+// catches sizes computed from garbage.
+const maxShardBytes = 16 << 40
+
+// Prepare picks and sizes a slot for the rank's save of step. The slot
+// holding the rank's latest committed step is never chosen, so a save that
+// fails or dies half-way cannot damage it.
+func (a *Agent) Prepare(ctx context.Context, job string, rank, worldSize uint32, step int64, size int64) (PrepareResult, error) {
+	if err := validateRank(job, rank, worldSize); err != nil {
+		return PrepareResult{}, err
+	}
+	if worldSize == 0 {
+		return PrepareResult{}, fmt.Errorf("%w: agent: world size is 0", ErrInvalid)
+	}
+	if step < 0 {
+		return PrepareResult{}, fmt.Errorf("%w: agent: negative step %d", ErrInvalid, step)
+	}
+	if size < shm.Alignment || size > maxShardBytes {
+		return PrepareResult{}, fmt.Errorf("%w: agent: shard size %d bytes out of range [%d, %d]", ErrInvalid, size, shm.Alignment, int64(maxShardBytes))
+	}
+	r := a.rank(job, rank, true)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	a.expireLeases(r)
+	s := r.pick(size, a.cfg.SlotsPerRank)
+	if s == nil {
+		latest := r.latest()
+		return PrepareResult{}, fmt.Errorf("%w: agent: all %d slots of job %s rank %d are the latest checkpoint (step %d) or being read",
+			ErrBusy, len(r.slots), job, rank, latest.Step)
+	}
+	if err := a.reserveBudget(job, rank, s.Size, size); err != nil {
+		a.metrics.saves.WithLabelValues("budget").Inc()
+		return PrepareResult{}, err
+	}
+	prev := *s
+	// Record the slot as being written before its file changes, so that an
+	// agent restarted mid-save never takes the old bytes for a checkpoint.
+	s.State, s.Step, s.Seq, s.token, s.HeaderSum, s.Problem, s.verified = stateWriting, step, 0, newToken(), "", "", false
+	s.WorldSize, s.CommittedAt = worldSize, 0
+	if err := a.persist(&r.rankState); err != nil {
+		*s = prev
+		a.releaseBudget(prev.Size, size)
+		return PrepareResult{}, err
+	}
+	path := a.paths.Segment(job, rank, s.Index)
+	resized, err := a.segs.Reserve(path, size)
+	if err != nil {
+		var nospace *shm.NoSpaceError
+		if errors.As(err, &nospace) {
+			// Reserve left the file as it was: so is the slot.
+			*s = prev
+		} else {
+			s.State = stateFree
+		}
+		a.releaseBudget(prev.Size, size)
+		if perr := a.persist(&r.rankState); perr != nil {
+			a.log.Error("restoring slot state after failed reserve", "err", perr)
+		}
+		a.metrics.saves.WithLabelValues("no_space").Inc()
+		return PrepareResult{}, err
+	}
+	if size < prev.Size {
+		a.adjustUsed(size - prev.Size)
+	}
+	s.Size = size
+	if resized {
+		a.log.Info("segment sized", "job", job, "rank", rank, "slot", s.Index, "bytes", size)
+	}
+	return PrepareResult{Slot: s.Index, Path: path, Size: size, Token: s.token, Resized: resized}, nil
+}
+
+// releaseBudget undoes reserveBudget for a segment that did not grow.
+func (a *Agent) releaseBudget(old, size int64) {
+	if size > old {
+		a.adjustUsed(old - size)
+	}
+}
+
+// Commit makes a prepared slot the rank's latest checkpoint, after checking
+// that its header is whole and names this job, rank and step. Tensor data is
+// verified in the background (VerifyAfterCommit), off the training step.
+func (a *Agent) Commit(ctx context.Context, job string, rank, slotIdx uint32, token uint64, step int64, headerSum string) (uint64, error) {
+	if err := validateRank(job, rank, 0); err != nil {
+		return 0, err
+	}
+	r := a.rank(job, rank, false)
+	if r == nil {
+		return 0, fmt.Errorf("%w: agent: job %s rank %d has no prepared slot", ErrNotFound, job, rank)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var s *slot
+	for _, c := range r.slots {
+		if c.Index == slotIdx {
+			s = c
+		}
+	}
+	if s == nil || s.State != stateWriting || s.token != token || s.Step != step {
+		return 0, fmt.Errorf("%w: agent: slot %d of job %s rank %d is not being written for step %d by this caller (a later save took it over?)",
+			ErrBusy, slotIdx, job, rank, step)
+	}
+	path := a.paths.Segment(job, rank, slotIdx)
+	h, raw, err := a.readHeader(path)
+	if err != nil {
+		return 0, fmt.Errorf("agent: commit of job %s rank %d step %d: %w", job, rank, step, err)
+	}
+	switch {
+	case !h.Rewind || h.Meta.Job != job || h.Meta.Rank != rank || h.Meta.Step != step:
+		return 0, fmt.Errorf("%w: agent: commit of job %s rank %d step %d: header names job %q rank %d step %d",
+			ErrInvalid, job, rank, step, h.Meta.Job, h.Meta.Rank, h.Meta.Step)
+	case h.Size != s.Size:
+		return 0, fmt.Errorf("%w: agent: commit: header describes %d bytes, segment is %d", ErrInvalid, h.Size, s.Size)
+	case shm.HeaderSum(raw) != headerSum:
+		return 0, fmt.Errorf("%w: agent: commit of job %s rank %d step %d: header checksum %s, writer says %s",
+			shm.ErrCorrupt, job, rank, step, shm.HeaderSum(raw), headerSum)
+	}
+	s.State, s.Seq, s.HeaderSum = stateCommitted, a.nextSeq(), headerSum
+	s.CommittedAt, s.WorldSize, s.Tensors, s.token = a.cfg.Clock.Now().UnixNano(), h.Meta.WorldSize, uint32(len(h.Tensors)), 0
+	if err := a.persist(&r.rankState); err != nil {
+		s.State = stateWriting
+		return 0, err
+	}
+	a.metrics.saves.WithLabelValues("ok").Inc()
+	a.metrics.committedBytes.Add(float64(s.Size))
+	if a.cfg.VerifyAfterCommit && a.verifyQ != nil {
+		select {
+		case a.verifyQ <- verifyJob{r: r, s: s, seq: s.Seq}:
+		default: // the verifier is behind; the shard is verified when next read
+		}
+	}
+	return s.Seq, nil
+}
+
+// Open leases a committed shard (the latest when latest is set) for reading.
+func (a *Agent) Open(job string, rank uint32, step int64, latest bool) (*shardInfo, uint64, error) {
+	if err := validateRank(job, rank, 0); err != nil {
+		return nil, 0, err
+	}
+	r := a.rank(job, rank, false)
+	if r == nil {
+		return nil, 0, fmt.Errorf("%w: agent: no checkpoint for job %s rank %d", ErrNotFound, job, rank)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.latest()
+	if !latest {
+		s = r.find(step)
+	}
+	if s == nil {
+		return nil, 0, fmt.Errorf("%w: agent: no committed checkpoint for job %s rank %d%s", ErrNotFound, job, rank, stepSuffix(step, latest))
+	}
+	id := newToken()
+	s.readers++
+	a.mu.Lock()
+	a.leases[id] = &lease{r: r, s: s, expires: a.cfg.Clock.Now().Add(a.cfg.LeaseTTL)}
+	a.mu.Unlock()
+	return a.shardOf(&r.rankState, s), id, nil
+}
+
+func stepSuffix(step int64, latest bool) string {
+	if latest {
+		return ""
+	}
+	return fmt.Sprintf(" at step %d", step)
+}
+
+// Release ends a lease; releasing an unknown or expired lease is not an error.
+func (a *Agent) Release(id uint64) {
+	a.mu.Lock()
+	l := a.leases[id]
+	delete(a.leases, id)
+	a.mu.Unlock()
+	if l == nil {
+		return
+	}
+	l.r.mu.Lock()
+	l.s.readers--
+	l.r.mu.Unlock()
+}
+
+// expireLeases drops the leases of rank r that are past their TTL, so a
+// reader that died without releasing does not pin a slot forever. The caller
+// holds r's mutex.
+func (a *Agent) expireLeases(r *lockedRank) {
+	now := a.cfg.Clock.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for id, l := range a.leases {
+		if l.r == r && now.After(l.expires) {
+			a.log.Warn("read lease expired without release", "job", r.job, "rank", r.rank, "step", l.s.Step)
+			l.s.readers--
+			delete(a.leases, id)
+		}
+	}
+}
+
+// List returns every non-free slot, of one job or of all, ordered by job,
+// rank and step.
+func (a *Agent) List(job string) []*shardInfo {
+	a.mu.Lock()
+	ranks := make([]*lockedRank, 0, len(a.ranks))
+	for k, r := range a.ranks {
+		if job == "" || k.job == job {
+			ranks = append(ranks, r)
+		}
+	}
+	a.mu.Unlock()
+	var out []*shardInfo
+	for _, r := range ranks {
+		r.mu.Lock()
+		for _, s := range r.slots {
+			if s.State != stateFree {
+				out = append(out, a.shardOf(&r.rankState, s))
+			}
+		}
+		r.mu.Unlock()
+	}
+	slices.SortFunc(out, func(x, y *shardInfo) int {
+		switch {
+		case x.Job != y.Job:
+			return compare(x.Job, y.Job)
+		case x.Rank != y.Rank:
+			return compare(x.Rank, y.Rank)
+		}
+		return compare(x.Step, y.Step)
+	})
+	return out
+}
+
+func compare[T int64 | uint32 | string](x, y T) int {
+	switch {
+	case x < y:
+		return -1
+	case x > y:
+		return 1
+	}
+	return 0
+}
+
+// Delete removes the committed or corrupt shards of a job: of one rank or
+// all, of one step or every step (step < 0). Slots being read or written are
+// left alone.
+func (a *Agent) Delete(job string, rank uint32, allRanks bool, step int64) (n int, freed int64, err error) {
+	if err := validateRank(job, rank, 0); err != nil {
+		return 0, 0, err
+	}
+	a.mu.Lock()
+	var ranks []*lockedRank
+	for k, r := range a.ranks {
+		if k.job == job && (allRanks || k.rank == rank) {
+			ranks = append(ranks, r)
+		}
+	}
+	a.mu.Unlock()
+	for _, r := range ranks {
+		r.mu.Lock()
+		keep := r.slots[:0]
+		for _, s := range r.slots {
+			gone := (s.State == stateCommitted || s.State == stateCorrupt || s.State == stateFree) &&
+				s.readers == 0 && (step < 0 || s.Step == step && s.State != stateFree)
+			if !gone {
+				keep = append(keep, s)
+				continue
+			}
+			if rmErr := a.cfg.FS.Remove(a.paths.Segment(r.job, r.rank, s.Index)); rmErr != nil && !os.IsNotExist(rmErr) {
+				err = errors.Join(err, rmErr)
+				keep = append(keep, s)
+				continue
+			}
+			if s.State != stateFree {
+				n++
+			}
+			freed += s.Size
+			a.adjustUsed(-s.Size)
+		}
+		r.slots = keep
+		if perr := a.persist(&r.rankState); perr != nil {
+			err = errors.Join(err, perr)
+		}
+		r.mu.Unlock()
+	}
+	if n > 0 {
+		a.log.Info("deleted shards", "job", job, "shards", n, "bytes", freed)
+	}
+	return n, freed, err
+}
+
+// Verify re-reads a committed (or already corrupt) shard and checks every
+// checksum. A mismatch marks the slot corrupt: it is never served again.
+func (a *Agent) Verify(job string, rank uint32, step int64, detail string) (int64, error) {
+	if err := validateRank(job, rank, 0); err != nil {
+		return 0, err
+	}
+	r := a.rank(job, rank, false)
+	if r == nil {
+		return 0, fmt.Errorf("%w: agent: no checkpoint for job %s rank %d", ErrNotFound, job, rank)
+	}
+	r.mu.Lock()
+	var s *slot
+	for _, c := range r.slots {
+		if (c.State == stateCommitted || c.State == stateCorrupt) && c.Step == step && (s == nil || c.Seq > s.Seq) {
+			s = c
+		}
+	}
+	r.mu.Unlock()
+	if s == nil {
+		return 0, fmt.Errorf("%w: agent: no checkpoint for job %s rank %d at step %d", ErrNotFound, job, rank, step)
+	}
+	if detail != "" {
+		a.log.Warn("reader reports corrupt shard", "job", job, "rank", rank, "step", step, "detail", detail)
+	}
+	return s.Size, a.verify(r, s)
+}
+
+// verify checks a slot's bytes without holding the rank's mutex during the
+// pass over the data (a save of the same rank must not wait for it): the
+// slot is pinned as being read meanwhile, and the result is applied only if
+// the slot still holds the same commit.
+func (a *Agent) verify(r *lockedRank, s *slot) error {
+	r.mu.Lock()
+	if s.State != stateCommitted && s.State != stateCorrupt {
+		r.mu.Unlock()
+		return fmt.Errorf("%w: agent: job %s rank %d slot %d is no longer committed", ErrNotFound, r.job, r.rank, s.Index)
+	}
+	snap := *s
+	s.readers++
+	r.mu.Unlock()
+
+	start := time.Now()
+	err := a.checkSegment(r.job, r.rank, &snap)
+	a.metrics.verifySeconds.Observe(time.Since(start).Seconds())
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s.readers--
+	if s.Seq != snap.Seq {
+		return err
+	}
+	if err == nil {
+		if s.State == stateCorrupt {
+			return fmt.Errorf("%w: agent: job %s rank %d step %d was found corrupt earlier: %s", shm.ErrCorrupt, r.job, r.rank, s.Step, s.Problem)
+		}
+		s.verified = true
+		return nil
+	}
+	if s.State != stateCorrupt {
+		a.log.Error("checkpoint corrupt: it will not be served", "job", r.job, "rank", r.rank, "step", s.Step, "err", err)
+		a.metrics.corrupt.Inc()
+	}
+	s.State, s.Problem, s.verified = stateCorrupt, err.Error(), false
+	if perr := a.persist(&r.rankState); perr != nil {
+		a.log.Error("recording corrupt shard", "err", perr)
+	}
+	return err
+}
+
+// checkSegment maps a segment read-only and checks header and data.
+func (a *Agent) checkSegment(job string, rank uint32, s *slot) error {
+	path := a.paths.Segment(job, rank, s.Index)
+	f, err := a.cfg.FS.OpenFile(path, os.O_RDONLY, 0)
+	if err != nil {
+		return fmt.Errorf("%w: agent: segment of job %s rank %d step %d: %v", shm.ErrCorrupt, job, rank, s.Step, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if fi.Size() != s.Size || fi.Size() < 8 {
+		return fmt.Errorf("%w: agent: segment of job %s rank %d step %d is %d bytes, %d were committed", shm.ErrCorrupt, job, rank, s.Step, fi.Size(), s.Size)
+	}
+	m, err := shm.Map(f, fi.Size(), false)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	h, err := shm.DecodeBytes(m.Data)
+	if err != nil {
+		return fmt.Errorf("agent: job %s rank %d step %d: %w", job, rank, s.Step, err)
+	}
+	if !h.Rewind || h.Meta.Job != job || h.Meta.Rank != rank || h.Meta.Step != s.Step {
+		return fmt.Errorf("%w: agent: segment of job %s rank %d step %d holds job %q rank %d step %d",
+			shm.ErrCorrupt, job, rank, s.Step, h.Meta.Job, h.Meta.Rank, h.Meta.Step)
+	}
+	if s.HeaderSum != "" && shm.HeaderSum(m.Data[:h.DataStart]) != s.HeaderSum {
+		return fmt.Errorf("%w: agent: header of job %s rank %d step %d changed since commit", shm.ErrCorrupt, job, rank, s.Step)
+	}
+	if err := h.Verify(m.Data, a.cfg.VerifyWorkers); err != nil {
+		return fmt.Errorf("agent: job %s rank %d step %d: %w", job, rank, s.Step, err)
+	}
+	return nil
+}
+
+type verifyJob struct {
+	r   *lockedRank
+	s   *slot
+	seq uint64
+}
+
+// runVerifier verifies committed shards in the background until ctx ends.
+func (a *Agent) runVerifier(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case j := <-a.verifyQ:
+			j.r.mu.Lock()
+			due := j.s.State == stateCommitted && j.s.Seq == j.seq && !j.s.verified
+			j.r.mu.Unlock()
+			if due {
+				_ = a.verify(j.r, j.s)
+			}
+		}
+	}
+}

@@ -1,0 +1,68 @@
+package agent
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"rewind.dev/rewind/shm"
+)
+
+// preflight checks the shared-memory root before the agent serves anything:
+// it must be memory-backed, and the budget must fit in it and in the host's
+// memory. It logs what it found, and a misconfiguration is an error here,
+// never a SIGBUS in a training process later.
+func (a *Agent) preflight() error {
+	root := a.cfg.ShmRoot
+	if err := a.cfg.FS.MkdirAll(root, a.segs.FileMode|0o700); err != nil {
+		return fmt.Errorf("agent: pre-flight: cannot create shm root %s: %w", root, err)
+	}
+	st, err := a.cfg.FS.Statfs(root)
+	if err != nil {
+		return fmt.Errorf("agent: pre-flight: %w", err)
+	}
+	a.fsStat = st
+	memTotal := memTotalBytes()
+	a.log.Info("pre-flight", "shm_root", root, "filesystem", st.Type, "size", shm.Bytes(st.Size),
+		"free", shm.Bytes(st.Free), "budget", shm.Bytes(a.cfg.BudgetBytes), "mem_total", shm.Bytes(memTotal))
+	if !st.Tmpfs {
+		return fmt.Errorf("agent: pre-flight: shm root %s is on a %s file system, not tmpfs: checkpoints would go to disk at disk speed; mount a tmpfs there or use /dev/shm", root, st.Type)
+	}
+	a.budget = a.cfg.BudgetBytes
+	if a.budget == 0 {
+		a.budget = st.Size
+	}
+	if a.budget > st.Size {
+		return fmt.Errorf("agent: pre-flight: budget %s exceeds the %s tmpfs at %s; lower --budget or enlarge the tmpfs",
+			shm.Bytes(a.budget), shm.Bytes(st.Size), root)
+	}
+	if memTotal > 0 && a.budget > memTotal {
+		return fmt.Errorf("agent: pre-flight: budget %s exceeds the host's memory %s", shm.Bytes(a.budget), shm.Bytes(memTotal))
+	}
+	if a.budget < 2*shm.Alignment {
+		return fmt.Errorf("agent: pre-flight: budget %s cannot hold even one shard", shm.Bytes(a.budget))
+	}
+	return nil
+}
+
+// memTotalBytes reads MemTotal from /proc/meminfo, or 0 if it cannot.
+func memTotalBytes() uint64 {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "MemTotal:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			if err != nil {
+				return 0
+			}
+			return kb << 10
+		}
+	}
+	return 0
+}

@@ -1,0 +1,161 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+
+	"rewind.dev/rewind/api/agentpb"
+	"rewind.dev/rewind/shm"
+)
+
+// Version is the agent's version, reported by Status.
+var Version = "dev"
+
+// Run serves the agent until ctx is cancelled: gRPC on the Unix socket (and
+// on TCP when configured), metrics over HTTP, and the background verifier.
+// ready, when not nil, is called once every listener is open.
+func (a *Agent) Run(ctx context.Context, ready func(Addrs)) error {
+	uds, err := a.listenUnix()
+	if err != nil {
+		return err
+	}
+	srv := grpc.NewServer(
+		grpc.ChainUnaryInterceptor(unaryErrors),
+		grpc.ChainStreamInterceptor(streamErrors),
+	)
+	agentpb.RegisterAgentServer(srv, &server{a: a})
+	var addrs Addrs
+	addrs.Socket = a.cfg.Socket
+	errc := make(chan error, 3)
+	go func() { errc <- srv.Serve(uds) }()
+	if a.cfg.ListenAddr != "" {
+		tcp, err := net.Listen("tcp", a.cfg.ListenAddr)
+		if err != nil {
+			srv.Stop()
+			return fmt.Errorf("agent: listen %s: %w", a.cfg.ListenAddr, err)
+		}
+		addrs.TCP = tcp.Addr().String()
+		go func() { errc <- srv.Serve(tcp) }()
+	}
+	var httpSrv *http.Server
+	if a.cfg.MetricsAddr != "" {
+		ml, err := net.Listen("tcp", a.cfg.MetricsAddr)
+		if err != nil {
+			srv.Stop()
+			return fmt.Errorf("agent: listen %s for metrics: %w", a.cfg.MetricsAddr, err)
+		}
+		addrs.Metrics = ml.Addr().String()
+		mux := http.NewServeMux()
+		gatherer, _ := a.cfg.Registry.(prometheus.Gatherer)
+		if gatherer == nil {
+			gatherer = prometheus.DefaultGatherer
+		}
+		mux.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+		httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := httpSrv.Serve(ml); !errors.Is(err, http.ErrServerClosed) {
+				errc <- err
+			}
+		}()
+	}
+	a.verifyQ = make(chan verifyJob, 1024)
+	vctx, stopVerifier := context.WithCancel(ctx)
+	defer stopVerifier()
+	go a.runVerifier(vctx)
+	a.log.Info("agent serving", "socket", addrs.Socket, "tcp", addrs.TCP, "metrics", addrs.Metrics)
+	if ready != nil {
+		ready(addrs)
+	}
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	stopped := make(chan struct{})
+	go func() { srv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		srv.Stop()
+	}
+	if httpSrv != nil {
+		_ = httpSrv.Close()
+	}
+	_ = os.Remove(a.cfg.Socket)
+	a.log.Info("agent stopped")
+	return err
+}
+
+// Addrs are where a running agent listens.
+type Addrs struct {
+	Socket, TCP, Metrics string
+}
+
+// listenUnix opens the SDK socket, owner-only (0600) or, with SocketGroup,
+// group-writable (0660) and owned by that group. A stale socket left by a
+// dead agent is replaced; a live one is an error.
+func (a *Agent) listenUnix() (net.Listener, error) {
+	path := a.cfg.Socket
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("agent: socket directory: %w", err)
+	}
+	if _, err := os.Stat(path); err == nil {
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("agent: another agent is serving on %s", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("agent: removing stale socket: %w", err)
+		}
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("agent: listen %s: %w", path, err)
+	}
+	mode := os.FileMode(0o600)
+	if g := a.cfg.SocketGroup; g != "" {
+		gid, err := lookupGroup(g)
+		if err != nil {
+			l.Close()
+			return nil, err
+		}
+		if err := os.Chown(path, -1, gid); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("agent: chown socket to group %s: %w", g, err)
+		}
+		if err := os.Chown(a.cfg.ShmRoot, -1, gid); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("agent: chown shm root to group %s: %w", g, err)
+		}
+		mode = 0o660
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("agent: chmod socket: %w", err)
+	}
+	return l, nil
+}
+
+func lookupGroup(name string) (int, error) {
+	if gid, err := strconv.Atoi(name); err == nil {
+		return gid, nil
+	}
+	g, err := user.LookupGroup(name)
+	if err != nil {
+		return 0, fmt.Errorf("agent: socket group: %w", err)
+	}
+	return strconv.Atoi(g.Gid)
+}
+
+func isCorrupt(err error) bool { return errors.Is(err, shm.ErrCorrupt) }

@@ -1,0 +1,161 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"rewind.dev/rewind/api/agentpb"
+	"rewind.dev/rewind/shm"
+)
+
+// server adapts the Agent to its gRPC service.
+type server struct {
+	agentpb.UnimplementedAgentServer
+	a *Agent
+}
+
+func (s *server) Prepare(ctx context.Context, req *agentpb.PrepareRequest) (*agentpb.PrepareResponse, error) {
+	if req.SizeBytes > maxShardBytes {
+		return nil, fmt.Errorf("%w: agent: shard size %d bytes is too large", ErrInvalid, req.SizeBytes)
+	}
+	res, err := s.a.Prepare(ctx, req.Job, req.Rank, req.WorldSize, req.Step, int64(req.SizeBytes))
+	if err != nil {
+		return nil, err
+	}
+	return &agentpb.PrepareResponse{Slot: res.Slot, Path: res.Path, SizeBytes: uint64(res.Size), Token: res.Token, Resized: res.Resized}, nil
+}
+
+func (s *server) Commit(ctx context.Context, req *agentpb.CommitRequest) (*agentpb.CommitResponse, error) {
+	seq, err := s.a.Commit(ctx, req.Job, req.Rank, req.Slot, req.Token, req.Step, req.HeaderChecksum)
+	if err != nil {
+		return nil, err
+	}
+	return &agentpb.CommitResponse{Step: req.Step, Seq: seq}, nil
+}
+
+func (s *server) Open(ctx context.Context, req *agentpb.OpenRequest) (*agentpb.OpenResponse, error) {
+	sh, lease, err := s.a.Open(req.Job, req.Rank, req.Step, req.Latest)
+	if err != nil {
+		return nil, err
+	}
+	return &agentpb.OpenResponse{Shard: sh.proto(), Lease: lease}, nil
+}
+
+func (s *server) Release(ctx context.Context, req *agentpb.ReleaseRequest) (*agentpb.ReleaseResponse, error) {
+	s.a.Release(req.Lease)
+	return &agentpb.ReleaseResponse{}, nil
+}
+
+func (s *server) List(ctx context.Context, req *agentpb.ListRequest) (*agentpb.ListResponse, error) {
+	if req.Job != "" {
+		if err := validateRank(req.Job, 0, 0); err != nil {
+			return nil, err
+		}
+	}
+	resp := &agentpb.ListResponse{}
+	for _, sh := range s.a.List(req.Job) {
+		resp.Shards = append(resp.Shards, sh.proto())
+	}
+	return resp, nil
+}
+
+func (s *server) Verify(ctx context.Context, req *agentpb.VerifyRequest) (*agentpb.VerifyResponse, error) {
+	return s.verify(req, "")
+}
+
+func (s *server) ReportCorrupt(ctx context.Context, req *agentpb.VerifyRequest) (*agentpb.VerifyResponse, error) {
+	detail := req.Detail
+	if detail == "" {
+		detail = "(no detail given)"
+	}
+	return s.verify(req, detail)
+}
+
+// verify answers a corrupt shard with ok=false rather than an error: the
+// call itself succeeded.
+func (s *server) verify(req *agentpb.VerifyRequest, detail string) (*agentpb.VerifyResponse, error) {
+	n, err := s.a.Verify(req.Job, req.Rank, req.Step, detail)
+	if err != nil {
+		if isCorrupt(err) {
+			return &agentpb.VerifyResponse{Ok: false, Problem: err.Error()}, nil
+		}
+		return nil, err
+	}
+	return &agentpb.VerifyResponse{Ok: true, BytesChecked: uint64(n)}, nil
+}
+
+func (s *server) Delete(ctx context.Context, req *agentpb.DeleteRequest) (*agentpb.DeleteResponse, error) {
+	n, freed, err := s.a.Delete(req.Job, req.Rank, req.AllRanks, req.Step)
+	if err != nil {
+		return nil, err
+	}
+	return &agentpb.DeleteResponse{Deleted: uint32(n), BytesFreed: uint64(freed)}, nil
+}
+
+func (s *server) Status(ctx context.Context, req *agentpb.StatusRequest) (*agentpb.StatusResponse, error) {
+	st, err := s.a.cfg.FS.Statfs(s.a.cfg.ShmRoot)
+	if err != nil {
+		return nil, err
+	}
+	used, budget := s.a.Used()
+	return &agentpb.StatusResponse{
+		Node: s.a.cfg.Node, ShmRoot: s.a.cfg.ShmRoot, Filesystem: st.Type,
+		FsSizeBytes: st.Size, FsFreeBytes: st.Free, BudgetBytes: budget, UsedBytes: used,
+		SlotsPerRank: uint32(s.a.cfg.SlotsPerRank), Version: Version,
+	}, nil
+}
+
+// readChunk is the size of one streamed chunk: large enough to amortize
+// per-message cost, well under gRPC's 4 MiB default message limit.
+const readChunk = 1 << 20
+
+// Read streams a committed shard. The shard is verified first, so a reader
+// never receives bytes that do not match their checksums; the slot is leased
+// for the duration so a save cannot reuse it mid-stream.
+func (s *server) Read(req *agentpb.ReadRequest, stream agentpb.Agent_ReadServer) error {
+	sh, lease, err := s.a.Open(req.Job, req.Rank, req.Step, false)
+	if err != nil {
+		return err
+	}
+	defer s.a.Release(lease)
+	if _, err := s.a.Verify(req.Job, req.Rank, req.Step, ""); err != nil {
+		return err
+	}
+	f, err := s.a.cfg.FS.OpenFile(sh.Path, os.O_RDONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	m, err := shm.Map(f, sh.Size, false)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	for off := int64(0); off < sh.Size; off += readChunk {
+		end := min(off+readChunk, sh.Size)
+		chunk := &agentpb.ReadChunk{Offset: uint64(off), Data: m.Data[off:end]}
+		if off == 0 {
+			chunk.Shard = sh.proto()
+		}
+		if err := stream.Send(chunk); err != nil {
+			return err
+		}
+		s.a.metrics.readBytes.Add(float64(end - off))
+	}
+	return nil
+}
+
+func (sh *shardInfo) proto() *agentpb.Shard {
+	p := &agentpb.Shard{
+		Job: sh.Job, Rank: sh.Rank, WorldSize: sh.WorldSize, Step: sh.Step, Slot: sh.Slot, Path: sh.Path,
+		SizeBytes: uint64(sh.Size), State: string(sh.State), Seq: sh.Seq, HeaderChecksum: sh.HeaderSum,
+		Verified: sh.Verified, Tensors: sh.Tensors, Problem: sh.Problem,
+	}
+	if !sh.CommittedAt.IsZero() && sh.CommittedAt.UnixNano() > 0 {
+		p.CommittedUnixNano = sh.CommittedAt.UnixNano()
+	}
+	return p
+}
+
+var _ agentpb.AgentServer = (*server)(nil)

@@ -1,0 +1,206 @@
+package agent
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+
+	"rewind.dev/rewind/shm"
+)
+
+// slotState is the life of a segment slot:
+//
+//	free ──Prepare──▶ writing ──Commit──▶ committed ──Prepare (oldest, not latest)──▶ writing
+//	                     │                     │
+//	                     └─Prepare again──▶ writing (the unfinished save is abandoned)
+//	                                           └─checksum mismatch──▶ corrupt ──Prepare──▶ writing
+type slotState string
+
+const (
+	stateFree      slotState = "free"
+	stateWriting   slotState = "writing"
+	stateCommitted slotState = "committed"
+	stateCorrupt   slotState = "corrupt"
+)
+
+// slot is one segment of a rank. Guarded by its rank's mutex.
+type slot struct {
+	Index       uint32    `json:"slot"`
+	State       slotState `json:"state"`
+	Step        int64     `json:"step"`
+	Seq         uint64    `json:"seq,omitempty"`
+	Size        int64     `json:"size"`
+	WorldSize   uint32    `json:"world_size,omitempty"`
+	Tensors     uint32    `json:"tensors,omitempty"`
+	HeaderSum   string    `json:"header_checksum,omitempty"`
+	CommittedAt int64     `json:"committed_unix_nano,omitempty"`
+	Problem     string    `json:"problem,omitempty"`
+
+	verified bool
+	token    uint64 // owner of a writing slot
+	readers  int    // open leases and streams
+}
+
+// rankState holds the slots of one rank of one job.
+type rankState struct {
+	job   string
+	rank  uint32
+	slots []*slot
+}
+
+// latest returns the committed slot with the highest commit sequence.
+func (r *rankState) latest() *slot {
+	var best *slot
+	for _, s := range r.slots {
+		if s.State == stateCommitted && (best == nil || s.Seq > best.Seq) {
+			best = s
+		}
+	}
+	return best
+}
+
+// find returns the newest committed slot holding step.
+func (r *rankState) find(step int64) *slot {
+	var best *slot
+	for _, s := range r.slots {
+		if s.State == stateCommitted && s.Step == step && (best == nil || s.Seq > best.Seq) {
+			best = s
+		}
+	}
+	return best
+}
+
+// pick chooses the slot a new save writes into, or nil when every slot is
+// the latest checkpoint or being read. Preference: an unused slot of the
+// right size (warm), any unused slot, a new slot while fewer than max exist,
+// then the oldest committed slot that is not the latest.
+func (r *rankState) pick(size int64, max int) *slot {
+	latest := r.latest()
+	var unused, oldest *slot
+	for _, s := range r.slots {
+		if s == latest || s.readers > 0 {
+			continue
+		}
+		switch s.State {
+		case stateFree, stateWriting, stateCorrupt:
+			if s.Size == size {
+				return s
+			}
+			if unused == nil {
+				unused = s
+			}
+		case stateCommitted:
+			if oldest == nil || s.Seq < oldest.Seq {
+				oldest = s
+			}
+		}
+	}
+	if unused != nil {
+		return unused
+	}
+	if len(r.slots) < max {
+		s := &slot{Index: r.nextIndex(), State: stateFree}
+		r.slots = append(r.slots, s)
+		return s
+	}
+	return oldest
+}
+
+func (r *rankState) nextIndex() uint32 {
+	used := map[uint32]bool{}
+	for _, s := range r.slots {
+		used[s.Index] = true
+	}
+	var i uint32
+	for used[i] {
+		i++
+	}
+	return i
+}
+
+// slotsFile is the on-shm record of a rank's slots. It lives on tmpfs beside
+// the segments, so it survives an agent restart and dies with the node, like
+// the data it describes.
+type slotsFile struct {
+	Job   string  `json:"job"`
+	Rank  uint32  `json:"rank"`
+	Slots []*slot `json:"slots"`
+}
+
+// persist writes the rank's slot states atomically (temporary file, rename).
+func (a *Agent) persist(r *rankState) error {
+	b, err := json.Marshal(slotsFile{Job: r.job, Rank: r.rank, Slots: r.slots})
+	if err != nil {
+		return err
+	}
+	path := a.paths.SlotsFile(r.job, r.rank)
+	if err := a.cfg.FS.MkdirAll(a.paths.RankDir(r.job, r.rank), a.segs.FileMode|0o700); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	tmp := path + ".tmp"
+	f, err := a.cfg.FS.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, a.segs.FileMode)
+	if err != nil {
+		return fmt.Errorf("agent: writing slot states: %w", err)
+	}
+	if _, err := f.WriteAt(b, 0); err != nil {
+		f.Close()
+		return fmt.Errorf("agent: writing slot states: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("agent: writing slot states: %w", err)
+	}
+	if err := a.cfg.FS.Rename(tmp, path); err != nil {
+		return fmt.Errorf("agent: writing slot states: %w", err)
+	}
+	return nil
+}
+
+func (a *Agent) shardOf(r *rankState, s *slot) *shardInfo {
+	return &shardInfo{
+		Job: r.job, Rank: r.rank, Slot: s.Index, State: s.State, Step: s.Step, Seq: s.Seq,
+		Size: s.Size, WorldSize: s.WorldSize, Tensors: s.Tensors, HeaderSum: s.HeaderSum,
+		CommittedAt: time.Unix(0, s.CommittedAt), Verified: s.verified, Problem: s.Problem,
+		Path: a.paths.Segment(r.job, r.rank, s.Index),
+	}
+}
+
+// shardInfo is a consistent snapshot of one slot, safe to use unlocked.
+type shardInfo struct {
+	Job         string
+	Rank        uint32
+	Slot        uint32
+	State       slotState
+	Step        int64
+	Seq         uint64
+	Size        int64
+	WorldSize   uint32
+	Tensors     uint32
+	HeaderSum   string
+	CommittedAt time.Time
+	Verified    bool
+	Problem     string
+	Path        string
+}
+
+// readHeader decodes the header of the segment at path.
+func (a *Agent) readHeader(path string) (*shm.Header, []byte, error) {
+	f, err := a.cfg.FS.OpenFile(path, os.O_RDONLY, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, nil, err
+	}
+	h, err := shm.Decode(f, fi.Size())
+	if err != nil {
+		return nil, nil, err
+	}
+	raw := make([]byte, h.DataStart)
+	if _, err := f.ReadAt(raw, 0); err != nil {
+		return nil, nil, err
+	}
+	return h, raw, nil
+}

@@ -1,0 +1,45 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"log/slog"
+	"os"
+	"strings"
+
+	"rewind.dev/rewind/agent"
+	"rewind.dev/rewind/internal/units"
+)
+
+func runAgent(ctx context.Context, args []string) error {
+	cfg := agent.DefaultConfig()
+	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	fs.StringVar(&cfg.Node, "node", cfg.Node, "name of this node")
+	fs.StringVar(&cfg.ShmRoot, "shm-root", cfg.ShmRoot, "directory on tmpfs that holds the segments")
+	fs.StringVar(&cfg.Socket, "socket", cfg.Socket, "Unix socket for the SDK")
+	fs.StringVar(&cfg.SocketGroup, "socket-group", cfg.SocketGroup, "group allowed to use the socket and segments (default: owner only)")
+	fs.StringVar(&cfg.ListenAddr, "listen", cfg.ListenAddr, "TCP address for peers and the coordinator (empty: off)")
+	fs.StringVar(&cfg.MetricsAddr, "metrics", cfg.MetricsAddr, "HTTP address for Prometheus /metrics (empty: off)")
+	budget := fs.String("budget", "0", "shared-memory budget for all segments, e.g. 64GiB (0: the tmpfs size)")
+	fs.IntVar(&cfg.SlotsPerRank, "slots", cfg.SlotsPerRank, "segments per rank (at least 2)")
+	fs.BoolVar(&cfg.VerifyAfterCommit, "verify-after-commit", cfg.VerifyAfterCommit, "re-read every committed shard in the background")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	b, err := units.ParseBytes(*budget)
+	if err != nil {
+		return err
+	}
+	cfg.BudgetBytes = b
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(strings.ToUpper(*logLevel))); err != nil {
+		return err
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	a, err := agent.New(cfg)
+	if err != nil {
+		return err
+	}
+	return a.Run(ctx, nil)
+}

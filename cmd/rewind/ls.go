@@ -1,0 +1,57 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"rewind.dev/rewind/sdk"
+	"rewind.dev/rewind/shm"
+)
+
+func runLs(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("ls", flag.ContinueOnError)
+	socket := fs.String("socket", "", "agent socket (default $REWIND_SOCKET or "+sdk.DefaultSocket+")")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	c, err := sdk.Dial(ctx, *socket)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	st, err := c.Status(ctx)
+	if err != nil {
+		return err
+	}
+	shards, err := c.List(ctx, fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(map[string]any{"status": st, "shards": shards})
+	}
+	fmt.Printf("node %s: %s of %s budget in use; %s free on %s (%s)\n\n",
+		st.Node, shm.Bytes(st.UsedBytes), shm.Bytes(st.BudgetBytes), shm.Bytes(st.FsFreeBytes), st.ShmRoot, st.Filesystem)
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "JOB\tRANK\tSTEP\tSTATE\tSIZE\tTENSORS\tVERIFIED\tCOMMITTED\tSLOT")
+	for _, s := range shards {
+		when := "-"
+		if s.CommittedUnixNano > 0 {
+			when = time.Unix(0, s.CommittedUnixNano).Format(time.DateTime)
+		}
+		state := s.State
+		if s.Problem != "" {
+			state += " (" + s.Problem + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%d\t%v\t%s\t%d\n", s.Job, s.Rank, s.Step, state, shm.Bytes(s.SizeBytes), s.Tensors, s.Verified, when, s.Slot)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,56 @@
+// Command rewind is the one binary of rewind: the node agent, operator
+// commands, the demo and the benchmarks. main only wires.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+type command struct {
+	name  string
+	usage string
+	run   func(ctx context.Context, args []string) error
+}
+
+var commands = []command{
+	{"agent", "run the node agent", runAgent},
+	{"ls", "list the checkpoints an agent holds", runLs},
+	{"inspect", "print a shard file's header: tensors, dtypes, shapes, checksums", runInspect},
+	{"bench", "measure performance (bench save)", runBench},
+	{"demo", "run a local agent and a training job, kill it, resume it", runDemo},
+	{"demo-train", "", runDemoTrain}, // the demo's training process
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if len(os.Args) < 2 {
+		usage()
+		os.Exit(2)
+	}
+	for _, c := range commands {
+		if c.name == os.Args[1] {
+			if err := c.run(ctx, os.Args[2:]); err != nil {
+				fmt.Fprintln(os.Stderr, "rewind "+c.name+":", err)
+				os.Exit(1)
+			}
+			return
+		}
+	}
+	usage()
+	os.Exit(2)
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: rewind COMMAND [flags]\n\ncommands:")
+	for _, c := range commands {
+		if c.usage != "" {
+			fmt.Fprintf(os.Stderr, "  %-8s %s\n", c.name, c.usage)
+		}
+	}
+	fmt.Fprintln(os.Stderr, "\nrewind COMMAND -h shows a command's flags.")
+}

@@ -1,0 +1,61 @@
+package sdk
+
+import (
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Kinds of failure, for errors.Is.
+var (
+	ErrNoAgent           = errors.New("no agent")
+	ErrNotFound          = errors.New("not found")
+	ErrResourceExhausted = errors.New("out of shared memory or budget")
+	ErrCorrupt           = errors.New("checkpoint corrupt")
+	ErrInvalid           = errors.New("invalid argument")
+	ErrBusy              = errors.New("slot busy")
+	ErrTimeout           = errors.New("deadline exceeded")
+)
+
+// Error is a failed SDK call.
+type Error struct {
+	Op   string // "save step 12", "restore", ...
+	Msg  string // what went wrong, the agent's own words where it answered
+	kind error
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("rewind: %s: %s", e.Op, e.Msg) }
+
+// Unwrap returns the kind of failure (ErrNotFound, ErrCorrupt, ...), or nil.
+func (e *Error) Unwrap() error { return e.kind }
+
+// wrap turns an agent error into an *Error naming the operation.
+func wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return err
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return &Error{Op: op, Msg: err.Error()}
+	}
+	kinds := map[codes.Code]error{
+		codes.Unavailable:        ErrNoAgent,
+		codes.NotFound:           ErrNotFound,
+		codes.ResourceExhausted:  ErrResourceExhausted,
+		codes.DataLoss:           ErrCorrupt,
+		codes.InvalidArgument:    ErrInvalid,
+		codes.FailedPrecondition: ErrBusy,
+		codes.DeadlineExceeded:   ErrTimeout,
+	}
+	msg := st.Message()
+	if st.Code() == codes.Unavailable {
+		msg = "agent unavailable: " + msg
+	}
+	return &Error{Op: op, Msg: msg, kind: kinds[st.Code()]}
+}

@@ -1,0 +1,98 @@
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+)
+
+// NoSpaceError reports that shared memory cannot hold a segment.
+type NoSpaceError struct {
+	Path   string
+	Asked  uint64 // bytes the segment needs beyond what it already holds
+	Free   uint64 // bytes free on the file system
+	Mount  string // the root the segment lives under
+	FSSize uint64
+}
+
+func (e *NoSpaceError) Error() string {
+	return fmt.Sprintf("shm: segment %s needs %s more but only %s is free on %s (%s in all); enlarge it (docker run --shm-size, an emptyDir with medium Memory and a sizeLimit) or lower the checkpoint size",
+		e.Path, Bytes(e.Asked), Bytes(e.Free), e.Mount, Bytes(e.FSSize))
+}
+
+// Segments allocates segment files under a root.
+type Segments struct {
+	FS       FS
+	Paths    Paths
+	FileMode os.FileMode // mode of segment files; directories add x bits
+}
+
+func (s *Segments) dirMode() os.FileMode {
+	m := s.FileMode | 0o700
+	if m&0o060 != 0 {
+		m |= 0o010
+	}
+	return m
+}
+
+// Reserve makes the segment at path exactly size bytes, its space allocated.
+// A segment that already has the size is left as it is (a warm slot): its
+// pages stay resident and mapped by its writers. It reports whether the file
+// was created or resized. When space runs short it returns a *NoSpaceError
+// and the file's size and contents are unchanged.
+func (s *Segments) Reserve(path string, size int64) (resized bool, err error) {
+	if err := s.FS.MkdirAll(filepath.Dir(path), s.dirMode()); err != nil {
+		return false, fmt.Errorf("shm: creating %s: %w", filepath.Dir(path), err)
+	}
+	f, err := s.FS.OpenFile(path, os.O_RDWR|os.O_CREATE, s.FileMode)
+	if err != nil {
+		return false, fmt.Errorf("shm: opening segment: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return false, fmt.Errorf("shm: stat segment: %w", err)
+	}
+	cur := fi.Size()
+	switch {
+	case cur == size:
+		return false, nil
+	case cur > size:
+		if err := f.Truncate(size); err != nil {
+			return false, fmt.Errorf("shm: shrinking segment %s to %d bytes: %w", path, size, err)
+		}
+		return true, nil
+	}
+	st, err := s.FS.Statfs(s.Paths.Root)
+	if err != nil {
+		return false, err
+	}
+	need := uint64(size - cur)
+	nospace := &NoSpaceError{Path: path, Asked: need, Free: st.Free, Mount: s.Paths.Root, FSSize: st.Size}
+	if need > st.Free {
+		return false, nospace
+	}
+	if err := f.Allocate(0, size); err != nil {
+		if errors.Is(err, syscall.ENOSPC) {
+			return false, nospace
+		}
+		return false, fmt.Errorf("shm: allocating %s for segment %s: %w", Bytes(uint64(size)), path, err)
+	}
+	return true, nil
+}
+
+// Bytes formats a byte count for people: 1.5 GiB, 64.0 MiB, 512 B.
+func Bytes(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := uint64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
