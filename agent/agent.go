@@ -3,7 +3,6 @@ package agent
 import (
 	"crypto/rand"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -148,5 +147,3 @@ func validateRank(job string, rank, worldSize uint32) error {
 	}
 	return nil
 }
-
-var errClosed = errors.New("agent: closed")

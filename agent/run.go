@@ -72,8 +72,9 @@ func (a *Agent) Run(ctx context.Context, ready func(Addrs)) error {
 	}
 	a.verifyQ = make(chan verifyJob, 1024)
 	vctx, stopVerifier := context.WithCancel(ctx)
-	defer stopVerifier()
-	go a.runVerifier(vctx)
+	verifierDone := make(chan struct{})
+	go func() { a.runVerifier(vctx); close(verifierDone) }()
+	defer func() { stopVerifier(); <-verifierDone }()
 	a.log.Info("agent serving", "socket", addrs.Socket, "tcp", addrs.TCP, "metrics", addrs.Metrics)
 	if ready != nil {
 		ready(addrs)

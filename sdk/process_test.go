@@ -1,0 +1,235 @@
+package sdk_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"rewind.dev/rewind/agent"
+	"rewind.dev/rewind/api/agentpb"
+	"rewind.dev/rewind/internal/agenttest"
+	"rewind.dev/rewind/sdk"
+	"rewind.dev/rewind/shm"
+)
+
+// The test binary doubles as the processes these tests kill: an agent, and
+// a rank that dies between Prepare and Commit.
+func TestMain(m *testing.M) {
+	switch os.Getenv("REWIND_TEST_ROLE") {
+	case "agent":
+		os.Exit(childAgent())
+	case "half-writer":
+		os.Exit(childHalfWriter())
+	}
+	os.Exit(m.Run())
+}
+
+func childAgent() int {
+	cfg := agent.DefaultConfig()
+	cfg.Node, cfg.ShmRoot, cfg.Socket = "child", os.Getenv("REWIND_TEST_SHM"), os.Getenv("REWIND_TEST_SOCK")
+	cfg.ListenAddr, cfg.MetricsAddr = "", ""
+	a, err := agent.New(cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	if err := a.Run(ctx, nil); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// childHalfWriter prepares a save of step REWIND_TEST_STEP, writes half of
+// its bytes into the segment, says HALF and waits to be killed.
+func childHalfWriter() int {
+	ctx := context.Background()
+	c, err := sdk.Dial(ctx, os.Getenv("REWIND_TEST_SOCK"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	step, _ := strconv.ParseInt(os.Getenv("REWIND_TEST_STEP"), 10, 64)
+	size := shardSize(step)
+	prep, err := c.API().Prepare(ctx, &agentpb.PrepareRequest{Job: "killed", Rank: 0, WorldSize: 1, Step: step, SizeBytes: uint64(size)})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	f, err := os.OpenFile(prep.Path, os.O_RDWR, 0)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	m, err := shm.Map(f, size, true)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	junk := pattern(uint64(step), int(size/2))
+	copy(m.Data, junk) // a torn write: half of a shard, header and all
+	fmt.Println("HALF")
+	time.Sleep(time.Minute)
+	return 0
+}
+
+func shardSize(step int64) int64 {
+	var specs []shm.TensorSpec
+	for _, x := range state(step) {
+		specs = append(specs, shm.TensorSpec{Name: x.Name, DType: x.DType, Shape: x.Shape})
+	}
+	l, err := shm.NewLayout(shm.ShardMeta{Job: "killed", Rank: 0, WorldSize: 1, Step: step}, specs, nil)
+	if err != nil {
+		panic(err)
+	}
+	return l.Size
+}
+
+// spawn starts the test binary in a role.
+func spawn(t *testing.T, role string, env ...string) (*exec.Cmd, *bufio.Scanner) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), append(env, "REWIND_TEST_ROLE="+role)...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return cmd, bufio.NewScanner(out)
+}
+
+func kill(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+}
+
+// dialRetry dials until an agent answers on sock.
+func dialRetry(t *testing.T, sock string) *sdk.Client {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		c, err := sdk.Dial(ctxT(t), sock, sdk.Options{CallTimeout: 5 * time.Second})
+		if err == nil {
+			t.Cleanup(func() { c.Close() })
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no agent on %s after 20s: %v", sock, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestSaveKilledBetweenPrepareAndCommit(t *testing.T) {
+	c, r := start(t, nil)
+	s := session(t, c, "killed", 0, 1)
+	ctx := ctxT(t)
+	for step := int64(1); step <= 2; step++ {
+		if err := s.Save(ctx, step, state(step), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Twice, so the torn save lands in each of the two slots in turn.
+	for _, torn := range []int64{3, 4} {
+		cmd, out := spawn(t, "half-writer", "REWIND_TEST_SOCK="+r.Config.Socket, "REWIND_TEST_STEP="+strconv.FormatInt(torn, 10))
+		if !out.Scan() || out.Text() != "HALF" {
+			t.Fatalf("half-writer did not get half-way: %q", out.Text())
+		}
+		kill(t, cmd)
+		latest := torn - 1
+		mustRestore(t, s, latest)
+		if got, ok, err := s.Latest(ctx); err != nil || !ok || got != latest {
+			t.Fatalf("Latest after a torn save of %d: %d %v %v", torn, got, ok, err)
+		}
+		// The next save goes through, into the abandoned slot or the other.
+		if err := s.Save(ctx, torn, state(torn), nil); err != nil {
+			t.Fatalf("save after a torn save: %v", err)
+		}
+		mustRestore(t, s, torn)
+	}
+}
+
+func TestAgentKilledAndRestartedServesCheckpoints(t *testing.T) {
+	cfg := agenttest.Config(t)
+	env := []string{"REWIND_TEST_SHM=" + cfg.ShmRoot, "REWIND_TEST_SOCK=" + cfg.Socket}
+	agentCmd, _ := spawn(t, "agent", env...)
+	c := dialRetry(t, cfg.Socket)
+	ctx := ctxT(t)
+	ranks := []uint32{0, 1}
+	for _, rank := range ranks {
+		s := session(t, c, "survivor", rank, 2)
+		for step := int64(1); step <= 3; step++ {
+			if err := s.Save(ctx, step, state(step+int64(rank)*100), nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// A third job's only shard is corrupted while the agent is down.
+	one := session(t, c, "bitrot", 0, 1)
+	if err := one.Save(ctx, 9, state(9), nil); err != nil {
+		t.Fatal(err)
+	}
+	rotPath, rotHeader := shardPath(t, c, "bitrot", 9)
+	kill(t, agentCmd)
+	flip(t, rotPath, rotHeader.DataStart+5)
+
+	spawn(t, "agent", env...)
+	c2 := dialRetry(t, cfg.Socket)
+	for _, rank := range ranks {
+		s := session(t, c2, "survivor", rank, 2)
+		got, err := s.Restore(ctx)
+		if err != nil {
+			t.Fatalf("rank %d after agent restart: %v", rank, err)
+		}
+		if got.Step != 3 {
+			t.Fatalf("rank %d restored step %d after agent restart, want 3", rank, got.Step)
+		}
+		same(t, state(3+int64(rank)*100), got)
+		older, err := s.RestoreStep(ctx, 2)
+		if err != nil {
+			t.Fatalf("rank %d step 2 after agent restart: %v", rank, err)
+		}
+		same(t, state(2+int64(rank)*100), older)
+		// Saves continue and never overwrite the latest step.
+		if err := s.Save(ctx, 4, state(4+int64(rank)*100), nil); err != nil {
+			t.Fatal(err)
+		}
+		mustRestoreState(t, s, 4, state(4+int64(rank)*100))
+	}
+	if _, err := session(t, c2, "bitrot", 0, 1).Restore(ctx); !errors.Is(err, sdk.ErrNotFound) {
+		t.Fatalf("restore of a shard corrupted while the agent was down: %v, want ErrNotFound (never served)", err)
+	}
+	shards, _ := c2.List(ctx, "bitrot")
+	if len(shards) != 1 || shards[0].State != "corrupt" {
+		t.Fatalf("bitrot shard listed as %v, want corrupt", shards)
+	}
+}
+
+func mustRestoreState(t *testing.T, s *sdk.Session, step int64, want []sdk.Tensor) {
+	t.Helper()
+	got, err := s.Restore(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Step != step {
+		t.Fatalf("restored step %d, want %d", got.Step, step)
+	}
+	same(t, want, got)
+}
