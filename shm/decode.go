@@ -73,6 +73,9 @@ func corruptf(format string, args ...any) error {
 }
 
 func (h *Header) parse(raw []byte) error {
+	if len(raw) == 0 || raw[0] != '{' {
+		return corruptf("header does not start with '{'")
+	}
 	var top map[string]json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	if err := dec.Decode(&top); err != nil {
@@ -109,7 +112,7 @@ func (h *Header) parse(raw []byte) error {
 		h.Tensors = append(h.Tensors, Tensor{TensorSpec: TensorSpec{Name: name, DType: jt.DType, Shape: jt.Shape}, Begin: b, End: e})
 	}
 	slices.SortFunc(h.Tensors, func(a, b Tensor) int {
-		return cmp.Or(cmp.Compare(a.Begin, b.Begin), cmp.Compare(a.End, b.End))
+		return cmp.Or(cmp.Compare(a.Begin, b.Begin), cmp.Compare(a.End, b.End), strings.Compare(a.Name, b.Name))
 	})
 	var off int64
 	for _, t := range h.Tensors {
@@ -160,9 +163,17 @@ func (h *Header) parseRewind() error {
 			return corruptf("%s: %v", MetaChunks, err)
 		}
 		for name, ch := range chunks {
-			if t := h.Tensor(name); t != nil {
-				t.Chunk = ch
+			t := h.Tensor(name)
+			if t == nil {
+				return corruptf("chunk for unknown tensor %q", name)
 			}
+			if ch == nil {
+				continue
+			}
+			if err := checkChunk(ch, t.Shape); err != nil {
+				return corruptf("tensor %q: %v", name, err)
+			}
+			t.Chunk = ch
 		}
 	}
 	for i := range h.Tensors {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"unicode/utf8"
 )
 
 // Alignment of the data section: the header is padded with spaces so that
@@ -104,14 +105,22 @@ func NewLayout(meta ShardMeta, specs []TensorSpec, objects []byte) (*Layout, err
 	if meta.Step < 0 {
 		return nil, fmt.Errorf("shm: negative step %d", meta.Step)
 	}
-	if objects != nil && !json.Valid(objects) {
-		return nil, errors.New("shm: non-tensor state is not valid JSON")
+	if objects != nil && (!json.Valid(objects) || !utf8.Valid(objects)) {
+		return nil, errors.New("shm: non-tensor state is not valid UTF-8 JSON")
 	}
 	l := &Layout{Meta: meta, Tensors: make([]Tensor, len(specs))}
 	seen := make(map[string]bool, len(specs))
 	for i, s := range specs {
 		if s.Name == "" || s.Name == "__metadata__" {
 			return nil, fmt.Errorf("shm: tensor %d: invalid name %q", i, s.Name)
+		}
+		if !utf8.ValidString(s.Name) {
+			return nil, fmt.Errorf("shm: tensor %d: name %q is not valid UTF-8", i, s.Name)
+		}
+		if s.Chunk != nil {
+			if err := checkChunk(s.Chunk, s.Shape); err != nil {
+				return nil, fmt.Errorf("shm: tensor %q: %w", s.Name, err)
+			}
 		}
 		if seen[s.Name] {
 			return nil, fmt.Errorf("shm: duplicate tensor name %q", s.Name)
@@ -133,6 +142,9 @@ func NewLayout(meta ShardMeta, specs []TensorSpec, objects []byte) (*Layout, err
 		off += n
 	}
 	l.encodeHeader(objects)
+	if l.DataStart-8 > MaxHeaderBytes {
+		return nil, fmt.Errorf("shm: header is %d bytes, over the %d-byte limit", l.DataStart-8, MaxHeaderBytes)
+	}
 	l.Size = l.DataStart + off
 	return l, nil
 }
@@ -211,3 +223,17 @@ func (l *Layout) Header() []byte { return l.header }
 // DataStart). The header carries every tensor checksum, so this one value
 // identifies the whole shard's content.
 func HeaderSum(raw []byte) string { return FormatSum(Sum(raw)) }
+
+// checkChunk reports whether ch can place a piece of the given shape.
+func checkChunk(ch *Chunk, shape []int64) error {
+	if len(ch.GlobalShape) != len(shape) || len(ch.Offsets) != len(shape) {
+		return fmt.Errorf("chunk with %d global dimensions and %d offsets for a tensor of %d dimensions",
+			len(ch.GlobalShape), len(ch.Offsets), len(shape))
+	}
+	for d := range shape {
+		if ch.Offsets[d] < 0 || ch.GlobalShape[d] < shape[d] || ch.Offsets[d] > ch.GlobalShape[d]-shape[d] {
+			return fmt.Errorf("piece %v at %v does not fit in global shape %v", shape, ch.Offsets, ch.GlobalShape)
+		}
+	}
+	return nil
+}

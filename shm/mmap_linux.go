@@ -19,6 +19,14 @@ func Map(f interface{ Fd() uintptr }, size int64, writable bool) (*Mapping, erro
 	if size <= 0 {
 		return nil, fmt.Errorf("shm: cannot map %d bytes", size)
 	}
+	// A mapping past the end of the file would SIGBUS on access: refuse it.
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return nil, fmt.Errorf("shm: stat before mmap: %w", err)
+	}
+	if st.Size < size {
+		return nil, fmt.Errorf("shm: cannot map %d bytes of a %d-byte file", size, st.Size)
+	}
 	prot := unix.PROT_READ
 	if writable {
 		prot |= unix.PROT_WRITE

@@ -34,6 +34,9 @@ func (s *Segments) dirMode() os.FileMode {
 	if m&0o060 != 0 {
 		m |= 0o010
 	}
+	if m&0o006 != 0 {
+		m |= 0o001
+	}
 	return m
 }
 
@@ -76,6 +79,11 @@ func (s *Segments) Reserve(path string, size int64) (resized bool, err error) {
 	}
 	if err := f.Allocate(0, size); err != nil {
 		if errors.Is(err, syscall.ENOSPC) {
+			// The space went between the check and fallocate: report
+			// what is free now, not what was free before.
+			if st, serr := s.FS.Statfs(s.Paths.Root); serr == nil {
+				nospace.Free, nospace.FSSize = st.Free, st.Size
+			}
 			return false, nospace
 		}
 		return false, fmt.Errorf("shm: allocating %s for segment %s: %w", Bytes(uint64(size)), path, err)

@@ -1,0 +1,111 @@
+package shm_test
+
+import (
+	"bytes"
+	"os"
+	"runtime/debug"
+	"testing"
+
+	"rewind.dev/rewind/shm"
+)
+
+// The way a writer and a reader use a segment: reserve it, map it writable,
+// write a shard through the mapping, unmap; then map it read-only elsewhere,
+// decode and verify it.
+func TestMapWriteThenRead(t *testing.T) {
+	root := shmRoot(t)
+	segs := newSegments(shm.OSFS, root)
+	specs := []shm.TensorSpec{
+		{Name: "w", DType: shm.BF16, Shape: []int64{shm.LeafSize + 5}},
+		{Name: "b", DType: shm.F32, Shape: []int64{3}},
+		{Name: "n", DType: shm.U8, Shape: []int64{7}}, // the file is not a whole number of pages
+	}
+	s := buildShard(t, testMeta, specs, []byte(`{"lr":0.1}`))
+	path := segs.Paths.Segment(testMeta.Job, testMeta.Rank, 0)
+	size := s.layout.Size
+	if size%4096 == 0 {
+		t.Fatal("the test shard should not be page-aligned")
+	}
+	reserve(t, segs, path, size, true)
+
+	f, err := shm.OSFS.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := shm.Map(f, size, true)
+	if err != nil {
+		t.Fatalf("Map writable: %v", err)
+	}
+	if err := f.Close(); err != nil { // the mapping outlives the descriptor
+		t.Fatal(err)
+	}
+	if int64(len(m.Data)) != size {
+		t.Fatalf("mapping is %d bytes, want %d", len(m.Data), size)
+	}
+	copy(m.Data, s.file)
+	if err := m.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if m.Data != nil {
+		t.Errorf("Data still set after Close")
+	}
+	if err := m.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+
+	f, err = shm.OSFS.OpenFile(path, os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h, err := shm.Decode(f, size) // through the file, not the mapping
+	if err != nil {
+		t.Fatalf("Decode from the segment file: %v", err)
+	}
+	if _, err := shm.Map(f, size, true); err == nil {
+		t.Errorf("Map writable succeeded on a read-only descriptor")
+	}
+	r, err := shm.Map(f, size, false)
+	if err != nil {
+		t.Fatalf("Map read-only: %v", err)
+	}
+	defer r.Close()
+	if !bytes.Equal(r.Data, s.file) {
+		t.Fatal("read-only mapping does not hold what was written through the writable one")
+	}
+	if err := h.Verify(r.Data, 2); err != nil {
+		t.Fatalf("Verify through the mapping: %v", err)
+	}
+
+	// A read-only mapping really is read-only: a store faults.
+	func() {
+		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+		defer func() {
+			if recover() == nil {
+				t.Errorf("storing into a read-only mapping did not fault")
+			}
+		}()
+		r.Data[100] ^= 0xFF
+	}()
+	if got, _ := os.ReadFile(path); !bytes.Equal(got, s.file) {
+		t.Errorf("segment changed through the read-only mapping")
+	}
+}
+
+func TestMapRejectsEmpty(t *testing.T) {
+	root := shmRoot(t)
+	segs := newSegments(shm.OSFS, root)
+	path := segs.Paths.Segment("j", 0, 0)
+	reserve(t, segs, path, 4096, true)
+	f, err := shm.OSFS.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, size := range []int64{0, -1} {
+		if m, err := shm.Map(f, size, true); err == nil {
+			m.Close()
+			t.Errorf("Map(%d bytes) succeeded", size)
+		}
+	}
+}
