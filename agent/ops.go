@@ -43,12 +43,9 @@ func (a *Agent) Prepare(ctx context.Context, job string, rank, worldSize uint32,
 	r := a.rank(job, rank, true)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	a.expireLeases(r)
-	s := r.pick(size, a.cfg.SlotsPerRank)
-	if s == nil {
-		latest := r.latest()
-		return PrepareResult{}, fmt.Errorf("%w: agent: all %d slots of job %s rank %d are the latest checkpoint (step %d) or being read",
-			ErrBusy, len(r.slots), job, rank, latest.Step)
+	s, err := a.pickSlot(ctx, r, size)
+	if err != nil {
+		return PrepareResult{}, err
 	}
 	if err := a.reserveBudget(job, rank, s.Size, size); err != nil {
 		a.metrics.saves.WithLabelValues("budget").Inc()
@@ -89,6 +86,32 @@ func (a *Agent) Prepare(ctx context.Context, job string, rank, worldSize uint32,
 		a.log.Info("segment sized", "job", job, "rank", rank, "slot", s.Index, "bytes", size)
 	}
 	return PrepareResult{Slot: s.Index, Path: path, Size: size, Token: s.token, Resized: resized}, nil
+}
+
+// pickSlot picks the slot for a save; the caller holds r.mu. A slot whose
+// segment is being verified is taken once the pass ends: the pass maps the
+// file, which must not shrink under it.
+func (a *Agent) pickSlot(ctx context.Context, r *lockedRank, size int64) (*slot, error) {
+	for {
+		a.expireLeases(r)
+		s := r.pick(size, a.cfg.SlotsPerRank)
+		if s == nil {
+			return nil, fmt.Errorf("%w: agent: all %d slots of job %s rank %d are the latest checkpoint (step %d) or being read",
+				ErrBusy, len(r.slots), r.job, r.rank, latestStep(&r.rankState))
+		}
+		done := s.verifying
+		if done == nil {
+			return s, nil
+		}
+		r.mu.Unlock()
+		select {
+		case <-done:
+			r.mu.Lock()
+		case <-ctx.Done():
+			r.mu.Lock()
+			return nil, fmt.Errorf("agent: waiting for a verification of job %s rank %d: %w", r.job, r.rank, ctx.Err())
+		}
+	}
 }
 
 // releaseBudget undoes reserveBudget for a segment that did not grow.
@@ -344,8 +367,19 @@ func (a *Agent) verify(r *lockedRank, s *slot) error {
 		r.mu.Unlock()
 		return fmt.Errorf("%w: agent: job %s rank %d slot %d is no longer committed", ErrNotFound, r.job, r.rank, s.Index)
 	}
+	for s.verifying != nil { // one pass at a time per slot
+		done := s.verifying
+		r.mu.Unlock()
+		<-done
+		r.mu.Lock()
+	}
+	if s.State != stateCommitted && s.State != stateCorrupt {
+		r.mu.Unlock()
+		return fmt.Errorf("%w: agent: job %s rank %d slot %d is no longer committed", ErrNotFound, r.job, r.rank, s.Index)
+	}
 	snap := *s
-	s.readers++
+	done := make(chan struct{})
+	s.verifying = done
 	r.mu.Unlock()
 
 	start := time.Now()
@@ -354,7 +388,8 @@ func (a *Agent) verify(r *lockedRank, s *slot) error {
 
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	s.readers--
+	s.verifying = nil
+	close(done)
 	if s.Seq != snap.Seq {
 		return err
 	}

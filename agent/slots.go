@@ -40,6 +40,9 @@ type slot struct {
 	verified bool
 	token    uint64 // owner of a writing slot
 	readers  int    // open leases and streams
+	// verifying is closed when a verification pass over the segment ends;
+	// nil when none runs. A save may take the slot, but waits for it.
+	verifying chan struct{}
 }
 
 // rankState holds the slots of one rank of one job.
