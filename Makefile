@@ -50,6 +50,8 @@ fuzz:
 generate: tools
 	protoc -I api --go_out=api/agentpb --go_opt=paths=source_relative \
 		--go-grpc_out=api/agentpb --go-grpc_opt=paths=source_relative api/agent.proto
+	protoc -I api --go_out=api/coordpb --go_opt=paths=source_relative \
+		--go-grpc_out=api/coordpb --go-grpc_opt=paths=source_relative api/coordinator.proto
 
 tools: $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
 	@command -v protoc >/dev/null || (apt-get update -qq && apt-get install -y -qq protobuf-compiler)

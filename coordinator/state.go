@@ -1,0 +1,310 @@
+package coordinator
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"rewind.dev/rewind/shm"
+)
+
+// StepState is where a step stands:
+//
+//	partial ──every rank committed──▶ consistent
+//	   │                                  │ every copy gone
+//	   │ a rank committed a later step    ▼
+//	   └──without this one──▶ abandoned  (dropped from the index)
+//
+// An abandoned step becomes consistent if its missing commits arrive after
+// all (reports from different nodes are not ordered).
+type StepState string
+
+// The step states.
+const (
+	Partial    StepState = "partial"
+	Consistent StepState = "consistent"
+	Abandoned  StepState = "abandoned"
+)
+
+// Errors, wrapped with details; the server maps them to gRPC codes.
+var (
+	ErrUnknownJob = errors.New("unknown job")
+	ErrInvalid    = errors.New("invalid argument")
+	ErrNotFound   = errors.New("not found")
+	ErrRefused    = errors.New("refused")
+)
+
+// Copy is one copy of one rank's shard of a step.
+type Copy struct {
+	Rank  uint32 `json:"rank"`
+	Node  string `json:"node"`
+	Tier  string `json:"tier"`
+	Size  uint64 `json:"size"`
+	Sum   string `json:"sum"`
+	State string `json:"state"`
+}
+
+// Step is a step of a job and its copies.
+type Step struct {
+	Job          string
+	Step         int64
+	WorldSize    uint32
+	State        StepState
+	ConsistentAt time.Time
+	Copies       map[uint32][]*Copy // by rank; a rank without copies has no entry
+}
+
+// complete reports whether every rank has at least one copy.
+func (s *Step) complete() bool { return uint32(len(s.Copies)) == s.WorldSize }
+
+// Job is a job known to the coordinator.
+type Job struct {
+	ID        string
+	WorldSize uint32
+	Placement map[uint32]string // rank -> node
+	Latest    int64             // latest consistent step with every rank's copy present; -1 if none
+	Steps     map[int64]*Step
+	// rankLatest is the newest step each rank of the current world size
+	// has committed.
+	rankLatest map[uint32]int64
+}
+
+// State is the coordinator's index in memory. It is not safe for concurrent
+// use: the Coordinator serializes access.
+type State struct {
+	Jobs  map[string]*Job
+	Nodes map[string]*NodeInfo
+	now   func() time.Time
+}
+
+// NodeInfo is a registered agent.
+type NodeInfo struct {
+	Name          string    `json:"name"`
+	Addr          string    `json:"addr"`
+	FailureDomain string    `json:"failure_domain"`
+	BudgetBytes   uint64    `json:"budget"`
+	RegisteredAt  time.Time `json:"registered_at"`
+}
+
+// NewState returns an empty index.
+func NewState(now func() time.Time) *State {
+	return &State{Jobs: map[string]*Job{}, Nodes: map[string]*NodeInfo{}, now: now}
+}
+
+// Changes lists what an operation modified, for the store to persist.
+// Sync is set when the change decides a state (a job registered, a step
+// consistent): the store must sync it before the caller is answered.
+type Changes struct {
+	Jobs      []*Job
+	Steps     []*Step
+	Copies    []CopyKey // written (or deleted when the copy is absent)
+	Dropped   []StepKey
+	Sync      bool
+	Consistent []StepKey // steps that became consistent
+}
+
+// StepKey names a step.
+type StepKey struct {
+	Job  string
+	Step int64
+}
+
+// CopyKey names a copy.
+type CopyKey struct {
+	Job  string
+	Step int64
+	Rank uint32
+	Node string
+	Tier string
+	Copy *Copy // nil: deleted
+}
+
+// RegisterJob declares job with worldSize and merges placement. A different
+// world size re-registers the job: later commits must carry the new one.
+func (s *State) RegisterJob(job string, worldSize uint32, placement map[uint32]string, ch *Changes) (reregistered bool, err error) {
+	if err := shm.ValidateJob(job); err != nil {
+		return false, fmt.Errorf("%w: coordinator: %v", ErrInvalid, err)
+	}
+	if worldSize == 0 {
+		return false, fmt.Errorf("%w: coordinator: job %s: world size 0", ErrInvalid, job)
+	}
+	for r := range placement {
+		if r >= worldSize {
+			return false, fmt.Errorf("%w: coordinator: job %s: rank %d placed but world size is %d", ErrInvalid, job, r, worldSize)
+		}
+	}
+	j := s.Jobs[job]
+	switch {
+	case j == nil:
+		j = &Job{ID: job, WorldSize: worldSize, Placement: map[uint32]string{}, Latest: -1, Steps: map[int64]*Step{}, rankLatest: map[uint32]int64{}}
+		s.Jobs[job] = j
+		ch.Sync = true
+	case j.WorldSize != worldSize:
+		j.WorldSize, j.Placement, j.rankLatest = worldSize, map[uint32]string{}, map[uint32]int64{}
+		reregistered, ch.Sync = true, true
+	}
+	changed := false
+	for r, n := range placement {
+		if j.Placement[r] != n {
+			j.Placement[r], changed = n, true
+		}
+	}
+	if changed || ch.Sync {
+		ch.Jobs = append(ch.Jobs, j)
+	}
+	return reregistered, nil
+}
+
+// Apply records one shard event reported by an agent.
+func (s *State) Apply(rec Record, ch *Changes) error {
+	j := s.Jobs[rec.Job]
+	if j == nil {
+		return fmt.Errorf("%w: coordinator: report for job %q, which is not registered", ErrUnknownJob, rec.Job)
+	}
+	if rec.Step < 0 {
+		return fmt.Errorf("%w: coordinator: job %s: negative step %d", ErrInvalid, rec.Job, rec.Step)
+	}
+	want, what := j.WorldSize, "job"
+	if st := j.Steps[rec.Step]; st != nil {
+		want, what = st.WorldSize, "step"
+	}
+	if rec.WorldSize != want {
+		return fmt.Errorf("%w: coordinator: job %s step %d: report for world size %d, the %s has %d",
+			ErrInvalid, rec.Job, rec.Step, rec.WorldSize, what, want)
+	}
+	if rec.Rank >= rec.WorldSize {
+		return fmt.Errorf("%w: coordinator: job %s step %d: rank %d out of range for world size %d", ErrInvalid, rec.Job, rec.Step, rec.Rank, rec.WorldSize)
+	}
+	switch rec.State {
+	case "committed":
+		s.commit(j, rec, ch)
+	case "deleted", "corrupt":
+		s.remove(j, rec, ch)
+	default:
+		return fmt.Errorf("%w: coordinator: unknown shard state %q", ErrInvalid, rec.State)
+	}
+	return nil
+}
+
+func (s *State) commit(j *Job, rec Record, ch *Changes) {
+	st := j.Steps[rec.Step]
+	if st == nil {
+		st = &Step{Job: j.ID, Step: rec.Step, WorldSize: rec.WorldSize, State: Partial, Copies: map[uint32][]*Copy{}}
+		j.Steps[rec.Step] = st
+		ch.Steps = append(ch.Steps, st)
+		// A late step: some rank may have moved past it already.
+		for r, latest := range j.rankLatest {
+			if latest > st.Step && r != rec.Rank && st.WorldSize == j.WorldSize {
+				st.State = Abandoned
+				break
+			}
+		}
+	}
+	tier := rec.tier()
+	for _, c := range st.Copies[rec.Rank] {
+		if c.Node == rec.Node && c.Tier == tier && c.Sum == rec.Sum {
+			return // a duplicate report
+		}
+	}
+	others := slices.DeleteFunc(st.Copies[rec.Rank], func(c *Copy) bool { return c.Node == rec.Node && c.Tier == tier })
+	c := &Copy{Rank: rec.Rank, Node: rec.Node, Tier: tier, Size: rec.Size, Sum: rec.Sum, State: "committed"}
+	st.Copies[rec.Rank] = append(others, c)
+	ch.Copies = append(ch.Copies, CopyKey{Job: j.ID, Step: rec.Step, Rank: rec.Rank, Node: rec.Node, Tier: tier, Copy: c})
+	if st.State != Consistent && st.complete() {
+		st.State, st.ConsistentAt = Consistent, s.now()
+		ch.Steps = append(ch.Steps, st)
+		ch.Consistent = append(ch.Consistent, StepKey{j.ID, st.Step})
+		ch.Sync = true
+	}
+	if rec.WorldSize == j.WorldSize {
+		if l, ok := j.rankLatest[rec.Rank]; !ok || rec.Step > l {
+			j.rankLatest[rec.Rank] = rec.Step
+			s.abandon(j, rec.Rank, rec.Step, ch)
+		}
+	}
+	if st.State == Consistent && st.Step > j.Latest {
+		j.Latest = st.Step
+		ch.Jobs = append(ch.Jobs, j)
+		ch.Sync = true
+	}
+}
+
+// abandon marks the partial steps before step that rank moved past without
+// committing: they can never become consistent.
+func (s *State) abandon(j *Job, rank uint32, step int64, ch *Changes) {
+	for _, st := range j.Steps {
+		if st.State == Partial && st.Step < step && st.WorldSize == j.WorldSize && len(st.Copies[rank]) == 0 {
+			st.State = Abandoned
+			ch.Steps = append(ch.Steps, st)
+		}
+	}
+}
+
+func (s *State) remove(j *Job, rec Record, ch *Changes) {
+	st := j.Steps[rec.Step]
+	if st == nil {
+		return
+	}
+	tier := rec.tier()
+	before := len(st.Copies[rec.Rank])
+	st.Copies[rec.Rank] = slices.DeleteFunc(st.Copies[rec.Rank], func(c *Copy) bool { return c.Node == rec.Node && c.Tier == tier })
+	if len(st.Copies[rec.Rank]) == before {
+		return
+	}
+	if len(st.Copies[rec.Rank]) == 0 {
+		delete(st.Copies, rec.Rank)
+	}
+	ch.Copies = append(ch.Copies, CopyKey{Job: j.ID, Step: rec.Step, Rank: rec.Rank, Node: rec.Node, Tier: tier})
+	if len(st.Copies) == 0 {
+		delete(j.Steps, rec.Step)
+		ch.Dropped = append(ch.Dropped, StepKey{j.ID, rec.Step})
+	}
+	s.updateLatest(j, ch)
+}
+
+// updateLatest recomputes the newest consistent step whose every rank
+// still has a copy.
+func (s *State) updateLatest(j *Job, ch *Changes) {
+	latest := int64(-1)
+	for _, st := range j.Steps {
+		if st.State == Consistent && st.Step > latest && st.complete() {
+			latest = st.Step
+		}
+	}
+	if latest != j.Latest {
+		j.Latest = latest
+		ch.Jobs = append(ch.Jobs, j)
+		ch.Sync = true
+	}
+}
+
+// Record is one shard event from an agent.
+type Record struct {
+	Job       string
+	Step      int64
+	Rank      uint32
+	WorldSize uint32
+	Node      string
+	Tier      string // "" means "shm"
+	Size      uint64
+	Sum       string
+	State     string // committed, deleted, corrupt
+}
+
+func (r Record) tier() string {
+	if r.Tier == "" {
+		return "shm"
+	}
+	return r.Tier
+}
+
+// SortedSteps returns a job's steps, oldest first.
+func (j *Job) SortedSteps() []*Step {
+	out := make([]*Step, 0, len(j.Steps))
+	for _, st := range j.Steps {
+		out = append(out, st)
+	}
+	slices.SortFunc(out, func(a, b *Step) int { return int(a.Step - b.Step) })
+	return out
+}
