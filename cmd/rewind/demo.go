@@ -1,0 +1,52 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"os"
+
+	"rewind.dev/rewind/internal/demo"
+	"rewind.dev/rewind/internal/units"
+)
+
+func runDemo(ctx context.Context, args []string) error {
+	cfg := demo.DefaultConfig()
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.Int64Var(&cfg.Steps, "steps", cfg.Steps, "steps the training job runs")
+	size := fs.String("size", "64MiB", "model state saved every step")
+	fs.DurationVar(&cfg.StepTime, "step-time", cfg.StepTime, "simulated compute per step")
+	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed of the random choices (0: pick one; the demo prints it)")
+	fs.Int64Var(&cfg.KillMin, "kill-min", cfg.KillMin, "the trainer is killed after a random step from kill-min")
+	fs.Int64Var(&cfg.KillMax, "kill-max", cfg.KillMax, "... to kill-max")
+	fs.StringVar(&cfg.ShmDir, "shm-dir", cfg.ShmDir, "tmpfs in which the demo makes its shared-memory root")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	b, err := units.ParseBytes(*size)
+	if err != nil {
+		return err
+	}
+	cfg.Size = int64(b)
+	return demo.Run(ctx, cfg)
+}
+
+// runDemoTrain is the demo's training process; `rewind demo` starts it.
+func runDemoTrain(ctx context.Context, args []string) error {
+	cfg := demo.DefaultTrainConfig()
+	fs := flag.NewFlagSet("demo-train", flag.ContinueOnError)
+	fs.StringVar(&cfg.Socket, "socket", "", "agent socket")
+	fs.StringVar(&cfg.Job, "job", cfg.Job, "job id")
+	fs.Int64Var(&cfg.Steps, "steps", cfg.Steps, "train until this step is saved")
+	size := fs.String("size", "64MiB", "model state")
+	fs.DurationVar(&cfg.StepTime, "step-time", cfg.StepTime, "simulated compute per step")
+	fs.BoolVar(&cfg.PerturbRestore, "perturb-restore", false, "flip a bit after restoring (for the demo's tests)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	b, err := units.ParseBytes(*size)
+	if err != nil {
+		return err
+	}
+	cfg.Size, cfg.Out = int64(b), os.Stdout
+	return demo.Train(ctx, cfg)
+}

@@ -1,0 +1,142 @@
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"rewind.dev/rewind/sdk"
+)
+
+// TrainConfig configures the demo's training process (rewind demo-train).
+type TrainConfig struct {
+	Socket   string        // the agent's socket
+	Job      string        // job id
+	Steps    int64         // train until this step is saved
+	Size     int64         // bytes of model state
+	StepTime time.Duration // simulated compute per step, the update included
+	Out      io.Writer     // the report, one line per event (see events.go)
+	// PerturbRestore flips one bit of the state after a restore: a broken
+	// resume, for tests that check the demo notices one. Never set otherwise.
+	PerturbRestore bool
+}
+
+// DefaultTrainConfig returns the trainer's configuration for `rewind demo`.
+func DefaultTrainConfig() TrainConfig {
+	return TrainConfig{
+		Job:      "demo",
+		Steps:    30,                     // enough for two crashes and a finish
+		Size:     64 << 20,               // a save takes milliseconds, not seconds
+		StepTime: 100 * time.Millisecond, // a step long enough for a kill to land anywhere in it
+	}
+}
+
+// Validate checks the configuration.
+func (c *TrainConfig) Validate() error {
+	var errs []error
+	if c.Steps < 1 {
+		errs = append(errs, fmt.Errorf("steps %d: want at least 1", c.Steps))
+	}
+	if c.Size < MinSize {
+		errs = append(errs, fmt.Errorf("size %d bytes: want at least %d", c.Size, MinSize))
+	}
+	if c.StepTime < 0 {
+		errs = append(errs, fmt.Errorf("step time %v is negative", c.StepTime))
+	}
+	if c.Out == nil {
+		errs = append(errs, errors.New("no output"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("demo: trainer: %w", err)
+	}
+	return nil
+}
+
+// Train is the simulated training job: it restores the rank's latest
+// checkpoint (or starts fresh when there is none), then computes and saves
+// one step after another until cfg.Steps, reporting each on cfg.Out.
+func Train(ctx context.Context, cfg TrainConfig) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	c, err := sdk.Dial(dctx, cfg.Socket)
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	sess, err := c.Session(cfg.Job, 0, 1)
+	if err != nil {
+		return err
+	}
+	defer sess.Close()
+	st, err := resume(ctx, sess, cfg)
+	if err != nil {
+		return err
+	}
+	for st.Obj.Step < cfg.Steps {
+		t0 := time.Now()
+		st.Step()
+		if err := sleepCtx(ctx, cfg.StepTime-time.Since(t0)); err != nil {
+			return err
+		}
+		compute := time.Since(t0)
+		if err := sess.Save(ctx, st.Obj.Step, st.Tensors, st.Obj); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			// A failed save is logged and survived: training goes on.
+			fmt.Fprintln(cfg.Out, formatSaveFailed(st.Obj.Step, err))
+			continue
+		}
+		ls := sess.LastSave()
+		fmt.Fprintln(cfg.Out, formatSaved(st.Obj.Step, compute, ls.Bytes, ls.Total, ls.Cold, st.Digest()))
+	}
+	fmt.Fprintln(cfg.Out, formatDone(st.Obj.Step, st.Digest()))
+	return nil
+}
+
+// resume restores the latest checkpoint, or returns a fresh state when the
+// rank has none, and reports which.
+func resume(ctx context.Context, sess *sdk.Session, cfg TrainConfig) (*State, error) {
+	t0 := time.Now()
+	ck, err := sess.Restore(ctx)
+	took := time.Since(t0)
+	if errors.Is(err, sdk.ErrNotFound) {
+		st, err := NewState(cfg.Size)
+		if err != nil {
+			return nil, err
+		}
+		fmt.Fprintln(cfg.Out, formatFresh(st.Obj.Step, st.Digest()))
+		return st, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	st, err := FromCheckpoint(ck, cfg.Size)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.PerturbRestore {
+		st.Tensors[tEmbed].Data[0] ^= 1
+	}
+	fmt.Fprintln(cfg.Out, formatResumed(st.Obj.Step, st.Digest(), took))
+	return st, nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
