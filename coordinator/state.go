@@ -96,11 +96,11 @@ func NewState(now func() time.Time) *State {
 // Sync is set when the change decides a state (a job registered, a step
 // consistent): the store must sync it before the caller is answered.
 type Changes struct {
-	Jobs      []*Job
-	Steps     []*Step
-	Copies    []CopyKey // written (or deleted when the copy is absent)
-	Dropped   []StepKey
-	Sync      bool
+	Jobs       []*Job
+	Steps      []*Step
+	Copies     []CopyKey // written (or deleted when the copy is absent)
+	Dropped    []StepKey
+	Sync       bool
 	Consistent []StepKey // steps that became consistent
 }
 

@@ -1,0 +1,66 @@
+package coordinator
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"rewind.dev/rewind/internal/clock"
+)
+
+// Config configures a coordinator.
+type Config struct {
+	// ListenAddr is the gRPC address agents and operators dial.
+	ListenAddr string
+	// MetricsAddr serves Prometheus /metrics; empty disables it.
+	MetricsAddr string
+	// DataDir holds the pebble store.
+	DataDir string
+	// AgentTimeout bounds each call the coordinator makes to an agent
+	// (verify, delete).
+	AgentTimeout time.Duration
+
+	Clock    clock.Clock
+	Logger   *slog.Logger
+	Registry prometheus.Registerer
+}
+
+// DefaultConfig returns a coordinator configuration for one cluster.
+func DefaultConfig() Config {
+	return Config{
+		ListenAddr:   ":7080",
+		MetricsAddr:  ":9465",
+		DataDir:      "/var/lib/rewind/coordinator",
+		AgentTimeout: 2 * time.Minute, // verifying a large shard reads every byte
+	}
+}
+
+// Validate checks the configuration and fills in the parts left nil.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.ListenAddr == "" {
+		errs = append(errs, errors.New("listen address is empty"))
+	}
+	if c.DataDir == "" {
+		errs = append(errs, errors.New("data directory is empty"))
+	}
+	if c.AgentTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("agent timeout %v must be positive", c.AgentTimeout))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("coordinator: invalid config: %w", err)
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Real
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Registry == nil {
+		c.Registry = prometheus.NewRegistry()
+	}
+	return nil
+}

@@ -1,0 +1,119 @@
+package coordinator
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Coordinator is the running coordinator: the index, its store and the
+// agents it knows. Operations on the index are serialized by mu; a change
+// is persisted (synced when it decides a state) before the caller is
+// answered.
+type Coordinator struct {
+	cfg         Config
+	log         *slog.Logger
+	incarnation string
+	metrics     *metrics
+
+	mu    sync.Mutex
+	state *State
+	store *Store
+}
+
+type metrics struct {
+	reports        *prometheus.CounterVec
+	consistent     prometheus.Counter
+	commitToConsis prometheus.Histogram
+}
+
+// New opens the store, loads the index and returns a coordinator.
+func New(cfg Config) (*Coordinator, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	store, err := OpenStore(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	var inc [8]byte
+	_, _ = rand.Read(inc[:])
+	c := &Coordinator{
+		cfg:         cfg,
+		log:         cfg.Logger.With("component", "coordinator"),
+		incarnation: hex.EncodeToString(inc[:]),
+		state:       NewState(cfg.Clock.Now),
+		store:       store,
+	}
+	start := time.Now()
+	if err := store.Load(c.state); err != nil {
+		store.Close()
+		return nil, err
+	}
+	c.metrics = newMetrics(cfg.Registry, c)
+	c.log.Info("index loaded", "jobs", len(c.state.Jobs), "nodes", len(c.state.Nodes),
+		"took", time.Since(start).Round(time.Millisecond), "incarnation", c.incarnation)
+	return c, nil
+}
+
+func newMetrics(reg prometheus.Registerer, c *Coordinator) *metrics {
+	m := &metrics{
+		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rewind_coordinator_shard_reports_total",
+			Help: "Shard events reported by agents, by state and result.",
+		}, []string{"state", "result"}),
+		consistent: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rewind_coordinator_consistent_steps_total",
+			Help: "Steps that became consistent (every rank committed).",
+		}),
+		commitToConsis: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "rewind_coordinator_commit_seconds",
+			Help:    "Time to record a report that makes a step consistent, sync included.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+	}
+	steps := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "rewind_coordinator_steps",
+		Help: "Steps in the index.",
+	}, func() float64 {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		n := 0
+		for _, j := range c.state.Jobs {
+			n += len(j.Steps)
+		}
+		return float64(n)
+	})
+	reg.MustRegister(m.reports, m.consistent, m.commitToConsis, steps)
+	return m
+}
+
+// Close closes the store.
+func (c *Coordinator) Close() error { return c.store.Close() }
+
+// apply runs f on the index under the lock and persists what it changed.
+// If persisting fails, the coordinator reloads its index from the store so
+// memory never claims what disk does not hold.
+func (c *Coordinator) apply(f func(ch *Changes) error) (*Changes, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var ch Changes
+	ferr := f(&ch)
+	if err := c.store.Write(&ch); err != nil {
+		c.log.Error("persisting index change failed; reloading", "err", err)
+		fresh := NewState(c.cfg.Clock.Now)
+		if lerr := c.store.Load(fresh); lerr == nil {
+			c.state = fresh
+		}
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+	return &ch, ferr
+}
+
+// Incarnation identifies this run of the coordinator.
+func (c *Coordinator) Incarnation() string { return c.incarnation }

@@ -1,0 +1,210 @@
+package coordinator
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// Store persists the index in pebble. Key schema (docs/design/20261121_coordinator_store.md):
+//
+//	job/<job>                                      -> jobRecord
+//	node/<node>                                    -> NodeInfo
+//	step/<job>/<step %020d>                        -> stepRecord
+//	copy/<job>/<step %020d>/<rank %010d>/<tier>/<node> -> Copy
+//
+// Job ids cannot contain '/' (shm.ValidateJob), and the node name is the
+// last element, so keys parse unambiguously and sort by job, then step.
+type Store struct {
+	db *pebble.DB
+}
+
+type jobRecord struct {
+	WorldSize uint32            `json:"world_size"`
+	Placement map[uint32]string `json:"placement,omitempty"`
+	Latest    int64             `json:"latest"`
+}
+
+type stepRecord struct {
+	WorldSize    uint32    `json:"world_size"`
+	State        StepState `json:"state"`
+	ConsistentAt time.Time `json:"consistent_at,omitzero"`
+}
+
+// OpenStore opens (or creates) the store in dir.
+func OpenStore(dir string) (*Store, error) {
+	db, err := pebble.Open(dir, &pebble.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: opening store %s: %w", dir, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the store.
+func (s *Store) Close() error { return s.db.Close() }
+
+func jobKey(job string) []byte { return []byte("job/" + job) }
+func stepKey(job string, step int64) []byte {
+	return fmt.Appendf(nil, "step/%s/%020d", job, step)
+}
+func copyKey(k CopyKey) []byte {
+	return fmt.Appendf(nil, "copy/%s/%020d/%010d/%s/%s", k.Job, k.Step, k.Rank, k.Tier, k.Node)
+}
+func nodeKey(name string) []byte { return []byte("node/" + name) }
+
+// Write persists ch in one batch, synced when ch.Sync is set.
+func (s *Store) Write(ch *Changes) error {
+	b := s.db.NewBatch()
+	defer b.Close()
+	put := func(k []byte, v any) error {
+		data, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		return b.Set(k, data, nil)
+	}
+	for _, j := range ch.Jobs {
+		if err := put(jobKey(j.ID), jobRecord{WorldSize: j.WorldSize, Placement: j.Placement, Latest: j.Latest}); err != nil {
+			return err
+		}
+	}
+	for _, st := range ch.Steps {
+		if err := put(stepKey(st.Job, st.Step), stepRecord{WorldSize: st.WorldSize, State: st.State, ConsistentAt: st.ConsistentAt}); err != nil {
+			return err
+		}
+	}
+	for _, c := range ch.Copies {
+		var err error
+		if c.Copy == nil {
+			err = b.Delete(copyKey(c), nil)
+		} else {
+			err = put(copyKey(c), c.Copy)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	for _, k := range ch.Dropped {
+		if err := b.Delete(stepKey(k.Job, k.Step), nil); err != nil {
+			return err
+		}
+	}
+	opts := pebble.NoSync
+	if ch.Sync {
+		opts = pebble.Sync
+	}
+	if err := b.Commit(opts); err != nil {
+		return fmt.Errorf("coordinator: writing index: %w", err)
+	}
+	return nil
+}
+
+// PutNode records a registered agent.
+func (s *Store) PutNode(n *NodeInfo) error {
+	data, err := json.Marshal(n)
+	if err != nil {
+		return err
+	}
+	return s.db.Set(nodeKey(n.Name), data, pebble.Sync)
+}
+
+// Load reads the whole index into st.
+func (s *Store) Load(st *State) error {
+	it, err := s.db.NewIter(nil)
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	for it.First(); it.Valid(); it.Next() {
+		if err := st.loadKey(string(it.Key()), it.Value()); err != nil {
+			return fmt.Errorf("coordinator: loading key %q: %w", it.Key(), err)
+		}
+	}
+	for _, j := range st.Jobs {
+		for _, stp := range j.Steps {
+			if stp.WorldSize != j.WorldSize {
+				continue
+			}
+			for r := range stp.Copies {
+				if l, ok := j.rankLatest[r]; !ok || stp.Step > l {
+					j.rankLatest[r] = stp.Step
+				}
+			}
+		}
+	}
+	return it.Error()
+}
+
+func (st *State) loadKey(key string, val []byte) error {
+	kind, rest, _ := strings.Cut(key, "/")
+	switch kind {
+	case "job":
+		var r jobRecord
+		if err := json.Unmarshal(val, &r); err != nil {
+			return err
+		}
+		j := st.job(rest)
+		j.WorldSize, j.Latest = r.WorldSize, r.Latest
+		if r.Placement != nil {
+			j.Placement = r.Placement
+		}
+	case "node":
+		var n NodeInfo
+		if err := json.Unmarshal(val, &n); err != nil {
+			return err
+		}
+		st.Nodes[n.Name] = &n
+	case "step":
+		job, s, _ := strings.Cut(rest, "/")
+		step, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return err
+		}
+		var r stepRecord
+		if err := json.Unmarshal(val, &r); err != nil {
+			return err
+		}
+		stp := st.step(job, step)
+		stp.WorldSize, stp.State, stp.ConsistentAt = r.WorldSize, r.State, r.ConsistentAt
+	case "copy":
+		parts := strings.SplitN(rest, "/", 5)
+		if len(parts) != 5 {
+			return fmt.Errorf("malformed copy key")
+		}
+		step, err := strconv.ParseInt(parts[1], 10, 64)
+		if err != nil {
+			return err
+		}
+		var c Copy
+		if err := json.Unmarshal(val, &c); err != nil {
+			return err
+		}
+		stp := st.step(parts[0], step)
+		stp.Copies[c.Rank] = append(stp.Copies[c.Rank], &c)
+	}
+	return nil
+}
+
+// job returns the job, creating an empty record while loading.
+func (st *State) job(id string) *Job {
+	j := st.Jobs[id]
+	if j == nil {
+		j = &Job{ID: id, Placement: map[uint32]string{}, Latest: -1, Steps: map[int64]*Step{}, rankLatest: map[uint32]int64{}}
+		st.Jobs[id] = j
+	}
+	return j
+}
+
+func (st *State) step(job string, step int64) *Step {
+	j := st.job(job)
+	s := j.Steps[step]
+	if s == nil {
+		s = &Step{Job: job, Step: step, State: Partial, Copies: map[uint32][]*Copy{}}
+		j.Steps[step] = s
+	}
+	return s
+}
