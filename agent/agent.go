@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"sync"
 	"time"
@@ -31,6 +32,9 @@ type Agent struct {
 	leases map[uint64]*lease
 
 	verifyQ chan verifyJob
+
+	rep       *reporter // nil without a coordinator
+	advertise string
 }
 
 type rankKey struct {
@@ -73,6 +77,15 @@ func New(cfg Config) (*Agent, error) {
 	a.metrics = newMetrics(cfg.Registry, a)
 	if err := a.reindex(); err != nil {
 		return nil, err
+	}
+	if cfg.CoordinatorAddr != "" {
+		a.rep = newReporter(a, cfg.CoordinatorAddr)
+	}
+	a.advertise = cfg.AdvertiseAddr
+	if a.advertise == "" && cfg.ListenAddr != "" {
+		if _, port, err := net.SplitHostPort(cfg.ListenAddr); err == nil {
+			a.advertise = net.JoinHostPort(cfg.Node, port)
+		}
 	}
 	return a, nil
 }

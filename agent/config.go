@@ -29,6 +29,16 @@ type Config struct {
 	ListenAddr string
 	// MetricsAddr serves Prometheus /metrics over HTTP; empty disables it.
 	MetricsAddr string
+	// CoordinatorAddr is the coordinator's gRPC address; empty runs the
+	// agent alone (a single node, or tests).
+	CoordinatorAddr string
+	// AdvertiseAddr is the address the coordinator and peers use to reach
+	// this agent's TCP listener; empty derives it from the node name and
+	// ListenAddr's port.
+	AdvertiseAddr string
+	// FailureDomain names what fails together with this node (a rack, a
+	// switch); replicas are placed outside it.
+	FailureDomain string
 	// BudgetBytes caps the bytes of all segments on the node; 0 means the
 	// size of the shared-memory file system.
 	BudgetBytes uint64

@@ -82,6 +82,10 @@ func (a *Agent) Prepare(ctx context.Context, job string, rank, worldSize uint32,
 		a.adjustUsed(size - prev.Size)
 	}
 	s.Size = size
+	a.rep.registerJob(job, rank, worldSize)
+	if prev.State == stateCommitted {
+		a.rep.shard(job, rank, prev.WorldSize, prev.Step, prev.Size, prev.HeaderSum, "deleted")
+	}
 	if resized {
 		a.log.Info("segment sized", "job", job, "rank", rank, "slot", s.Index, "bytes", size)
 	}
@@ -94,10 +98,10 @@ func (a *Agent) Prepare(ctx context.Context, job string, rank, worldSize uint32,
 func (a *Agent) pickSlot(ctx context.Context, r *lockedRank, size int64) (*slot, error) {
 	for {
 		a.expireLeases(r)
-		s := r.pick(size, a.cfg.SlotsPerRank)
+		s := r.pick(size, a.cfg.SlotsPerRank, a.rep.pinned(r.job))
 		if s == nil {
-			return nil, fmt.Errorf("%w: agent: all %d slots of job %s rank %d are the latest checkpoint (step %d) or being read",
-				ErrBusy, len(r.slots), r.job, r.rank, latestStep(&r.rankState))
+			return nil, fmt.Errorf("%w: agent: all %d slots of job %s rank %d hold its latest checkpoint (step %d), the job's latest consistent step (%d) or are being read; raise --slots",
+				ErrBusy, len(r.slots), r.job, r.rank, latestStep(&r.rankState), a.rep.pinned(r.job))
 		}
 		done := s.verifying
 		if done == nil {
@@ -165,6 +169,7 @@ func (a *Agent) Commit(ctx context.Context, job string, rank, slotIdx uint32, to
 		s.State = stateWriting
 		return 0, err
 	}
+	a.rep.shard(job, rank, s.WorldSize, step, s.Size, headerSum, "committed")
 	a.metrics.saves.WithLabelValues("ok").Inc()
 	a.metrics.committedBytes.Add(float64(s.Size))
 	if a.cfg.VerifyAfterCommit && a.verifyQ != nil {
@@ -315,6 +320,9 @@ func (a *Agent) Delete(job string, rank uint32, allRanks bool, step int64) (n in
 			if s.State != stateFree {
 				n++
 			}
+			if s.State == stateCommitted {
+				a.rep.shard(r.job, r.rank, s.WorldSize, s.Step, s.Size, s.HeaderSum, "deleted")
+			}
 			freed += s.Size
 			a.adjustUsed(-s.Size)
 		}
@@ -403,6 +411,7 @@ func (a *Agent) verify(r *lockedRank, s *slot) error {
 	if s.State != stateCorrupt {
 		a.log.Error("checkpoint corrupt: it will not be served", "job", r.job, "rank", r.rank, "step", s.Step, "err", err)
 		a.metrics.corrupt.Inc()
+		a.rep.shard(r.job, r.rank, s.WorldSize, s.Step, s.Size, s.HeaderSum, "corrupt")
 	}
 	s.State, s.Problem, s.verified = stateCorrupt, err.Error(), false
 	if perr := a.persist(&r.rankState); perr != nil {

@@ -75,6 +75,12 @@ func (a *Agent) Run(ctx context.Context, ready func(Addrs)) error {
 	verifierDone := make(chan struct{})
 	go func() { a.runVerifier(vctx); close(verifierDone) }()
 	defer func() { stopVerifier(); <-verifierDone }()
+	if a.rep != nil {
+		rctx, stopRep := context.WithCancel(ctx)
+		repDone := make(chan struct{})
+		go func() { a.rep.run(rctx); close(repDone) }()
+		defer func() { stopRep(); <-repDone }()
+	}
 	a.log.Info("agent serving", "socket", addrs.Socket, "tcp", addrs.TCP, "metrics", addrs.Metrics)
 	if ready != nil {
 		ready(addrs)

@@ -75,14 +75,15 @@ func (r *rankState) find(step int64) *slot {
 }
 
 // pick chooses the slot a new save writes into, or nil when every slot is
-// the latest checkpoint or being read. Preference: an unused slot of the
+// the latest checkpoint, the job's latest consistent step (pinned) or being
+// read. Preference: an unused slot of the
 // right size (warm), any unused slot, a new slot while fewer than max exist,
 // then the oldest committed slot that is not the latest.
-func (r *rankState) pick(size int64, max int) *slot {
+func (r *rankState) pick(size int64, max int, pinned int64) *slot {
 	latest := r.latest()
 	var unused, oldest *slot
 	for _, s := range r.slots {
-		if s == latest || s.readers > 0 {
+		if s == latest || s.readers > 0 || s.State == stateCommitted && s.Step == pinned {
 			continue
 		}
 		switch s.State {

@@ -1,0 +1,273 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"rewind.dev/rewind/api/coordpb"
+)
+
+// reporter tells the coordinator what this agent commits, in order, without
+// ever making a save wait for it: agent operations append to a queue, and
+// one goroutine drains it. On every (re)connection the agent registers with
+// its whole inventory, so a coordinator that lost its store, or missed
+// reports while it was down, is brought up to date.
+type reporter struct {
+	a    *Agent
+	addr string
+
+	mu       sync.Mutex
+	queue    []event
+	next     uint64 // sequence of the next event
+	wake     chan struct{}
+	overflow bool // events were dropped: re-register with the inventory
+
+	pinMu      sync.Mutex
+	pins       map[string]int64   // job -> latest consistent step
+	registered map[rankKey]uint32 // ranks whose job registration was queued, by world size
+}
+
+type event struct {
+	seq uint64
+	job *coordpb.RegisterJobRequest
+	rec *coordpb.ShardRecord
+}
+
+// maxQueue bounds the events held while the coordinator is unreachable;
+// past it the oldest are dropped and the inventory resent on reconnect.
+const maxQueue = 100_000
+
+func newReporter(a *Agent, addr string) *reporter {
+	return &reporter{a: a, addr: addr, wake: make(chan struct{}, 1), pins: map[string]int64{}, registered: map[rankKey]uint32{}}
+}
+
+func (r *reporter) push(e event) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	e.seq = r.next
+	r.next++
+	r.queue = append(r.queue, e)
+	if len(r.queue) > maxQueue {
+		r.queue = r.queue[len(r.queue)-maxQueue:]
+		r.overflow = true
+	}
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (r *reporter) shard(job string, rank, ws uint32, step int64, size int64, sum, state string) {
+	if r == nil {
+		return
+	}
+	r.push(event{rec: &coordpb.ShardRecord{Job: job, Step: step, Rank: rank, WorldSize: ws, Node: r.a.cfg.Node,
+		SizeBytes: uint64(size), HeaderChecksum: sum, State: state}})
+}
+
+// registerJob queues the registration of a rank of a job, once per
+// session and world size.
+func (r *reporter) registerJob(job string, rank, ws uint32) {
+	if r == nil {
+		return
+	}
+	r.pinMu.Lock()
+	k := rankKey{job, rank}
+	done := r.registered[k] == ws
+	r.registered[k] = ws
+	r.pinMu.Unlock()
+	if done {
+		return
+	}
+	r.push(event{job: &coordpb.RegisterJobRequest{Job: job, WorldSize: ws, Placement: map[uint32]string{rank: r.a.cfg.Node}}})
+}
+
+// pinned returns the job's latest consistent step, or -1.
+func (r *reporter) pinned(job string) int64 {
+	if r == nil {
+		return -1
+	}
+	r.pinMu.Lock()
+	defer r.pinMu.Unlock()
+	if p, ok := r.pins[job]; ok {
+		return p
+	}
+	return -1
+}
+
+func (r *reporter) setPins(pins []*coordpb.Pin) {
+	r.pinMu.Lock()
+	defer r.pinMu.Unlock()
+	for _, p := range pins {
+		r.pins[p.Job] = p.Step
+	}
+}
+
+// run keeps a session with the coordinator until ctx ends.
+func (r *reporter) run(ctx context.Context) {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := r.session(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		r.a.log.Warn("coordinator session ended; reconnecting", "coordinator", r.addr, "err", err, "in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+var errReregister = errors.New("coordinator restarted")
+
+func (r *reporter) session(ctx context.Context) error {
+	conn, err := grpc.NewClient(r.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	c := coordpb.NewCoordinatorClient(conn)
+	inc, err := r.register(ctx, c)
+	if err != nil {
+		return err
+	}
+	for {
+		batch := r.peek(512)
+		if len(batch) == 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-r.wake:
+				continue
+			}
+		}
+		if err := r.send(ctx, c, batch, inc); err != nil {
+			return err
+		}
+		r.drop(batch[len(batch)-1].seq + 1)
+	}
+}
+
+// register sends the inventory. Events queued before the snapshot are
+// covered by it and dropped; later ones are sent after it (duplicates are
+// harmless: the coordinator ignores a report it already has).
+func (r *reporter) register(ctx context.Context, c coordpb.CoordinatorClient) (string, error) {
+	r.mu.Lock()
+	from := r.next
+	r.overflow = false
+	r.mu.Unlock()
+	inv, jobs := r.a.inventory()
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	resp, err := c.Register(cctx, &coordpb.RegisterRequest{Node: &coordpb.Node{Name: r.a.cfg.Node, Addr: r.a.advertise,
+		FailureDomain: r.a.cfg.FailureDomain, ShmBudgetBytes: r.a.budget}, Inventory: inv})
+	if err != nil {
+		return "", fmt.Errorf("register: %w", err)
+	}
+	r.setPins(resp.Pins)
+	r.pinMu.Lock()
+	clear(r.registered)
+	r.pinMu.Unlock()
+	for _, j := range jobs { // ranks that prepared but have not committed yet
+		if _, err := c.RegisterJob(cctx, j); err != nil {
+			return "", fmt.Errorf("register job %s: %w", j.Job, err)
+		}
+	}
+	r.drop(from)
+	r.a.log.Info("registered with coordinator", "coordinator", r.addr, "shards", len(inv), "incarnation", resp.Incarnation)
+	return resp.Incarnation, nil
+}
+
+func (r *reporter) peek(n int) []event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]event(nil), r.queue[:min(n, len(r.queue))]...)
+}
+
+// drop removes queued events with a sequence below seq.
+func (r *reporter) drop(seq uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	i := 0
+	for i < len(r.queue) && r.queue[i].seq < seq {
+		i++
+	}
+	r.queue = r.queue[i:]
+}
+
+// send delivers a batch in order: job registrations one by one, runs of
+// shard records as one report. A refusal (bad input) is logged and dropped;
+// anything else ends the session so the batch is retried.
+func (r *reporter) send(ctx context.Context, c coordpb.CoordinatorClient, batch []event, inc string) error {
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for i := 0; i < len(batch); {
+		var err error
+		if batch[i].job != nil {
+			_, err = c.RegisterJob(cctx, batch[i].job)
+			i++
+		} else {
+			var recs []*coordpb.ShardRecord
+			for ; i < len(batch) && batch[i].rec != nil; i++ {
+				recs = append(recs, batch[i].rec)
+			}
+			var resp *coordpb.ReportResponse
+			resp, err = c.Report(cctx, &coordpb.ReportRequest{Node: r.a.cfg.Node, Shards: recs})
+			if err == nil {
+				r.setPins(resp.Pins)
+				if resp.Incarnation != inc {
+					return errReregister
+				}
+			}
+		}
+		switch status.Code(err) {
+		case codes.OK:
+		case codes.InvalidArgument, codes.NotFound, codes.FailedPrecondition:
+			r.a.log.Error("coordinator refused a report; dropping it", "err", err)
+		default:
+			return err
+		}
+	}
+	r.mu.Lock()
+	over := r.overflow
+	r.mu.Unlock()
+	if over {
+		return errReregister
+	}
+	return nil
+}
+
+// inventory lists every committed shard, and a registration for every rank
+// that has prepared a save but committed nothing yet.
+func (a *Agent) inventory() ([]*coordpb.ShardRecord, []*coordpb.RegisterJobRequest) {
+	var recs []*coordpb.ShardRecord
+	committed := map[rankKey]bool{}
+	var jobs []*coordpb.RegisterJobRequest
+	for _, sh := range a.List("") {
+		switch sh.State {
+		case stateCommitted:
+			committed[rankKey{sh.Job, sh.Rank}] = true
+			recs = append(recs, &coordpb.ShardRecord{Job: sh.Job, Step: sh.Step, Rank: sh.Rank, WorldSize: sh.WorldSize,
+				Node: a.cfg.Node, SizeBytes: uint64(sh.Size), HeaderChecksum: sh.HeaderSum, State: "committed"})
+		case stateWriting:
+			if sh.WorldSize > 0 && !committed[rankKey{sh.Job, sh.Rank}] {
+				jobs = append(jobs, &coordpb.RegisterJobRequest{Job: sh.Job, WorldSize: sh.WorldSize, Placement: map[uint32]string{sh.Rank: a.cfg.Node}})
+			}
+		}
+	}
+	return recs, jobs
+}

@@ -1,0 +1,253 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"rewind.dev/rewind/api/agentpb"
+	"rewind.dev/rewind/api/coordpb"
+)
+
+// Register records an agent and merges its inventory: jobs it holds are
+// registered from the shards' world sizes when the index does not know
+// them (a coordinator rebuilding a lost store), and every shard is applied.
+// It returns the pins for the jobs the agent holds.
+func (c *Coordinator) Register(n *NodeInfo, inventory []Record) ([]*coordpb.Pin, error) {
+	n.RegisteredAt = c.cfg.Clock.Now()
+	if err := c.store.PutNode(n); err != nil {
+		return nil, err
+	}
+	// Apply the newest steps last, so a job's world size ends as its newest.
+	slices.SortFunc(inventory, func(a, b Record) int { return int(a.Step - b.Step) })
+	_, err := c.apply(func(ch *Changes) error {
+		c.state.Nodes[n.Name] = n
+		var errs []error
+		for _, r := range inventory {
+			j := c.state.Jobs[r.Job]
+			if j == nil || j.WorldSize != r.WorldSize && r.Step > maxStep(j) {
+				if _, err := c.state.RegisterJob(r.Job, r.WorldSize, map[uint32]string{r.Rank: r.Node}, ch); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+			}
+			if err := c.state.Apply(r, ch); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		ch.Sync = true
+		return errors.Join(errs...)
+	})
+	if err != nil {
+		c.log.Warn("agent inventory had shards that could not be recorded", "node", n.Name, "err", err)
+	}
+	c.log.Info("agent registered", "node", n.Name, "addr", n.Addr, "failure_domain", n.FailureDomain, "shards", len(inventory))
+	return c.pinsFor(inventory), nil
+}
+
+func maxStep(j *Job) int64 {
+	m := int64(-1)
+	for s := range j.Steps {
+		m = max(m, s)
+	}
+	return m
+}
+
+// report applies a batch of shard events in order. Events that are refused
+// (an unknown job, a bad rank) are logged and counted; the rest still land.
+func (c *Coordinator) report(recs []Record) (*Changes, error) {
+	var errs []error
+	ch, err := c.apply(func(ch *Changes) error {
+		for _, r := range recs {
+			if err := c.state.Apply(r, ch); err != nil {
+				errs = append(errs, err)
+				c.metrics.reports.WithLabelValues(r.State, "refused").Inc()
+				continue
+			}
+			c.metrics.reports.WithLabelValues(r.State, "ok").Inc()
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(errs) > 0 {
+		c.log.Warn("refused shard reports", "count", len(errs), "first", errs[0])
+		if len(errs) == len(recs) {
+			return nil, errs[0]
+		}
+	}
+	return ch, nil
+}
+
+// pinsFor returns the latest consistent step of every job named in recs.
+func (c *Coordinator) pinsFor(recs []Record) []*coordpb.Pin {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	seen := map[string]bool{}
+	var pins []*coordpb.Pin
+	for _, r := range recs {
+		if j := c.state.Jobs[r.Job]; j != nil && !seen[r.Job] && j.Latest >= 0 {
+			seen[r.Job] = true
+			pins = append(pins, &coordpb.Pin{Job: r.Job, Step: j.Latest})
+		}
+	}
+	return pins
+}
+
+func (c *Coordinator) step(job string, step int64) (*coordpb.Step, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	j := c.state.Jobs[job]
+	if j == nil {
+		return nil, fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, job)
+	}
+	st := j.Steps[step]
+	if st == nil {
+		return nil, fmt.Errorf("%w: coordinator: job %s has no step %d", ErrNotFound, job, step)
+	}
+	return stepProto(st), nil
+}
+
+// PlanRestore returns, for every rank of a consistent step (the latest when
+// step < 0), where the rank runs and its copies, the one on that node first.
+func (c *Coordinator) PlanRestore(job string, step int64) (*coordpb.PlanRestoreResponse, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	j := c.state.Jobs[job]
+	if j == nil {
+		return nil, fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, job)
+	}
+	if step < 0 {
+		step = j.Latest
+		if step < 0 {
+			return nil, fmt.Errorf("%w: coordinator: job %s has no consistent step to restore", ErrNotFound, job)
+		}
+	}
+	st := j.Steps[step]
+	if st == nil || st.State != Consistent || !st.complete() {
+		return nil, fmt.Errorf("%w: coordinator: job %s step %d is not restorable (not every rank has a committed copy); latest restorable step is %d",
+			ErrRefused, job, step, j.Latest)
+	}
+	plan := &coordpb.PlanRestoreResponse{Job: job, Step: step}
+	for r := range st.WorldSize {
+		target := j.Placement[r]
+		srcs := slices.Clone(st.Copies[r])
+		slices.SortStableFunc(srcs, func(a, b *Copy) int {
+			return boolInt(b.Node == target) - boolInt(a.Node == target)
+		})
+		rp := &coordpb.RankPlan{Rank: r, TargetNode: target}
+		for _, cp := range srcs {
+			rp.Sources = append(rp.Sources, copyProto(cp))
+		}
+		plan.Ranks = append(plan.Ranks, rp)
+	}
+	return plan, nil
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// agentCall runs f against the agent of node over TCP.
+func (c *Coordinator) agentCall(ctx context.Context, node string, f func(context.Context, agentpb.AgentClient) error) error {
+	c.mu.Lock()
+	n := c.state.Nodes[node]
+	c.mu.Unlock()
+	if n == nil || n.Addr == "" {
+		return fmt.Errorf("coordinator: node %s has not registered an address", node)
+	}
+	conn, err := grpc.NewClient(n.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.AgentTimeout)
+	defer cancel()
+	return f(ctx, agentpb.NewAgentClient(conn))
+}
+
+// VerifyStep asks every agent holding a copy of the step to verify it.
+func (c *Coordinator) VerifyStep(ctx context.Context, job string, step int64) (*coordpb.VerifyStepResponse, error) {
+	st, err := c.step(job, step)
+	if err != nil {
+		return nil, err
+	}
+	resp := &coordpb.VerifyStepResponse{Ok: uint32(len(uniqueRanks(st.Copies))) == st.WorldSize}
+	for _, cp := range st.Copies {
+		check := &coordpb.CopyCheck{Copy: cp}
+		err := c.agentCall(ctx, cp.Node, func(ctx context.Context, a agentpb.AgentClient) error {
+			v, err := a.Verify(ctx, &agentpb.VerifyRequest{Job: job, Rank: cp.Rank, Step: step})
+			if err == nil {
+				check.Ok, check.Problem = v.Ok, v.Problem
+			}
+			return err
+		})
+		if err != nil {
+			check.Problem = err.Error()
+		}
+		resp.Ok = resp.Ok && check.Ok
+		resp.Checks = append(resp.Checks, check)
+	}
+	return resp, nil
+}
+
+func uniqueRanks(cs []*coordpb.Copy) map[uint32]bool {
+	m := map[uint32]bool{}
+	for _, c := range cs {
+		m[c.Rank] = true
+	}
+	return m
+}
+
+// DeleteStep deletes every copy of a step. The latest consistent step is
+// refused unless force is set: it is what a restore would use.
+func (c *Coordinator) DeleteStep(ctx context.Context, job string, step int64, force bool) (int, error) {
+	c.mu.Lock()
+	j := c.state.Jobs[job]
+	var latest int64 = -1
+	if j != nil {
+		latest = j.Latest
+	}
+	c.mu.Unlock()
+	if j == nil {
+		return 0, fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, job)
+	}
+	if step == latest && !force {
+		return 0, fmt.Errorf("%w: coordinator: step %d is the latest consistent step of job %s; deleting it would leave nothing newer to restore (use --force)", ErrRefused, step, job)
+	}
+	st, err := c.step(job, step)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	var errs []error
+	var gone []Record
+	for _, cp := range st.Copies {
+		err := c.agentCall(ctx, cp.Node, func(ctx context.Context, a agentpb.AgentClient) error {
+			_, err := a.Delete(ctx, &agentpb.DeleteRequest{Job: job, Rank: cp.Rank, Step: step})
+			return err
+		})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("rank %d on %s: %w", cp.Rank, cp.Node, err))
+			continue
+		}
+		n++
+		gone = append(gone, Record{Job: job, Step: step, Rank: cp.Rank, WorldSize: st.WorldSize, Node: cp.Node, Tier: cp.Tier, State: "deleted"})
+	}
+	if len(gone) > 0 {
+		if _, err := c.report(gone); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	c.log.Info("step deleted", "job", job, "step", step, "copies", n, "forced", force, "at", time.Now().UTC().Format(time.RFC3339))
+	return n, errors.Join(errs...)
+}

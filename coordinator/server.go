@@ -1,0 +1,203 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"rewind.dev/rewind/api/coordpb"
+)
+
+// server adapts the Coordinator to its gRPC service.
+type server struct {
+	coordpb.UnimplementedCoordinatorServer
+	c *Coordinator
+}
+
+var _ coordpb.CoordinatorServer = (*server)(nil)
+
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	code := codes.Internal
+	switch {
+	case errors.Is(err, ErrUnknownJob), errors.Is(err, ErrNotFound):
+		code = codes.NotFound
+	case errors.Is(err, ErrInvalid):
+		code = codes.InvalidArgument
+	case errors.Is(err, ErrRefused):
+		code = codes.FailedPrecondition
+	case errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	}
+	return status.Error(code, err.Error())
+}
+
+func (s *server) Register(ctx context.Context, req *coordpb.RegisterRequest) (*coordpb.RegisterResponse, error) {
+	n := req.GetNode()
+	if n.GetName() == "" {
+		return nil, toStatus(fmt.Errorf("%w: coordinator: register without a node name", ErrInvalid))
+	}
+	pins, err := s.c.Register(&NodeInfo{Name: n.Name, Addr: n.Addr, FailureDomain: n.FailureDomain, BudgetBytes: n.ShmBudgetBytes}, recordsOf(req.Inventory))
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &coordpb.RegisterResponse{Incarnation: s.c.incarnation, Pins: pins}, nil
+}
+
+func (s *server) RegisterJob(ctx context.Context, req *coordpb.RegisterJobRequest) (*coordpb.RegisterJobResponse, error) {
+	var re bool
+	_, err := s.c.apply(func(ch *Changes) error {
+		var err error
+		re, err = s.c.state.RegisterJob(req.Job, req.WorldSize, req.Placement, ch)
+		return err
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if re {
+		s.c.log.Info("job re-registered with a new world size", "job", req.Job, "world_size", req.WorldSize)
+	}
+	return &coordpb.RegisterJobResponse{WorldSize: req.WorldSize, Reregistered: re}, nil
+}
+
+func (s *server) Report(ctx context.Context, req *coordpb.ReportRequest) (*coordpb.ReportResponse, error) {
+	start := time.Now()
+	recs := recordsOf(req.Shards)
+	ch, err := s.c.report(recs)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	resp := &coordpb.ReportResponse{Incarnation: s.c.incarnation}
+	for _, k := range ch.Consistent {
+		resp.Consistent = append(resp.Consistent, &coordpb.Pin{Job: k.Job, Step: k.Step})
+		s.c.metrics.consistent.Inc()
+		s.c.log.Debug("step consistent", "job", k.Job, "step", k.Step)
+	}
+	if len(ch.Consistent) > 0 {
+		s.c.metrics.commitToConsis.Observe(time.Since(start).Seconds())
+	}
+	resp.Pins = s.c.pinsFor(recs)
+	return resp, nil
+}
+
+func recordsOf(shards []*coordpb.ShardRecord) []Record {
+	out := make([]Record, len(shards))
+	for i, r := range shards {
+		out[i] = Record{Job: r.Job, Step: r.Step, Rank: r.Rank, WorldSize: r.WorldSize, Node: r.Node,
+			Size: r.SizeBytes, Sum: r.HeaderChecksum, State: r.State}
+	}
+	return out
+}
+
+func (s *server) Latest(ctx context.Context, req *coordpb.LatestRequest) (*coordpb.LatestResponse, error) {
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	j := s.c.state.Jobs[req.Job]
+	if j == nil {
+		return nil, toStatus(fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, req.Job))
+	}
+	resp := &coordpb.LatestResponse{Step: j.Latest, WorldSize: j.WorldSize}
+	if st := j.Steps[j.Latest]; st != nil {
+		resp.WorldSize = st.WorldSize
+	}
+	return resp, nil
+}
+
+func (s *server) ListJobs(ctx context.Context, req *coordpb.ListJobsRequest) (*coordpb.ListJobsResponse, error) {
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	resp := &coordpb.ListJobsResponse{}
+	for _, j := range s.c.state.Jobs {
+		resp.Jobs = append(resp.Jobs, &coordpb.Job{Id: j.ID, WorldSize: j.WorldSize, LatestConsistent: j.Latest, Steps: uint32(len(j.Steps)), Placement: j.Placement})
+	}
+	slices.SortFunc(resp.Jobs, func(a, b *coordpb.Job) int { return cmpString(a.Id, b.Id) })
+	return resp, nil
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (s *server) ListSteps(ctx context.Context, req *coordpb.ListStepsRequest) (*coordpb.ListStepsResponse, error) {
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	j := s.c.state.Jobs[req.Job]
+	if j == nil {
+		return nil, toStatus(fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, req.Job))
+	}
+	resp := &coordpb.ListStepsResponse{}
+	for _, st := range j.SortedSteps() {
+		resp.Steps = append(resp.Steps, stepProto(st))
+	}
+	return resp, nil
+}
+
+func stepProto(st *Step) *coordpb.Step {
+	p := &coordpb.Step{Job: st.Job, Step: st.Step, WorldSize: st.WorldSize, State: string(st.State), RanksCommitted: uint32(len(st.Copies))}
+	if !st.ConsistentAt.IsZero() {
+		p.ConsistentUnixNano = st.ConsistentAt.UnixNano()
+	}
+	for r := range st.WorldSize {
+		for _, c := range st.Copies[r] {
+			p.Copies = append(p.Copies, copyProto(c))
+		}
+	}
+	return p
+}
+
+func copyProto(c *Copy) *coordpb.Copy {
+	return &coordpb.Copy{Rank: c.Rank, Node: c.Node, Tier: c.Tier, SizeBytes: c.Size, HeaderChecksum: c.Sum, State: c.State}
+}
+
+func (s *server) InspectStep(ctx context.Context, req *coordpb.StepRequest) (*coordpb.InspectStepResponse, error) {
+	st, err := s.c.step(req.Job, req.Step)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &coordpb.InspectStepResponse{Step: st}, nil
+}
+
+func (s *server) VerifyStep(ctx context.Context, req *coordpb.StepRequest) (*coordpb.VerifyStepResponse, error) {
+	resp, err := s.c.VerifyStep(ctx, req.Job, req.Step)
+	return resp, toStatus(err)
+}
+
+func (s *server) PlanRestore(ctx context.Context, req *coordpb.PlanRestoreRequest) (*coordpb.PlanRestoreResponse, error) {
+	plan, err := s.c.PlanRestore(req.Job, req.Step)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	who := req.RequestedBy
+	if who == "" {
+		who = "unknown"
+	}
+	s.c.log.Info("restore plan", "job", req.Job, "step", plan.Step, "dry_run", req.DryRun, "requested_by", who, "ranks", len(plan.Ranks))
+	if !req.DryRun {
+		return nil, status.Error(codes.Unimplemented, "coordinator: only dry-run restore plans are available until the recovery driver lands; re-run with --dry-run")
+	}
+	return plan, nil
+}
+
+func (s *server) DeleteStep(ctx context.Context, req *coordpb.DeleteStepRequest) (*coordpb.DeleteStepResponse, error) {
+	n, err := s.c.DeleteStep(ctx, req.Job, req.Step, req.Force)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &coordpb.DeleteStepResponse{CopiesDeleted: uint32(n)}, nil
+}
