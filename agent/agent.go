@@ -75,11 +75,14 @@ func New(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a.metrics = newMetrics(cfg.Registry, a)
-	if err := a.reindex(); err != nil {
+	err := a.reindex()
+	if err != nil {
 		return nil, err
 	}
 	if cfg.CoordinatorAddr != "" {
-		a.rep = newReporter(a, cfg.CoordinatorAddr)
+		if a.rep, err = newReporter(a, cfg.CoordinatorAddr); err != nil {
+			return nil, err
+		}
 	}
 	a.advertise = cfg.AdvertiseAddr
 	if a.advertise == "" && cfg.ListenAddr != "" {

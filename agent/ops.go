@@ -99,6 +99,9 @@ func (a *Agent) pickSlot(ctx context.Context, r *lockedRank, size int64) (*slot,
 	for {
 		a.expireLeases(r)
 		s := r.pick(size, a.cfg.SlotsPerRank, a.rep.pinned(r.job))
+		if s == nil && r.pick(size, a.cfg.SlotsPerRank, -1) != nil && a.rep.refreshPin(ctx, r.job) {
+			continue // the pin was stale: the job has moved on
+		}
 		if s == nil {
 			return nil, fmt.Errorf("%w: agent: all %d slots of job %s rank %d hold its latest checkpoint (step %d), the job's latest consistent step (%d) or are being read; raise --slots",
 				ErrBusy, len(r.slots), r.job, r.rank, latestStep(&r.rankState), a.rep.pinned(r.job))

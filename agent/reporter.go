@@ -23,6 +23,8 @@ import (
 type reporter struct {
 	a    *Agent
 	addr string
+	conn *grpc.ClientConn
+	c    coordpb.CoordinatorClient
 
 	mu       sync.Mutex
 	queue    []event
@@ -45,8 +47,32 @@ type event struct {
 // past it the oldest are dropped and the inventory resent on reconnect.
 const maxQueue = 100_000
 
-func newReporter(a *Agent, addr string) *reporter {
-	return &reporter{a: a, addr: addr, wake: make(chan struct{}, 1), pins: map[string]int64{}, registered: map[rankKey]uint32{}}
+func newReporter(a *Agent, addr string) (*reporter, error) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("agent: coordinator address %q: %w", addr, err)
+	}
+	return &reporter{a: a, addr: addr, conn: conn, c: coordpb.NewCoordinatorClient(conn),
+		wake: make(chan struct{}, 1), pins: map[string]int64{}, registered: map[rankKey]uint32{}}, nil
+}
+
+// refreshPin asks the coordinator for a job's latest consistent step now,
+// for a save that finds every slot held and the pin possibly stale. It
+// reports whether the pin moved.
+func (r *reporter) refreshPin(ctx context.Context, job string) bool {
+	if r == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	resp, err := r.c.Latest(ctx, &coordpb.LatestRequest{Job: job})
+	if err != nil {
+		r.a.log.Warn("cannot refresh the latest consistent step from the coordinator", "job", job, "err", err)
+		return false
+	}
+	old := r.pinned(job)
+	r.setPins([]*coordpb.Pin{{Job: job, Step: resp.Step}})
+	return resp.Step != old
 }
 
 func (r *reporter) push(e event) {
@@ -116,6 +142,7 @@ func (r *reporter) setPins(pins []*coordpb.Pin) {
 
 // run keeps a session with the coordinator until ctx ends.
 func (r *reporter) run(ctx context.Context) {
+	defer r.conn.Close()
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		err := r.session(ctx)
@@ -135,16 +162,13 @@ func (r *reporter) run(ctx context.Context) {
 var errReregister = errors.New("coordinator restarted")
 
 func (r *reporter) session(ctx context.Context) error {
-	conn, err := grpc.NewClient(r.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	c := coordpb.NewCoordinatorClient(conn)
+	c := r.c
 	inc, err := r.register(ctx, c)
 	if err != nil {
 		return err
 	}
+	tick := time.NewTicker(heartbeat)
+	defer tick.Stop()
 	for {
 		batch := r.peek(512)
 		if len(batch) == 0 {
@@ -152,6 +176,13 @@ func (r *reporter) session(ctx context.Context) error {
 			case <-ctx.Done():
 				return ctx.Err()
 			case <-r.wake:
+				continue
+			case <-tick.C:
+				// An empty report: notices a coordinator that restarted
+				// (and may have lost its store) while nothing was saved.
+				if err := r.send(ctx, c, []event{{}}, inc); err != nil {
+					return err
+				}
 				continue
 			}
 		}
@@ -161,6 +192,10 @@ func (r *reporter) session(ctx context.Context) error {
 		r.drop(batch[len(batch)-1].seq + 1)
 	}
 }
+
+// heartbeat is how often an idle agent checks on the coordinator: a
+// restarted coordinator has the agent's inventory within about this long.
+const heartbeat = time.Second
 
 // register sends the inventory. Events queued before the snapshot are
 // covered by it and dropped; later ones are sent after it (duplicates are
@@ -222,8 +257,10 @@ func (r *reporter) send(ctx context.Context, c coordpb.CoordinatorClient, batch 
 			i++
 		} else {
 			var recs []*coordpb.ShardRecord
-			for ; i < len(batch) && batch[i].rec != nil; i++ {
-				recs = append(recs, batch[i].rec)
+			for ; i < len(batch) && batch[i].job == nil; i++ {
+				if batch[i].rec != nil {
+					recs = append(recs, batch[i].rec)
+				}
 			}
 			var resp *coordpb.ReportResponse
 			resp, err = c.Report(cctx, &coordpb.ReportRequest{Node: r.a.cfg.Node, Shards: recs})

@@ -37,7 +37,7 @@ func New(cfg Config) (*Coordinator, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	store, err := OpenStore(cfg.DataDir)
+	store, err := OpenStore(cfg.DataDir, cfg.Logger.With("component", "pebble"))
 	if err != nil {
 		return nil, err
 	}

@@ -47,7 +47,7 @@ func (c *Coordinator) Register(n *NodeInfo, inventory []Record) ([]*coordpb.Pin,
 		c.log.Warn("agent inventory had shards that could not be recorded", "node", n.Name, "err", err)
 	}
 	c.log.Info("agent registered", "node", n.Name, "addr", n.Addr, "failure_domain", n.FailureDomain, "shards", len(inventory))
-	return c.pinsFor(inventory), nil
+	return c.pinsFor(n.Name, inventory), nil
 }
 
 func maxStep(j *Job) int64 {
@@ -85,16 +85,22 @@ func (c *Coordinator) report(recs []Record) (*Changes, error) {
 	return ch, nil
 }
 
-// pinsFor returns the latest consistent step of every job named in recs.
-func (c *Coordinator) pinsFor(recs []Record) []*coordpb.Pin {
+// pinsFor returns the latest consistent step of every job named in recs
+// or placed on node.
+func (c *Coordinator) pinsFor(node string, recs []Record) []*coordpb.Pin {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	seen := map[string]bool{}
-	var pins []*coordpb.Pin
+	jobs := map[string]bool{}
+	for j := range c.state.JobsOn(node) {
+		jobs[j] = true
+	}
 	for _, r := range recs {
-		if j := c.state.Jobs[r.Job]; j != nil && !seen[r.Job] && j.Latest >= 0 {
-			seen[r.Job] = true
-			pins = append(pins, &coordpb.Pin{Job: r.Job, Step: j.Latest})
+		jobs[r.Job] = true
+	}
+	var pins []*coordpb.Pin
+	for id := range jobs {
+		if j := c.state.Jobs[id]; j != nil && j.Latest >= 0 {
+			pins = append(pins, &coordpb.Pin{Job: id, Step: j.Latest})
 		}
 	}
 	return pins

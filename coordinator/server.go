@@ -86,7 +86,7 @@ func (s *server) Report(ctx context.Context, req *coordpb.ReportRequest) (*coord
 	if len(ch.Consistent) > 0 {
 		s.c.metrics.commitToConsis.Observe(time.Since(start).Seconds())
 	}
-	resp.Pins = s.c.pinsFor(recs)
+	resp.Pins = s.c.pinsFor(req.Node, recs)
 	return resp, nil
 }
 

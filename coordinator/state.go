@@ -76,7 +76,22 @@ type State struct {
 	Jobs  map[string]*Job
 	Nodes map[string]*NodeInfo
 	now   func() time.Time
+	// nodeJobs is the set of jobs placed on or holding copies on each
+	// node: the jobs whose pins the node's agent needs.
+	nodeJobs map[string]map[string]bool
 }
+
+func (s *State) noteNode(node, job string) {
+	m := s.nodeJobs[node]
+	if m == nil {
+		m = map[string]bool{}
+		s.nodeJobs[node] = m
+	}
+	m[job] = true
+}
+
+// JobsOn returns the jobs placed on or holding copies on node.
+func (s *State) JobsOn(node string) map[string]bool { return s.nodeJobs[node] }
 
 // NodeInfo is a registered agent.
 type NodeInfo struct {
@@ -89,7 +104,7 @@ type NodeInfo struct {
 
 // NewState returns an empty index.
 func NewState(now func() time.Time) *State {
-	return &State{Jobs: map[string]*Job{}, Nodes: map[string]*NodeInfo{}, now: now}
+	return &State{Jobs: map[string]*Job{}, Nodes: map[string]*NodeInfo{}, now: now, nodeJobs: map[string]map[string]bool{}}
 }
 
 // Changes lists what an operation modified, for the store to persist.
@@ -146,6 +161,7 @@ func (s *State) RegisterJob(job string, worldSize uint32, placement map[uint32]s
 	}
 	changed := false
 	for r, n := range placement {
+		s.noteNode(n, job)
 		if j.Placement[r] != n {
 			j.Placement[r], changed = n, true
 		}
@@ -202,6 +218,7 @@ func (s *State) commit(j *Job, rec Record, ch *Changes) {
 		}
 	}
 	tier := rec.tier()
+	s.noteNode(rec.Node, j.ID)
 	for _, c := range st.Copies[rec.Rank] {
 		if c.Node == rec.Node && c.Tier == tier && c.Sum == rec.Sum {
 			return // a duplicate report

@@ -3,6 +3,8 @@ package coordinator
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -36,12 +38,22 @@ type stepRecord struct {
 }
 
 // OpenStore opens (or creates) the store in dir.
-func OpenStore(dir string) (*Store, error) {
-	db, err := pebble.Open(dir, &pebble.Options{})
+func OpenStore(dir string, log *slog.Logger) (*Store, error) {
+	db, err := pebble.Open(dir, &pebble.Options{Logger: pebbleLogger{log}})
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: opening store %s: %w", dir, err)
 	}
 	return &Store{db: db}, nil
+}
+
+// pebbleLogger sends pebble's messages to slog: routine ones at debug.
+type pebbleLogger struct{ l *slog.Logger }
+
+func (p pebbleLogger) Infof(format string, args ...any)  { p.l.Debug(fmt.Sprintf(format, args...)) }
+func (p pebbleLogger) Errorf(format string, args ...any) { p.l.Error(fmt.Sprintf(format, args...)) }
+func (p pebbleLogger) Fatalf(format string, args ...any) {
+	p.l.Error(fmt.Sprintf(format, args...))
+	os.Exit(1)
 }
 
 // Close closes the store.
@@ -125,7 +137,15 @@ func (s *Store) Load(st *State) error {
 		}
 	}
 	for _, j := range st.Jobs {
+		for _, n := range j.Placement {
+			st.noteNode(n, j.ID)
+		}
 		for _, stp := range j.Steps {
+			for _, cs := range stp.Copies {
+				for _, c := range cs {
+					st.noteNode(c.Node, j.ID)
+				}
+			}
 			if stp.WorldSize != j.WorldSize {
 				continue
 			}

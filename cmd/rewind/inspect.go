@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -14,19 +13,23 @@ import (
 )
 
 func runInspect(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
+	o := newOpFlags("inspect", "inspect [flags] JOB STEP | FILE | --job J --rank R [--step S]")
+	fs := o.fs
 	socket := fs.String("socket", "", "agent socket, to inspect by --job/--rank")
 	job := fs.String("job", "", "job of the shard to inspect (instead of a file)")
 	rank := fs.Uint("rank", 0, "rank of the shard")
 	step := fs.Int64("step", -1, "step of the shard (default: latest)")
 	verify := fs.Bool("verify", false, "also check every tensor's checksum")
-	asJSON := fs.Bool("json", false, "print JSON")
-	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: rewind inspect [flags] FILE | rewind inspect [flags] --job J --rank R [--step S]")
-		fs.PrintDefaults()
-	}
+	asJSON := o.asJSON
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if fs.NArg() == 2 {
+		step, err := parseStep(fs.Arg(1))
+		if err != nil {
+			return err
+		}
+		return inspectStep(ctx, o, fs.Arg(0), step)
 	}
 	path := fs.Arg(0)
 	if *job != "" {

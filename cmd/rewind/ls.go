@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"os"
 	"text/tabwriter"
@@ -14,11 +13,15 @@ import (
 )
 
 func runLs(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("ls", flag.ContinueOnError)
-	socket := fs.String("socket", "", "agent socket (default $REWIND_SOCKET or "+sdk.DefaultSocket+")")
-	asJSON := fs.Bool("json", false, "print JSON")
+	o := newOpFlags("ls", "ls [flags] [JOB]")
+	fs := o.fs
+	socket := fs.String("socket", "", "list what one agent holds, through its socket (default when no coordinator is given: $REWIND_SOCKET or "+sdk.DefaultSocket+")")
+	asJSON := o.asJSON
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *o.coordinator != "" && *socket == "" {
+		return lsCoordinator(ctx, o)
 	}
 	c, err := sdk.Dial(ctx, *socket)
 	if err != nil {

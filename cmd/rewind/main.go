@@ -18,8 +18,12 @@ type command struct {
 
 var commands = []command{
 	{"agent", "run the node agent", runAgent},
-	{"ls", "list the checkpoints an agent holds", runLs},
-	{"inspect", "print a shard file's header: tensors, dtypes, shapes, checksums", runInspect},
+	{"coordinator", "run the cluster coordinator", runCoordinator},
+	{"ls", "list jobs and checkpoints (of the coordinator, or of one agent with --socket)", runLs},
+	{"inspect", "print a step (JOB STEP) or a shard file's header", runInspect},
+	{"verify", "re-read and check every copy of a step (JOB STEP)", runVerify},
+	{"restore", "plan a restore of a job (JOB [--step S] --dry-run)", runRestore},
+	{"delete", "delete a step's copies (JOB STEP [--force])", runDelete},
 	{"bench", "measure performance (bench save)", runBench},
 	{"demo", "run a local agent and a training job, kill it, resume it", runDemo},
 	{"demo-train", "", runDemoTrain}, // the demo's training process
@@ -49,7 +53,7 @@ func usage() {
 	fmt.Fprintln(os.Stderr, "usage: rewind COMMAND [flags]\n\ncommands:")
 	for _, c := range commands {
 		if c.usage != "" {
-			fmt.Fprintf(os.Stderr, "  %-8s %s\n", c.name, c.usage)
+			fmt.Fprintf(os.Stderr, "  %-12s %s\n", c.name, c.usage)
 		}
 	}
 	fmt.Fprintln(os.Stderr, "\nrewind COMMAND -h shows a command's flags.")

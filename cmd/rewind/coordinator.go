@@ -1,0 +1,29 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"log/slog"
+	"os"
+
+	"rewind.dev/rewind/coordinator"
+)
+
+func runCoordinator(ctx context.Context, args []string) error {
+	cfg := coordinator.DefaultConfig()
+	fs := flag.NewFlagSet("coordinator", flag.ContinueOnError)
+	fs.StringVar(&cfg.ListenAddr, "listen", cfg.ListenAddr, "gRPC address for agents and operators")
+	fs.StringVar(&cfg.MetricsAddr, "metrics", cfg.MetricsAddr, "HTTP address for Prometheus /metrics (empty: off)")
+	fs.StringVar(&cfg.DataDir, "data", cfg.DataDir, "directory of the pebble store")
+	fs.DurationVar(&cfg.AgentTimeout, "agent-timeout", cfg.AgentTimeout, "bound on each call to an agent (verify, delete)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	c, err := coordinator.New(cfg)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return c.Run(ctx, nil)
+}

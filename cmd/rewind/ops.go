@@ -1,0 +1,281 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/user"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/shm"
+)
+
+// opFlags are the flags every operator command against the coordinator takes.
+type opFlags struct {
+	fs          *flag.FlagSet
+	coordinator *string
+	asJSON      *bool
+	timeout     *time.Duration
+}
+
+func newOpFlags(name, usage string) opFlags {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	def := os.Getenv("REWIND_COORDINATOR")
+	o := opFlags{
+		fs:          fs,
+		coordinator: fs.String("coordinator", def, "coordinator address host:port (default $REWIND_COORDINATOR)"),
+		asJSON:      fs.Bool("json", false, "print JSON"),
+		timeout:     fs.Duration("timeout", 2*time.Minute, "bound on the whole command"),
+	}
+	fs.Usage = func() {
+		fmt.Fprintln(os.Stderr, "usage: rewind "+usage)
+		fs.PrintDefaults()
+	}
+	return o
+}
+
+// dial connects to the coordinator named by the flags.
+func (o opFlags) dial(ctx context.Context) (coordpb.CoordinatorClient, context.Context, func(), error) {
+	if *o.coordinator == "" {
+		return nil, nil, nil, errors.New("no coordinator: pass --coordinator host:port or set REWIND_COORDINATOR")
+	}
+	conn, err := grpc.NewClient(*o.coordinator, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, *o.timeout)
+	return coordpb.NewCoordinatorClient(conn), ctx, func() { cancel(); conn.Close() }, nil
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func parseStep(s string) (int64, error) {
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || v < 0 {
+		return 0, fmt.Errorf("step %q is not a non-negative number", s)
+	}
+	return v, nil
+}
+
+// lsCoordinator lists jobs, or the steps of one job with where copies live.
+func lsCoordinator(ctx context.Context, o opFlags) error {
+	c, ctx, done, err := o.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	defer tw.Flush()
+	if job := o.fs.Arg(0); job != "" {
+		resp, err := c.ListSteps(ctx, &coordpb.ListStepsRequest{Job: job})
+		if err != nil {
+			return err
+		}
+		if *o.asJSON {
+			return printJSON(resp)
+		}
+		fmt.Fprintln(tw, "STEP\tSTATE\tRANKS\tSIZE\tCOPIES")
+		for _, st := range resp.Steps {
+			var size uint64
+			nodes := map[string]int{}
+			for _, cp := range st.Copies {
+				size += cp.SizeBytes
+				nodes[cp.Tier+":"+cp.Node]++
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%d/%d\t%s\t%s\n", st.Step, st.State, st.RanksCommitted, st.WorldSize, shm.Bytes(size), copiesSummary(nodes))
+		}
+		return nil
+	}
+	resp, err := c.ListJobs(ctx, &coordpb.ListJobsRequest{})
+	if err != nil {
+		return err
+	}
+	if *o.asJSON {
+		return printJSON(resp)
+	}
+	fmt.Fprintln(tw, "JOB\tWORLD SIZE\tLATEST CONSISTENT\tSTEPS")
+	for _, j := range resp.Jobs {
+		latest := "-"
+		if j.LatestConsistent >= 0 {
+			latest = strconv.FormatInt(j.LatestConsistent, 10)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\n", j.Id, j.WorldSize, latest, j.Steps)
+	}
+	return nil
+}
+
+func copiesSummary(nodes map[string]int) string {
+	var parts []string
+	for n, k := range nodes {
+		parts = append(parts, fmt.Sprintf("%s×%d", n, k))
+	}
+	return strings.Join(sortStrings(parts), " ")
+}
+
+func sortStrings(s []string) []string {
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j] < s[j-1]; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+	return s
+}
+
+func runVerify(ctx context.Context, args []string) error {
+	o := newOpFlags("verify", "verify [flags] JOB STEP")
+	if err := o.fs.Parse(args); err != nil {
+		return err
+	}
+	if o.fs.NArg() != 2 {
+		o.fs.Usage()
+		return errors.New("need JOB and STEP")
+	}
+	step, err := parseStep(o.fs.Arg(1))
+	if err != nil {
+		return err
+	}
+	c, ctx, done, err := o.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	resp, err := c.VerifyStep(ctx, &coordpb.StepRequest{Job: o.fs.Arg(0), Step: step})
+	if err != nil {
+		return err
+	}
+	if *o.asJSON {
+		if err := printJSON(resp); err != nil {
+			return err
+		}
+	} else {
+		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "RANK\tNODE\tTIER\tSIZE\tRESULT")
+		for _, ch := range resp.Checks {
+			res := "ok"
+			if !ch.Ok {
+				res = "FAILED: " + ch.Problem
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", ch.Copy.Rank, ch.Copy.Node, ch.Copy.Tier, shm.Bytes(ch.Copy.SizeBytes), res)
+		}
+		tw.Flush()
+	}
+	if !resp.Ok {
+		return fmt.Errorf("job %s step %d did not verify: some rank has no good copy", o.fs.Arg(0), step)
+	}
+	return nil
+}
+
+func runRestore(ctx context.Context, args []string) error {
+	o := newOpFlags("restore", "restore [flags] JOB [--step S] --dry-run")
+	step := o.fs.Int64("step", -1, "step to restore (default: the latest consistent step)")
+	dry := o.fs.Bool("dry-run", false, "print the plan without acting")
+	if err := o.fs.Parse(args); err != nil {
+		return err
+	}
+	if o.fs.NArg() != 1 {
+		o.fs.Usage()
+		return errors.New("need JOB")
+	}
+	c, ctx, done, err := o.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	who := "unknown"
+	if u, err := user.Current(); err == nil {
+		who = u.Username
+	}
+	plan, err := c.PlanRestore(ctx, &coordpb.PlanRestoreRequest{Job: o.fs.Arg(0), Step: *step, DryRun: *dry, RequestedBy: who + " via rewind restore"})
+	if err != nil {
+		return err
+	}
+	if *o.asJSON {
+		return printJSON(plan)
+	}
+	fmt.Printf("restore plan for job %s: step %d, %d ranks\n\n", plan.Job, plan.Step, len(plan.Ranks))
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RANK\tRUNS ON\tSOURCES (in order)")
+	for _, r := range plan.Ranks {
+		var srcs []string
+		for _, s := range r.Sources {
+			srcs = append(srcs, s.Tier+":"+s.Node)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\n", r.Rank, orDash(r.TargetNode), strings.Join(srcs, ", "))
+	}
+	return tw.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func runDelete(ctx context.Context, args []string) error {
+	o := newOpFlags("delete", "delete [flags] JOB STEP")
+	force := o.fs.Bool("force", false, "also delete the latest consistent step")
+	if err := o.fs.Parse(args); err != nil {
+		return err
+	}
+	if o.fs.NArg() != 2 {
+		o.fs.Usage()
+		return errors.New("need JOB and STEP")
+	}
+	step, err := parseStep(o.fs.Arg(1))
+	if err != nil {
+		return err
+	}
+	c, ctx, done, err := o.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	resp, err := c.DeleteStep(ctx, &coordpb.DeleteStepRequest{Job: o.fs.Arg(0), Step: step, Force: *force})
+	if err != nil {
+		return err
+	}
+	if *o.asJSON {
+		return printJSON(resp)
+	}
+	fmt.Printf("deleted %d copies of job %s step %d\n", resp.CopiesDeleted, o.fs.Arg(0), step)
+	return nil
+}
+
+// inspectStep prints one step of a job: every rank's copies.
+func inspectStep(ctx context.Context, o opFlags, job string, step int64) error {
+	c, ctx, done, err := o.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	resp, err := c.InspectStep(ctx, &coordpb.StepRequest{Job: job, Step: step})
+	if err != nil {
+		return err
+	}
+	if *o.asJSON {
+		return printJSON(resp)
+	}
+	st := resp.Step
+	fmt.Printf("job %s step %d: %s, %d/%d ranks committed\n\n", st.Job, st.Step, st.State, st.RanksCommitted, st.WorldSize)
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RANK\tNODE\tTIER\tSIZE\tHEADER CHECKSUM\tSTATE")
+	for _, cp := range st.Copies {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", cp.Rank, cp.Node, cp.Tier, shm.Bytes(cp.SizeBytes), cp.HeaderChecksum, cp.State)
+	}
+	return tw.Flush()
+}
