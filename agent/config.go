@@ -48,6 +48,10 @@ type Config struct {
 	VerifyWorkers int
 	// VerifyAfterCommit re-reads every committed shard in the background.
 	VerifyAfterCommit bool
+	// PinWait bounds how long a save whose only free slot holds the job's
+	// latest consistent step waits for the coordinator to move that step
+	// on (the other ranks' reports arriving), before failing with ErrBusy.
+	PinWait time.Duration
 	// LeaseTTL bounds how long a reader that never releases its lease holds
 	// a slot.
 	LeaseTTL time.Duration
@@ -70,6 +74,7 @@ func DefaultConfig() Config {
 		SlotsPerRank:      2, // the latest committed step plus the save in progress
 		VerifyWorkers:     2, // verification runs beside training: leave it most cores
 		VerifyAfterCommit: true,
+		PinWait:           2 * time.Second, // reports reach the coordinator in milliseconds; this covers a restart
 		LeaseTTL:          5 * time.Minute, // far above any restore copy, short enough to recover a lost reader's slot
 	}
 }
@@ -91,6 +96,9 @@ func (c *Config) Validate() error {
 	}
 	if c.VerifyWorkers < 1 {
 		errs = append(errs, fmt.Errorf("verify workers is %d, must be at least 1", c.VerifyWorkers))
+	}
+	if c.PinWait < 0 {
+		errs = append(errs, fmt.Errorf("pin wait %v must not be negative", c.PinWait))
 	}
 	if c.LeaseTTL <= 0 {
 		errs = append(errs, fmt.Errorf("lease TTL %v must be positive", c.LeaseTTL))

@@ -96,15 +96,29 @@ func (a *Agent) Prepare(ctx context.Context, job string, rank, worldSize uint32,
 // segment is being verified is taken once the pass ends: the pass maps the
 // file, which must not shrink under it.
 func (a *Agent) pickSlot(ctx context.Context, r *lockedRank, size int64) (*slot, error) {
+	pinDeadline := a.cfg.Clock.Now().Add(a.cfg.PinWait)
 	for {
 		a.expireLeases(r)
-		s := r.pick(size, a.cfg.SlotsPerRank, a.rep.pinned(r.job))
-		if s == nil && r.pick(size, a.cfg.SlotsPerRank, -1) != nil && a.rep.refreshPin(ctx, r.job) {
-			continue // the pin was stale: the job has moved on
+		pin := a.rep.pinned(r.job)
+		s := r.pick(size, a.cfg.SlotsPerRank, pin)
+		if s == nil && r.pick(size, a.cfg.SlotsPerRank, -1) != nil {
+			// Only the job's consistent-step pin holds the slot back. In
+			// synchronous training the other ranks have committed the
+			// next step already and their reports are on the way: ask
+			// the coordinator until the pin moves or PinWait runs out.
+			if fresh := a.rep.refreshPin(ctx, r.job); fresh != pin {
+				continue
+			}
+			if a.cfg.Clock.Now().Before(pinDeadline) && ctx.Err() == nil {
+				r.mu.Unlock()
+				time.Sleep(10 * time.Millisecond)
+				r.mu.Lock()
+				continue
+			}
 		}
 		if s == nil {
 			return nil, fmt.Errorf("%w: agent: all %d slots of job %s rank %d hold its latest checkpoint (step %d), the job's latest consistent step (%d) or are being read; raise --slots",
-				ErrBusy, len(r.slots), r.job, r.rank, latestStep(&r.rankState), a.rep.pinned(r.job))
+				ErrBusy, len(r.slots), r.job, r.rank, latestStep(&r.rankState), pin)
 		}
 		done := s.verifying
 		if done == nil {

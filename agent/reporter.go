@@ -57,22 +57,21 @@ func newReporter(a *Agent, addr string) (*reporter, error) {
 }
 
 // refreshPin asks the coordinator for a job's latest consistent step now,
-// for a save that finds every slot held and the pin possibly stale. It
-// reports whether the pin moved.
-func (r *reporter) refreshPin(ctx context.Context, job string) bool {
+// for a save that finds every slot held and the pin possibly stale, and
+// returns the pin as it then stands.
+func (r *reporter) refreshPin(ctx context.Context, job string) int64 {
 	if r == nil {
-		return false
+		return -1
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	resp, err := r.c.Latest(ctx, &coordpb.LatestRequest{Job: job})
 	if err != nil {
 		r.a.log.Warn("cannot refresh the latest consistent step from the coordinator", "job", job, "err", err)
-		return false
+		return r.pinned(job)
 	}
-	old := r.pinned(job)
 	r.setPins([]*coordpb.Pin{{Job: job, Step: resp.Step}})
-	return resp.Step != old
+	return resp.Step
 }
 
 func (r *reporter) push(e event) {
@@ -145,9 +144,12 @@ func (r *reporter) run(ctx context.Context) {
 	defer r.conn.Close()
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
-		err := r.session(ctx)
+		registered, err := r.session(ctx)
 		if ctx.Err() != nil {
 			return
+		}
+		if registered {
+			backoff = 100 * time.Millisecond // a fresh outage starts from a short wait
 		}
 		r.a.log.Warn("coordinator session ended; reconnecting", "coordinator", r.addr, "err", err, "in", backoff)
 		select {
@@ -161,11 +163,11 @@ func (r *reporter) run(ctx context.Context) {
 
 var errReregister = errors.New("coordinator restarted")
 
-func (r *reporter) session(ctx context.Context) error {
+func (r *reporter) session(ctx context.Context) (registered bool, err error) {
 	c := r.c
 	inc, err := r.register(ctx, c)
 	if err != nil {
-		return err
+		return false, err
 	}
 	tick := time.NewTicker(heartbeat)
 	defer tick.Stop()
@@ -174,20 +176,20 @@ func (r *reporter) session(ctx context.Context) error {
 		if len(batch) == 0 {
 			select {
 			case <-ctx.Done():
-				return ctx.Err()
+				return true, ctx.Err()
 			case <-r.wake:
 				continue
 			case <-tick.C:
 				// An empty report: notices a coordinator that restarted
 				// (and may have lost its store) while nothing was saved.
 				if err := r.send(ctx, c, []event{{}}, inc); err != nil {
-					return err
+					return true, err
 				}
 				continue
 			}
 		}
 		if err := r.send(ctx, c, batch, inc); err != nil {
-			return err
+			return true, err
 		}
 		r.drop(batch[len(batch)-1].seq + 1)
 	}

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 
 	"rewind.dev/rewind/internal/bench"
@@ -13,8 +14,11 @@ import (
 )
 
 func runBench(ctx context.Context, args []string) error {
+	if len(args) > 0 && args[0] == "coordinator" {
+		return benchCoordinator(ctx, args[1:])
+	}
 	if len(args) == 0 || args[0] != "save" {
-		return fmt.Errorf("usage: rewind bench save [flags]")
+		return fmt.Errorf("usage: rewind bench save|coordinator [flags]")
 	}
 	fs := flag.NewFlagSet("bench save", flag.ContinueOnError)
 	sizes := fs.String("sizes", "1GiB,4GiB", "comma-separated state sizes per rank")
@@ -39,5 +43,29 @@ func runBench(ctx context.Context, args []string) error {
 	fmt.Printf("rewind bench save: %d runs per figure (median), %d tensors, %d copy workers\n", cfg.Runs, cfg.Tensors, cfg.Workers)
 	rs, err := bench.Save(ctx, cfg)
 	bench.PrintSave(os.Stdout, rs, cfg.Workers)
+	return err
+}
+
+func benchCoordinator(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("bench coordinator", flag.ContinueOnError)
+	ranks := fs.String("ranks", "1024,8192", "comma-separated job sizes")
+	perNode := fs.Int("ranks-per-node", 8, "ranks each simulated agent reports for")
+	steps := fs.Int("steps", 30, "measured steps per job size")
+	dir := fs.String("data-dir", os.TempDir(), "parent of the coordinator's temporary pebble store (a real disk: its syncs are measured)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg := bench.CoordConfig{RanksPerNode: *perNode, Steps: *steps, DataDir: *dir}
+	for _, s := range strings.Split(*ranks, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			return fmt.Errorf("bad job size %q", s)
+		}
+		cfg.Ranks = append(cfg.Ranks, n)
+	}
+	fmt.Printf("rewind bench coordinator: simulated agents (%d ranks each) report every step at once over loopback gRPC to a coordinator with a pebble store in %s\n", cfg.RanksPerNode, cfg.DataDir)
+	fmt.Println("latency: from the start of the report that completes a step to its answer that the step is consistent (synced)")
+	rs, err := bench.Coordinator(ctx, cfg)
+	bench.PrintCoordinator(os.Stdout, rs)
 	return err
 }

@@ -218,9 +218,14 @@ func median(runs int, f func()) float64 {
 	return med(d)
 }
 
-func med(d []float64) float64 {
+func sortedCopy(d []float64) []float64 {
 	s := slices.Clone(d)
 	slices.Sort(s)
+	return s
+}
+
+func med(d []float64) float64 {
+	s := sortedCopy(d)
 	if len(s)%2 == 1 {
 		return s[len(s)/2]
 	}

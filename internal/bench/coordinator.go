@@ -1,0 +1,166 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/coordinator"
+)
+
+// CoordConfig configures the coordinator benchmark.
+type CoordConfig struct {
+	Ranks        []int // job sizes to measure
+	RanksPerNode int   // ranks each simulated agent reports for (GPUs per node)
+	Steps        int   // measured steps per job size
+	DataDir      string
+}
+
+// CoordResult is the figures for one job size.
+type CoordResult struct {
+	Ranks         int
+	Agents        int
+	Steps         int
+	CommitsPerSec float64 // shard commits recorded per second, all agents together
+	P50, P99, Max time.Duration
+}
+
+// Coordinator measures global commit: simulated agents (one gRPC client
+// each, over loopback, against a real coordinator with a real pebble store)
+// report their ranks' commits of every step at once, as the agents of a
+// synchronous job do, plus the deletion of the step their slot held two
+// saves ago. Latency is from the start of the report that completes a step
+// to its answer saying the step is consistent (its sync included).
+func Coordinator(ctx context.Context, cfg CoordConfig) ([]CoordResult, error) {
+	var out []CoordResult
+	for _, n := range cfg.Ranks {
+		r, err := coordOne(ctx, cfg, n)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func coordOne(ctx context.Context, cfg CoordConfig, ranks int) (CoordResult, error) {
+	dir, err := os.MkdirTemp(cfg.DataDir, "rewind-bench-coord-")
+	if err != nil {
+		return CoordResult{}, err
+	}
+	defer os.RemoveAll(dir)
+	ccfg := coordinator.DefaultConfig()
+	ccfg.ListenAddr, ccfg.MetricsAddr, ccfg.DataDir = "127.0.0.1:0", "", dir
+	ccfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	c, err := coordinator.New(ccfg)
+	if err != nil {
+		return CoordResult{}, err
+	}
+	defer c.Close()
+	cctx, stop := context.WithCancel(ctx)
+	defer stop()
+	ready := make(chan string, 1)
+	go c.Run(cctx, func(a, _ string) { ready <- a })
+	addr := <-ready
+
+	agents := (ranks + cfg.RanksPerNode - 1) / cfg.RanksPerNode
+	clients := make([]coordpb.CoordinatorClient, agents)
+	for i := range clients {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return CoordResult{}, err
+		}
+		defer conn.Close()
+		clients[i] = coordpb.NewCoordinatorClient(conn)
+	}
+	job := fmt.Sprintf("bench-%d", ranks)
+	if _, err := clients[0].RegisterJob(ctx, &coordpb.RegisterJobRequest{Job: job, WorldSize: uint32(ranks)}); err != nil {
+		return CoordResult{}, err
+	}
+	var lat []float64
+	start := time.Now()
+	warmup := 2
+	for step := range int64(cfg.Steps + warmup) {
+		d, err := coordStep(ctx, clients, job, ranks, cfg.RanksPerNode, step)
+		if err != nil {
+			return CoordResult{}, err
+		}
+		if step == int64(warmup-1) {
+			start = time.Now()
+		}
+		if step >= int64(warmup) {
+			lat = append(lat, d.Seconds())
+		}
+	}
+	elapsed := time.Since(start)
+	res := CoordResult{Ranks: ranks, Agents: agents, Steps: cfg.Steps,
+		CommitsPerSec: float64(ranks*cfg.Steps) / elapsed.Seconds()}
+	res.P50, res.P99, res.Max = pct(lat, 0.50), pct(lat, 0.99), pct(lat, 1)
+	return res, nil
+}
+
+// coordStep has every agent report its ranks' commit of step at once and
+// returns the latency of the report that made the step consistent.
+func coordStep(ctx context.Context, clients []coordpb.CoordinatorClient, job string, ranks, perNode int, step int64) (time.Duration, error) {
+	var mu sync.Mutex
+	var done time.Duration = -1
+	var errs []error
+	var wg sync.WaitGroup
+	for a, cl := range clients {
+		wg.Go(func() {
+			node := fmt.Sprintf("node-%04d", a)
+			var recs []*coordpb.ShardRecord
+			for r := a * perNode; r < min(ranks, (a+1)*perNode); r++ {
+				recs = append(recs, &coordpb.ShardRecord{Job: job, Step: step, Rank: uint32(r), WorldSize: uint32(ranks), Node: node, SizeBytes: 1 << 30, HeaderChecksum: "0123456789abcdef", State: "committed"})
+				if step >= 2 {
+					recs = append(recs, &coordpb.ShardRecord{Job: job, Step: step - 2, Rank: uint32(r), WorldSize: uint32(ranks), Node: node, State: "deleted"})
+				}
+			}
+			t0 := time.Now()
+			resp, err := cl.Report(ctx, &coordpb.ReportRequest{Node: node, Shards: recs})
+			d := time.Since(t0)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			for _, p := range resp.Consistent {
+				if p.Step == step {
+					done = d
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		return 0, errs[0]
+	}
+	if done < 0 {
+		return 0, fmt.Errorf("bench: step %d of %s never became consistent", step, job)
+	}
+	return done, nil
+}
+
+func pct(v []float64, p float64) time.Duration {
+	s := sortedCopy(v)
+	i := min(len(s)-1, int(p*float64(len(s))))
+	return time.Duration(s[i] * float64(time.Second))
+}
+
+// PrintCoordinator writes the results as a table.
+func PrintCoordinator(w io.Writer, rs []CoordResult) {
+	fmt.Fprintf(w, "%-7s %7s %6s %14s %10s %10s %10s\n", "ranks", "agents", "steps", "commits/s", "p50", "p99", "max")
+	for _, r := range rs {
+		fmt.Fprintf(w, "%-7d %7d %6d %14.0f %10s %10s %10s\n", r.Ranks, r.Agents, r.Steps, r.CommitsPerSec,
+			r.P50.Round(10*time.Microsecond), r.P99.Round(10*time.Microsecond), r.Max.Round(10*time.Microsecond))
+	}
+}
