@@ -1,0 +1,33 @@
+package bench
+
+import (
+	"context"
+	"strings"
+	"testing"
+)
+
+// The benchmarks' own code must work; their figures come from `make bench`.
+func TestSaveBenchRuns(t *testing.T) {
+	rs, err := Save(context.Background(), SaveConfig{Sizes: []uint64{8 << 20}, Tensors: 4, Runs: 1, ShmDir: "/dev/shm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != 1 || rs[0].SaveWarm <= 0 || rs[0].SaveCold <= 0 || rs[0].Memcpy <= 0 {
+		t.Fatalf("results %+v", rs)
+	}
+	var b strings.Builder
+	PrintSave(&b, rs, 2)
+	if !strings.Contains(b.String(), "8.0 MiB") {
+		t.Fatalf("table lacks the size:\n%s", b.String())
+	}
+}
+
+func TestCoordinatorBenchRuns(t *testing.T) {
+	rs, err := Coordinator(context.Background(), CoordConfig{Ranks: []int{64}, RanksPerNode: 8, Steps: 3, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != 1 || rs[0].Agents != 8 || rs[0].P99 <= 0 || rs[0].CommitsPerSec <= 0 {
+		t.Fatalf("results %+v", rs)
+	}
+}
