@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"rewind.dev/rewind/api/agentpb"
+	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/shm"
 )
 
@@ -159,3 +160,18 @@ func (sh *shardInfo) proto() *agentpb.Shard {
 }
 
 var _ agentpb.AgentServer = (*server)(nil)
+
+// Consistent forwards to the coordinator: the job-wide answer is its.
+func (s *server) Consistent(ctx context.Context, req *agentpb.ConsistentRequest) (*agentpb.ConsistentResponse, error) {
+	if err := validateRank(req.Job, 0, 0); err != nil {
+		return nil, err
+	}
+	if s.a.rep == nil {
+		return nil, fmt.Errorf("%w: agent: this agent runs without a coordinator (--coordinator), so it knows no job-wide consistent step", ErrBusy)
+	}
+	resp, err := s.a.rep.c.Latest(ctx, &coordpb.LatestRequest{Job: req.Job})
+	if err != nil {
+		return nil, err
+	}
+	return &agentpb.ConsistentResponse{Step: resp.Step, WorldSize: resp.WorldSize}, nil
+}

@@ -155,6 +155,11 @@ func TestGlobalCommitAcrossNodes(t *testing.T) {
 	}
 	cl.saveStep("llm", 4, 2, 3)
 	cl.waitLatest("llm", 2)
+	// The SDK asks the same in one call, through its agent.
+	s, _ := cl.clients[1].Session("llm", 1, 4)
+	if step, ok, err := s.LatestConsistent(ctx); err != nil || !ok || step != 2 {
+		t.Fatalf("SDK LatestConsistent = %d %v %v, want 2", step, ok, err)
+	}
 
 	jobs, err := cl.api.ListJobs(ctx, &coordpb.ListJobsRequest{})
 	if err != nil || len(jobs.Jobs) != 1 || jobs.Jobs[0].WorldSize != 4 || len(jobs.Jobs[0].Placement) != 4 {

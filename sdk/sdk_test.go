@@ -158,6 +158,14 @@ func TestBadJobNamesRefused(t *testing.T) {
 	}
 }
 
+func TestLatestConsistentNeedsACoordinator(t *testing.T) {
+	c, _ := start(t, nil)
+	_, _, err := session(t, c, "alone", 0, 1).LatestConsistent(ctxT(t))
+	if !errors.Is(err, sdk.ErrBusy) || !strings.Contains(err.Error(), "without a coordinator") {
+		t.Fatalf("LatestConsistent on an agent without a coordinator: %v", err)
+	}
+}
+
 func TestNoAgentIsAClearError(t *testing.T) {
 	sock := agenttest.Config(t).Socket
 	_, err := sdk.Dial(ctxT(t), sock)

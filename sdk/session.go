@@ -201,6 +201,23 @@ func (s *Session) Latest(ctx context.Context) (step int64, ok bool, err error) {
 	return resp.Shard.Step, true, nil
 }
 
+// LatestConsistent returns the job's latest consistent step — the newest
+// step every rank has committed — as the coordinator knows it, or ok=false
+// when there is none yet. It needs an agent started with --coordinator.
+func (s *Session) LatestConsistent(ctx context.Context) (step int64, ok bool, err error) {
+	cctx, cancel := s.c.call(ctx)
+	defer cancel()
+	resp, err := s.c.api.Consistent(cctx, &agentpb.ConsistentRequest{Job: s.job})
+	if err != nil {
+		err = wrap(fmt.Sprintf("latest consistent step of job %s", s.job), err)
+		if errors.Is(err, ErrNotFound) {
+			return 0, false, nil
+		}
+		return 0, false, err
+	}
+	return resp.Step, resp.Step >= 0, nil
+}
+
 // Restore returns the rank's latest committed checkpoint, bit-identical to
 // what Save was given, its checksums verified as it is copied out. An error
 // wrapping ErrNotFound means the rank has none; ErrCorrupt means the bytes

@@ -24,6 +24,103 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type ConsistentRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConsistentRequest) Reset() {
+	*x = ConsistentRequest{}
+	mi := &file_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConsistentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConsistentRequest) ProtoMessage() {}
+
+func (x *ConsistentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConsistentRequest.ProtoReflect.Descriptor instead.
+func (*ConsistentRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ConsistentRequest) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+type ConsistentResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// -1 when the job has no consistent step yet.
+	Step          int64  `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
+	WorldSize     uint32 `protobuf:"varint,2,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConsistentResponse) Reset() {
+	*x = ConsistentResponse{}
+	mi := &file_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConsistentResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConsistentResponse) ProtoMessage() {}
+
+func (x *ConsistentResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConsistentResponse.ProtoReflect.Descriptor instead.
+func (*ConsistentResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ConsistentResponse) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *ConsistentResponse) GetWorldSize() uint32 {
+	if x != nil {
+		return x.WorldSize
+	}
+	return 0
+}
+
 type PrepareRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Job       string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
@@ -38,7 +135,7 @@ type PrepareRequest struct {
 
 func (x *PrepareRequest) Reset() {
 	*x = PrepareRequest{}
-	mi := &file_agent_proto_msgTypes[0]
+	mi := &file_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -50,7 +147,7 @@ func (x *PrepareRequest) String() string {
 func (*PrepareRequest) ProtoMessage() {}
 
 func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[0]
+	mi := &file_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -63,7 +160,7 @@ func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRequest.ProtoReflect.Descriptor instead.
 func (*PrepareRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{0}
+	return file_agent_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *PrepareRequest) GetJob() string {
@@ -117,7 +214,7 @@ type PrepareResponse struct {
 
 func (x *PrepareResponse) Reset() {
 	*x = PrepareResponse{}
-	mi := &file_agent_proto_msgTypes[1]
+	mi := &file_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -129,7 +226,7 @@ func (x *PrepareResponse) String() string {
 func (*PrepareResponse) ProtoMessage() {}
 
 func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[1]
+	mi := &file_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -142,7 +239,7 @@ func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareResponse.ProtoReflect.Descriptor instead.
 func (*PrepareResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{1}
+	return file_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PrepareResponse) GetSlot() uint32 {
@@ -195,7 +292,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -207,7 +304,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -220,7 +317,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{2}
+	return file_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CommitRequest) GetJob() string {
@@ -275,7 +372,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -287,7 +384,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -300,7 +397,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CommitResponse) GetStep() int64 {
@@ -330,7 +427,7 @@ type OpenRequest struct {
 
 func (x *OpenRequest) Reset() {
 	*x = OpenRequest{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -342,7 +439,7 @@ func (x *OpenRequest) String() string {
 func (*OpenRequest) ProtoMessage() {}
 
 func (x *OpenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -355,7 +452,7 @@ func (x *OpenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
 func (*OpenRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *OpenRequest) GetJob() string {
@@ -396,7 +493,7 @@ type OpenResponse struct {
 
 func (x *OpenResponse) Reset() {
 	*x = OpenResponse{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -408,7 +505,7 @@ func (x *OpenResponse) String() string {
 func (*OpenResponse) ProtoMessage() {}
 
 func (x *OpenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -421,7 +518,7 @@ func (x *OpenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenResponse.ProtoReflect.Descriptor instead.
 func (*OpenResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *OpenResponse) GetShard() *Shard {
@@ -447,7 +544,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -459,7 +556,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -472,7 +569,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ReleaseRequest) GetLease() uint64 {
@@ -490,7 +587,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -502,7 +599,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -515,7 +612,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 type ReadRequest struct {
@@ -529,7 +626,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -541,7 +638,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -554,7 +651,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReadRequest) GetJob() string {
@@ -591,7 +688,7 @@ type ReadChunk struct {
 
 func (x *ReadChunk) Reset() {
 	*x = ReadChunk{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -603,7 +700,7 @@ func (x *ReadChunk) String() string {
 func (*ReadChunk) ProtoMessage() {}
 
 func (x *ReadChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -616,7 +713,7 @@ func (x *ReadChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadChunk.ProtoReflect.Descriptor instead.
 func (*ReadChunk) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReadChunk) GetOffset() uint64 {
@@ -650,7 +747,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -662,7 +759,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -675,7 +772,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListRequest) GetJob() string {
@@ -694,7 +791,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -706,7 +803,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -719,7 +816,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListResponse) GetShards() []*Shard {
@@ -755,7 +852,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -767,7 +864,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -780,7 +877,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Shard) GetJob() string {
@@ -894,7 +991,7 @@ type VerifyRequest struct {
 
 func (x *VerifyRequest) Reset() {
 	*x = VerifyRequest{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -906,7 +1003,7 @@ func (x *VerifyRequest) String() string {
 func (*VerifyRequest) ProtoMessage() {}
 
 func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -919,7 +1016,7 @@ func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyRequest.ProtoReflect.Descriptor instead.
 func (*VerifyRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *VerifyRequest) GetJob() string {
@@ -961,7 +1058,7 @@ type VerifyResponse struct {
 
 func (x *VerifyResponse) Reset() {
 	*x = VerifyResponse{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -973,7 +1070,7 @@ func (x *VerifyResponse) String() string {
 func (*VerifyResponse) ProtoMessage() {}
 
 func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -986,7 +1083,7 @@ func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyResponse.ProtoReflect.Descriptor instead.
 func (*VerifyResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *VerifyResponse) GetOk() bool {
@@ -1023,7 +1120,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1035,7 +1132,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1048,7 +1145,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DeleteRequest) GetJob() string {
@@ -1089,7 +1186,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1101,7 +1198,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1114,7 +1211,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DeleteResponse) GetDeleted() uint32 {
@@ -1139,7 +1236,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1151,7 +1248,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1164,7 +1261,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 type StatusResponse struct {
@@ -1184,7 +1281,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1196,7 +1293,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1209,7 +1306,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -1279,7 +1376,13 @@ var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
 	"\n" +
-	"\vagent.proto\x12\x0frewind.agent.v1\"\x88\x01\n" +
+	"\vagent.proto\x12\x0frewind.agent.v1\"%\n" +
+	"\x11ConsistentRequest\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\"G\n" +
+	"\x12ConsistentResponse\x12\x12\n" +
+	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x1d\n" +
+	"\n" +
+	"world_size\x18\x02 \x01(\rR\tworldSize\"\x88\x01\n" +
 	"\x0ePrepareRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\rR\x04rank\x12\x1d\n" +
@@ -1377,7 +1480,7 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"used_bytes\x18\a \x01(\x04R\tusedBytes\x12$\n" +
 	"\x0eslots_per_rank\x18\b \x01(\rR\fslotsPerRank\x12\x18\n" +
-	"\aversion\x18\t \x01(\tR\aversion2\xef\x05\n" +
+	"\aversion\x18\t \x01(\tR\aversion2\xc6\x06\n" +
 	"\x05Agent\x12L\n" +
 	"\aPrepare\x12\x1f.rewind.agent.v1.PrepareRequest\x1a .rewind.agent.v1.PrepareResponse\x12I\n" +
 	"\x06Commit\x12\x1e.rewind.agent.v1.CommitRequest\x1a\x1f.rewind.agent.v1.CommitResponse\x12C\n" +
@@ -1388,7 +1491,9 @@ const file_agent_proto_rawDesc = "" +
 	"\x06Verify\x12\x1e.rewind.agent.v1.VerifyRequest\x1a\x1f.rewind.agent.v1.VerifyResponse\x12P\n" +
 	"\rReportCorrupt\x12\x1e.rewind.agent.v1.VerifyRequest\x1a\x1f.rewind.agent.v1.VerifyResponse\x12I\n" +
 	"\x06Delete\x12\x1e.rewind.agent.v1.DeleteRequest\x1a\x1f.rewind.agent.v1.DeleteResponse\x12I\n" +
-	"\x06Status\x12\x1e.rewind.agent.v1.StatusRequest\x1a\x1f.rewind.agent.v1.StatusResponseB\x1fZ\x1drewind.dev/rewind/api/agentpbb\x06proto3"
+	"\x06Status\x12\x1e.rewind.agent.v1.StatusRequest\x1a\x1f.rewind.agent.v1.StatusResponse\x12U\n" +
+	"\n" +
+	"Consistent\x12\".rewind.agent.v1.ConsistentRequest\x1a#.rewind.agent.v1.ConsistentResponseB\x1fZ\x1drewind.dev/rewind/api/agentpbb\x06proto3"
 
 var (
 	file_agent_proto_rawDescOnce sync.Once
@@ -1402,54 +1507,58 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_agent_proto_goTypes = []any{
-	(*PrepareRequest)(nil),  // 0: rewind.agent.v1.PrepareRequest
-	(*PrepareResponse)(nil), // 1: rewind.agent.v1.PrepareResponse
-	(*CommitRequest)(nil),   // 2: rewind.agent.v1.CommitRequest
-	(*CommitResponse)(nil),  // 3: rewind.agent.v1.CommitResponse
-	(*OpenRequest)(nil),     // 4: rewind.agent.v1.OpenRequest
-	(*OpenResponse)(nil),    // 5: rewind.agent.v1.OpenResponse
-	(*ReleaseRequest)(nil),  // 6: rewind.agent.v1.ReleaseRequest
-	(*ReleaseResponse)(nil), // 7: rewind.agent.v1.ReleaseResponse
-	(*ReadRequest)(nil),     // 8: rewind.agent.v1.ReadRequest
-	(*ReadChunk)(nil),       // 9: rewind.agent.v1.ReadChunk
-	(*ListRequest)(nil),     // 10: rewind.agent.v1.ListRequest
-	(*ListResponse)(nil),    // 11: rewind.agent.v1.ListResponse
-	(*Shard)(nil),           // 12: rewind.agent.v1.Shard
-	(*VerifyRequest)(nil),   // 13: rewind.agent.v1.VerifyRequest
-	(*VerifyResponse)(nil),  // 14: rewind.agent.v1.VerifyResponse
-	(*DeleteRequest)(nil),   // 15: rewind.agent.v1.DeleteRequest
-	(*DeleteResponse)(nil),  // 16: rewind.agent.v1.DeleteResponse
-	(*StatusRequest)(nil),   // 17: rewind.agent.v1.StatusRequest
-	(*StatusResponse)(nil),  // 18: rewind.agent.v1.StatusResponse
+	(*ConsistentRequest)(nil),  // 0: rewind.agent.v1.ConsistentRequest
+	(*ConsistentResponse)(nil), // 1: rewind.agent.v1.ConsistentResponse
+	(*PrepareRequest)(nil),     // 2: rewind.agent.v1.PrepareRequest
+	(*PrepareResponse)(nil),    // 3: rewind.agent.v1.PrepareResponse
+	(*CommitRequest)(nil),      // 4: rewind.agent.v1.CommitRequest
+	(*CommitResponse)(nil),     // 5: rewind.agent.v1.CommitResponse
+	(*OpenRequest)(nil),        // 6: rewind.agent.v1.OpenRequest
+	(*OpenResponse)(nil),       // 7: rewind.agent.v1.OpenResponse
+	(*ReleaseRequest)(nil),     // 8: rewind.agent.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),    // 9: rewind.agent.v1.ReleaseResponse
+	(*ReadRequest)(nil),        // 10: rewind.agent.v1.ReadRequest
+	(*ReadChunk)(nil),          // 11: rewind.agent.v1.ReadChunk
+	(*ListRequest)(nil),        // 12: rewind.agent.v1.ListRequest
+	(*ListResponse)(nil),       // 13: rewind.agent.v1.ListResponse
+	(*Shard)(nil),              // 14: rewind.agent.v1.Shard
+	(*VerifyRequest)(nil),      // 15: rewind.agent.v1.VerifyRequest
+	(*VerifyResponse)(nil),     // 16: rewind.agent.v1.VerifyResponse
+	(*DeleteRequest)(nil),      // 17: rewind.agent.v1.DeleteRequest
+	(*DeleteResponse)(nil),     // 18: rewind.agent.v1.DeleteResponse
+	(*StatusRequest)(nil),      // 19: rewind.agent.v1.StatusRequest
+	(*StatusResponse)(nil),     // 20: rewind.agent.v1.StatusResponse
 }
 var file_agent_proto_depIdxs = []int32{
-	12, // 0: rewind.agent.v1.OpenResponse.shard:type_name -> rewind.agent.v1.Shard
-	12, // 1: rewind.agent.v1.ReadChunk.shard:type_name -> rewind.agent.v1.Shard
-	12, // 2: rewind.agent.v1.ListResponse.shards:type_name -> rewind.agent.v1.Shard
-	0,  // 3: rewind.agent.v1.Agent.Prepare:input_type -> rewind.agent.v1.PrepareRequest
-	2,  // 4: rewind.agent.v1.Agent.Commit:input_type -> rewind.agent.v1.CommitRequest
-	4,  // 5: rewind.agent.v1.Agent.Open:input_type -> rewind.agent.v1.OpenRequest
-	6,  // 6: rewind.agent.v1.Agent.Release:input_type -> rewind.agent.v1.ReleaseRequest
-	8,  // 7: rewind.agent.v1.Agent.Read:input_type -> rewind.agent.v1.ReadRequest
-	10, // 8: rewind.agent.v1.Agent.List:input_type -> rewind.agent.v1.ListRequest
-	13, // 9: rewind.agent.v1.Agent.Verify:input_type -> rewind.agent.v1.VerifyRequest
-	13, // 10: rewind.agent.v1.Agent.ReportCorrupt:input_type -> rewind.agent.v1.VerifyRequest
-	15, // 11: rewind.agent.v1.Agent.Delete:input_type -> rewind.agent.v1.DeleteRequest
-	17, // 12: rewind.agent.v1.Agent.Status:input_type -> rewind.agent.v1.StatusRequest
-	1,  // 13: rewind.agent.v1.Agent.Prepare:output_type -> rewind.agent.v1.PrepareResponse
-	3,  // 14: rewind.agent.v1.Agent.Commit:output_type -> rewind.agent.v1.CommitResponse
-	5,  // 15: rewind.agent.v1.Agent.Open:output_type -> rewind.agent.v1.OpenResponse
-	7,  // 16: rewind.agent.v1.Agent.Release:output_type -> rewind.agent.v1.ReleaseResponse
-	9,  // 17: rewind.agent.v1.Agent.Read:output_type -> rewind.agent.v1.ReadChunk
-	11, // 18: rewind.agent.v1.Agent.List:output_type -> rewind.agent.v1.ListResponse
-	14, // 19: rewind.agent.v1.Agent.Verify:output_type -> rewind.agent.v1.VerifyResponse
-	14, // 20: rewind.agent.v1.Agent.ReportCorrupt:output_type -> rewind.agent.v1.VerifyResponse
-	16, // 21: rewind.agent.v1.Agent.Delete:output_type -> rewind.agent.v1.DeleteResponse
-	18, // 22: rewind.agent.v1.Agent.Status:output_type -> rewind.agent.v1.StatusResponse
-	13, // [13:23] is the sub-list for method output_type
-	3,  // [3:13] is the sub-list for method input_type
+	14, // 0: rewind.agent.v1.OpenResponse.shard:type_name -> rewind.agent.v1.Shard
+	14, // 1: rewind.agent.v1.ReadChunk.shard:type_name -> rewind.agent.v1.Shard
+	14, // 2: rewind.agent.v1.ListResponse.shards:type_name -> rewind.agent.v1.Shard
+	2,  // 3: rewind.agent.v1.Agent.Prepare:input_type -> rewind.agent.v1.PrepareRequest
+	4,  // 4: rewind.agent.v1.Agent.Commit:input_type -> rewind.agent.v1.CommitRequest
+	6,  // 5: rewind.agent.v1.Agent.Open:input_type -> rewind.agent.v1.OpenRequest
+	8,  // 6: rewind.agent.v1.Agent.Release:input_type -> rewind.agent.v1.ReleaseRequest
+	10, // 7: rewind.agent.v1.Agent.Read:input_type -> rewind.agent.v1.ReadRequest
+	12, // 8: rewind.agent.v1.Agent.List:input_type -> rewind.agent.v1.ListRequest
+	15, // 9: rewind.agent.v1.Agent.Verify:input_type -> rewind.agent.v1.VerifyRequest
+	15, // 10: rewind.agent.v1.Agent.ReportCorrupt:input_type -> rewind.agent.v1.VerifyRequest
+	17, // 11: rewind.agent.v1.Agent.Delete:input_type -> rewind.agent.v1.DeleteRequest
+	19, // 12: rewind.agent.v1.Agent.Status:input_type -> rewind.agent.v1.StatusRequest
+	0,  // 13: rewind.agent.v1.Agent.Consistent:input_type -> rewind.agent.v1.ConsistentRequest
+	3,  // 14: rewind.agent.v1.Agent.Prepare:output_type -> rewind.agent.v1.PrepareResponse
+	5,  // 15: rewind.agent.v1.Agent.Commit:output_type -> rewind.agent.v1.CommitResponse
+	7,  // 16: rewind.agent.v1.Agent.Open:output_type -> rewind.agent.v1.OpenResponse
+	9,  // 17: rewind.agent.v1.Agent.Release:output_type -> rewind.agent.v1.ReleaseResponse
+	11, // 18: rewind.agent.v1.Agent.Read:output_type -> rewind.agent.v1.ReadChunk
+	13, // 19: rewind.agent.v1.Agent.List:output_type -> rewind.agent.v1.ListResponse
+	16, // 20: rewind.agent.v1.Agent.Verify:output_type -> rewind.agent.v1.VerifyResponse
+	16, // 21: rewind.agent.v1.Agent.ReportCorrupt:output_type -> rewind.agent.v1.VerifyResponse
+	18, // 22: rewind.agent.v1.Agent.Delete:output_type -> rewind.agent.v1.DeleteResponse
+	20, // 23: rewind.agent.v1.Agent.Status:output_type -> rewind.agent.v1.StatusResponse
+	1,  // 24: rewind.agent.v1.Agent.Consistent:output_type -> rewind.agent.v1.ConsistentResponse
+	14, // [14:25] is the sub-list for method output_type
+	3,  // [3:14] is the sub-list for method input_type
 	3,  // [3:3] is the sub-list for extension type_name
 	3,  // [3:3] is the sub-list for extension extendee
 	0,  // [0:3] is the sub-list for field type_name
@@ -1466,7 +1575,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -32,6 +32,7 @@ const (
 	Agent_ReportCorrupt_FullMethodName = "/rewind.agent.v1.Agent/ReportCorrupt"
 	Agent_Delete_FullMethodName        = "/rewind.agent.v1.Agent/Delete"
 	Agent_Status_FullMethodName        = "/rewind.agent.v1.Agent/Status"
+	Agent_Consistent_FullMethodName    = "/rewind.agent.v1.Agent/Consistent"
 )
 
 // AgentClient is the client API for Agent service.
@@ -62,6 +63,9 @@ type AgentClient interface {
 	Delete(ctx context.Context, in *DeleteRequest, opts ...grpc.CallOption) (*DeleteResponse, error)
 	// Status reports the agent's node, shared-memory root and budget.
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
+	// Consistent asks the coordinator for a job's latest consistent step:
+	// the newest step every rank has committed.
+	Consistent(ctx context.Context, in *ConsistentRequest, opts ...grpc.CallOption) (*ConsistentResponse, error)
 }
 
 type agentClient struct {
@@ -181,6 +185,16 @@ func (c *agentClient) Status(ctx context.Context, in *StatusRequest, opts ...grp
 	return out, nil
 }
 
+func (c *agentClient) Consistent(ctx context.Context, in *ConsistentRequest, opts ...grpc.CallOption) (*ConsistentResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ConsistentResponse)
+	err := c.cc.Invoke(ctx, Agent_Consistent_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -209,6 +223,9 @@ type AgentServer interface {
 	Delete(context.Context, *DeleteRequest) (*DeleteResponse, error)
 	// Status reports the agent's node, shared-memory root and budget.
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
+	// Consistent asks the coordinator for a job's latest consistent step:
+	// the newest step every rank has committed.
+	Consistent(context.Context, *ConsistentRequest) (*ConsistentResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -248,6 +265,9 @@ func (UnimplementedAgentServer) Delete(context.Context, *DeleteRequest) (*Delete
 }
 func (UnimplementedAgentServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedAgentServer) Consistent(context.Context, *ConsistentRequest) (*ConsistentResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Consistent not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -443,6 +463,24 @@ func _Agent_Status_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_Consistent_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ConsistentRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).Consistent(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_Consistent_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).Consistent(ctx, req.(*ConsistentRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -485,6 +523,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Status",
 			Handler:    _Agent_Status_Handler,
+		},
+		{
+			MethodName: "Consistent",
+			Handler:    _Agent_Consistent_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,42 @@
+# Python SDK targets. The top-level Makefile includes this file; it also
+# works on its own: make -f Makefile -f sdk/python/python.mk test-python
+#
+#   python-deps      Debian's torch, grpcio, numpy, protobuf, pytest, xxhash (apt, when missing)
+#   test-python      the SDK's pytest suite against a real agent (bin/rewind)
+#   bench-python     client.save against torch.save to local disk and /dev/shm
+#   generate-python  regenerate sdk/python/rewind/_pb from api/agent.proto
+
+PYTHON ?= /usr/bin/python3
+GO ?= go
+BIN ?= $(CURDIR)/bin
+PYTHON_SDK := sdk/python
+PYTHON_PB := $(PYTHON_SDK)/rewind/_pb
+PYTHON_DEBS := python3-torch python3-grpcio python3-numpy python3-protobuf python3-pytest python3-xxhash
+BENCH_PYTHON_FLAGS ?= --sizes 1GiB,4GiB --runs 5
+
+.PHONY: python-deps python-rewind-bin test-python bench-python generate-python
+
+python-deps:
+	@$(PYTHON) -c 'import torch, grpc, numpy, google.protobuf, pytest, xxhash' 2>/dev/null || \
+		(apt-get update && apt-get install -y $(PYTHON_DEBS))
+
+# The agent the tests and the benchmark start (go build is incremental).
+python-rewind-bin:
+	$(GO) build -o $(BIN)/rewind ./cmd/rewind
+
+## test-python: the Python SDK's tests, each against a real agent.
+test-python: python-deps python-rewind-bin
+	REWIND_BIN=$(BIN)/rewind $(PYTHON) -m pytest -q $(PYTHON_SDK)/tests
+
+## bench-python: client.save against torch.save (local disk, /dev/shm); figures in sdk/python/README.md.
+bench-python: python-deps python-rewind-bin
+	$(PYTHON) $(PYTHON_SDK)/bench.py --rewind-bin $(BIN)/rewind $(BENCH_PYTHON_FLAGS)
+
+## generate-python: Python gRPC stubs from api/agent.proto (Debian's protoc and grpc_python_plugin).
+generate-python:
+	@command -v protoc >/dev/null && command -v grpc_python_plugin >/dev/null || \
+		(apt-get update -qq && apt-get install -y -qq protobuf-compiler protobuf-compiler-grpc)
+	protoc -I api --python_out=$(PYTHON_PB) --grpc_python_out=$(PYTHON_PB) \
+		--plugin=protoc-gen-grpc_python=$$(command -v grpc_python_plugin) api/agent.proto
+	@# The plugin imports the messages as a top-level module; inside the package they are a sibling.
+	sed -i 's/^import agent_pb2 as agent__pb2$$/from . import agent_pb2 as agent__pb2/' $(PYTHON_PB)/agent_pb2_grpc.py

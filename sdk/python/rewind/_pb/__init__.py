@@ -1,0 +1,1 @@
+"""gRPC stubs generated from api/agent.proto (make generate-python); do not edit."""

@@ -1,0 +1,265 @@
+"""rewind.Client: saves and restores one rank's state through the node agent.
+
+Save: Prepare (the agent picks and sizes a slot) -> map the slot's segment
+(kept mapped across saves) -> copy every tensor into it, hashing each 1 MiB
+leaf right after it is copied -> fill the checksums into the header ->
+write the header at offset 0 -> Commit with the header's checksum. Restore:
+Open (a lease on the latest committed shard) -> map it -> decode, copy out
+and verify -> Release; a mismatch is reported to the agent (ReportCorrupt),
+which never serves that shard again. It is the Go SDK's flow (sdk/session.go).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+
+from . import checksum, copier, cuda, identity, shard, state
+from . import format as fmt
+from ._pb import agent_pb2 as pb
+from ._pb import agent_pb2_grpc as pb_grpc
+from .errors import CorruptError, InvalidError, NoAgentError, NotFoundError, RewindError, from_rpc
+from .mapping import Mapping, SegmentCache, numpy_view, torch_view
+
+DEFAULT_SOCKET = "/run/rewind/agent.sock"
+DEFAULT_TIMEOUT = 30.0  # seconds; covers sizing a cold multi-GiB segment
+RELEASE_TIMEOUT = 5.0
+MAX_FALLBACKS = 16  # corrupt shards skipped by restore(fallback=True)
+
+
+@dataclass
+class SaveStats:
+    """Timings of a save, in seconds."""
+
+    step: int
+    bytes: int  # shard size
+    cold: bool  # the segment was created, resized or newly mapped
+    prepare: float
+    map: float
+    copy: float  # copying and checksumming, header included
+    commit: float
+    total: float
+
+
+class Client:
+    """A connection to the node's agent for one rank of one job.
+
+    socket: the agent's Unix socket (else $REWIND_SOCKET, else
+    /run/rewind/agent.sock). job, rank, world_size: see identity.resolve.
+    timeout bounds every call to the agent, in seconds. workers: threads
+    that copy and checksum (0: up to 4). Methods may be called from several
+    threads; saves and restores of one client run one at a time.
+    """
+
+    def __init__(self, socket: str | None = None, job: str | None = None, rank: int | None = None,
+                 world_size: int | None = None, *, timeout: float = DEFAULT_TIMEOUT, workers: int = 0):
+        self.socket = os.path.abspath(socket or os.environ.get("REWIND_SOCKET") or DEFAULT_SOCKET)
+        self.job, self.rank, self.world_size = identity.resolve(job, rank, world_size)
+        self.timeout, self.workers = timeout, workers
+        self.last_save: SaveStats | None = None
+        self._segments = SegmentCache()
+        self._streams: cuda.SideStreams | None = None
+        self._lock = threading.Lock()
+        self._channel = grpc.insecure_channel("unix:" + self.socket,
+                                              options=[("grpc.max_receive_message_length", 8 << 20)])
+        self._stub = pb_grpc.AgentStub(self._channel)
+        try:
+            self.status()
+        except RewindError as e:
+            self._channel.close()
+            hint = "" if os.path.exists(self.socket) else " (the socket does not exist)"
+            raise NoAgentError("connect", f"no agent answers on {self.socket}{hint}; is `rewind agent` "
+                               f"running? ({e.message})", e.code) from None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        """Unmaps the segments and closes the connection."""
+        with self._lock:
+            self._segments.close()
+            self._channel.close()
+
+    def _call(self, op: str, method, req, timeout: float | None = None):
+        try:
+            return method(req, timeout=timeout or self.timeout)
+        except grpc.RpcError as e:
+            raise from_rpc(op, e) from None
+
+    def status(self) -> pb.StatusResponse:
+        """The agent's node, shared-memory root and budget."""
+        return self._call("status", self._stub.Status, pb.StatusRequest())
+
+    def list(self, job: str | None = None) -> list:
+        """The shards the agent holds for job (this client's by default; ""
+        for every job), as agent_pb2.Shard messages."""
+        job = self.job if job is None else job
+        return list(self._call("list", self._stub.List, pb.ListRequest(job=job)).shards)
+
+    def delete(self, step: int | None = None, all_ranks: bool = False) -> int:
+        """Deletes this rank's checkpoint of step (every step when None; of
+        every rank with all_ranks). Returns how many shards were deleted."""
+        req = pb.DeleteRequest(job=self.job, rank=self.rank, all_ranks=all_ranks, step=-1 if step is None else step)
+        return self._call("delete", self._stub.Delete, req).deleted
+
+    # Saving.
+
+    def save(self, step: int, state_: object) -> SaveStats:
+        """Writes step's state (any nest of dicts, lists and tuples of
+        tensors, numpy arrays and plain values) into shared memory and
+        commits it. It returns once the agent has committed the shard: a
+        crash after save returns cannot lose the step, and a crash before
+        cannot damage the previous one. Tensors must not change while it
+        runs (GPU tensors: the work queued on their current stream is
+        waited for)."""
+        with self._lock:
+            return self._save(step, state_)
+
+    def _save(self, step: int, state_: object) -> SaveStats:
+        op = f"save step {step} of job {self.job} rank {self.rank}"
+        t0 = time.perf_counter()
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise InvalidError(op, f"step must be a non-negative integer, is {step!r}")
+        step = int(step)
+        try:
+            leaves, objects = state.flatten(state_)
+            specs = [fmt.TensorInfo(lf.name, lf.dtype, lf.shape) for lf in leaves]
+            layout = fmt.Layout(fmt.ShardMeta(self.job, self.rank, self.world_size, step), specs, objects)
+        except InvalidError as e:
+            raise InvalidError(op, e.message) from None
+        prep = self._call(op, self._stub.Prepare, pb.PrepareRequest(
+            job=self.job, rank=self.rank, world_size=self.world_size, step=step, size_bytes=layout.size))
+        t1 = time.perf_counter()
+        if prep.size_bytes != layout.size:
+            raise RewindError(op, f"agent sized the segment {prep.size_bytes} bytes, {layout.size} asked")
+        try:
+            m, cold = self._segments.get(prep.path, layout.size, prep.resized)
+        except OSError as e:
+            raise RewindError(op, f"mapping segment: {e}") from None
+        t2 = time.perf_counter()
+        self._copy_in(op, m, layout, {lf.name: lf.value for lf in leaves})
+        m.mv[: layout.data_start] = layout.header
+        t3 = time.perf_counter()
+        self._call(op, self._stub.Commit, pb.CommitRequest(
+            job=self.job, rank=self.rank, slot=prep.slot, token=prep.token, step=step,
+            header_checksum=layout.header_sum()))
+        t4 = time.perf_counter()
+        self.last_save = SaveStats(step, layout.size, cold or prep.resized, t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0)
+        return self.last_save
+
+    def _copy_in(self, op: str, m: Mapping, layout: fmt.Layout, values: dict) -> None:
+        transfers = []
+        try:
+            for t in layout.tensors:
+                tr = copier.Transfer(layout.data_start + t.begin, t.nbytes)
+                if t.nbytes:
+                    self._set_save_copy(tr, m, t, layout.data_start, values[t.name])
+                transfers.append(tr)
+            for i, s in enumerate(copier.copy_and_sum(m.mv, transfers, self.workers)):
+                layout.set_sum(i, s)
+        except (RuntimeError, ValueError, TypeError) as e:  # torch's and numpy's copy errors
+            raise RewindError(op, f"copying tensors into {m.path}: {e}") from e
+        finally:
+            if self._streams is not None:
+                self._streams.wait()  # no GPU copy may outlive the save
+
+    def _set_save_copy(self, tr: copier.Transfer, m: Mapping, t: fmt.TensorInfo, start: int, src) -> None:
+        if isinstance(src, np.ndarray):
+            dst = numpy_view(m.mv, t, start).reshape(t.shape)
+            tr.copy_all = lambda: np.copyto(dst, src)
+            return
+        dst = torch_view(m.mv, t, start)
+        if src.device.type == "cuda":
+            if self._streams is None:
+                self._streams = cuda.SideStreams()
+            cuda.register(m)
+            self._streams.copy(dst.view(t.shape), src)
+            tr.copy_all, tr.late = self._streams.wait, True
+        elif src.device.type == "cpu" and src.is_contiguous():
+            flat, es = src.reshape(-1), src.element_size()
+            tr.copy_leaf = lambda a, b: dst[a // es : b // es].copy_(flat[a // es : b // es])
+        else:  # strided, or another device: one whole copy_
+            tr.copy_all = lambda: dst.view(t.shape).copy_(src)
+
+    # Restoring.
+
+    def latest(self) -> int | None:
+        """The rank's latest committed step, or None when it has none."""
+        op = f"latest of job {self.job} rank {self.rank}"
+        try:
+            resp = self._call(op, self._stub.Open, pb.OpenRequest(job=self.job, rank=self.rank, latest=True))
+        except NotFoundError:
+            return None
+        self._release(resp.lease)
+        return resp.shard.step
+
+    def restore(self, step: int | None = None, map_location="cpu", fallback: bool = False):
+        """Returns (step, state): the rank's latest committed checkpoint (or
+        the given step), bit-identical to what save was given, tensors on
+        map_location (a device or its name; numpy arrays stay numpy), every
+        checksum verified as it is copied out. NotFoundError: the rank has
+        none. CorruptError: the bytes did not match; the agent is told and
+        never serves that shard again, so the next restore gets an older
+        step. With fallback (latest only), restore goes on to older steps
+        itself until one verifies."""
+        for _ in range(MAX_FALLBACKS if fallback and step is None else 1):
+            try:
+                with self._lock:
+                    return self._restore(step, map_location)
+            except CorruptError:
+                if not (fallback and step is None):
+                    raise
+        raise CorruptError(f"restore job {self.job} rank {self.rank}", f"{MAX_FALLBACKS} corrupt shards in a row")
+
+    def _restore(self, step: int | None, map_location):
+        op = f"restore job {self.job} rank {self.rank}" if step is None else \
+            f"restore step {step} of job {self.job} rank {self.rank}"
+        req = pb.OpenRequest(job=self.job, rank=self.rank, step=step or 0, latest=step is None)
+        resp = self._call(op, self._stub.Open, req)
+        sh = resp.shard
+        try:
+            h, tensors = self._read(op, sh, map_location)
+        except CorruptError as e:
+            self._report(sh, e)
+            raise CorruptError(op, e.message) from None
+        finally:
+            self._release(resp.lease)
+        return h.meta.step, state.unflatten(h.objects, tensors)
+
+    def _read(self, op: str, sh, map_location):
+        try:
+            m = Mapping(sh.path, sh.size_bytes, write=False)
+        except OSError as e:
+            raise RewindError(op, f"opening shard: {e}") from None
+        try:
+            h = shard.decode_header(m.mv)
+            if h.meta is None or (h.meta.job, h.meta.rank, h.meta.step) != (sh.job, sh.rank, sh.step):
+                raise CorruptError(op, f"segment holds {h.meta}, agent said job {sh.job!r} rank {sh.rank} step {sh.step}")
+            if sh.header_checksum and checksum.format_sum(checksum.tree_sum(m.mv[: h.data_start])) != sh.header_checksum:
+                raise CorruptError(op, f"header of step {sh.step} changed since it was committed")
+            names = state.numpy_names(h.objects)
+            return h, shard.copy_out(m, h, map_location, self.workers, names, op=op)
+        finally:
+            m.close()
+
+    def _report(self, sh, err: RewindError) -> None:
+        req = pb.VerifyRequest(job=sh.job, rank=sh.rank, step=sh.step, detail=err.message)
+        try:
+            self._stub.ReportCorrupt(req, timeout=self.timeout)
+        except grpc.RpcError:
+            pass  # the agent re-verifies every shard it serves after a restart
+
+    def _release(self, lease: int) -> None:
+        try:
+            self._stub.Release(pb.ReleaseRequest(lease=lease), timeout=RELEASE_TIMEOUT)
+        except grpc.RpcError:
+            pass  # the lease expires on its own
+
