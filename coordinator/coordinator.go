@@ -77,19 +77,30 @@ func newMetrics(reg prometheus.Registerer, c *Coordinator) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
 	}
-	steps := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "rewind_coordinator_steps",
-		Help: "Steps in the index.",
-	}, func() float64 {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		n := 0
-		for _, j := range c.state.Jobs {
-			n += len(j.Steps)
+	countSteps := func(state StepState) func() float64 {
+		return func() float64 {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			n := 0
+			for _, j := range c.state.Jobs {
+				for _, st := range j.Steps {
+					if st.State == state {
+						n++
+					}
+				}
+			}
+			return float64(n)
 		}
-		return float64(n)
-	})
-	reg.MustRegister(m.reports, m.consistent, m.commitToConsis, steps)
+	}
+	var steps []prometheus.Collector
+	for _, st := range []StepState{Partial, Consistent, Abandoned} {
+		steps = append(steps, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "rewind_coordinator_steps",
+			Help:        "Steps in the index, by state.",
+			ConstLabels: prometheus.Labels{"state": string(st)},
+		}, countSteps(st)))
+	}
+	reg.MustRegister(append(steps, m.reports, m.consistent, m.commitToConsis)...)
 	return m
 }
 
