@@ -11,6 +11,8 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 
 .PHONY: all build demo test test-go lint verify bench generate tools clean fuzz
 
+include sdk/python/python.mk
+
 all: build
 
 build:
@@ -20,8 +22,8 @@ build:
 demo: build
 	$(BIN)/rewind demo
 
-## test: every test, race detector on.
-test: lint test-go
+## test: every test: Go (race detector on) and the Python SDK's pytest suite.
+test: lint test-go test-python
 
 test-go:
 	$(GO) test -race -count=1 -timeout 15m ./...
@@ -35,19 +37,20 @@ lint:
 ## verify: generated code is up to date, modules tidy, lint, tests.
 verify: generate lint
 	$(GO) mod tidy
-	git diff --exit-code -- api go.mod go.sum || (echo "generated code or go.mod out of date: run make generate && go mod tidy"; exit 1)
+	git diff --exit-code -- api sdk/python/rewind/_pb go.mod go.sum || (echo "generated code or go.mod out of date: run make generate && go mod tidy"; exit 1)
 	$(MAKE) test-go
 
 ## bench: the performance figures in the README.
 bench: build
 	$(BIN)/rewind bench save --sizes 1GiB,4GiB --runs 5
+	$(BIN)/rewind bench coordinator --ranks 1024,8192 --steps 30
 
 ## fuzz: a short run of every fuzz target.
 fuzz:
 	$(GO) test ./shm -run '^$$' -fuzz FuzzDecodeHeader -fuzztime 60s
 
 ## generate: regenerate gRPC code from api/*.proto (protoc from Debian's protobuf-compiler).
-generate: tools
+generate: tools generate-python
 	protoc -I api --go_out=api/agentpb --go_opt=paths=source_relative \
 		--go-grpc_out=api/agentpb --go-grpc_opt=paths=source_relative api/agent.proto
 	protoc -I api --go_out=api/coordpb --go_opt=paths=source_relative \

@@ -3,7 +3,9 @@
 
 For each size, the same state dict of float32 tensors is saved
   - with client.save into the agent's shared memory (warm: after two
-    warm-up saves, so both slots are sized and mapped);
+    warm-up saves, so both slots are sized and mapped; before each run the
+    bench waits, untimed, for the agent's background re-read of the
+    previous save, which a real loop overlaps with its training step);
   - with torch.save to a file on local disk, in a directory under the
     repository (no fsync: the bytes may still be in the page cache when
     torch.save returns, which flatters torch.save; --fsync adds a row
@@ -89,6 +91,16 @@ def median_time(fn, runs: int, before=None) -> float:
     return statistics.median(times)
 
 
+def wait_verified(client: rewind.Client, limit: float = 120) -> None:
+    """Waits (untimed) until the agent has re-read the last save in the
+    background, as it does during the training step that follows a save
+    in a real loop; back to back, that re-read would compete with the
+    next save for memory bandwidth and cores."""
+    deadline = time.monotonic() + limit
+    while any(s.state == "committed" and not s.verified for s in client.list()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def torch_save(state: dict, path: str, fsync: bool = False):
     def run():
         with open(path, "wb") as f:
@@ -112,7 +124,8 @@ def bench_size(args, client: rewind.Client, size: int, disk: str) -> list[tuple[
     step = iter(range(1, 1 << 30))
     for _ in range(2):  # warm-up: both slots sized and mapped
         client.save(next(step), state)
-    rows.append(("client.save (warm)", median_time(lambda: client.save(next(step), state), args.runs)))
+    rows.append(("client.save (warm)", median_time(lambda: client.save(next(step), state), args.runs,
+                                                    lambda: wait_verified(client))))
     client.delete()
     shm_file = os.path.join(args.shm_dir, f"rewind-bench-{os.getpid()}.pt")
     rows.append(("torch.save to /dev/shm", median_time(torch_save(state, shm_file), args.runs, unlink(shm_file))))

@@ -129,12 +129,7 @@ class Client:
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise InvalidError(op, f"step must be a non-negative integer, is {step!r}")
         step = int(step)
-        try:
-            leaves, objects = state.flatten(state_)
-            specs = [fmt.TensorInfo(lf.name, lf.dtype, lf.shape) for lf in leaves]
-            layout = fmt.Layout(fmt.ShardMeta(self.job, self.rank, self.world_size, step), specs, objects)
-        except InvalidError as e:
-            raise InvalidError(op, e.message) from None
+        leaves, layout = self._plan(op, step, state_)
         prep = self._call(op, self._stub.Prepare, pb.PrepareRequest(
             job=self.job, rank=self.rank, world_size=self.world_size, step=step, size_bytes=layout.size))
         t1 = time.perf_counter()
@@ -154,6 +149,15 @@ class Client:
         t4 = time.perf_counter()
         self.last_save = SaveStats(step, layout.size, cold or prep.resized, t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0)
         return self.last_save
+
+    def _plan(self, op: str, step: int, state_: object) -> tuple[list, fmt.Layout]:
+        """The tensors of state_ and the shard layout that holds them."""
+        try:
+            leaves, objects = state.flatten(state_)
+            specs = [fmt.TensorInfo(lf.name, lf.dtype, lf.shape) for lf in leaves]
+            return leaves, fmt.Layout(fmt.ShardMeta(self.job, self.rank, self.world_size, step), specs, objects)
+        except InvalidError as e:
+            raise InvalidError(op, e.message) from None
 
     def _copy_in(self, op: str, m: Mapping, layout: fmt.Layout, values: dict) -> None:
         transfers = []
@@ -200,6 +204,19 @@ class Client:
             return None
         self._release(resp.lease)
         return resp.shard.step
+
+    def latest_consistent(self) -> int | None:
+        """The job's latest consistent step (the newest step every rank has
+        committed), as the coordinator knows it through the agent, or None
+        when there is none yet. BusyError when the agent runs without a
+        coordinator. Restore that step on every rank (restore(step=...)) so
+        that no restore mixes steps across ranks."""
+        op = f"latest consistent step of job {self.job}"
+        try:
+            resp = self._call(op, self._stub.Consistent, pb.ConsistentRequest(job=self.job))
+        except NotFoundError:
+            return None
+        return resp.step if resp.step >= 0 else None
 
     def restore(self, step: int | None = None, map_location="cpu", fallback: bool = False):
         """Returns (step, state): the rank's latest committed checkpoint (or

@@ -3,13 +3,16 @@
 A save maps the agent-prepared segment MAP_SHARED and writes into it; the
 mapping is kept between saves (per path) and replaced when the agent says
 the segment was resized or the file's inode or size changed, as the Go
-SDK's Session.mapSegment does. A restore maps the file privately
-(copy-on-write, never written), which gives torch a writable buffer without
-touching the file.
+SDK's Session.mapSegment does. A restore maps the file read-only; torch
+only builds tensors over writable buffers without a warning, so the read
+mapping is exposed through a ctypes array at its address (never written:
+a write would fault). A private writable mapping would do the same but is
+charged in full against the overcommit limit.
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 
@@ -30,14 +33,16 @@ class Mapping:
             st = os.fstat(fd)
             if st.st_size != size:
                 raise OSError(f"{path} is {st.st_size} bytes, expected {size}")
-            if write:
-                self.mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-            else:
-                self.mm = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+            prot = mmap.PROT_READ | (mmap.PROT_WRITE if write else 0)
+            self.mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=prot)
         finally:
             os.close(fd)
         self.path, self.size, self.ino = path, size, st.st_ino
-        self.mv = memoryview(self.mm)
+        if write:
+            self.mv = memoryview(self.mm)
+        else:
+            addr = np.frombuffer(self.mm, dtype=np.uint8, count=1).ctypes.data
+            self.mv = memoryview((ctypes.c_ubyte * size).from_address(addr)).cast("B")
         self.cuda_registered = False
 
     def address(self) -> int:
@@ -47,7 +52,9 @@ class Mapping:
 
     def close(self) -> None:
         """Unmaps, unless views of it are still alive (then garbage
-        collection unmaps it once they are gone)."""
+        collection unmaps it once they are gone). The memoryview is
+        released first: it refuses while views exist, so the file is never
+        unmapped under a live tensor."""
         if self.cuda_registered:
             from . import cuda
 

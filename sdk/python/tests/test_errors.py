@@ -138,3 +138,8 @@ def test_load_shard_of_a_corrupt_copy(client, tmp_path):
         rewind.load_shard(str(copy))
     os.truncate(sh.path, sh.size_bytes)  # untouched original still verifies
     assert rewind.load_state(sh.path)[0] == 4
+
+
+def test_latest_consistent_needs_a_coordinator(client):
+    with pytest.raises(rewind.BusyError, match="without a coordinator"):
+        client.latest_consistent()

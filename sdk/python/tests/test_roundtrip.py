@@ -172,3 +172,25 @@ def test_identity_from_environment(agent, job, monkeypatch):
 def test_dtype_table_covers_common_torch_types():
     for dt in DTYPES:
         assert dtypes.of_tensor(torch.zeros(1, dtype=dt)) is not None, dt
+
+
+def test_identity_precedence(monkeypatch):
+    from rewind import identity
+
+    for k in ("REWIND_RANK", "REWIND_WORLD_SIZE", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("REWIND_JOB", "j")
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    assert identity.resolve(None, None, None) == ("j", 1, 2)
+    monkeypatch.setattr(identity, "_distributed", lambda: (3, 8))  # torch.distributed initialized
+    assert identity.resolve(None, None, None) == ("j", 3, 8)
+    monkeypatch.setenv("REWIND_RANK", "5")
+    assert identity.resolve("other", None, None) == ("other", 5, 8)
+    assert identity.resolve(None, 0, 1) == ("j", 0, 1)
+    monkeypatch.setenv("REWIND_RANK", "five")
+    with pytest.raises(rewind.InvalidError, match="REWIND_RANK='five' is not a number"):
+        identity.resolve(None, None, None)
+    monkeypatch.delenv("REWIND_JOB")
+    with pytest.raises(rewind.InvalidError, match="REWIND_JOB"):
+        identity.resolve(None, 0, 1)

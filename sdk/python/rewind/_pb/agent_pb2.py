@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0b\x61gent.proto\x12\x0frewind.agent.v1\"a\n\x0ePrepareRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x12\n\nworld_size\x18\x03 \x01(\r\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x12\n\nsize_bytes\x18\x05 \x01(\x04\"a\n\x0fPrepareResponse\x12\x0c\n\x04slot\x18\x01 \x01(\r\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\x12\r\n\x05token\x18\x04 \x01(\x04\x12\x0f\n\x07resized\x18\x05 \x01(\x08\"n\n\rCommitRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04slot\x18\x03 \x01(\r\x12\r\n\x05token\x18\x04 \x01(\x04\x12\x0c\n\x04step\x18\x05 \x01(\x03\x12\x17\n\x0fheader_checksum\x18\x06 \x01(\t\"+\n\x0e\x43ommitResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0b\n\x03seq\x18\x02 \x01(\x04\"F\n\x0bOpenRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x0e\n\x06latest\x18\x04 \x01(\x08\"D\n\x0cOpenResponse\x12%\n\x05shard\x18\x01 \x01(\x0b\x32\x16.rewind.agent.v1.Shard\x12\r\n\x05lease\x18\x02 \x01(\x04\"\x1f\n\x0eReleaseRequest\x12\r\n\x05lease\x18\x01 \x01(\x04\"\x11\n\x0fReleaseResponse\"6\n\x0bReadRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04step\x18\x03 \x01(\x03\"P\n\tReadChunk\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12%\n\x05shard\x18\x03 \x01(\x0b\x32\x16.rewind.agent.v1.Shard\"\x1a\n\x0bListRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"6\n\x0cListResponse\x12&\n\x06shards\x18\x01 \x03(\x0b\x32\x16.rewind.agent.v1.Shard\"\xfa\x01\n\x05Shard\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x12\n\nworld_size\x18\x03 \x01(\r\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x0c\n\x04slot\x18\x05 \x01(\r\x12\x0c\n\x04path\x18\x06 \x01(\t\x12\x12\n\nsize_bytes\x18\x07 \x01(\x04\x12\r\n\x05state\x18\x08 \x01(\t\x12\x0b\n\x03seq\x18\t \x01(\x04\x12\x17\n\x0fheader_checksum\x18\n \x01(\t\x12\x1b\n\x13\x63ommitted_unix_nano\x18\x0b \x01(\x03\x12\x10\n\x08verified\x18\x0c \x01(\x08\x12\x0f\n\x07tensors\x18\r \x01(\r\x12\x0f\n\x07problem\x18\x0e \x01(\t\"H\n\rVerifyRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"D\n\x0eVerifyResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07problem\x18\x02 \x01(\t\x12\x15\n\rbytes_checked\x18\x03 \x01(\x04\"K\n\rDeleteRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x11\n\tall_ranks\x18\x03 \x01(\x08\x12\x0c\n\x04step\x18\x04 \x01(\x03\"6\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\r\x12\x13\n\x0b\x62ytes_freed\x18\x02 \x01(\x04\"\x0f\n\rStatusRequest\"\xc5\x01\n\x0eStatusResponse\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x10\n\x08shm_root\x18\x02 \x01(\t\x12\x12\n\nfilesystem\x18\x03 \x01(\t\x12\x15\n\rfs_size_bytes\x18\x04 \x01(\x04\x12\x15\n\rfs_free_bytes\x18\x05 \x01(\x04\x12\x14\n\x0c\x62udget_bytes\x18\x06 \x01(\x04\x12\x12\n\nused_bytes\x18\x07 \x01(\x04\x12\x16\n\x0eslots_per_rank\x18\x08 \x01(\r\x12\x0f\n\x07version\x18\t \x01(\t2\xef\x05\n\x05\x41gent\x12L\n\x07Prepare\x12\x1f.rewind.agent.v1.PrepareRequest\x1a .rewind.agent.v1.PrepareResponse\x12I\n\x06\x43ommit\x12\x1e.rewind.agent.v1.CommitRequest\x1a\x1f.rewind.agent.v1.CommitResponse\x12\x43\n\x04Open\x12\x1c.rewind.agent.v1.OpenRequest\x1a\x1d.rewind.agent.v1.OpenResponse\x12L\n\x07Release\x12\x1f.rewind.agent.v1.ReleaseRequest\x1a .rewind.agent.v1.ReleaseResponse\x12\x42\n\x04Read\x12\x1c.rewind.agent.v1.ReadRequest\x1a\x1a.rewind.agent.v1.ReadChunk0\x01\x12\x43\n\x04List\x12\x1c.rewind.agent.v1.ListRequest\x1a\x1d.rewind.agent.v1.ListResponse\x12I\n\x06Verify\x12\x1e.rewind.agent.v1.VerifyRequest\x1a\x1f.rewind.agent.v1.VerifyResponse\x12P\n\rReportCorrupt\x12\x1e.rewind.agent.v1.VerifyRequest\x1a\x1f.rewind.agent.v1.VerifyResponse\x12I\n\x06\x44\x65lete\x12\x1e.rewind.agent.v1.DeleteRequest\x1a\x1f.rewind.agent.v1.DeleteResponse\x12I\n\x06Status\x12\x1e.rewind.agent.v1.StatusRequest\x1a\x1f.rewind.agent.v1.StatusResponseB\x1fZ\x1drewind.dev/rewind/api/agentpbb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0b\x61gent.proto\x12\x0frewind.agent.v1\" \n\x11\x43onsistentRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"6\n\x12\x43onsistentResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x12\n\nworld_size\x18\x02 \x01(\r\"a\n\x0ePrepareRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x12\n\nworld_size\x18\x03 \x01(\r\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x12\n\nsize_bytes\x18\x05 \x01(\x04\"a\n\x0fPrepareResponse\x12\x0c\n\x04slot\x18\x01 \x01(\r\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\x12\r\n\x05token\x18\x04 \x01(\x04\x12\x0f\n\x07resized\x18\x05 \x01(\x08\"n\n\rCommitRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04slot\x18\x03 \x01(\r\x12\r\n\x05token\x18\x04 \x01(\x04\x12\x0c\n\x04step\x18\x05 \x01(\x03\x12\x17\n\x0fheader_checksum\x18\x06 \x01(\t\"+\n\x0e\x43ommitResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0b\n\x03seq\x18\x02 \x01(\x04\"F\n\x0bOpenRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x0e\n\x06latest\x18\x04 \x01(\x08\"D\n\x0cOpenResponse\x12%\n\x05shard\x18\x01 \x01(\x0b\x32\x16.rewind.agent.v1.Shard\x12\r\n\x05lease\x18\x02 \x01(\x04\"\x1f\n\x0eReleaseRequest\x12\r\n\x05lease\x18\x01 \x01(\x04\"\x11\n\x0fReleaseResponse\"6\n\x0bReadRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04step\x18\x03 \x01(\x03\"P\n\tReadChunk\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12%\n\x05shard\x18\x03 \x01(\x0b\x32\x16.rewind.agent.v1.Shard\"\x1a\n\x0bListRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"6\n\x0cListResponse\x12&\n\x06shards\x18\x01 \x03(\x0b\x32\x16.rewind.agent.v1.Shard\"\xfa\x01\n\x05Shard\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x12\n\nworld_size\x18\x03 \x01(\r\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x0c\n\x04slot\x18\x05 \x01(\r\x12\x0c\n\x04path\x18\x06 \x01(\t\x12\x12\n\nsize_bytes\x18\x07 \x01(\x04\x12\r\n\x05state\x18\x08 \x01(\t\x12\x0b\n\x03seq\x18\t \x01(\x04\x12\x17\n\x0fheader_checksum\x18\n \x01(\t\x12\x1b\n\x13\x63ommitted_unix_nano\x18\x0b \x01(\x03\x12\x10\n\x08verified\x18\x0c \x01(\x08\x12\x0f\n\x07tensors\x18\r \x01(\r\x12\x0f\n\x07problem\x18\x0e \x01(\t\"H\n\rVerifyRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"D\n\x0eVerifyResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07problem\x18\x02 \x01(\t\x12\x15\n\rbytes_checked\x18\x03 \x01(\x04\"K\n\rDeleteRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x11\n\tall_ranks\x18\x03 \x01(\x08\x12\x0c\n\x04step\x18\x04 \x01(\x03\"6\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\r\x12\x13\n\x0b\x62ytes_freed\x18\x02 \x01(\x04\"\x0f\n\rStatusRequest\"\xc5\x01\n\x0eStatusResponse\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x10\n\x08shm_root\x18\x02 \x01(\t\x12\x12\n\nfilesystem\x18\x03 \x01(\t\x12\x15\n\rfs_size_bytes\x18\x04 \x01(\x04\x12\x15\n\rfs_free_bytes\x18\x05 \x01(\x04\x12\x14\n\x0c\x62udget_bytes\x18\x06 \x01(\x04\x12\x12\n\nused_bytes\x18\x07 \x01(\x04\x12\x16\n\x0eslots_per_rank\x18\x08 \x01(\r\x12\x0f\n\x07version\x18\t \x01(\t2\xc6\x06\n\x05\x41gent\x12L\n\x07Prepare\x12\x1f.rewind.agent.v1.PrepareRequest\x1a .rewind.agent.v1.PrepareResponse\x12I\n\x06\x43ommit\x12\x1e.rewind.agent.v1.CommitRequest\x1a\x1f.rewind.agent.v1.CommitResponse\x12\x43\n\x04Open\x12\x1c.rewind.agent.v1.OpenRequest\x1a\x1d.rewind.agent.v1.OpenResponse\x12L\n\x07Release\x12\x1f.rewind.agent.v1.ReleaseRequest\x1a .rewind.agent.v1.ReleaseResponse\x12\x42\n\x04Read\x12\x1c.rewind.agent.v1.ReadRequest\x1a\x1a.rewind.agent.v1.ReadChunk0\x01\x12\x43\n\x04List\x12\x1c.rewind.agent.v1.ListRequest\x1a\x1d.rewind.agent.v1.ListResponse\x12I\n\x06Verify\x12\x1e.rewind.agent.v1.VerifyRequest\x1a\x1f.rewind.agent.v1.VerifyResponse\x12P\n\rReportCorrupt\x12\x1e.rewind.agent.v1.VerifyRequest\x1a\x1f.rewind.agent.v1.VerifyResponse\x12I\n\x06\x44\x65lete\x12\x1e.rewind.agent.v1.DeleteRequest\x1a\x1f.rewind.agent.v1.DeleteResponse\x12I\n\x06Status\x12\x1e.rewind.agent.v1.StatusRequest\x1a\x1f.rewind.agent.v1.StatusResponse\x12U\n\nConsistent\x12\".rewind.agent.v1.ConsistentRequest\x1a#.rewind.agent.v1.ConsistentResponseB\x1fZ\x1drewind.dev/rewind/api/agentpbb\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agent_pb2', globals())
@@ -21,44 +21,48 @@ if _descriptor._USE_C_DESCRIPTORS == False:
 
   DESCRIPTOR._options = None
   DESCRIPTOR._serialized_options = b'Z\035rewind.dev/rewind/api/agentpb'
-  _PREPAREREQUEST._serialized_start=32
-  _PREPAREREQUEST._serialized_end=129
-  _PREPARERESPONSE._serialized_start=131
-  _PREPARERESPONSE._serialized_end=228
-  _COMMITREQUEST._serialized_start=230
-  _COMMITREQUEST._serialized_end=340
-  _COMMITRESPONSE._serialized_start=342
-  _COMMITRESPONSE._serialized_end=385
-  _OPENREQUEST._serialized_start=387
-  _OPENREQUEST._serialized_end=457
-  _OPENRESPONSE._serialized_start=459
-  _OPENRESPONSE._serialized_end=527
-  _RELEASEREQUEST._serialized_start=529
-  _RELEASEREQUEST._serialized_end=560
-  _RELEASERESPONSE._serialized_start=562
-  _RELEASERESPONSE._serialized_end=579
-  _READREQUEST._serialized_start=581
-  _READREQUEST._serialized_end=635
-  _READCHUNK._serialized_start=637
-  _READCHUNK._serialized_end=717
-  _LISTREQUEST._serialized_start=719
-  _LISTREQUEST._serialized_end=745
-  _LISTRESPONSE._serialized_start=747
-  _LISTRESPONSE._serialized_end=801
-  _SHARD._serialized_start=804
-  _SHARD._serialized_end=1054
-  _VERIFYREQUEST._serialized_start=1056
-  _VERIFYREQUEST._serialized_end=1128
-  _VERIFYRESPONSE._serialized_start=1130
-  _VERIFYRESPONSE._serialized_end=1198
-  _DELETEREQUEST._serialized_start=1200
-  _DELETEREQUEST._serialized_end=1275
-  _DELETERESPONSE._serialized_start=1277
-  _DELETERESPONSE._serialized_end=1331
-  _STATUSREQUEST._serialized_start=1333
-  _STATUSREQUEST._serialized_end=1348
-  _STATUSRESPONSE._serialized_start=1351
-  _STATUSRESPONSE._serialized_end=1548
-  _AGENT._serialized_start=1551
-  _AGENT._serialized_end=2302
+  _CONSISTENTREQUEST._serialized_start=32
+  _CONSISTENTREQUEST._serialized_end=64
+  _CONSISTENTRESPONSE._serialized_start=66
+  _CONSISTENTRESPONSE._serialized_end=120
+  _PREPAREREQUEST._serialized_start=122
+  _PREPAREREQUEST._serialized_end=219
+  _PREPARERESPONSE._serialized_start=221
+  _PREPARERESPONSE._serialized_end=318
+  _COMMITREQUEST._serialized_start=320
+  _COMMITREQUEST._serialized_end=430
+  _COMMITRESPONSE._serialized_start=432
+  _COMMITRESPONSE._serialized_end=475
+  _OPENREQUEST._serialized_start=477
+  _OPENREQUEST._serialized_end=547
+  _OPENRESPONSE._serialized_start=549
+  _OPENRESPONSE._serialized_end=617
+  _RELEASEREQUEST._serialized_start=619
+  _RELEASEREQUEST._serialized_end=650
+  _RELEASERESPONSE._serialized_start=652
+  _RELEASERESPONSE._serialized_end=669
+  _READREQUEST._serialized_start=671
+  _READREQUEST._serialized_end=725
+  _READCHUNK._serialized_start=727
+  _READCHUNK._serialized_end=807
+  _LISTREQUEST._serialized_start=809
+  _LISTREQUEST._serialized_end=835
+  _LISTRESPONSE._serialized_start=837
+  _LISTRESPONSE._serialized_end=891
+  _SHARD._serialized_start=894
+  _SHARD._serialized_end=1144
+  _VERIFYREQUEST._serialized_start=1146
+  _VERIFYREQUEST._serialized_end=1218
+  _VERIFYRESPONSE._serialized_start=1220
+  _VERIFYRESPONSE._serialized_end=1288
+  _DELETEREQUEST._serialized_start=1290
+  _DELETEREQUEST._serialized_end=1365
+  _DELETERESPONSE._serialized_start=1367
+  _DELETERESPONSE._serialized_end=1421
+  _STATUSREQUEST._serialized_start=1423
+  _STATUSREQUEST._serialized_end=1438
+  _STATUSRESPONSE._serialized_start=1441
+  _STATUSRESPONSE._serialized_end=1638
+  _AGENT._serialized_start=1641
+  _AGENT._serialized_end=2479
 # @@protoc_insertion_point(module_scope)

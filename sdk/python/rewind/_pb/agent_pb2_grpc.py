@@ -64,6 +64,11 @@ class AgentStub(object):
                 request_serializer=agent__pb2.StatusRequest.SerializeToString,
                 response_deserializer=agent__pb2.StatusResponse.FromString,
                 )
+        self.Consistent = channel.unary_unary(
+                '/rewind.agent.v1.Agent/Consistent',
+                request_serializer=agent__pb2.ConsistentRequest.SerializeToString,
+                response_deserializer=agent__pb2.ConsistentResponse.FromString,
+                )
 
 
 class AgentServicer(object):
@@ -143,6 +148,14 @@ class AgentServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Consistent(self, request, context):
+        """Consistent asks the coordinator for a job's latest consistent step:
+        the newest step every rank has committed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -195,6 +208,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=agent__pb2.StatusRequest.FromString,
                     response_serializer=agent__pb2.StatusResponse.SerializeToString,
+            ),
+            'Consistent': grpc.unary_unary_rpc_method_handler(
+                    servicer.Consistent,
+                    request_deserializer=agent__pb2.ConsistentRequest.FromString,
+                    response_serializer=agent__pb2.ConsistentResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -373,5 +391,22 @@ class Agent(object):
         return grpc.experimental.unary_unary(request, target, '/rewind.agent.v1.Agent/Status',
             agent__pb2.StatusRequest.SerializeToString,
             agent__pb2.StatusResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Consistent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/rewind.agent.v1.Agent/Consistent',
+            agent__pb2.ConsistentRequest.SerializeToString,
+            agent__pb2.ConsistentResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
