@@ -21,7 +21,7 @@ func runInspect(ctx context.Context, args []string) error {
 	step := fs.Int64("step", -1, "step of the shard (default: latest)")
 	verify := fs.Bool("verify", false, "also check every tensor's checksum")
 	asJSON := o.asJSON
-	if err := fs.Parse(args); err != nil {
+	if err := o.parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() == 2 {

@@ -17,7 +17,7 @@ func runLs(ctx context.Context, args []string) error {
 	fs := o.fs
 	socket := fs.String("socket", "", "list what one agent holds, through its socket (default when no coordinator is given: $REWIND_SOCKET or "+sdk.DefaultSocket+")")
 	asJSON := o.asJSON
-	if err := fs.Parse(args); err != nil {
+	if err := o.parse(args); err != nil {
 		return err
 	}
 	if *o.coordinator != "" && *socket == "" {

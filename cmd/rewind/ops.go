@@ -44,6 +44,27 @@ func newOpFlags(name, usage string) opFlags {
 	return o
 }
 
+// parse parses flags and positional arguments in any order, so that
+// `rewind restore JOB --dry-run` works as well as `rewind restore --dry-run JOB`.
+func (o opFlags) parse(args []string) error {
+	var pos []string
+	for {
+		if err := o.fs.Parse(args); err != nil {
+			return err
+		}
+		rest := o.fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if rest[0] == "--" {
+			pos = append(pos, rest[1:]...)
+			break
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
+	}
+	return o.fs.Parse(append([]string{"--"}, pos...))
+}
+
 // dial connects to the coordinator named by the flags.
 func (o opFlags) dial(ctx context.Context) (coordpb.CoordinatorClient, context.Context, func(), error) {
 	if *o.coordinator == "" {
@@ -137,7 +158,7 @@ func sortStrings(s []string) []string {
 
 func runVerify(ctx context.Context, args []string) error {
 	o := newOpFlags("verify", "verify [flags] JOB STEP")
-	if err := o.fs.Parse(args); err != nil {
+	if err := o.parse(args); err != nil {
 		return err
 	}
 	if o.fs.NArg() != 2 {
@@ -183,7 +204,7 @@ func runRestore(ctx context.Context, args []string) error {
 	o := newOpFlags("restore", "restore [flags] JOB [--step S] --dry-run")
 	step := o.fs.Int64("step", -1, "step to restore (default: the latest consistent step)")
 	dry := o.fs.Bool("dry-run", false, "print the plan without acting")
-	if err := o.fs.Parse(args); err != nil {
+	if err := o.parse(args); err != nil {
 		return err
 	}
 	if o.fs.NArg() != 1 {
@@ -229,7 +250,7 @@ func orDash(s string) string {
 func runDelete(ctx context.Context, args []string) error {
 	o := newOpFlags("delete", "delete [flags] JOB STEP")
 	force := o.fs.Bool("force", false, "also delete the latest consistent step")
-	if err := o.fs.Parse(args); err != nil {
+	if err := o.parse(args); err != nil {
 		return err
 	}
 	if o.fs.NArg() != 2 {

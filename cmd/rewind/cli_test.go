@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"rewind.dev/rewind/coordinator"
+	"rewind.dev/rewind/internal/agenttest"
+	"rewind.dev/rewind/sdk"
+	"rewind.dev/rewind/shm"
+)
+
+// capture runs a command's run function and returns what it printed.
+func capture(t *testing.T, run func(context.Context, []string) error, args ...string) (string, error) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := os.Stdout
+	os.Stdout = w
+	errc := make(chan error, 1)
+	go func() { errc <- run(context.Background(), args); w.Close() }()
+	out, _ := io.ReadAll(r)
+	os.Stdout = old
+	return string(out), <-errc
+}
+
+// TestOperatorCommands runs the operator commands against a real
+// coordinator and agent on loopback, as an operator would.
+func TestOperatorCommands(t *testing.T) {
+	ccfg := coordinator.DefaultConfig()
+	ccfg.ListenAddr, ccfg.MetricsAddr, ccfg.DataDir = "127.0.0.1:0", "", filepath.Join(t.TempDir(), "c")
+	ccfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	c, err := coordinator.New(ccfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan string, 1)
+	go c.Run(ctx, func(a, _ string) { ready <- a })
+	addr := <-ready
+	defer c.Close()
+	acfg := agenttest.Config(t)
+	acfg.Node, acfg.CoordinatorAddr = "node-a", addr
+	acfg.ListenAddr = agenttest.FreePort(t)
+	acfg.AdvertiseAddr = acfg.ListenAddr
+	acfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	agenttest.Start(t, acfg)
+	cl, err := sdk.Dial(ctx, acfg.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	s, _ := cl.Session("cli-job", 0, 1)
+	for step := int64(1); step <= 2; step++ {
+		if err := s.Save(ctx, step, []sdk.Tensor{{Name: "w", DType: shm.F32, Shape: []int64{2, 2}, Data: make([]byte, 16)}}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	co := "--coordinator=" + addr
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out, _ := capture(t, runLs, co)
+		if strings.Contains(out, "cli-job") && strings.Contains(out, " 2 ") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rewind ls never showed step 2 consistent:\n%s", out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	expect := func(run func(context.Context, []string) error, wantErr bool, want []string, args ...string) string {
+		t.Helper()
+		out, err := capture(t, run, args...)
+		if (err != nil) != wantErr {
+			t.Fatalf("rewind %v: err %v, want error %v\n%s", args, err, wantErr, out)
+		}
+		for _, w := range want {
+			if !strings.Contains(out, w) && (err == nil || !strings.Contains(err.Error(), w)) {
+				t.Fatalf("rewind %v: output lacks %q:\n%s %v", args, w, out, err)
+			}
+		}
+		return out
+	}
+	expect(runLs, false, []string{"STEP", "consistent", "1/1", "shm:node-a"}, co, "cli-job")
+	expect(runInspect, false, []string{"job cli-job step 2: consistent", "node-a"}, co, "cli-job", "2")
+	expect(runVerify, false, []string{"node-a", "ok"}, co, "cli-job", "2")
+	expect(runRestore, false, []string{"step 2", "shm:node-a"}, co, "cli-job", "--dry-run")
+	expect(runRestore, true, []string{"dry-run"}, co, "cli-job")
+	expect(runDelete, true, []string{"latest consistent"}, co, "cli-job", "2")
+	expect(runDelete, false, []string{"deleted 1 copies"}, co, "cli-job", "1")
+	out := expect(runLs, false, nil, co, "--json")
+	var jobs struct {
+		Jobs []struct {
+			ID               string `json:"id"`
+			LatestConsistent int64  `json:"latest_consistent"`
+		} `json:"jobs"`
+	}
+	if err := json.Unmarshal([]byte(out), &jobs); err != nil || len(jobs.Jobs) != 1 || jobs.Jobs[0].LatestConsistent != 2 {
+		t.Fatalf("ls --json: %v %s", err, out)
+	}
+	// Agent-side views through the socket.
+	expect(runLs, false, []string{"node node-a", "cli-job", "committed"}, "--socket="+acfg.Socket)
+	expect(runInspect, false, []string{"job cli-job  rank 0 of 1  step 2", "F32", "every checksum matches"}, "--socket="+acfg.Socket, "--job=cli-job", "--rank=0", "--verify")
+	expect(runVerify, true, []string{"no coordinator"}, "cli-job", "2")
+}
