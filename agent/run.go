@@ -5,18 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/user"
 	"path/filepath"
 	"strconv"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 
 	"rewind.dev/rewind/api/agentpb"
+	"rewind.dev/rewind/internal/metricsrv"
 	"rewind.dev/rewind/shm"
 )
 
@@ -49,26 +47,13 @@ func (a *Agent) Run(ctx context.Context, ready func(Addrs)) error {
 		addrs.TCP = tcp.Addr().String()
 		go func() { errc <- srv.Serve(tcp) }()
 	}
-	var httpSrv *http.Server
+	var metrics *metricsrv.Server
 	if a.cfg.MetricsAddr != "" {
-		ml, err := net.Listen("tcp", a.cfg.MetricsAddr)
-		if err != nil {
+		if metrics, err = metricsrv.Start(a.cfg.MetricsAddr, a.cfg.Registry, errc); err != nil {
 			srv.Stop()
-			return fmt.Errorf("agent: listen %s for metrics: %w", a.cfg.MetricsAddr, err)
+			return fmt.Errorf("agent: %w", err)
 		}
-		addrs.Metrics = ml.Addr().String()
-		mux := http.NewServeMux()
-		gatherer, _ := a.cfg.Registry.(prometheus.Gatherer)
-		if gatherer == nil {
-			gatherer = prometheus.DefaultGatherer
-		}
-		mux.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
-		httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() {
-			if err := httpSrv.Serve(ml); !errors.Is(err, http.ErrServerClosed) {
-				errc <- err
-			}
-		}()
+		addrs.Metrics = metrics.Addr
 	}
 	a.verifyQ = make(chan verifyJob, 1024)
 	vctx, stopVerifier := context.WithCancel(ctx)
@@ -96,9 +81,7 @@ func (a *Agent) Run(ctx context.Context, ready func(Addrs)) error {
 	case <-time.After(5 * time.Second):
 		srv.Stop()
 	}
-	if httpSrv != nil {
-		_ = httpSrv.Close()
-	}
+	metrics.Close()
 	_ = os.Remove(a.cfg.Socket)
 	a.log.Info("agent stopped")
 	return err

@@ -2,17 +2,13 @@ package coordinator
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
-	"net/http"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/internal/metricsrv"
 )
 
 // Run serves the coordinator's gRPC API (and metrics) until ctx ends.
@@ -26,27 +22,14 @@ func (c *Coordinator) Run(ctx context.Context, ready func(grpcAddr, metricsAddr 
 	coordpb.RegisterCoordinatorServer(srv, &server{c: c})
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(l) }()
+	var metrics *metricsrv.Server
 	var metricsAddr string
-	var httpSrv *http.Server
 	if c.cfg.MetricsAddr != "" {
-		ml, err := net.Listen("tcp", c.cfg.MetricsAddr)
-		if err != nil {
+		if metrics, err = metricsrv.Start(c.cfg.MetricsAddr, c.cfg.Registry, errc); err != nil {
 			srv.Stop()
-			return fmt.Errorf("coordinator: listen %s for metrics: %w", c.cfg.MetricsAddr, err)
+			return fmt.Errorf("coordinator: %w", err)
 		}
-		metricsAddr = ml.Addr().String()
-		gatherer, _ := c.cfg.Registry.(prometheus.Gatherer)
-		if gatherer == nil {
-			gatherer = prometheus.DefaultGatherer
-		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
-		httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() {
-			if err := httpSrv.Serve(ml); !errors.Is(err, http.ErrServerClosed) {
-				errc <- err
-			}
-		}()
+		metricsAddr = metrics.Addr
 	}
 	c.log.Info("coordinator serving", "addr", l.Addr().String(), "metrics", metricsAddr)
 	if ready != nil {
@@ -57,8 +40,6 @@ func (c *Coordinator) Run(ctx context.Context, ready func(grpcAddr, metricsAddr 
 	case err = <-errc:
 	}
 	srv.Stop()
-	if httpSrv != nil {
-		_ = httpSrv.Close()
-	}
+	metrics.Close()
 	return err
 }

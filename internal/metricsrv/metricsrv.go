@@ -1,0 +1,50 @@
+// Package metricsrv serves a Prometheus registry over HTTP for the daemons.
+package metricsrv
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Server serves /metrics until Close.
+type Server struct {
+	// Addr is where it listens.
+	Addr string
+	srv  *http.Server
+}
+
+// Start listens on addr and serves reg's metrics at /metrics; a failure of
+// the server after it started is sent to errc. reg that is not a Gatherer
+// serves the default registry.
+func Start(addr string, reg prometheus.Registerer, errc chan<- error) (*Server, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s for metrics: %w", addr, err)
+	}
+	gatherer, _ := reg.(prometheus.Gatherer)
+	if gatherer == nil {
+		gatherer = prometheus.DefaultGatherer
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	s := &Server{Addr: l.Addr().String(), srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}}
+	go func() {
+		if err := s.srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
+			errc <- err
+		}
+	}()
+	return s, nil
+}
+
+// Close stops the server; a nil Server is a no-op.
+func (s *Server) Close() {
+	if s != nil {
+		_ = s.srv.Close()
+	}
+}
