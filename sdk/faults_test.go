@@ -3,6 +3,7 @@ package sdk_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -329,5 +330,49 @@ func TestMetricsServed(t *testing.T) {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q", want)
 		}
+	}
+}
+
+// TestReadStreamsVerifiedBytes reads a shard over the agent's streaming
+// Read, as peers will, and checks a corrupt one is refused.
+func TestReadStreamsVerifiedBytes(t *testing.T) {
+	c, _ := start(t, func(cfg *agent.Config) { cfg.VerifyAfterCommit = false })
+	s := session(t, c, "read", 0, 1)
+	ctx := ctxT(t)
+	if err := s.Save(ctx, 1, []sdk.Tensor{large("w", 3<<20+5)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	path, _ := shardPath(t, c, "read", 1)
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func() ([]byte, error) {
+		stream, err := c.API().Read(ctx, &agentpb.ReadRequest{Job: "read", Rank: 0, Step: 1})
+		if err != nil {
+			return nil, err
+		}
+		var got []byte
+		for {
+			chunk, err := stream.Recv()
+			if err == io.EOF {
+				return got, nil
+			}
+			if err != nil {
+				return got, err
+			}
+			if chunk.Offset != uint64(len(got)) {
+				return got, fmt.Errorf("chunk at offset %d after %d bytes", chunk.Offset, len(got))
+			}
+			got = append(got, chunk.Data...)
+		}
+	}
+	got, err := read()
+	if err != nil || string(got) != string(want) {
+		t.Fatalf("streamed %d bytes (%v), the shard has %d; equal: %v", len(got), err, len(want), string(got) == string(want))
+	}
+	flip(t, path, int64(len(want))-10)
+	if _, err := read(); status.Code(err) != codes.DataLoss {
+		t.Fatalf("read of a corrupt shard: %v, want DataLoss", err)
 	}
 }

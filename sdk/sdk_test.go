@@ -2,6 +2,7 @@ package sdk_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"errors"
 	"os"
 	"strings"
@@ -35,6 +36,7 @@ func TestSaveRestoreBitIdentical(t *testing.T) {
 		"only empty":               {tensors: []sdk.Tensor{tensor("e", shm.F32, 1, 0)}},
 		"no tensors, only objects": {objects: map[string]any{"epoch": 3, "loader": map[string]int{"pos": 1234}}},
 		"large, not leaf-aligned":  {tensors: []sdk.Tensor{tensor("big", shm.F32, 9, 3*shm.LeafSize/4*4+5), tensor("small", shm.BF16, 1, 3)}},
+		"300 MiB":                  {tensors: []sdk.Tensor{large("huge", 300<<20+12), tensor("bias", shm.F32, 2, 7)}},
 		"many small":               {tensors: many},
 		"names needing escapes":    {tensors: []sdk.Tensor{tensor(`a"b\c`, shm.F32, 1, 2), tensor("μ<&>", shm.F32, 2, 2)}},
 		"objects with strings":     {tensors: []sdk.Tensor{tensor("w", shm.F32, 1, 4)}, objects: map[string]any{"rng": "AAEC/w==", "note": "ünïcode \"quoted\""}},
@@ -46,6 +48,18 @@ func TestSaveRestoreBitIdentical(t *testing.T) {
 			runRoundTrip(t, c, name, step, tc)
 		})
 	}
+}
+
+// large returns a U8 tensor of n bytes: a 1 MiB pattern tiled, each tile
+// stamped with its index so that misplaced tiles cannot go unnoticed.
+func large(name string, n int) sdk.Tensor {
+	tile := pattern(77, shm.LeafSize)
+	data := make([]byte, n)
+	for off, i := 0, 0; off < n; off, i = off+len(tile), i+1 {
+		copy(data[off:], tile)
+		copy(data[off:], fmt.Sprintf("tile %d", i))
+	}
+	return sdk.Tensor{Name: name, DType: shm.U8, Shape: []int64{int64(n)}, Data: data}
 }
 
 func runRoundTrip(t *testing.T, c *sdk.Client, name string, step int64, tc roundTripCase) {
