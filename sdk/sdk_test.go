@@ -2,8 +2,8 @@ package sdk_test
 
 import (
 	"encoding/json"
-	"fmt"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
