@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"runtime"
 
 	"google.golang.org/grpc"
 
@@ -18,7 +19,7 @@ func (c *Coordinator) Run(ctx context.Context, ready func(grpcAddr, metricsAddr 
 	if err != nil {
 		return fmt.Errorf("coordinator: listen %s: %w", c.cfg.ListenAddr, err)
 	}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))), grpc.SharedWriteBuffer(true))
 	coordpb.RegisterCoordinatorServer(srv, &server{c: c})
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(l) }()
