@@ -18,7 +18,7 @@ BENCH_PYTHON_FLAGS ?= --sizes 1GiB,4GiB --runs 5
 
 python-deps:
 	@$(PYTHON) -c 'import torch, grpc, numpy, google.protobuf, pytest, xxhash' 2>/dev/null || \
-		(apt-get update && apt-get install -y $(PYTHON_DEBS))
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(PYTHON_DEBS))
 
 # The agent the tests and the benchmark start (go build is incremental).
 python-rewind-bin:
