@@ -169,6 +169,14 @@ func (r *reporter) session(ctx context.Context) (registered bool, err error) {
 	if err != nil {
 		return false, err
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.ReportStream(ctx)
+	if err != nil {
+		return true, fmt.Errorf("report stream: %w", err)
+	}
+	defer stream.CloseSend()
+	l := &link{c: c, stream: stream, inc: inc, cancel: cancel}
 	tick := time.NewTicker(heartbeat)
 	defer tick.Stop()
 	for {
@@ -182,13 +190,13 @@ func (r *reporter) session(ctx context.Context) (registered bool, err error) {
 			case <-tick.C:
 				// An empty report: notices a coordinator that restarted
 				// (and may have lost its store) while nothing was saved.
-				if err := r.send(ctx, c, []event{{}}, inc); err != nil {
+				if err := r.send(ctx, l, []event{{}}); err != nil {
 					return true, err
 				}
 				continue
 			}
 		}
-		if err := r.send(ctx, c, batch, inc); err != nil {
+		if err := r.send(ctx, l, batch); err != nil {
 			return true, err
 		}
 		r.drop(batch[len(batch)-1].seq + 1)
@@ -246,16 +254,42 @@ func (r *reporter) drop(seq uint64) {
 	r.queue = r.queue[i:]
 }
 
+// link is one session's connection to the coordinator.
+type link struct {
+	c      coordpb.CoordinatorClient
+	stream coordpb.Coordinator_ReportStreamClient
+	inc    string
+	cancel context.CancelFunc // ends the session: a stuck stream is abandoned
+}
+
+// report sends one request on the stream and waits for its answer, at
+// most 30 s.
+func (l *link) report(req *coordpb.ReportRequest) (*coordpb.ReportResponse, error) {
+	t := time.AfterFunc(30*time.Second, l.cancel)
+	defer t.Stop()
+	if err := l.stream.Send(req); err != nil {
+		return nil, err
+	}
+	resp, err := l.stream.Recv()
+	if err != nil {
+		return nil, err
+	}
+	if resp.ErrorCode != 0 {
+		return resp, status.Error(codes.Code(resp.ErrorCode), resp.Error)
+	}
+	return resp, nil
+}
+
 // send delivers a batch in order: job registrations one by one, runs of
 // shard records as one report. A refusal (bad input) is logged and dropped;
 // anything else ends the session so the batch is retried.
-func (r *reporter) send(ctx context.Context, c coordpb.CoordinatorClient, batch []event, inc string) error {
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
+func (r *reporter) send(ctx context.Context, l *link, batch []event) error {
 	for i := 0; i < len(batch); {
 		var err error
 		if batch[i].job != nil {
-			_, err = c.RegisterJob(cctx, batch[i].job)
+			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			_, err = l.c.RegisterJob(cctx, batch[i].job)
+			cancel()
 			i++
 		} else {
 			var recs []*coordpb.ShardRecord
@@ -265,12 +299,12 @@ func (r *reporter) send(ctx context.Context, c coordpb.CoordinatorClient, batch 
 				}
 			}
 			var resp *coordpb.ReportResponse
-			resp, err = c.Report(cctx, &coordpb.ReportRequest{Node: r.a.cfg.Node, Shards: recs})
+			resp, err = l.report(&coordpb.ReportRequest{Node: r.a.cfg.Node, Shards: recs})
+			if resp != nil && resp.Incarnation != l.inc {
+				return errReregister
+			}
 			if err == nil {
 				r.setPins(resp.Pins)
-				if resp.Incarnation != inc {
-					return errReregister
-				}
 			}
 		}
 		switch status.Code(err) {

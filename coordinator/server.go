@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"time"
 
@@ -88,6 +89,26 @@ func (s *server) Report(ctx context.Context, req *coordpb.ReportRequest) (*coord
 	}
 	resp.Pins = s.c.pinsFor(req.Node, recs)
 	return resp, nil
+}
+
+func (s *server) ReportStream(stream coordpb.Coordinator_ReportStreamServer) error {
+	for {
+		req, err := stream.Recv()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		resp, err := s.Report(stream.Context(), req)
+		if err != nil {
+			st := status.Convert(err)
+			resp = &coordpb.ReportResponse{Incarnation: s.c.incarnation, ErrorCode: int32(st.Code()), Error: st.Message()}
+		}
+		if err := stream.Send(resp); err != nil {
+			return err
+		}
+	}
 }
 
 func recordsOf(shards []*coordpb.ShardRecord) []Record {

@@ -524,7 +524,11 @@ type ReportResponse struct {
 	Incarnation string                 `protobuf:"bytes,1,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	Pins        []*Pin                 `protobuf:"bytes,2,rep,name=pins,proto3" json:"pins,omitempty"`
 	// Steps that became consistent through this report.
-	Consistent    []*Pin `protobuf:"bytes,3,rep,name=consistent,proto3" json:"consistent,omitempty"`
+	Consistent []*Pin `protobuf:"bytes,3,rep,name=consistent,proto3" json:"consistent,omitempty"`
+	// ReportStream only: a gRPC status code and message when the request
+	// was refused (0 when it was recorded).
+	ErrorCode     int32  `protobuf:"varint,4,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	Error         string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -578,6 +582,20 @@ func (x *ReportResponse) GetConsistent() []*Pin {
 		return x.Consistent
 	}
 	return nil
+}
+
+func (x *ReportResponse) GetErrorCode() int32 {
+	if x != nil {
+		return x.ErrorCode
+	}
+	return 0
+}
+
+func (x *ReportResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
 }
 
 type LatestRequest struct {
@@ -1644,13 +1662,16 @@ const file_coordinator_proto_rawDesc = "" +
 	"\freregistered\x18\x02 \x01(\bR\freregistered\"_\n" +
 	"\rReportRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12:\n" +
-	"\x06shards\x18\x02 \x03(\v2\".rewind.coordinator.v1.ShardRecordR\x06shards\"\x9e\x01\n" +
+	"\x06shards\x18\x02 \x03(\v2\".rewind.coordinator.v1.ShardRecordR\x06shards\"\xd3\x01\n" +
 	"\x0eReportResponse\x12 \n" +
 	"\vincarnation\x18\x01 \x01(\tR\vincarnation\x12.\n" +
 	"\x04pins\x18\x02 \x03(\v2\x1a.rewind.coordinator.v1.PinR\x04pins\x12:\n" +
 	"\n" +
 	"consistent\x18\x03 \x03(\v2\x1a.rewind.coordinator.v1.PinR\n" +
-	"consistent\"!\n" +
+	"consistent\x12\x1d\n" +
+	"\n" +
+	"error_code\x18\x04 \x01(\x05R\terrorCode\x12\x14\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\"!\n" +
 	"\rLatestRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\"C\n" +
 	"\x0eLatestResponse\x12\x12\n" +
@@ -1722,11 +1743,12 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x14\n" +
 	"\x05force\x18\x03 \x01(\bR\x05force\";\n" +
 	"\x12DeleteStepResponse\x12%\n" +
-	"\x0ecopies_deleted\x18\x01 \x01(\rR\rcopiesDeleted2\xc0\a\n" +
+	"\x0ecopies_deleted\x18\x01 \x01(\rR\rcopiesDeleted2\xa1\b\n" +
 	"\vCoordinator\x12[\n" +
 	"\bRegister\x12&.rewind.coordinator.v1.RegisterRequest\x1a'.rewind.coordinator.v1.RegisterResponse\x12d\n" +
 	"\vRegisterJob\x12).rewind.coordinator.v1.RegisterJobRequest\x1a*.rewind.coordinator.v1.RegisterJobResponse\x12U\n" +
-	"\x06Report\x12$.rewind.coordinator.v1.ReportRequest\x1a%.rewind.coordinator.v1.ReportResponse\x12U\n" +
+	"\x06Report\x12$.rewind.coordinator.v1.ReportRequest\x1a%.rewind.coordinator.v1.ReportResponse\x12_\n" +
+	"\fReportStream\x12$.rewind.coordinator.v1.ReportRequest\x1a%.rewind.coordinator.v1.ReportResponse(\x010\x01\x12U\n" +
 	"\x06Latest\x12$.rewind.coordinator.v1.LatestRequest\x1a%.rewind.coordinator.v1.LatestResponse\x12[\n" +
 	"\bListJobs\x12&.rewind.coordinator.v1.ListJobsRequest\x1a'.rewind.coordinator.v1.ListJobsResponse\x12^\n" +
 	"\tListSteps\x12'.rewind.coordinator.v1.ListStepsRequest\x1a(.rewind.coordinator.v1.ListStepsResponse\x12]\n" +
@@ -1801,25 +1823,27 @@ var file_coordinator_proto_depIdxs = []int32{
 	2,  // 16: rewind.coordinator.v1.Coordinator.Register:input_type -> rewind.coordinator.v1.RegisterRequest
 	5,  // 17: rewind.coordinator.v1.Coordinator.RegisterJob:input_type -> rewind.coordinator.v1.RegisterJobRequest
 	7,  // 18: rewind.coordinator.v1.Coordinator.Report:input_type -> rewind.coordinator.v1.ReportRequest
-	9,  // 19: rewind.coordinator.v1.Coordinator.Latest:input_type -> rewind.coordinator.v1.LatestRequest
-	11, // 20: rewind.coordinator.v1.Coordinator.ListJobs:input_type -> rewind.coordinator.v1.ListJobsRequest
-	14, // 21: rewind.coordinator.v1.Coordinator.ListSteps:input_type -> rewind.coordinator.v1.ListStepsRequest
-	18, // 22: rewind.coordinator.v1.Coordinator.InspectStep:input_type -> rewind.coordinator.v1.StepRequest
-	18, // 23: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
-	22, // 24: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
-	25, // 25: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
-	4,  // 26: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
-	6,  // 27: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
-	8,  // 28: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
-	10, // 29: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
-	13, // 30: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
-	17, // 31: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
-	19, // 32: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
-	21, // 33: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
-	24, // 34: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
-	26, // 35: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
-	26, // [26:36] is the sub-list for method output_type
-	16, // [16:26] is the sub-list for method input_type
+	7,  // 19: rewind.coordinator.v1.Coordinator.ReportStream:input_type -> rewind.coordinator.v1.ReportRequest
+	9,  // 20: rewind.coordinator.v1.Coordinator.Latest:input_type -> rewind.coordinator.v1.LatestRequest
+	11, // 21: rewind.coordinator.v1.Coordinator.ListJobs:input_type -> rewind.coordinator.v1.ListJobsRequest
+	14, // 22: rewind.coordinator.v1.Coordinator.ListSteps:input_type -> rewind.coordinator.v1.ListStepsRequest
+	18, // 23: rewind.coordinator.v1.Coordinator.InspectStep:input_type -> rewind.coordinator.v1.StepRequest
+	18, // 24: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
+	22, // 25: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
+	25, // 26: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
+	4,  // 27: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
+	6,  // 28: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
+	8,  // 29: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
+	8,  // 30: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
+	10, // 31: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
+	13, // 32: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
+	17, // 33: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
+	19, // 34: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
+	21, // 35: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
+	24, // 36: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
+	26, // 37: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
+	27, // [27:38] is the sub-list for method output_type
+	16, // [16:27] is the sub-list for method input_type
 	16, // [16:16] is the sub-list for extension type_name
 	16, // [16:16] is the sub-list for extension extendee
 	0,  // [0:16] is the sub-list for field type_name

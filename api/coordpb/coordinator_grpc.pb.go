@@ -22,16 +22,17 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Coordinator_Register_FullMethodName    = "/rewind.coordinator.v1.Coordinator/Register"
-	Coordinator_RegisterJob_FullMethodName = "/rewind.coordinator.v1.Coordinator/RegisterJob"
-	Coordinator_Report_FullMethodName      = "/rewind.coordinator.v1.Coordinator/Report"
-	Coordinator_Latest_FullMethodName      = "/rewind.coordinator.v1.Coordinator/Latest"
-	Coordinator_ListJobs_FullMethodName    = "/rewind.coordinator.v1.Coordinator/ListJobs"
-	Coordinator_ListSteps_FullMethodName   = "/rewind.coordinator.v1.Coordinator/ListSteps"
-	Coordinator_InspectStep_FullMethodName = "/rewind.coordinator.v1.Coordinator/InspectStep"
-	Coordinator_VerifyStep_FullMethodName  = "/rewind.coordinator.v1.Coordinator/VerifyStep"
-	Coordinator_PlanRestore_FullMethodName = "/rewind.coordinator.v1.Coordinator/PlanRestore"
-	Coordinator_DeleteStep_FullMethodName  = "/rewind.coordinator.v1.Coordinator/DeleteStep"
+	Coordinator_Register_FullMethodName     = "/rewind.coordinator.v1.Coordinator/Register"
+	Coordinator_RegisterJob_FullMethodName  = "/rewind.coordinator.v1.Coordinator/RegisterJob"
+	Coordinator_Report_FullMethodName       = "/rewind.coordinator.v1.Coordinator/Report"
+	Coordinator_ReportStream_FullMethodName = "/rewind.coordinator.v1.Coordinator/ReportStream"
+	Coordinator_Latest_FullMethodName       = "/rewind.coordinator.v1.Coordinator/Latest"
+	Coordinator_ListJobs_FullMethodName     = "/rewind.coordinator.v1.Coordinator/ListJobs"
+	Coordinator_ListSteps_FullMethodName    = "/rewind.coordinator.v1.Coordinator/ListSteps"
+	Coordinator_InspectStep_FullMethodName  = "/rewind.coordinator.v1.Coordinator/InspectStep"
+	Coordinator_VerifyStep_FullMethodName   = "/rewind.coordinator.v1.Coordinator/VerifyStep"
+	Coordinator_PlanRestore_FullMethodName  = "/rewind.coordinator.v1.Coordinator/PlanRestore"
+	Coordinator_DeleteStep_FullMethodName   = "/rewind.coordinator.v1.Coordinator/DeleteStep"
 )
 
 // CoordinatorClient is the client API for Coordinator service.
@@ -47,6 +48,10 @@ type CoordinatorClient interface {
 	RegisterJob(ctx context.Context, in *RegisterJobRequest, opts ...grpc.CallOption) (*RegisterJobResponse, error)
 	// Report records shard events (commits, deletions, corruption) in order.
 	Report(ctx context.Context, in *ReportRequest, opts ...grpc.CallOption) (*ReportResponse, error)
+	// ReportStream is Report on one long-lived stream, as agents use it: each
+	// request is answered by one response, in order; a refused request is
+	// answered with its error and the stream goes on.
+	ReportStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ReportRequest, ReportResponse], error)
 	// Latest returns the job's latest consistent step.
 	Latest(ctx context.Context, in *LatestRequest, opts ...grpc.CallOption) (*LatestResponse, error)
 	ListJobs(ctx context.Context, in *ListJobsRequest, opts ...grpc.CallOption) (*ListJobsResponse, error)
@@ -99,6 +104,19 @@ func (c *coordinatorClient) Report(ctx context.Context, in *ReportRequest, opts 
 	}
 	return out, nil
 }
+
+func (c *coordinatorClient) ReportStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ReportRequest, ReportResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Coordinator_ServiceDesc.Streams[0], Coordinator_ReportStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ReportRequest, ReportResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Coordinator_ReportStreamClient = grpc.BidiStreamingClient[ReportRequest, ReportResponse]
 
 func (c *coordinatorClient) Latest(ctx context.Context, in *LatestRequest, opts ...grpc.CallOption) (*LatestResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -183,6 +201,10 @@ type CoordinatorServer interface {
 	RegisterJob(context.Context, *RegisterJobRequest) (*RegisterJobResponse, error)
 	// Report records shard events (commits, deletions, corruption) in order.
 	Report(context.Context, *ReportRequest) (*ReportResponse, error)
+	// ReportStream is Report on one long-lived stream, as agents use it: each
+	// request is answered by one response, in order; a refused request is
+	// answered with its error and the stream goes on.
+	ReportStream(grpc.BidiStreamingServer[ReportRequest, ReportResponse]) error
 	// Latest returns the job's latest consistent step.
 	Latest(context.Context, *LatestRequest) (*LatestResponse, error)
 	ListJobs(context.Context, *ListJobsRequest) (*ListJobsResponse, error)
@@ -214,6 +236,9 @@ func (UnimplementedCoordinatorServer) RegisterJob(context.Context, *RegisterJobR
 }
 func (UnimplementedCoordinatorServer) Report(context.Context, *ReportRequest) (*ReportResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Report not implemented")
+}
+func (UnimplementedCoordinatorServer) ReportStream(grpc.BidiStreamingServer[ReportRequest, ReportResponse]) error {
+	return status.Error(codes.Unimplemented, "method ReportStream not implemented")
 }
 func (UnimplementedCoordinatorServer) Latest(context.Context, *LatestRequest) (*LatestResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Latest not implemented")
@@ -310,6 +335,13 @@ func _Coordinator_Report_Handler(srv interface{}, ctx context.Context, dec func(
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _Coordinator_ReportStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(CoordinatorServer).ReportStream(&grpc.GenericServerStream[ReportRequest, ReportResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Coordinator_ReportStreamServer = grpc.BidiStreamingServer[ReportRequest, ReportResponse]
 
 func _Coordinator_Latest_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(LatestRequest)
@@ -485,6 +517,13 @@ var Coordinator_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Coordinator_DeleteStep_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "ReportStream",
+			Handler:       _Coordinator_ReportStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "coordinator.proto",
 }

@@ -72,17 +72,23 @@ func coordOne(ctx context.Context, cfg CoordConfig, ranks int) (CoordResult, err
 	addr := <-ready
 
 	agents := (ranks + cfg.RanksPerNode - 1) / cfg.RanksPerNode
-	clients := make([]coordpb.CoordinatorClient, agents)
+	// Each simulated agent reports on its own connection and long-lived
+	// stream, as the agent's reporter does.
+	clients := make([]coordpb.Coordinator_ReportStreamClient, agents)
+	var api coordpb.CoordinatorClient
 	for i := range clients {
 		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			return CoordResult{}, err
 		}
 		defer conn.Close()
-		clients[i] = coordpb.NewCoordinatorClient(conn)
+		api = coordpb.NewCoordinatorClient(conn)
+		if clients[i], err = api.ReportStream(cctx); err != nil {
+			return CoordResult{}, err
+		}
 	}
 	job := fmt.Sprintf("bench-%d", ranks)
-	if _, err := clients[0].RegisterJob(ctx, &coordpb.RegisterJobRequest{Job: job, WorldSize: uint32(ranks)}); err != nil {
+	if _, err := api.RegisterJob(ctx, &coordpb.RegisterJobRequest{Job: job, WorldSize: uint32(ranks)}); err != nil {
 		return CoordResult{}, err
 	}
 	var lat []float64
@@ -109,7 +115,7 @@ func coordOne(ctx context.Context, cfg CoordConfig, ranks int) (CoordResult, err
 
 // coordStep has every agent report its ranks' commit of step at once and
 // returns the latency of the report that made the step consistent.
-func coordStep(ctx context.Context, clients []coordpb.CoordinatorClient, job string, ranks, perNode int, step int64) (time.Duration, error) {
+func coordStep(ctx context.Context, clients []coordpb.Coordinator_ReportStreamClient, job string, ranks, perNode int, step int64) (time.Duration, error) {
 	var mu sync.Mutex
 	var done time.Duration = -1
 	var errs []error
@@ -125,7 +131,14 @@ func coordStep(ctx context.Context, clients []coordpb.CoordinatorClient, job str
 				}
 			}
 			t0 := time.Now()
-			resp, err := cl.Report(ctx, &coordpb.ReportRequest{Node: node, Shards: recs})
+			err := cl.Send(&coordpb.ReportRequest{Node: node, Shards: recs})
+			var resp *coordpb.ReportResponse
+			if err == nil {
+				resp, err = cl.Recv()
+			}
+			if err == nil && resp.ErrorCode != 0 {
+				err = fmt.Errorf("bench: report refused: %s", resp.Error)
+			}
 			d := time.Since(t0)
 			mu.Lock()
 			defer mu.Unlock()
