@@ -105,7 +105,11 @@ func newMetrics(reg prometheus.Registerer, c *Coordinator) *metrics {
 }
 
 // Close closes the store.
-func (c *Coordinator) Close() error { return c.store.Close() }
+func (c *Coordinator) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.store.Close()
+}
 
 // apply runs f on the index under the lock and persists what it changed.
 // If persisting fails, the coordinator reloads its index from the store so
@@ -124,6 +128,19 @@ func (c *Coordinator) apply(f func(ch *Changes) error) (*Changes, error) {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
 	return &ch, ferr
+}
+
+// flushEvery is how often grouped index writes are committed when no
+// deciding write commits them sooner.
+const flushEvery = 50 * time.Millisecond
+
+// flush commits grouped index writes.
+func (c *Coordinator) flush() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.store.Flush(); err != nil {
+		c.log.Error("flushing index writes", "err", err)
+	}
 }
 
 // Incarnation identifies this run of the coordinator.

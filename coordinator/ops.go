@@ -20,12 +20,15 @@ import (
 // It returns the pins for the jobs the agent holds.
 func (c *Coordinator) Register(n *NodeInfo, inventory []Record) ([]*coordpb.Pin, error) {
 	n.RegisteredAt = c.cfg.Clock.Now()
-	if err := c.store.PutNode(n); err != nil {
+	c.mu.Lock()
+	err := c.store.PutNode(n)
+	c.mu.Unlock()
+	if err != nil {
 		return nil, err
 	}
 	// Apply the newest steps last, so a job's world size ends as its newest.
 	slices.SortFunc(inventory, func(a, b Record) int { return int(a.Step - b.Step) })
-	_, err := c.apply(func(ch *Changes) error {
+	_, err = c.apply(func(ch *Changes) error {
 		c.state.Nodes[n.Name] = n
 		var errs []error
 		for _, r := range inventory {

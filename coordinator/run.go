@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"runtime"
+	"time"
 
 	"google.golang.org/grpc"
 
@@ -32,6 +33,18 @@ func (c *Coordinator) Run(ctx context.Context, ready func(grpcAddr, metricsAddr 
 		}
 		metricsAddr = metrics.Addr
 	}
+	go func() {
+		t := time.NewTicker(flushEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				c.flush()
+			}
+		}
+	}()
 	c.log.Info("coordinator serving", "addr", l.Addr().String(), "metrics", metricsAddr)
 	if ready != nil {
 		ready(l.Addr().String(), metricsAddr)

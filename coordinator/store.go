@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -17,13 +18,23 @@ import (
 //	job/<job>                                      -> jobRecord
 //	node/<node>                                    -> NodeInfo
 //	step/<job>/<step %020d>                        -> stepRecord
-//	copy/<job>/<step %020d>/<rank %010d>/<tier>/<node> -> Copy
+//	copy/<job>/<step %020d>/<rank %010d>/<tier>/<node> -> "<size> <checksum> <state>"
 //
 // Job ids cannot contain '/' (shm.ValidateJob), and the node name is the
 // last element, so keys parse unambiguously and sort by job, then step.
+//
+// Writes that do not decide a state (a copy recorded, a partial step) are
+// grouped: they collect in a pending batch that the next deciding write
+// commits with them, synced, or that Flush commits unsynced. Losing them in
+// a crash loses nothing: agents resend their inventory on reconnection.
+// Callers serialize Write and Flush.
 type Store struct {
-	db *pebble.DB
+	db      *pebble.DB
+	pending *pebble.Batch
 }
+
+// maxPending bounds the grouped, unsynced writes before they are committed.
+const maxPending = 4096
 
 type jobRecord struct {
 	WorldSize uint32            `json:"world_size"`
@@ -56,8 +67,10 @@ func (p pebbleLogger) Fatalf(format string, args ...any) {
 	os.Exit(1)
 }
 
-// Close closes the store.
-func (s *Store) Close() error { return s.db.Close() }
+// Close commits grouped writes and closes the store.
+func (s *Store) Close() error {
+	return errors.Join(s.Flush(), s.db.Close())
+}
 
 func jobKey(job string) []byte { return []byte("job/" + job) }
 func stepKey(job string, step int64) []byte {
@@ -68,10 +81,14 @@ func copyKey(k CopyKey) []byte {
 }
 func nodeKey(name string) []byte { return []byte("node/" + name) }
 
-// Write persists ch in one batch, synced when ch.Sync is set.
+// Write persists ch. A change with Sync set is committed synced, together
+// with every grouped write before it, before Write returns; other changes
+// are grouped (see Store).
 func (s *Store) Write(ch *Changes) error {
-	b := s.db.NewBatch()
-	defer b.Close()
+	if s.pending == nil {
+		s.pending = s.db.NewBatch()
+	}
+	b := s.pending
 	put := func(k []byte, v any) error {
 		data, err := json.Marshal(v)
 		if err != nil {
@@ -94,7 +111,7 @@ func (s *Store) Write(ch *Changes) error {
 		if c.Copy == nil {
 			err = b.Delete(copyKey(c), nil)
 		} else {
-			err = put(copyKey(c), c.Copy)
+			err = b.Set(copyKey(c), encodeCopy(c.Copy), nil)
 		}
 		if err != nil {
 			return err
@@ -105,8 +122,24 @@ func (s *Store) Write(ch *Changes) error {
 			return err
 		}
 	}
+	if ch.Sync || b.Count() >= maxPending {
+		return s.commit(ch.Sync)
+	}
+	return nil
+}
+
+// Flush commits the grouped writes, unsynced.
+func (s *Store) Flush() error { return s.commit(false) }
+
+func (s *Store) commit(sync bool) error {
+	b := s.pending
+	if b == nil || b.Empty() && !sync {
+		return nil
+	}
+	s.pending = nil
+	defer b.Close()
 	opts := pebble.NoSync
-	if ch.Sync {
+	if sync {
 		opts = pebble.Sync
 	}
 	if err := b.Commit(opts); err != nil {
@@ -195,16 +228,15 @@ func (st *State) loadKey(key string, val []byte) error {
 		if len(parts) != 5 {
 			return fmt.Errorf("malformed copy key")
 		}
-		step, err := strconv.ParseInt(parts[1], 10, 64)
-		if err != nil {
+		step, err1 := strconv.ParseInt(parts[1], 10, 64)
+		rank, err2 := strconv.ParseUint(parts[2], 10, 32)
+		c, err3 := decodeCopy(val)
+		if err := errors.Join(err1, err2, err3); err != nil {
 			return err
 		}
-		var c Copy
-		if err := json.Unmarshal(val, &c); err != nil {
-			return err
-		}
+		c.Rank, c.Tier, c.Node = uint32(rank), parts[3], parts[4]
 		stp := st.step(parts[0], step)
-		stp.Copies[c.Rank] = append(stp.Copies[c.Rank], &c)
+		stp.Copies[c.Rank] = append(stp.Copies[c.Rank], c)
 	}
 	return nil
 }
@@ -227,4 +259,23 @@ func (st *State) step(job string, step int64) *Step {
 		j.Steps[step] = s
 	}
 	return s
+}
+
+// encodeCopy writes a copy's value: "<size> <checksum> <state>". Rank, tier
+// and node are in the key. Copies are the bulk of the index, so they skip
+// JSON.
+func encodeCopy(c *Copy) []byte {
+	return fmt.Appendf(nil, "%d %s %s", c.Size, c.Sum, c.State)
+}
+
+func decodeCopy(v []byte) (*Copy, error) {
+	f := strings.Fields(string(v))
+	if len(f) != 3 {
+		return nil, fmt.Errorf("malformed copy value %q", v)
+	}
+	size, err := strconv.ParseUint(f[0], 10, 64)
+	if err != nil {
+		return nil, err
+	}
+	return &Copy{Size: size, Sum: f[1], State: f[2]}, nil
 }
