@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"rewind.dev/rewind/shm"
@@ -194,6 +195,10 @@ func (s *State) Apply(rec Record, ch *Changes) error {
 	}
 	switch rec.State {
 	case "committed":
+		if rec.Sum == "" || strings.ContainsAny(rec.Sum, " \t\n") || strings.ContainsAny(rec.Node, " \t\n/") || rec.Node == "" {
+			return fmt.Errorf("%w: coordinator: job %s step %d rank %d: commit without a node or header checksum (node %q, checksum %q)",
+				ErrInvalid, rec.Job, rec.Step, rec.Rank, rec.Node, rec.Sum)
+		}
 		s.commit(j, rec, ch)
 	case "deleted", "corrupt":
 		s.remove(j, rec, ch)
@@ -209,6 +214,7 @@ func (s *State) commit(j *Job, rec Record, ch *Changes) {
 		st = &Step{Job: j.ID, Step: rec.Step, WorldSize: rec.WorldSize, State: Partial, Copies: map[uint32][]*Copy{}}
 		j.Steps[rec.Step] = st
 		ch.Steps = append(ch.Steps, st)
+		ch.Dropped = slices.DeleteFunc(ch.Dropped, func(k StepKey) bool { return k == StepKey{j.ID, rec.Step} })
 		// A late step: some rank may have moved past it already.
 		for r, latest := range j.rankLatest {
 			if latest > st.Step && r != rec.Rank && st.WorldSize == j.WorldSize {
@@ -240,7 +246,7 @@ func (s *State) commit(j *Job, rec Record, ch *Changes) {
 			s.abandon(j, rec.Rank, rec.Step, ch)
 		}
 	}
-	if st.State == Consistent && st.Step > j.Latest {
+	if st.State == Consistent && st.Step > j.Latest && st.complete() {
 		j.Latest = st.Step
 		ch.Jobs = append(ch.Jobs, j)
 		ch.Sync = true
@@ -275,6 +281,7 @@ func (s *State) remove(j *Job, rec Record, ch *Changes) {
 	ch.Copies = append(ch.Copies, CopyKey{Job: j.ID, Step: rec.Step, Rank: rec.Rank, Node: rec.Node, Tier: tier})
 	if len(st.Copies) == 0 {
 		delete(j.Steps, rec.Step)
+		ch.Steps = slices.DeleteFunc(ch.Steps, func(x *Step) bool { return x == st })
 		ch.Dropped = append(ch.Dropped, StepKey{j.ID, rec.Step})
 	}
 	s.updateLatest(j, ch)

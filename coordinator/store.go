@@ -96,6 +96,13 @@ func (s *Store) Write(ch *Changes) error {
 		}
 		return b.Set(k, data, nil)
 	}
+	// Dropped steps first: a step dropped and re-created by the same
+	// change must end with its new record.
+	for _, k := range ch.Dropped {
+		if err := b.Delete(stepKey(k.Job, k.Step), nil); err != nil {
+			return err
+		}
+	}
 	for _, j := range ch.Jobs {
 		if err := put(jobKey(j.ID), jobRecord{WorldSize: j.WorldSize, Placement: j.Placement, Latest: j.Latest}); err != nil {
 			return err
@@ -114,11 +121,6 @@ func (s *Store) Write(ch *Changes) error {
 			err = b.Set(copyKey(c), encodeCopy(c.Copy), nil)
 		}
 		if err != nil {
-			return err
-		}
-	}
-	for _, k := range ch.Dropped {
-		if err := b.Delete(stepKey(k.Job, k.Step), nil); err != nil {
 			return err
 		}
 	}
@@ -269,7 +271,7 @@ func encodeCopy(c *Copy) []byte {
 }
 
 func decodeCopy(v []byte) (*Copy, error) {
-	f := strings.Fields(string(v))
+	f := strings.SplitN(string(v), " ", 3)
 	if len(f) != 3 {
 		return nil, fmt.Errorf("malformed copy value %q", v)
 	}

@@ -79,3 +79,45 @@ func TestStoreRoundTrip(t *testing.T) {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// TestStoreStepDroppedAndRecreated: a step whose last copy goes and comes
+// back (or comes and goes) within one change is stored as it ends.
+func TestStoreStepDroppedAndRecreated(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "store")
+	now := func() time.Time { return time.Unix(1_800_000_000, 0).UTC() }
+	st, err := OpenStore(dir, discardLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewState(now)
+	var ch Changes
+	if _, err := s.RegisterJob("j", 2, nil, &ch); err != nil {
+		t.Fatal(err)
+	}
+	rec := func(step int64, state string) Record {
+		return Record{Job: "j", Step: step, Rank: 0, WorldSize: 2, Node: "n0", Sum: "s", State: state}
+	}
+	for _, r := range []Record{rec(1, "committed"), rec(1, "deleted"), rec(1, "committed"), rec(2, "committed"), rec(2, "deleted")} {
+		if err := s.Apply(r, &ch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.Write(&ch); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st2, err := OpenStore(dir, discardLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st2.Close()
+	got := NewState(now)
+	if err := st2.Load(got); err != nil {
+		t.Fatal(err)
+	}
+	if have, want := showJob(got.Jobs["j"]), showJob(s.Jobs["j"]); have != want {
+		t.Fatalf("reloaded:\n%s\nwant:\n%s", have, want)
+	}
+}
