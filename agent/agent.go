@@ -60,11 +60,12 @@ func New(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a := &Agent{
-		cfg:    cfg,
-		log:    cfg.Logger.With("component", "agent", "node", cfg.Node),
-		paths:  shm.Paths{Root: cfg.ShmRoot},
-		ranks:  map[rankKey]*lockedRank{},
-		leases: map[uint64]*lease{},
+		cfg:     cfg,
+		log:     cfg.Logger.With("component", "agent", "node", cfg.Node),
+		paths:   shm.Paths{Root: cfg.ShmRoot},
+		ranks:   map[rankKey]*lockedRank{},
+		leases:  map[uint64]*lease{},
+		verifyQ: make(chan verifyJob, 1024),
 	}
 	mode := os.FileMode(0o600)
 	if cfg.SocketGroup != "" {

@@ -106,7 +106,10 @@ func (a *Agent) pickSlot(ctx context.Context, r *lockedRank, size int64) (*slot,
 			// synchronous training the other ranks have committed the
 			// next step already and their reports are on the way: ask
 			// the coordinator until the pin moves or PinWait runs out.
-			if fresh := a.rep.refreshPin(ctx, r.job); fresh != pin {
+			r.mu.Unlock()
+			fresh := a.rep.refreshPin(ctx, r.job)
+			r.mu.Lock()
+			if fresh != pin {
 				continue
 			}
 			if a.cfg.Clock.Now().Before(pinDeadline) && ctx.Err() == nil {
@@ -180,10 +183,11 @@ func (a *Agent) Commit(ctx context.Context, job string, rank, slotIdx uint32, to
 		return 0, fmt.Errorf("%w: agent: commit of job %s rank %d step %d: header checksum %s, writer says %s",
 			shm.ErrCorrupt, job, rank, step, shm.HeaderSum(raw), headerSum)
 	}
+	prev := *s
 	s.State, s.Seq, s.HeaderSum = stateCommitted, a.nextSeq(), headerSum
 	s.CommittedAt, s.WorldSize, s.Tensors, s.token = a.cfg.Clock.Now().UnixNano(), h.Meta.WorldSize, uint32(len(h.Tensors)), 0
 	if err := a.persist(&r.rankState); err != nil {
-		s.State = stateWriting
+		*s = prev // still being written by the same caller, who may retry
 		return 0, err
 	}
 	a.rep.shard(job, rank, s.WorldSize, step, s.Size, headerSum, "committed")
@@ -196,6 +200,38 @@ func (a *Agent) Commit(ctx context.Context, job string, rank, slotIdx uint32, to
 		}
 	}
 	return s.Seq, nil
+}
+
+// pin holds a committed shard for an in-process reader (a stream): its slot
+// is not reused until release is called, however long that takes. The shard
+// is verified first, exactly the slot pinned.
+func (a *Agent) pin(job string, rank uint32, step int64) (*shardInfo, func(), error) {
+	if err := validateRank(job, rank, 0); err != nil {
+		return nil, nil, err
+	}
+	r := a.rank(job, rank, false)
+	if r == nil {
+		return nil, nil, fmt.Errorf("%w: agent: no checkpoint for job %s rank %d", ErrNotFound, job, rank)
+	}
+	r.mu.Lock()
+	s := r.find(step)
+	if s == nil {
+		r.mu.Unlock()
+		return nil, nil, fmt.Errorf("%w: agent: no committed checkpoint for job %s rank %d at step %d", ErrNotFound, job, rank, step)
+	}
+	s.readers++
+	info := a.shardOf(&r.rankState, s)
+	r.mu.Unlock()
+	release := func() {
+		r.mu.Lock()
+		s.readers--
+		r.mu.Unlock()
+	}
+	if err := a.verify(r, s); err != nil {
+		release()
+		return nil, nil, err
+	}
+	return info, release, nil
 }
 
 // Open leases a committed shard (the latest when latest is set) for reading.
@@ -425,6 +461,12 @@ func (a *Agent) verify(r *lockedRank, s *slot) error {
 		s.verified = true
 		return nil
 	}
+	if !errors.Is(err, shm.ErrCorrupt) {
+		// Not the bytes' fault (too many open files, no memory to map):
+		// the shard keeps its state and the caller sees the error.
+		a.log.Warn("could not verify a shard", "job", r.job, "rank", r.rank, "step", s.Step, "err", err)
+		return err
+	}
 	if s.State != stateCorrupt {
 		a.log.Error("checkpoint corrupt: it will not be served", "job", r.job, "rank", r.rank, "step", s.Step, "err", err)
 		a.metrics.corrupt.Inc()
@@ -441,8 +483,11 @@ func (a *Agent) verify(r *lockedRank, s *slot) error {
 func (a *Agent) checkSegment(job string, rank uint32, s *slot) error {
 	path := a.paths.Segment(job, rank, s.Index)
 	f, err := a.cfg.FS.OpenFile(path, os.O_RDONLY, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("%w: agent: segment of job %s rank %d step %d is gone: %v", shm.ErrCorrupt, job, rank, s.Step, err)
+	}
 	if err != nil {
-		return fmt.Errorf("%w: agent: segment of job %s rank %d step %d: %v", shm.ErrCorrupt, job, rank, s.Step, err)
+		return fmt.Errorf("agent: opening segment of job %s rank %d step %d: %w", job, rank, s.Step, err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()

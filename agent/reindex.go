@@ -100,6 +100,8 @@ func (a *Agent) reindexRank(job string, rank uint32) (shards, corrupt int, err e
 			switch err := a.checkSegment(job, rank, s); {
 			case s.State == stateCorrupt:
 				corrupt++
+			case err != nil && !errors.Is(err, shm.ErrCorrupt):
+				return 0, 0, fmt.Errorf("agent: re-index of job %s rank %d step %d: %w (not a checksum mismatch: fix and restart)", job, rank, s.Step, err)
 			case err != nil:
 				a.log.Error("re-index: checkpoint corrupt: it will not be served", "job", job, "rank", rank, "step", s.Step, "err", err)
 				s.State, s.Problem = stateCorrupt, err.Error()

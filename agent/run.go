@@ -55,7 +55,6 @@ func (a *Agent) Run(ctx context.Context, ready func(Addrs)) error {
 		}
 		addrs.Metrics = metrics.Addr
 	}
-	a.verifyQ = make(chan verifyJob, 1024)
 	vctx, stopVerifier := context.WithCancel(ctx)
 	verifierDone := make(chan struct{})
 	go func() { a.runVerifier(vctx); close(verifierDone) }()

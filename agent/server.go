@@ -112,17 +112,15 @@ func (s *server) Status(ctx context.Context, req *agentpb.StatusRequest) (*agent
 const readChunk = 1 << 20
 
 // Read streams a committed shard. The shard is verified first, so a reader
-// never receives bytes that do not match their checksums; the slot is leased
-// for the duration so a save cannot reuse it mid-stream.
+// never receives bytes that do not match their checksums; the slot is pinned
+// for the whole stream (no TTL) so a save cannot reuse or shrink it under
+// the mapping.
 func (s *server) Read(req *agentpb.ReadRequest, stream agentpb.Agent_ReadServer) error {
-	sh, lease, err := s.a.Open(req.Job, req.Rank, req.Step, false)
+	sh, release, err := s.a.pin(req.Job, req.Rank, req.Step)
 	if err != nil {
 		return err
 	}
-	defer s.a.Release(lease)
-	if _, err := s.a.Verify(req.Job, req.Rank, req.Step, ""); err != nil {
-		return err
-	}
+	defer release()
 	f, err := s.a.cfg.FS.OpenFile(sh.Path, os.O_RDONLY, 0)
 	if err != nil {
 		return err

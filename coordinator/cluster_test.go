@@ -160,6 +160,12 @@ func TestGlobalCommitAcrossNodes(t *testing.T) {
 	if step, ok, err := s.LatestConsistent(ctx); err != nil || !ok || step != 2 {
 		t.Fatalf("SDK LatestConsistent = %d %v %v, want 2", step, ok, err)
 	}
+	// Rank 1 goes ahead to step 3 alone; Restore still gives the step every
+	// rank has, so ranks never restore different steps.
+	cl.saveStep("llm", 4, 3, 1)
+	if got, err := s.Restore(ctx); err != nil || got.Step != 2 {
+		t.Fatalf("Restore with rank 1 at step 3 and the job consistent at 2: %v, %v", got, err)
+	}
 
 	jobs, err := cl.api.ListJobs(ctx, &coordpb.ListJobsRequest{})
 	if err != nil || len(jobs.Jobs) != 1 || jobs.Jobs[0].WorldSize != 4 || len(jobs.Jobs[0].Placement) != 4 {
@@ -186,8 +192,9 @@ func TestGlobalCommitAcrossNodes(t *testing.T) {
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "latest consistent") {
 		t.Fatalf("delete of the latest consistent step: %v", err)
 	}
+	// Rank 1's step 3 took the slot of its step 1: three copies are left.
 	del, err := cl.api.DeleteStep(ctx, &coordpb.DeleteStepRequest{Job: "llm", Step: 1})
-	if err != nil || del.CopiesDeleted != 4 {
+	if err != nil || del.CopiesDeleted != 3 {
 		t.Fatalf("delete step 1: %v %v", del, err)
 	}
 	for _, c := range cl.clients {

@@ -218,12 +218,24 @@ func (s *Session) LatestConsistent(ctx context.Context) (step int64, ok bool, er
 	return resp.Step, resp.Step >= 0, nil
 }
 
-// Restore returns the rank's latest committed checkpoint, bit-identical to
-// what Save was given, its checksums verified as it is copied out. An error
-// wrapping ErrNotFound means the rank has none; ErrCorrupt means the bytes
-// did not match (the agent then never serves that shard again).
+// Restore returns the checkpoint to resume from, bit-identical to what Save
+// was given, its checksums verified as it is copied out. With a coordinator
+// that is the job's latest consistent step, the same on every rank, so no
+// restore mixes steps across ranks; an agent running alone restores the
+// rank's latest committed step. An error wrapping ErrNotFound means there is
+// none; ErrCorrupt means the bytes did not match (the agent then never
+// serves that shard again).
 func (s *Session) Restore(ctx context.Context) (*Checkpoint, error) {
-	return s.restore(ctx, &agentpb.OpenRequest{Job: s.job, Rank: s.rank, Latest: true})
+	step, ok, err := s.LatestConsistent(ctx)
+	switch {
+	case errors.Is(err, ErrBusy): // no coordinator: this rank alone decides
+		return s.restore(ctx, &agentpb.OpenRequest{Job: s.job, Rank: s.rank, Latest: true})
+	case err != nil:
+		return nil, err
+	case !ok:
+		return nil, &Error{Op: fmt.Sprintf("restore job %s rank %d", s.job, s.rank), Msg: "the job has no consistent step yet (no step every rank committed)", kind: ErrNotFound}
+	}
+	return s.RestoreStep(ctx, step)
 }
 
 // RestoreStep returns the rank's checkpoint of a given step.
