@@ -28,7 +28,7 @@ func (c *Coordinator) Register(n *NodeInfo, inventory []Record) ([]*coordpb.Pin,
 	}
 	// Apply the newest steps last, so a job's world size ends as its newest.
 	slices.SortFunc(inventory, func(a, b Record) int { return int(a.Step - b.Step) })
-	_, err = c.apply(func(ch *Changes) error {
+	written, err := c.apply(func(ch *Changes) error {
 		c.state.Nodes[n.Name] = n
 		var errs []error
 		for _, r := range inventory {
@@ -43,9 +43,13 @@ func (c *Coordinator) Register(n *NodeInfo, inventory []Record) ([]*coordpb.Pin,
 				errs = append(errs, err)
 			}
 		}
+		c.state.Reconcile(n.Name, inventory, ch)
 		ch.Sync = true
 		return errors.Join(errs...)
 	})
+	if written == nil {
+		return nil, err // the store failed: the agent must register again
+	}
 	if err != nil {
 		c.log.Warn("agent inventory had shards that could not be recorded", "node", n.Name, "err", err)
 	}

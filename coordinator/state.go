@@ -332,3 +332,34 @@ func (j *Job) SortedSteps() []*Step {
 	slices.SortFunc(out, func(a, b *Step) int { return int(a.Step - b.Step) })
 	return out
 }
+
+// Reconcile makes an agent's inventory the truth about the copies in its
+// node's shared memory: a copy the index holds on node that the inventory
+// lacks (deleted or found corrupt while the coordinator was not told) is
+// removed.
+func (s *State) Reconcile(node string, inventory []Record, ch *Changes) {
+	type key struct {
+		job  string
+		step int64
+		rank uint32
+	}
+	have := make(map[key]bool, len(inventory))
+	for _, r := range inventory {
+		have[key{r.Job, r.Step, r.Rank}] = true
+	}
+	var gone []Record
+	for _, j := range s.Jobs {
+		for _, st := range j.Steps {
+			for rank, cs := range st.Copies {
+				for _, c := range cs {
+					if c.Node == node && c.Tier == "shm" && !have[key{j.ID, st.Step, rank}] {
+						gone = append(gone, Record{Job: j.ID, Step: st.Step, Rank: rank, WorldSize: st.WorldSize, Node: node, State: "deleted"})
+					}
+				}
+			}
+		}
+	}
+	for _, r := range gone {
+		s.remove(s.Jobs[r.Job], r, ch)
+	}
+}

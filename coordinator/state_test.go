@@ -17,6 +17,7 @@ import (
 //	register job=J ws=N [place=RANK:NODE,...]
 //	commit job=J step=S ranks=A[-B][,C] [ws=N] [node=X] [sum=H]   (node defaults to n<rank>)
 //	remove job=J step=S rank=R [node=X] [state=deleted|corrupt]
+//	reconcile node=X have=STEP,...   (rank 0's inventory on node X)
 //	show job=J
 func TestStateMachine(t *testing.T) {
 	datadriven.Walk(t, "testdata/state", func(t *testing.T, path string) {
@@ -97,6 +98,16 @@ func runStateCmd(t *testing.T, s *State, d *datadriven.TestData) string {
 				out = append(out, fmt.Sprintf("rank %d: error: %v", r, err))
 			}
 		}
+	case "reconcile":
+		var inv []Record
+		for _, sr := range strings.Split(arg(d, "have", ""), ",") {
+			if sr == "" {
+				continue
+			}
+			step, _ := strconv.ParseInt(sr, 10, 64)
+			inv = append(inv, Record{Job: job, Step: step, Rank: 0})
+		}
+		s.Reconcile(arg(d, "node", ""), inv, &ch)
 	case "show":
 	default:
 		d.Fatalf(t, "unknown command %s", d.Cmd)
