@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,7 +19,7 @@ import (
 type Coordinator struct {
 	cfg         Config
 	log         *slog.Logger
-	incarnation string
+	incarnation atomic.Value // string; changes when the index loses acknowledged writes
 	metrics     *metrics
 
 	mu    sync.Mutex
@@ -41,15 +42,13 @@ func New(cfg Config) (*Coordinator, error) {
 	if err != nil {
 		return nil, err
 	}
-	var inc [8]byte
-	_, _ = rand.Read(inc[:])
 	c := &Coordinator{
 		cfg:         cfg,
 		log:         cfg.Logger.With("component", "coordinator"),
-		incarnation: hex.EncodeToString(inc[:]),
 		state:       NewState(cfg.Clock.Now),
 		store:       store,
 	}
+	c.incarnation.Store(newIncarnation())
 	start := time.Now()
 	if err := store.Load(c.state); err != nil {
 		store.Close()
@@ -57,7 +56,7 @@ func New(cfg Config) (*Coordinator, error) {
 	}
 	c.metrics = newMetrics(cfg.Registry, c)
 	c.log.Info("index loaded", "jobs", len(c.state.Jobs), "nodes", len(c.state.Nodes),
-		"took", time.Since(start).Round(time.Millisecond), "incarnation", c.incarnation)
+		"took", time.Since(start).Round(time.Millisecond), "incarnation", c.Incarnation())
 	return c, nil
 }
 
@@ -120,7 +119,10 @@ func (c *Coordinator) apply(f func(ch *Changes) error) (*Changes, error) {
 	var ch Changes
 	ferr := f(&ch)
 	if err := c.store.Write(&ch); err != nil {
-		c.log.Error("persisting index change failed; reloading", "err", err)
+		// Grouped writes acknowledged earlier may be lost with this batch:
+		// a new incarnation makes every agent register its inventory again.
+		c.incarnation.Store(newIncarnation())
+		c.log.Error("persisting index change failed; reloading, agents will re-register", "err", err)
 		fresh := NewState(c.cfg.Clock.Now)
 		if lerr := c.store.Load(fresh); lerr == nil {
 			c.state = fresh
@@ -144,4 +146,10 @@ func (c *Coordinator) flush() {
 }
 
 // Incarnation identifies this run of the coordinator.
-func (c *Coordinator) Incarnation() string { return c.incarnation }
+func (c *Coordinator) Incarnation() string { return c.incarnation.Load().(string) }
+
+func newIncarnation() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

@@ -52,7 +52,7 @@ func (s *server) Register(ctx context.Context, req *coordpb.RegisterRequest) (*c
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &coordpb.RegisterResponse{Incarnation: s.c.incarnation, Pins: pins}, nil
+	return &coordpb.RegisterResponse{Incarnation: s.c.Incarnation(), Pins: pins}, nil
 }
 
 func (s *server) RegisterJob(ctx context.Context, req *coordpb.RegisterJobRequest) (*coordpb.RegisterJobResponse, error) {
@@ -78,7 +78,7 @@ func (s *server) Report(ctx context.Context, req *coordpb.ReportRequest) (*coord
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	resp := &coordpb.ReportResponse{Incarnation: s.c.incarnation}
+	resp := &coordpb.ReportResponse{Incarnation: s.c.Incarnation()}
 	for _, k := range ch.Consistent {
 		resp.Consistent = append(resp.Consistent, &coordpb.Pin{Job: k.Job, Step: k.Step})
 		s.c.metrics.consistent.Inc()
@@ -103,7 +103,7 @@ func (s *server) ReportStream(stream coordpb.Coordinator_ReportStreamServer) err
 		resp, err := s.Report(stream.Context(), req)
 		if err != nil {
 			st := status.Convert(err)
-			resp = &coordpb.ReportResponse{Incarnation: s.c.incarnation, ErrorCode: int32(st.Code()), Error: st.Message()}
+			resp = &coordpb.ReportResponse{Incarnation: s.c.Incarnation(), ErrorCode: int32(st.Code()), Error: st.Message()}
 		}
 		if err := stream.Send(resp); err != nil {
 			return err
