@@ -43,10 +43,10 @@ func New(cfg Config) (*Coordinator, error) {
 		return nil, err
 	}
 	c := &Coordinator{
-		cfg:         cfg,
-		log:         cfg.Logger.With("component", "coordinator"),
-		state:       NewState(cfg.Clock.Now),
-		store:       store,
+		cfg:   cfg,
+		log:   cfg.Logger.With("component", "coordinator"),
+		state: NewState(cfg.Clock.Now),
+		store: store,
 	}
 	c.incarnation.Store(newIncarnation())
 	start := time.Now()
