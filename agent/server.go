@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"os"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/shm"
@@ -159,6 +162,11 @@ func (sh *shardInfo) proto() *agentpb.Shard {
 
 var _ agentpb.AgentServer = (*server)(nil)
 
+// CoordinatorUnreachable starts the message of an Unavailable error that
+// comes from the coordinator behind a live agent, so clients can tell it
+// from an agent that does not answer.
+const CoordinatorUnreachable = "agent: coordinator"
+
 // Consistent forwards to the coordinator: the job-wide answer is its.
 func (s *server) Consistent(ctx context.Context, req *agentpb.ConsistentRequest) (*agentpb.ConsistentResponse, error) {
 	if err := validateRank(req.Job, 0, 0); err != nil {
@@ -169,6 +177,10 @@ func (s *server) Consistent(ctx context.Context, req *agentpb.ConsistentRequest)
 	}
 	resp, err := s.a.rep.c.Latest(ctx, &coordpb.LatestRequest{Job: req.Job})
 	if err != nil {
+		st := status.Convert(err)
+		if st.Code() == codes.Unavailable || st.Code() == codes.DeadlineExceeded {
+			return nil, status.Errorf(codes.Unavailable, "%s %s unreachable: %s", CoordinatorUnreachable, s.a.cfg.CoordinatorAddr, st.Message())
+		}
 		return nil, err
 	}
 	return &agentpb.ConsistentResponse{Step: resp.Step, WorldSize: resp.WorldSize}, nil

@@ -3,6 +3,7 @@ package sdk
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -17,6 +18,9 @@ var (
 	ErrInvalid           = errors.New("invalid argument")
 	ErrBusy              = errors.New("slot busy")
 	ErrTimeout           = errors.New("deadline exceeded")
+	// ErrCoordinatorUnavailable: the agent answered, the coordinator
+	// behind it did not.
+	ErrCoordinatorUnavailable = errors.New("coordinator unavailable")
 )
 
 // Error is a failed SDK call.
@@ -53,9 +57,12 @@ func wrap(op string, err error) error {
 		codes.FailedPrecondition: ErrBusy,
 		codes.DeadlineExceeded:   ErrTimeout,
 	}
-	msg := st.Message()
-	if st.Code() == codes.Unavailable {
+	msg, kind := st.Message(), kinds[st.Code()]
+	switch {
+	case st.Code() == codes.Unavailable && strings.HasPrefix(msg, "agent: coordinator"):
+		kind = ErrCoordinatorUnavailable
+	case st.Code() == codes.Unavailable:
 		msg = "agent unavailable: " + msg
 	}
-	return &Error{Op: op, Msg: msg, kind: kinds[st.Code()]}
+	return &Error{Op: op, Msg: msg, kind: kind}
 }

@@ -180,6 +180,19 @@ func TestLatestConsistentNeedsACoordinator(t *testing.T) {
 	}
 }
 
+func TestUnreachableCoordinatorIsNotAMissingAgent(t *testing.T) {
+	c, _ := start(t, func(cfg *agent.Config) { cfg.CoordinatorAddr = agenttest.FreePort(t) })
+	s := session(t, c, "lonely", 0, 1)
+	_, _, err := s.LatestConsistent(ctxT(t))
+	if !errors.Is(err, sdk.ErrCoordinatorUnavailable) || errors.Is(err, sdk.ErrNoAgent) {
+		t.Fatalf("LatestConsistent with the coordinator down: %v, want ErrCoordinatorUnavailable", err)
+	}
+	// Restore refuses rather than guess a step other ranks may not have.
+	if _, err := s.Restore(ctxT(t)); !errors.Is(err, sdk.ErrCoordinatorUnavailable) {
+		t.Fatalf("Restore with the coordinator down: %v", err)
+	}
+}
+
 func TestNoAgentIsAClearError(t *testing.T) {
 	sock := agenttest.Config(t).Socket
 	_, err := sdk.Dial(ctxT(t), sock)

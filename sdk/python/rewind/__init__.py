@@ -13,6 +13,7 @@ rewind.load_shard(path) reads a shard file without any agent.
 from .client import DEFAULT_SOCKET, Client, SaveStats
 from .errors import (
     BusyError,
+    CoordinatorUnavailableError,
     CorruptError,
     DeadlineError,
     InvalidError,
@@ -30,5 +31,5 @@ __version__ = "0.1.0"
 __all__ = [
     "Client", "SaveStats", "DEFAULT_SOCKET", "load_shard", "load_state", "Header", "ShardMeta", "TensorInfo",
     "RewindError", "NoAgentError", "NotFoundError", "ResourceExhaustedError", "CorruptError", "InvalidError",
-    "BusyError", "DeadlineError",
+    "BusyError", "DeadlineError", "CoordinatorUnavailableError",
 ]

@@ -23,7 +23,7 @@ from . import checksum, copier, cuda, identity, shard, state
 from . import format as fmt
 from ._pb import agent_pb2 as pb
 from ._pb import agent_pb2_grpc as pb_grpc
-from .errors import CorruptError, InvalidError, NoAgentError, NotFoundError, RewindError, from_rpc
+from .errors import BusyError, CorruptError, InvalidError, NoAgentError, NotFoundError, RewindError, from_rpc
 from .mapping import Mapping, SegmentCache, numpy_view, torch_view
 
 DEFAULT_SOCKET = "/run/rewind/agent.sock"
@@ -219,14 +219,27 @@ class Client:
         return resp.step if resp.step >= 0 else None
 
     def restore(self, step: int | None = None, map_location="cpu", fallback: bool = False):
-        """Returns (step, state): the rank's latest committed checkpoint (or
-        the given step), bit-identical to what save was given, tensors on
+        """Returns (step, state): the checkpoint to resume from — the job's
+        latest consistent step when the agent has a coordinator, else the
+        rank's latest committed step — or the given step, bit-identical to what save was given, tensors on
         map_location (a device or its name; numpy arrays stay numpy), every
         checksum verified as it is copied out. NotFoundError: the rank has
         none. CorruptError: the bytes did not match; the agent is told and
         never serves that shard again, so the next restore gets an older
         step. With fallback (latest only), restore goes on to older steps
         itself until one verifies."""
+        if step is None:
+            # With a coordinator, every rank resumes from the job's latest
+            # consistent step, so no restore mixes steps across ranks; an
+            # agent running alone leaves the choice to this rank.
+            try:
+                step = self.latest_consistent()
+            except BusyError:
+                pass
+            else:
+                if step is None:
+                    raise NotFoundError(f"restore job {self.job} rank {self.rank}",
+                                        "the job has no consistent step yet (no step every rank committed)")
         for _ in range(MAX_FALLBACKS if fallback and step is None else 1):
             try:
                 with self._lock:

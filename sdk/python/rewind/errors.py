@@ -51,6 +51,10 @@ class DeadlineError(RewindError, TimeoutError):
     """The agent did not answer within the call's timeout."""
 
 
+class CoordinatorUnavailableError(RewindError):
+    """The agent answered, but the coordinator behind it did not."""
+
+
 _KINDS = {
     grpc.StatusCode.UNAVAILABLE: NoAgentError,
     grpc.StatusCode.NOT_FOUND: NotFoundError,
@@ -67,6 +71,9 @@ def from_rpc(op: str, err: grpc.RpcError) -> RewindError:
     code = err.code() if hasattr(err, "code") else None
     details = err.details() if hasattr(err, "details") else None
     msg = details or str(err)
-    if code == grpc.StatusCode.UNAVAILABLE:
+    kind = _KINDS.get(code, RewindError)
+    if code == grpc.StatusCode.UNAVAILABLE and msg.startswith("agent: coordinator"):
+        kind = CoordinatorUnavailableError
+    elif code == grpc.StatusCode.UNAVAILABLE:
         msg = "agent unavailable: " + msg
-    return _KINDS.get(code, RewindError)(op, msg, code)
+    return kind(op, msg, code)
