@@ -70,6 +70,9 @@ func (a *Agent) Prepare(ctx context.Context, job string, rank, worldSize uint32,
 			*s = prev
 		} else {
 			s.State = stateFree
+			if prev.State == stateCommitted { // its old step is gone: say so
+				a.rep.shard(job, rank, prev.WorldSize, prev.Step, prev.Size, prev.HeaderSum, "deleted")
+			}
 		}
 		a.releaseBudget(prev.Size, size)
 		if perr := a.persist(&r.rankState); perr != nil {
