@@ -106,7 +106,7 @@ func (c *Coordinator) pinsFor(node string, recs []Record) []*coordpb.Pin {
 	}
 	var pins []*coordpb.Pin
 	for id := range jobs {
-		if j := c.state.Jobs[id]; j != nil && j.Latest >= 0 {
+		if j := c.state.Jobs[id]; j != nil { // -1 too: an agent drops a pin that no longer holds
 			pins = append(pins, &coordpb.Pin{Job: id, Step: j.Latest})
 		}
 	}
