@@ -51,11 +51,12 @@ func benchCoordinator(ctx context.Context, args []string) error {
 	ranks := fs.String("ranks", "1024,8192", "comma-separated job sizes")
 	perNode := fs.Int("ranks-per-node", 8, "ranks each simulated agent reports for")
 	steps := fs.Int("steps", 30, "measured steps per job size")
+	spread := fs.Duration("spread", 0, "window over which each step's reports are sent at random offsets (0: all at once, the worst case)")
 	dir := fs.String("data-dir", os.TempDir(), "parent of the coordinator's temporary pebble store (a real disk: its syncs are measured)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg := bench.CoordConfig{RanksPerNode: *perNode, Steps: *steps, DataDir: *dir}
+	cfg := bench.CoordConfig{RanksPerNode: *perNode, Steps: *steps, DataDir: *dir, Spread: *spread}
 	for _, s := range strings.Split(*ranks, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 1 {
@@ -64,7 +65,7 @@ func benchCoordinator(ctx context.Context, args []string) error {
 		cfg.Ranks = append(cfg.Ranks, n)
 	}
 	fmt.Printf("rewind bench coordinator: simulated agents (%d ranks each) report every step at once over loopback gRPC to a coordinator with a pebble store in %s\n", cfg.RanksPerNode, cfg.DataDir)
-	fmt.Println("latency: from the start of the report that completes a step to its answer that the step is consistent (synced)")
+	fmt.Println("latency: from the sending of a step's last report (the last rank's commit) to the answer that the step is consistent (synced)")
 	rs, err := bench.Coordinator(ctx, cfg)
 	bench.PrintCoordinator(os.Stdout, rs)
 	return err

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"sync"
 	"time"
@@ -22,6 +23,10 @@ type CoordConfig struct {
 	RanksPerNode int   // ranks each simulated agent reports for (GPUs per node)
 	Steps        int   // measured steps per job size
 	DataDir      string
+	// Spread is the window over which the agents' reports of a step are
+	// sent, each at a random offset, as ranks finish their saves at
+	// slightly different times; 0 sends them all at once (the worst case).
+	Spread time.Duration
 }
 
 // CoordResult is the figures for one job size.
@@ -31,6 +36,7 @@ type CoordResult struct {
 	Steps         int
 	CommitsPerSec float64 // shard commits recorded per second, all agents together
 	P50, P99, Max time.Duration
+	Spread        time.Duration
 }
 
 // Coordinator measures global commit: simulated agents (one gRPC client
@@ -95,7 +101,7 @@ func coordOne(ctx context.Context, cfg CoordConfig, ranks int) (CoordResult, err
 	start := time.Now()
 	warmup := 2
 	for step := range int64(cfg.Steps + warmup) {
-		d, err := coordStep(ctx, clients, job, ranks, cfg.RanksPerNode, step)
+		d, err := coordStep(ctx, clients, job, ranks, cfg.RanksPerNode, step, cfg.Spread)
 		if err != nil {
 			return CoordResult{}, err
 		}
@@ -107,19 +113,21 @@ func coordOne(ctx context.Context, cfg CoordConfig, ranks int) (CoordResult, err
 		}
 	}
 	elapsed := time.Since(start)
-	res := CoordResult{Ranks: ranks, Agents: agents, Steps: cfg.Steps,
+	res := CoordResult{Ranks: ranks, Agents: agents, Steps: cfg.Steps, Spread: cfg.Spread,
 		CommitsPerSec: float64(ranks*cfg.Steps) / elapsed.Seconds()}
 	res.P50, res.P99, res.Max = pct(lat, 0.50), pct(lat, 0.99), pct(lat, 1)
 	return res, nil
 }
 
-// coordStep has every agent report its ranks' commit of step at once and
-// returns the latency of the report that made the step consistent.
-func coordStep(ctx context.Context, clients []coordpb.Coordinator_ReportStreamClient, job string, ranks, perNode int, step int64) (time.Duration, error) {
+// coordStep has every agent report its ranks' commit of step, within the
+// spread window, and returns the time from the last report's sending (the
+// last rank's commit) to the answer that the step is consistent.
+func coordStep(ctx context.Context, clients []coordpb.Coordinator_ReportStreamClient, job string, ranks, perNode int, step int64, spread time.Duration) (time.Duration, error) {
 	var mu sync.Mutex
-	var done time.Duration = -1
+	var lastSend, done time.Time
 	var errs []error
 	var wg sync.WaitGroup
+	start := time.Now()
 	for a, cl := range clients {
 		wg.Go(func() {
 			node := fmt.Sprintf("node-%04d", a)
@@ -130,6 +138,9 @@ func coordStep(ctx context.Context, clients []coordpb.Coordinator_ReportStreamCl
 					recs = append(recs, &coordpb.ShardRecord{Job: job, Step: step - 2, Rank: uint32(r), WorldSize: uint32(ranks), Node: node, State: "deleted"})
 				}
 			}
+			if spread > 0 {
+				time.Sleep(time.Until(start.Add(time.Duration(rand.Int64N(int64(spread))))))
+			}
 			t0 := time.Now()
 			err := cl.Send(&coordpb.ReportRequest{Node: node, Shards: recs})
 			var resp *coordpb.ReportResponse
@@ -139,16 +150,19 @@ func coordStep(ctx context.Context, clients []coordpb.Coordinator_ReportStreamCl
 			if err == nil && resp.ErrorCode != 0 {
 				err = fmt.Errorf("bench: report refused: %s", resp.Error)
 			}
-			d := time.Since(t0)
+			t1 := time.Now()
 			mu.Lock()
 			defer mu.Unlock()
+			if t0.After(lastSend) {
+				lastSend = t0
+			}
 			if err != nil {
 				errs = append(errs, err)
 				return
 			}
 			for _, p := range resp.Consistent {
 				if p.Step == step {
-					done = d
+					done = t1
 				}
 			}
 		})
@@ -157,10 +171,10 @@ func coordStep(ctx context.Context, clients []coordpb.Coordinator_ReportStreamCl
 	if len(errs) > 0 {
 		return 0, errs[0]
 	}
-	if done < 0 {
+	if done.IsZero() {
 		return 0, fmt.Errorf("bench: step %d of %s never became consistent", step, job)
 	}
-	return done, nil
+	return done.Sub(lastSend), nil
 }
 
 func pct(v []float64, p float64) time.Duration {
@@ -171,9 +185,9 @@ func pct(v []float64, p float64) time.Duration {
 
 // PrintCoordinator writes the results as a table.
 func PrintCoordinator(w io.Writer, rs []CoordResult) {
-	fmt.Fprintf(w, "%-7s %7s %6s %14s %10s %10s %10s\n", "ranks", "agents", "steps", "commits/s", "p50", "p99", "max")
+	fmt.Fprintf(w, "%-7s %7s %6s %8s %14s %10s %10s %10s\n", "ranks", "agents", "steps", "spread", "commits/s", "p50", "p99", "max")
 	for _, r := range rs {
-		fmt.Fprintf(w, "%-7d %7d %6d %14.0f %10s %10s %10s\n", r.Ranks, r.Agents, r.Steps, r.CommitsPerSec,
+		fmt.Fprintf(w, "%-7d %7d %6d %8s %14.0f %10s %10s %10s\n", r.Ranks, r.Agents, r.Steps, r.Spread, r.CommitsPerSec,
 			r.P50.Round(10*time.Microsecond), r.P99.Round(10*time.Microsecond), r.Max.Round(10*time.Microsecond))
 	}
 }
