@@ -35,6 +35,8 @@ type File interface {
 	Allocate(off, length int64) error
 	// Fd is the descriptor to map the file with; valid until Close.
 	Fd() uintptr
+	// Sync flushes the file's data and metadata to stable storage.
+	Sync() error
 }
 
 // FSStat describes the file system under a path.
