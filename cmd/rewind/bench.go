@@ -17,8 +17,11 @@ func runBench(ctx context.Context, args []string) error {
 	if len(args) > 0 && args[0] == "coordinator" {
 		return benchCoordinator(ctx, args[1:])
 	}
+	if len(args) > 0 && args[0] == "tiers" {
+		return benchTiers(ctx, args[1:])
+	}
 	if len(args) == 0 || args[0] != "save" {
-		return fmt.Errorf("usage: rewind bench save|coordinator [flags]")
+		return fmt.Errorf("usage: rewind bench save|coordinator|tiers [flags]")
 	}
 	fs := flag.NewFlagSet("bench save", flag.ContinueOnError)
 	sizes := fs.String("sizes", "1GiB,4GiB", "comma-separated state sizes per rank")
@@ -69,4 +72,25 @@ func benchCoordinator(ctx context.Context, args []string) error {
 	rs, err := bench.Coordinator(ctx, cfg)
 	bench.PrintCoordinator(os.Stdout, rs)
 	return err
+}
+
+func benchTiers(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("bench tiers", flag.ContinueOnError)
+	dir := fs.String("dir", "/var/tmp", "directory on the disk to measure (the NVMe tier's disk)")
+	size := fs.String("size", "1GiB", "bytes per write")
+	runs := fs.Int("runs", 5, "runs per figure (the median is printed)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	n, err := units.ParseBytes(*size)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("rewind bench tiers: NVMe tier (FileStore.Put: O_DIRECT, fsync, rename) against dd oflag=direct conv=fsync bs=8M, same size, same directory (%s), median of %d\n", *dir, *runs)
+	r, err := bench.FileTier(ctx, bench.FileTierConfig{Dir: *dir, Size: int64(n), Runs: *runs, Chunk: 8 << 20})
+	if err != nil {
+		return err
+	}
+	bench.PrintFileTier(os.Stdout, r)
+	return nil
 }

@@ -31,3 +31,13 @@ func TestCoordinatorBenchRuns(t *testing.T) {
 		t.Fatalf("results %+v", rs)
 	}
 }
+
+func TestFileTierBenchRuns(t *testing.T) {
+	r, err := FileTier(context.Background(), FileTierConfig{Dir: t.TempDir(), Size: 16 << 20, Runs: 1, Chunk: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.DD <= 0 || r.Store <= 0 {
+		t.Fatalf("result %+v", r)
+	}
+}
