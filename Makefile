@@ -12,6 +12,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 .PHONY: all build demo test test-go lint verify bench generate tools clean fuzz
 
 include sdk/python/python.mk
+include tiers/tiers.mk
 
 all: build
 
@@ -25,7 +26,7 @@ demo: build
 ## test: every test: Go (race detector on) and the Python SDK's pytest suite.
 test: lint test-go test-python
 
-test-go:
+test-go: minio
 	$(GO) test -race -count=1 -timeout 15m ./...
 
 ## lint: formatting and go vet.

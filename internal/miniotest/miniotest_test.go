@@ -1,0 +1,69 @@
+package miniotest
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/minio/minio-go/v7"
+)
+
+// TestStopStartKeepsData: the server stops (gracefully or killed) and
+// starts again on the same port with the same data.
+func TestStopStartKeepsData(t *testing.T) {
+	s := Start(t)
+	ctx := t.Context()
+	put := func(key string) {
+		t.Helper()
+		if _, err := s.Client().PutObject(ctx, s.Bucket, key, strings.NewReader(key), int64(len(key)), minio.PutObjectOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	get := func(key string) {
+		t.Helper()
+		obj, err := s.Client().GetObject(ctx, s.Bucket, key, minio.GetObjectOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer obj.Close()
+		b, err := io.ReadAll(obj)
+		if err != nil || !bytes.Equal(b, []byte(key)) {
+			t.Fatalf("get %s = %q, %v", key, b, err)
+		}
+	}
+	put("a")
+	endpoint := s.Endpoint
+	for name, stop := range map[string]func() error{"stop": s.Stop, "kill": s.Kill} {
+		if err := stop(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if err := stop(); err != nil {
+			t.Fatalf("%s of a stopped server: %v", name, err)
+		}
+		if resp, err := http.Get(s.URL() + "/minio/health/live"); err == nil {
+			resp.Body.Close()
+			t.Fatalf("after %s the server still answers", name)
+		}
+		if err := s.Start(); err != nil {
+			t.Fatalf("start after %s: %v", name, err)
+		}
+		if s.Endpoint != endpoint {
+			t.Fatalf("restarted on %s, was %s", s.Endpoint, endpoint)
+		}
+		get("a")
+		put(name)
+		get(name)
+	}
+	if err := s.Start(); err == nil {
+		t.Fatal("starting a running server succeeded")
+	}
+}
+
+func TestBinaryFromEnv(t *testing.T) {
+	t.Setenv(EnvBinary, "/nonexistent/minio")
+	if _, err := Binary(); err == nil || !strings.Contains(err.Error(), EnvBinary) {
+		t.Fatalf("Binary() = %v, want an error naming $%s", err, EnvBinary)
+	}
+}

@@ -1,0 +1,141 @@
+package tiers
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+)
+
+// S3BenchOptions configure BenchS3.
+type S3BenchOptions struct {
+	Size int64 // bytes of the object
+	Runs int   // measured runs per figure; the median is reported
+}
+
+// S3BenchResult holds throughputs in bytes per second.
+type S3BenchResult struct {
+	Size, PartSize int64
+	Parallel       int
+	Put, Get       float64 // this store
+	MinioPut       float64 // one minio-go PutObject call, default options (its own 4-way multipart from an io.ReaderAt)
+	MinioPut1      float64 // one minio-go PutObject call, one part at a time (NumThreads 1)
+	MinioGet       float64 // one minio-go GetObject call read to the end (one stream)
+}
+
+// BenchS3 measures the store's Put and Get of one object of opts.Size
+// bytes against minio-go's own PutObject and GetObject of the same bytes to
+// the same bucket, in the same run. It writes and deletes objects under
+// the store's prefix ("bench-*").
+func BenchS3(ctx context.Context, cfg S3Config, opts S3BenchOptions) (S3BenchResult, error) {
+	if opts.Runs < 1 {
+		opts.Runs = 3
+	}
+	s, err := NewS3Store(cfg)
+	if err != nil {
+		return S3BenchResult{}, err
+	}
+	host, secure, _ := parseS3Endpoint(s.cfg.Endpoint, s.cfg.Secure)
+	access, secret, token, err := s.cfg.s3Credentials()
+	if err != nil {
+		return S3BenchResult{}, err
+	}
+	mc, err := minio.New(host, &minio.Options{
+		Creds:     credentials.NewStaticV4(access.reveal(), secret.reveal(), token.reveal()),
+		Secure:    secure,
+		Region:    s.cfg.Region,
+		Transport: s.cfg.Transport,
+	})
+	if err != nil {
+		return S3BenchResult{}, err
+	}
+	data := make([]byte, opts.Size)
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i+8 <= len(data); i += 8 {
+		v := r.Uint64()
+		data[i], data[i+1], data[i+2], data[i+3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
+		data[i+4], data[i+5], data[i+6], data[i+7] = byte(v>>32), byte(v>>40), byte(v>>48), byte(v>>56)
+	}
+	dst := &benchBuf{b: make([]byte, opts.Size)}
+	res := S3BenchResult{Size: opts.Size, PartSize: s.cfg.PartSize, Parallel: s.cfg.Parallel}
+	const name, mcName, mcName1 = "bench-store", "bench-minio-go", "bench-minio-go-1"
+	defer func() {
+		for _, n := range []string{name, mcName, mcName1} {
+			_ = s.Delete(context.WithoutCancel(ctx), n)
+		}
+	}()
+	measure := func(f func() error) (float64, error) {
+		var rates []float64
+		for range opts.Runs {
+			start := time.Now()
+			if err := f(); err != nil {
+				return 0, err
+			}
+			rates = append(rates, float64(opts.Size)/time.Since(start).Seconds())
+		}
+		slices.Sort(rates)
+		return rates[len(rates)/2], nil
+	}
+	if res.Put, err = measure(func() error { return s.Put(ctx, name, bytes.NewReader(data), opts.Size) }); err != nil {
+		return res, err
+	}
+	if res.Get, err = measure(func() error { _, err := s.Get(ctx, name, dst); return err }); err != nil {
+		return res, err
+	}
+	if !bytes.Equal(dst.b, data) {
+		return res, fmt.Errorf("tiers: bench: the store's Get returned different bytes")
+	}
+	putMC := func(key string, threads uint) func() error {
+		return func() error {
+			_, err := mc.PutObject(ctx, s.bucket, s.prefix+key, bytes.NewReader(data), opts.Size, minio.PutObjectOptions{NumThreads: threads})
+			return err
+		}
+	}
+	if res.MinioPut, err = measure(putMC(mcName, 0)); err != nil {
+		return res, err
+	}
+	if res.MinioPut1, err = measure(putMC(mcName1, 1)); err != nil {
+		return res, err
+	}
+	clear(dst.b)
+	if res.MinioGet, err = measure(func() error {
+		obj, err := mc.GetObject(ctx, s.bucket, s.prefix+mcName, minio.GetObjectOptions{})
+		if err != nil {
+			return err
+		}
+		defer obj.Close()
+		_, err = io.ReadFull(obj, dst.b)
+		return err
+	}); err != nil {
+		return res, err
+	}
+	if !bytes.Equal(dst.b, data) {
+		return res, fmt.Errorf("tiers: bench: minio-go's GetObject returned different bytes")
+	}
+	return res, nil
+}
+
+// PrintS3Bench writes the figures and the ratios to minio-go's.
+func PrintS3Bench(w io.Writer, r S3BenchResult) {
+	mbs := func(b float64) string { return fmt.Sprintf("%7.0f MB/s", b/1e6) }
+	fmt.Fprintf(w, "S3 tier, %d MiB object, %d MiB parts, %d in parallel (median)\n", r.Size>>20, r.PartSize>>20, r.Parallel)
+	fmt.Fprintf(w, "  upload:   store %s   minio-go PutObject %s (x%.2f)   one stream %s (x%.2f)\n",
+		mbs(r.Put), mbs(r.MinioPut), r.Put/r.MinioPut, mbs(r.MinioPut1), r.Put/r.MinioPut1)
+	fmt.Fprintf(w, "  download: store %s   minio-go GetObject %s (x%.2f)\n", mbs(r.Get), mbs(r.MinioGet), r.Get/r.MinioGet)
+}
+
+// benchBuf is an io.WriterAt over fixed memory.
+type benchBuf struct{ b []byte }
+
+func (w *benchBuf) WriteAt(p []byte, off int64) (int, error) {
+	if off < 0 || off+int64(len(p)) > int64(len(w.b)) {
+		return 0, io.ErrShortWrite
+	}
+	return copy(w.b[off:], p), nil
+}
