@@ -121,7 +121,10 @@ func resume(ctx context.Context, sess *sdk.Session, cfg TrainConfig) (*State, er
 		return nil, err
 	}
 	if cfg.PerturbRestore {
+		// One bit of a weight, and of the RNG state so the difference
+		// cannot round away in later steps.
 		st.Tensors[tEmbed].Data[0] ^= 1
+		st.Obj.RNG ^= 1 << 17
 	}
 	fmt.Fprintln(cfg.Out, formatResumed(st.Obj.Step, st.Digest(), took))
 	return st, nil
