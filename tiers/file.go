@@ -12,8 +12,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -167,50 +165,28 @@ func (s *FileStore) create(path string, direct bool) (shm.File, bool, error) {
 // and lengths; the last chunk is padded and truncated by the caller).
 func (s *FileStore) write(ctx context.Context, f shm.File, src io.ReaderAt, size int64, direct bool) error {
 	chunk := int64(s.opts.ChunkBytes)
-	n := (size + chunk - 1) / chunk
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	var once sync.Once
-	var first error
-	var failed atomic.Bool
-	fail := func(err error) { once.Do(func() { first = err }); failed.Store(true) }
-	for range min(int64(s.opts.Writers), max(n, 1)) {
+	alignedBuf := func() ([]byte, func(), error) {
 		buf, err := unix.Mmap(-1, 0, int(chunk), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-		if err != nil {
+		return buf, func() { unix.Munmap(buf) }, err
+	}
+	return parallel(ctx, s.opts.Writers, (size+chunk-1)/chunk, alignedBuf, func(ctx context.Context, buf []byte, i int64) error {
+		if err := ctx.Err(); err != nil {
 			return err
 		}
-		wg.Go(func() {
-			defer unix.Munmap(buf)
-			for {
-				i := next.Add(1) - 1
-				if i >= n || failed.Load() {
-					return
-				}
-				if err := ctx.Err(); err != nil {
-					fail(err)
-					return
-				}
-				off := i * chunk
-				l := min(chunk, size-off)
-				if _, err := src.ReadAt(buf[:l], off); err != nil && !(errors.Is(err, io.EOF) && off+l == size) {
-					fail(fmt.Errorf("reading source at %d: %w", off, err))
-					return
-				}
-				w := l
-				if direct {
-					page := int64(unix.Getpagesize())
-					w = (l + page - 1) / page * page
-					clear(buf[l:w])
-				}
-				if _, err := f.WriteAt(buf[:w], off); err != nil {
-					fail(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	return first
+		off := i * chunk
+		l := min(chunk, size-off)
+		if _, err := src.ReadAt(buf[:l], off); err != nil && !(errors.Is(err, io.EOF) && off+l == size) {
+			return fmt.Errorf("reading source at %d: %w", off, err)
+		}
+		w := l
+		if direct {
+			page := int64(unix.Getpagesize())
+			w = (l + page - 1) / page * page
+			clear(buf[l:w])
+		}
+		_, err := f.WriteAt(buf[:w], off)
+		return err
+	})
 }
 
 func (s *FileStore) syncDir(dir string) error {
@@ -242,40 +218,26 @@ func (s *FileStore) Get(ctx context.Context, name string, dst io.WriterAt) (int6
 	}
 	size := fi.Size()
 	chunk := int64(s.opts.ChunkBytes)
-	n := (size + chunk - 1) / chunk
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	var once sync.Once
-	var first error
-	for range min(int64(s.opts.Writers), max(n, 1)) {
-		wg.Go(func() {
-			buf := make([]byte, chunk)
-			for {
-				i := next.Add(1) - 1
-				if i >= n {
-					return
-				}
-				err := ctx.Err()
-				off := i * chunk
-				l := min(chunk, size-off)
-				if err == nil {
-					_, err = f.ReadAt(buf[:l], off)
-					if errors.Is(err, io.EOF) && off+l == size {
-						err = nil
-					}
-				}
-				if err == nil {
-					_, err = dst.WriteAt(buf[:l], off)
-				}
-				if err != nil {
-					once.Do(func() { first = fmt.Errorf("tiers: %s: reading %s at %d: %w", s, name, off, err) })
-					return
-				}
+	heapBuf := func() ([]byte, func(), error) { return make([]byte, chunk), nil, nil }
+	err = parallel(ctx, s.opts.Writers, (size+chunk-1)/chunk, heapBuf, func(ctx context.Context, buf []byte, i int64) error {
+		err := ctx.Err()
+		off := i * chunk
+		l := min(chunk, size-off)
+		if err == nil {
+			_, err = f.ReadAt(buf[:l], off)
+			if errors.Is(err, io.EOF) && off+l == size {
+				err = nil
 			}
-		})
-	}
-	wg.Wait()
-	return size, first
+		}
+		if err == nil {
+			_, err = dst.WriteAt(buf[:l], off)
+		}
+		if err != nil {
+			return fmt.Errorf("tiers: %s: reading %s at %d: %w", s, name, off, err)
+		}
+		return nil
+	})
+	return size, err
 }
 
 // Size implements Store.

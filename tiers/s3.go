@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/minio/minio-go/v7"
@@ -254,37 +253,22 @@ func (s *S3Store) putMultipart(ctx context.Context, name, key string, src io.Rea
 	parts := make([]minio.CompletePart, n)
 	crcs := make([]uint32, n)
 	sizes := make([]int64, n)
-	pctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var (
-		next     atomic.Int64
-		wg       sync.WaitGroup
-		errOnce  sync.Once
-		firstErr error
-	)
-	for range min(s.cfg.Parallel, n) {
-		wg.Go(func() {
-			for pctx.Err() == nil {
-				i := int(next.Add(1) - 1)
-				if i >= n {
-					return
-				}
-				off := int64(i) * ps
-				l := min(ps, size-off)
-				c, etag, err := s.putPart(pctx, name, key, uploadID, i+1, src, off, l)
-				if err != nil {
-					errOnce.Do(func() { firstErr = err })
-					cancel()
-					return
-				}
-				crcs[i], sizes[i] = c, l
-				parts[i] = minio.CompletePart{PartNumber: i + 1, ETag: etag, ChecksumCRC32C: s3CRCString(c)}
-			}
-		})
-	}
-	wg.Wait()
-	if firstErr != nil {
-		return firstErr
+	err = parallel(ctx, s.cfg.Parallel, int64(n), noState, func(pctx context.Context, _ struct{}, i int64) error {
+		if pctx.Err() != nil {
+			return nil // cancelled: reported below
+		}
+		off := i * ps
+		l := min(ps, size-off)
+		c, etag, err := s.putPart(pctx, name, key, uploadID, int(i)+1, src, off, l)
+		if err != nil {
+			return err
+		}
+		crcs[i], sizes[i] = c, l
+		parts[i] = minio.CompletePart{PartNumber: int(i) + 1, ETag: etag, ChecksumCRC32C: s3CRCString(c)}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if ctx.Err() != nil {
 		return &S3Error{Op: "put", Endpoint: s.endpoint, Bucket: s.bucket, Key: key, Err: context.Cause(ctx)}
@@ -385,40 +369,25 @@ func (s *S3Store) getOnce(ctx context.Context, name, key string, dst io.WriterAt
 	n := int((size + ps - 1) / ps)
 	crcs := make([]uint32, n)
 	sizes := make([]int64, n)
-	pctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var (
-		next     atomic.Int64
-		wg       sync.WaitGroup
-		errOnce  sync.Once
-		firstErr error
-	)
-	for range min(s.cfg.Parallel, n) {
-		wg.Go(func() {
-			for pctx.Err() == nil {
-				i := int(next.Add(1) - 1)
-				if i >= n {
-					return
-				}
-				off := int64(i) * ps
-				l := min(ps, size-off)
-				var c uint32
-				err := s.retry(pctx, "get", name, key, func(ctx context.Context) (err error) {
-					c, err = s.getRange(ctx, key, info.ETag, dst, off, l)
-					return err
-				})
-				if err != nil {
-					errOnce.Do(func() { firstErr = err })
-					cancel()
-					return
-				}
-				crcs[i], sizes[i] = c, l
-			}
+	err = parallel(ctx, s.cfg.Parallel, int64(n), noState, func(pctx context.Context, _ struct{}, i int64) error {
+		if pctx.Err() != nil {
+			return nil // cancelled: reported below
+		}
+		off := i * ps
+		l := min(ps, size-off)
+		var c uint32
+		err := s.retry(pctx, "get", name, key, func(ctx context.Context) (err error) {
+			c, err = s.getRange(ctx, key, info.ETag, dst, off, l)
+			return err
 		})
-	}
-	wg.Wait()
-	if firstErr != nil {
-		return 0, firstErr
+		if err != nil {
+			return err
+		}
+		crcs[i], sizes[i] = c, l
+		return nil
+	})
+	if err != nil {
+		return 0, err
 	}
 	if ctx.Err() != nil {
 		return 0, &S3Error{Op: "get", Endpoint: s.endpoint, Bucket: s.bucket, Key: key, Err: context.Cause(ctx)}
