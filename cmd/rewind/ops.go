@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/user"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -84,6 +85,16 @@ func printJSON(v any) error {
 	return enc.Encode(v)
 }
 
+// jobStep returns the JOB STEP positional arguments of a command.
+func (o opFlags) jobStep() (string, int64, error) {
+	if o.fs.NArg() != 2 {
+		o.fs.Usage()
+		return "", 0, errors.New("need JOB and STEP")
+	}
+	step, err := parseStep(o.fs.Arg(1))
+	return o.fs.Arg(0), step, err
+}
+
 func parseStep(s string) (int64, error) {
 	v, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || v < 0 {
@@ -144,16 +155,8 @@ func copiesSummary(nodes map[string]int) string {
 	for n, k := range nodes {
 		parts = append(parts, fmt.Sprintf("%s×%d", n, k))
 	}
-	return strings.Join(sortStrings(parts), " ")
-}
-
-func sortStrings(s []string) []string {
-	for i := 1; i < len(s); i++ {
-		for j := i; j > 0 && s[j] < s[j-1]; j-- {
-			s[j], s[j-1] = s[j-1], s[j]
-		}
-	}
-	return s
+	slices.Sort(parts)
+	return strings.Join(parts, " ")
 }
 
 func runVerify(ctx context.Context, args []string) error {
@@ -161,11 +164,7 @@ func runVerify(ctx context.Context, args []string) error {
 	if err := o.parse(args); err != nil {
 		return err
 	}
-	if o.fs.NArg() != 2 {
-		o.fs.Usage()
-		return errors.New("need JOB and STEP")
-	}
-	step, err := parseStep(o.fs.Arg(1))
+	job, step, err := o.jobStep()
 	if err != nil {
 		return err
 	}
@@ -174,7 +173,7 @@ func runVerify(ctx context.Context, args []string) error {
 		return err
 	}
 	defer done()
-	resp, err := c.VerifyStep(ctx, &coordpb.StepRequest{Job: o.fs.Arg(0), Step: step})
+	resp, err := c.VerifyStep(ctx, &coordpb.StepRequest{Job: job, Step: step})
 	if err != nil {
 		return err
 	}
@@ -195,7 +194,7 @@ func runVerify(ctx context.Context, args []string) error {
 		tw.Flush()
 	}
 	if !resp.Ok {
-		return fmt.Errorf("job %s step %d did not verify: some rank has no good copy", o.fs.Arg(0), step)
+		return fmt.Errorf("job %s step %d did not verify: some rank has no good copy", job, step)
 	}
 	return nil
 }
@@ -253,11 +252,7 @@ func runDelete(ctx context.Context, args []string) error {
 	if err := o.parse(args); err != nil {
 		return err
 	}
-	if o.fs.NArg() != 2 {
-		o.fs.Usage()
-		return errors.New("need JOB and STEP")
-	}
-	step, err := parseStep(o.fs.Arg(1))
+	job, step, err := o.jobStep()
 	if err != nil {
 		return err
 	}
@@ -266,14 +261,14 @@ func runDelete(ctx context.Context, args []string) error {
 		return err
 	}
 	defer done()
-	resp, err := c.DeleteStep(ctx, &coordpb.DeleteStepRequest{Job: o.fs.Arg(0), Step: step, Force: *force})
+	resp, err := c.DeleteStep(ctx, &coordpb.DeleteStepRequest{Job: job, Step: step, Force: *force})
 	if err != nil {
 		return err
 	}
 	if *o.asJSON {
 		return printJSON(resp)
 	}
-	fmt.Printf("deleted %d copies of job %s step %d\n", resp.CopiesDeleted, o.fs.Arg(0), step)
+	fmt.Printf("deleted %d copies of job %s step %d\n", resp.CopiesDeleted, job, step)
 	return nil
 }
 
