@@ -198,13 +198,5 @@ func (a *Agent) readHeader(path string) (*shm.Header, []byte, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	h, err := shm.Decode(f, fi.Size())
-	if err != nil {
-		return nil, nil, err
-	}
-	raw := make([]byte, h.DataStart)
-	if _, err := f.ReadAt(raw, 0); err != nil {
-		return nil, nil, err
-	}
-	return h, raw, nil
+	return shm.ReadHeader(f, fi.Size())
 }

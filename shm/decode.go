@@ -46,26 +46,35 @@ func DecodeBytes(b []byte) (*Header, error) {
 // tensors cover the data section exactly, without holes or overlaps. Rewind
 // metadata, when present, must be complete and consistent.
 func Decode(r io.ReaderAt, size int64) (*Header, error) {
+	h, _, err := ReadHeader(r, size)
+	return h, err
+}
+
+// ReadHeader is Decode that also returns the header's bytes as they are
+// in the file (length prefix and padding included, DataStart bytes), read
+// once, for a caller that checksums them (HeaderSum).
+func ReadHeader(r io.ReaderAt, size int64) (*Header, []byte, error) {
 	var lenb [8]byte
 	if size < 8 {
-		return nil, fmt.Errorf("%w: file is %d bytes, shorter than the 8-byte header length", ErrCorrupt, size)
+		return nil, nil, fmt.Errorf("%w: file is %d bytes, shorter than the 8-byte header length", ErrCorrupt, size)
 	}
 	if _, err := r.ReadAt(lenb[:], 0); err != nil {
-		return nil, fmt.Errorf("shm: reading header length: %w", err)
+		return nil, nil, fmt.Errorf("shm: reading header length: %w", err)
 	}
 	n := binary.LittleEndian.Uint64(lenb[:])
 	if n < 2 || n > MaxHeaderBytes || int64(n) > size-8 {
-		return nil, fmt.Errorf("%w: header length %d invalid for a %d-byte file", ErrCorrupt, n, size)
+		return nil, nil, fmt.Errorf("%w: header length %d invalid for a %d-byte file", ErrCorrupt, n, size)
 	}
-	raw := make([]byte, n)
-	if _, err := r.ReadAt(raw, 8); err != nil {
-		return nil, fmt.Errorf("shm: reading %d-byte header: %w", n, err)
+	raw := make([]byte, 8+n)
+	copy(raw, lenb[:])
+	if _, err := r.ReadAt(raw[8:], 8); err != nil {
+		return nil, nil, fmt.Errorf("shm: reading %d-byte header: %w", n, err)
 	}
 	h := &Header{HeaderLen: int64(n), DataStart: 8 + int64(n), Size: size}
-	if err := h.parse(raw); err != nil {
-		return nil, err
+	if err := h.parse(raw[8:]); err != nil {
+		return nil, nil, err
 	}
-	return h, nil
+	return h, raw, nil
 }
 
 func corruptf(format string, args ...any) error {
