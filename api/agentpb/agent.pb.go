@@ -24,6 +24,198 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type FetchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Job   string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Rank  uint32                 `protobuf:"varint,2,opt,name=rank,proto3" json:"rank,omitempty"`
+	// < 0: the newest step the first tier that has one holds.
+	Step int64 `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`
+	// Tier names ("nvme", "pfs", "s3") in order of preference; empty: all of
+	// the agent's tiers, nearest first.
+	Tiers         []string `protobuf:"bytes,4,rep,name=tiers,proto3" json:"tiers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchRequest) Reset() {
+	*x = FetchRequest{}
+	mi := &file_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchRequest) ProtoMessage() {}
+
+func (x *FetchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
+func (*FetchRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *FetchRequest) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *FetchRequest) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *FetchRequest) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *FetchRequest) GetTiers() []string {
+	if x != nil {
+		return x.Tiers
+	}
+	return nil
+}
+
+type FetchAttempt struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tier          string                 `protobuf:"bytes,1,opt,name=tier,proto3" json:"tier,omitempty"`
+	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchAttempt) Reset() {
+	*x = FetchAttempt{}
+	mi := &file_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchAttempt) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchAttempt) ProtoMessage() {}
+
+func (x *FetchAttempt) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchAttempt.ProtoReflect.Descriptor instead.
+func (*FetchAttempt) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *FetchAttempt) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
+func (x *FetchAttempt) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type FetchResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Step      int64                  `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
+	Tier      string                 `protobuf:"bytes,2,opt,name=tier,proto3" json:"tier,omitempty"`
+	SizeBytes uint64                 `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// The tiers tried before the one that served, and why each failed.
+	Failed        []*FetchAttempt `protobuf:"bytes,4,rep,name=failed,proto3" json:"failed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchResponse) Reset() {
+	*x = FetchResponse{}
+	mi := &file_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchResponse) ProtoMessage() {}
+
+func (x *FetchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchResponse.ProtoReflect.Descriptor instead.
+func (*FetchResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *FetchResponse) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *FetchResponse) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
+func (x *FetchResponse) GetSizeBytes() uint64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *FetchResponse) GetFailed() []*FetchAttempt {
+	if x != nil {
+		return x.Failed
+	}
+	return nil
+}
+
 type ConsistentRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
@@ -33,7 +225,7 @@ type ConsistentRequest struct {
 
 func (x *ConsistentRequest) Reset() {
 	*x = ConsistentRequest{}
-	mi := &file_agent_proto_msgTypes[0]
+	mi := &file_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -45,7 +237,7 @@ func (x *ConsistentRequest) String() string {
 func (*ConsistentRequest) ProtoMessage() {}
 
 func (x *ConsistentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[0]
+	mi := &file_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -58,7 +250,7 @@ func (x *ConsistentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsistentRequest.ProtoReflect.Descriptor instead.
 func (*ConsistentRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{0}
+	return file_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ConsistentRequest) GetJob() string {
@@ -79,7 +271,7 @@ type ConsistentResponse struct {
 
 func (x *ConsistentResponse) Reset() {
 	*x = ConsistentResponse{}
-	mi := &file_agent_proto_msgTypes[1]
+	mi := &file_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -91,7 +283,7 @@ func (x *ConsistentResponse) String() string {
 func (*ConsistentResponse) ProtoMessage() {}
 
 func (x *ConsistentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[1]
+	mi := &file_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -104,7 +296,7 @@ func (x *ConsistentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsistentResponse.ProtoReflect.Descriptor instead.
 func (*ConsistentResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{1}
+	return file_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ConsistentResponse) GetStep() int64 {
@@ -135,7 +327,7 @@ type PrepareRequest struct {
 
 func (x *PrepareRequest) Reset() {
 	*x = PrepareRequest{}
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -147,7 +339,7 @@ func (x *PrepareRequest) String() string {
 func (*PrepareRequest) ProtoMessage() {}
 
 func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -160,7 +352,7 @@ func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRequest.ProtoReflect.Descriptor instead.
 func (*PrepareRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{2}
+	return file_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PrepareRequest) GetJob() string {
@@ -214,7 +406,7 @@ type PrepareResponse struct {
 
 func (x *PrepareResponse) Reset() {
 	*x = PrepareResponse{}
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -226,7 +418,7 @@ func (x *PrepareResponse) String() string {
 func (*PrepareResponse) ProtoMessage() {}
 
 func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -239,7 +431,7 @@ func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareResponse.ProtoReflect.Descriptor instead.
 func (*PrepareResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PrepareResponse) GetSlot() uint32 {
@@ -292,7 +484,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -304,7 +496,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -317,7 +509,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CommitRequest) GetJob() string {
@@ -372,7 +564,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -384,7 +576,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -397,7 +589,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CommitResponse) GetStep() int64 {
@@ -427,7 +619,7 @@ type OpenRequest struct {
 
 func (x *OpenRequest) Reset() {
 	*x = OpenRequest{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -439,7 +631,7 @@ func (x *OpenRequest) String() string {
 func (*OpenRequest) ProtoMessage() {}
 
 func (x *OpenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -452,7 +644,7 @@ func (x *OpenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
 func (*OpenRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *OpenRequest) GetJob() string {
@@ -493,7 +685,7 @@ type OpenResponse struct {
 
 func (x *OpenResponse) Reset() {
 	*x = OpenResponse{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -505,7 +697,7 @@ func (x *OpenResponse) String() string {
 func (*OpenResponse) ProtoMessage() {}
 
 func (x *OpenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -518,7 +710,7 @@ func (x *OpenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenResponse.ProtoReflect.Descriptor instead.
 func (*OpenResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *OpenResponse) GetShard() *Shard {
@@ -544,7 +736,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -556,7 +748,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -569,7 +761,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReleaseRequest) GetLease() uint64 {
@@ -587,7 +779,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -599,7 +791,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -612,7 +804,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 type ReadRequest struct {
@@ -626,7 +818,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -638,7 +830,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -651,7 +843,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReadRequest) GetJob() string {
@@ -688,7 +880,7 @@ type ReadChunk struct {
 
 func (x *ReadChunk) Reset() {
 	*x = ReadChunk{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -700,7 +892,7 @@ func (x *ReadChunk) String() string {
 func (*ReadChunk) ProtoMessage() {}
 
 func (x *ReadChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -713,7 +905,7 @@ func (x *ReadChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadChunk.ProtoReflect.Descriptor instead.
 func (*ReadChunk) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReadChunk) GetOffset() uint64 {
@@ -747,7 +939,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -759,7 +951,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -772,7 +964,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListRequest) GetJob() string {
@@ -791,7 +983,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -803,7 +995,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -816,7 +1008,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListResponse) GetShards() []*Shard {
@@ -852,7 +1044,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -864,7 +1056,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -877,7 +1069,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Shard) GetJob() string {
@@ -991,7 +1183,7 @@ type VerifyRequest struct {
 
 func (x *VerifyRequest) Reset() {
 	*x = VerifyRequest{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1003,7 +1195,7 @@ func (x *VerifyRequest) String() string {
 func (*VerifyRequest) ProtoMessage() {}
 
 func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1016,7 +1208,7 @@ func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyRequest.ProtoReflect.Descriptor instead.
 func (*VerifyRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *VerifyRequest) GetJob() string {
@@ -1058,7 +1250,7 @@ type VerifyResponse struct {
 
 func (x *VerifyResponse) Reset() {
 	*x = VerifyResponse{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1070,7 +1262,7 @@ func (x *VerifyResponse) String() string {
 func (*VerifyResponse) ProtoMessage() {}
 
 func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1083,7 +1275,7 @@ func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyResponse.ProtoReflect.Descriptor instead.
 func (*VerifyResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *VerifyResponse) GetOk() bool {
@@ -1120,7 +1312,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1132,7 +1324,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1145,7 +1337,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DeleteRequest) GetJob() string {
@@ -1186,7 +1378,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1198,7 +1390,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1211,7 +1403,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DeleteResponse) GetDeleted() uint32 {
@@ -1236,7 +1428,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1248,7 +1440,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1261,7 +1453,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 type StatusResponse struct {
@@ -1275,13 +1467,14 @@ type StatusResponse struct {
 	UsedBytes     uint64                 `protobuf:"varint,7,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
 	SlotsPerRank  uint32                 `protobuf:"varint,8,opt,name=slots_per_rank,json=slotsPerRank,proto3" json:"slots_per_rank,omitempty"`
 	Version       string                 `protobuf:"bytes,9,opt,name=version,proto3" json:"version,omitempty"`
+	Tiers         []string               `protobuf:"bytes,10,rep,name=tiers,proto3" json:"tiers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1293,7 +1486,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1306,7 +1499,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -1372,11 +1565,32 @@ func (x *StatusResponse) GetVersion() string {
 	return ""
 }
 
+func (x *StatusResponse) GetTiers() []string {
+	if x != nil {
+		return x.Tiers
+	}
+	return nil
+}
+
 var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
 	"\n" +
-	"\vagent.proto\x12\x0frewind.agent.v1\"%\n" +
+	"\vagent.proto\x12\x0frewind.agent.v1\"^\n" +
+	"\fFetchRequest\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
+	"\x04rank\x18\x02 \x01(\rR\x04rank\x12\x12\n" +
+	"\x04step\x18\x03 \x01(\x03R\x04step\x12\x14\n" +
+	"\x05tiers\x18\x04 \x03(\tR\x05tiers\"8\n" +
+	"\fFetchAttempt\x12\x12\n" +
+	"\x04tier\x18\x01 \x01(\tR\x04tier\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\x8d\x01\n" +
+	"\rFetchResponse\x12\x12\n" +
+	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x12\n" +
+	"\x04tier\x18\x02 \x01(\tR\x04tier\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x03 \x01(\x04R\tsizeBytes\x125\n" +
+	"\x06failed\x18\x04 \x03(\v2\x1d.rewind.agent.v1.FetchAttemptR\x06failed\"%\n" +
 	"\x11ConsistentRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\"G\n" +
 	"\x12ConsistentResponse\x12\x12\n" +
@@ -1467,7 +1681,7 @@ const file_agent_proto_rawDesc = "" +
 	"\adeleted\x18\x01 \x01(\rR\adeleted\x12\x1f\n" +
 	"\vbytes_freed\x18\x02 \x01(\x04R\n" +
 	"bytesFreed\"\x0f\n" +
-	"\rStatusRequest\"\xa9\x02\n" +
+	"\rStatusRequest\"\xbf\x02\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x19\n" +
 	"\bshm_root\x18\x02 \x01(\tR\ashmRoot\x12\x1e\n" +
@@ -1480,7 +1694,9 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"used_bytes\x18\a \x01(\x04R\tusedBytes\x12$\n" +
 	"\x0eslots_per_rank\x18\b \x01(\rR\fslotsPerRank\x12\x18\n" +
-	"\aversion\x18\t \x01(\tR\aversion2\xc6\x06\n" +
+	"\aversion\x18\t \x01(\tR\aversion\x12\x14\n" +
+	"\x05tiers\x18\n" +
+	" \x03(\tR\x05tiers2\x8e\a\n" +
 	"\x05Agent\x12L\n" +
 	"\aPrepare\x12\x1f.rewind.agent.v1.PrepareRequest\x1a .rewind.agent.v1.PrepareResponse\x12I\n" +
 	"\x06Commit\x12\x1e.rewind.agent.v1.CommitRequest\x1a\x1f.rewind.agent.v1.CommitResponse\x12C\n" +
@@ -1493,7 +1709,8 @@ const file_agent_proto_rawDesc = "" +
 	"\x06Delete\x12\x1e.rewind.agent.v1.DeleteRequest\x1a\x1f.rewind.agent.v1.DeleteResponse\x12I\n" +
 	"\x06Status\x12\x1e.rewind.agent.v1.StatusRequest\x1a\x1f.rewind.agent.v1.StatusResponse\x12U\n" +
 	"\n" +
-	"Consistent\x12\".rewind.agent.v1.ConsistentRequest\x1a#.rewind.agent.v1.ConsistentResponseB\x1fZ\x1drewind.dev/rewind/api/agentpbb\x06proto3"
+	"Consistent\x12\".rewind.agent.v1.ConsistentRequest\x1a#.rewind.agent.v1.ConsistentResponse\x12F\n" +
+	"\x05Fetch\x12\x1d.rewind.agent.v1.FetchRequest\x1a\x1e.rewind.agent.v1.FetchResponseB\x1fZ\x1drewind.dev/rewind/api/agentpbb\x06proto3"
 
 var (
 	file_agent_proto_rawDescOnce sync.Once
@@ -1507,61 +1724,67 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_agent_proto_goTypes = []any{
-	(*ConsistentRequest)(nil),  // 0: rewind.agent.v1.ConsistentRequest
-	(*ConsistentResponse)(nil), // 1: rewind.agent.v1.ConsistentResponse
-	(*PrepareRequest)(nil),     // 2: rewind.agent.v1.PrepareRequest
-	(*PrepareResponse)(nil),    // 3: rewind.agent.v1.PrepareResponse
-	(*CommitRequest)(nil),      // 4: rewind.agent.v1.CommitRequest
-	(*CommitResponse)(nil),     // 5: rewind.agent.v1.CommitResponse
-	(*OpenRequest)(nil),        // 6: rewind.agent.v1.OpenRequest
-	(*OpenResponse)(nil),       // 7: rewind.agent.v1.OpenResponse
-	(*ReleaseRequest)(nil),     // 8: rewind.agent.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),    // 9: rewind.agent.v1.ReleaseResponse
-	(*ReadRequest)(nil),        // 10: rewind.agent.v1.ReadRequest
-	(*ReadChunk)(nil),          // 11: rewind.agent.v1.ReadChunk
-	(*ListRequest)(nil),        // 12: rewind.agent.v1.ListRequest
-	(*ListResponse)(nil),       // 13: rewind.agent.v1.ListResponse
-	(*Shard)(nil),              // 14: rewind.agent.v1.Shard
-	(*VerifyRequest)(nil),      // 15: rewind.agent.v1.VerifyRequest
-	(*VerifyResponse)(nil),     // 16: rewind.agent.v1.VerifyResponse
-	(*DeleteRequest)(nil),      // 17: rewind.agent.v1.DeleteRequest
-	(*DeleteResponse)(nil),     // 18: rewind.agent.v1.DeleteResponse
-	(*StatusRequest)(nil),      // 19: rewind.agent.v1.StatusRequest
-	(*StatusResponse)(nil),     // 20: rewind.agent.v1.StatusResponse
+	(*FetchRequest)(nil),       // 0: rewind.agent.v1.FetchRequest
+	(*FetchAttempt)(nil),       // 1: rewind.agent.v1.FetchAttempt
+	(*FetchResponse)(nil),      // 2: rewind.agent.v1.FetchResponse
+	(*ConsistentRequest)(nil),  // 3: rewind.agent.v1.ConsistentRequest
+	(*ConsistentResponse)(nil), // 4: rewind.agent.v1.ConsistentResponse
+	(*PrepareRequest)(nil),     // 5: rewind.agent.v1.PrepareRequest
+	(*PrepareResponse)(nil),    // 6: rewind.agent.v1.PrepareResponse
+	(*CommitRequest)(nil),      // 7: rewind.agent.v1.CommitRequest
+	(*CommitResponse)(nil),     // 8: rewind.agent.v1.CommitResponse
+	(*OpenRequest)(nil),        // 9: rewind.agent.v1.OpenRequest
+	(*OpenResponse)(nil),       // 10: rewind.agent.v1.OpenResponse
+	(*ReleaseRequest)(nil),     // 11: rewind.agent.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),    // 12: rewind.agent.v1.ReleaseResponse
+	(*ReadRequest)(nil),        // 13: rewind.agent.v1.ReadRequest
+	(*ReadChunk)(nil),          // 14: rewind.agent.v1.ReadChunk
+	(*ListRequest)(nil),        // 15: rewind.agent.v1.ListRequest
+	(*ListResponse)(nil),       // 16: rewind.agent.v1.ListResponse
+	(*Shard)(nil),              // 17: rewind.agent.v1.Shard
+	(*VerifyRequest)(nil),      // 18: rewind.agent.v1.VerifyRequest
+	(*VerifyResponse)(nil),     // 19: rewind.agent.v1.VerifyResponse
+	(*DeleteRequest)(nil),      // 20: rewind.agent.v1.DeleteRequest
+	(*DeleteResponse)(nil),     // 21: rewind.agent.v1.DeleteResponse
+	(*StatusRequest)(nil),      // 22: rewind.agent.v1.StatusRequest
+	(*StatusResponse)(nil),     // 23: rewind.agent.v1.StatusResponse
 }
 var file_agent_proto_depIdxs = []int32{
-	14, // 0: rewind.agent.v1.OpenResponse.shard:type_name -> rewind.agent.v1.Shard
-	14, // 1: rewind.agent.v1.ReadChunk.shard:type_name -> rewind.agent.v1.Shard
-	14, // 2: rewind.agent.v1.ListResponse.shards:type_name -> rewind.agent.v1.Shard
-	2,  // 3: rewind.agent.v1.Agent.Prepare:input_type -> rewind.agent.v1.PrepareRequest
-	4,  // 4: rewind.agent.v1.Agent.Commit:input_type -> rewind.agent.v1.CommitRequest
-	6,  // 5: rewind.agent.v1.Agent.Open:input_type -> rewind.agent.v1.OpenRequest
-	8,  // 6: rewind.agent.v1.Agent.Release:input_type -> rewind.agent.v1.ReleaseRequest
-	10, // 7: rewind.agent.v1.Agent.Read:input_type -> rewind.agent.v1.ReadRequest
-	12, // 8: rewind.agent.v1.Agent.List:input_type -> rewind.agent.v1.ListRequest
-	15, // 9: rewind.agent.v1.Agent.Verify:input_type -> rewind.agent.v1.VerifyRequest
-	15, // 10: rewind.agent.v1.Agent.ReportCorrupt:input_type -> rewind.agent.v1.VerifyRequest
-	17, // 11: rewind.agent.v1.Agent.Delete:input_type -> rewind.agent.v1.DeleteRequest
-	19, // 12: rewind.agent.v1.Agent.Status:input_type -> rewind.agent.v1.StatusRequest
-	0,  // 13: rewind.agent.v1.Agent.Consistent:input_type -> rewind.agent.v1.ConsistentRequest
-	3,  // 14: rewind.agent.v1.Agent.Prepare:output_type -> rewind.agent.v1.PrepareResponse
-	5,  // 15: rewind.agent.v1.Agent.Commit:output_type -> rewind.agent.v1.CommitResponse
-	7,  // 16: rewind.agent.v1.Agent.Open:output_type -> rewind.agent.v1.OpenResponse
-	9,  // 17: rewind.agent.v1.Agent.Release:output_type -> rewind.agent.v1.ReleaseResponse
-	11, // 18: rewind.agent.v1.Agent.Read:output_type -> rewind.agent.v1.ReadChunk
-	13, // 19: rewind.agent.v1.Agent.List:output_type -> rewind.agent.v1.ListResponse
-	16, // 20: rewind.agent.v1.Agent.Verify:output_type -> rewind.agent.v1.VerifyResponse
-	16, // 21: rewind.agent.v1.Agent.ReportCorrupt:output_type -> rewind.agent.v1.VerifyResponse
-	18, // 22: rewind.agent.v1.Agent.Delete:output_type -> rewind.agent.v1.DeleteResponse
-	20, // 23: rewind.agent.v1.Agent.Status:output_type -> rewind.agent.v1.StatusResponse
-	1,  // 24: rewind.agent.v1.Agent.Consistent:output_type -> rewind.agent.v1.ConsistentResponse
-	14, // [14:25] is the sub-list for method output_type
-	3,  // [3:14] is the sub-list for method input_type
-	3,  // [3:3] is the sub-list for extension type_name
-	3,  // [3:3] is the sub-list for extension extendee
-	0,  // [0:3] is the sub-list for field type_name
+	1,  // 0: rewind.agent.v1.FetchResponse.failed:type_name -> rewind.agent.v1.FetchAttempt
+	17, // 1: rewind.agent.v1.OpenResponse.shard:type_name -> rewind.agent.v1.Shard
+	17, // 2: rewind.agent.v1.ReadChunk.shard:type_name -> rewind.agent.v1.Shard
+	17, // 3: rewind.agent.v1.ListResponse.shards:type_name -> rewind.agent.v1.Shard
+	5,  // 4: rewind.agent.v1.Agent.Prepare:input_type -> rewind.agent.v1.PrepareRequest
+	7,  // 5: rewind.agent.v1.Agent.Commit:input_type -> rewind.agent.v1.CommitRequest
+	9,  // 6: rewind.agent.v1.Agent.Open:input_type -> rewind.agent.v1.OpenRequest
+	11, // 7: rewind.agent.v1.Agent.Release:input_type -> rewind.agent.v1.ReleaseRequest
+	13, // 8: rewind.agent.v1.Agent.Read:input_type -> rewind.agent.v1.ReadRequest
+	15, // 9: rewind.agent.v1.Agent.List:input_type -> rewind.agent.v1.ListRequest
+	18, // 10: rewind.agent.v1.Agent.Verify:input_type -> rewind.agent.v1.VerifyRequest
+	18, // 11: rewind.agent.v1.Agent.ReportCorrupt:input_type -> rewind.agent.v1.VerifyRequest
+	20, // 12: rewind.agent.v1.Agent.Delete:input_type -> rewind.agent.v1.DeleteRequest
+	22, // 13: rewind.agent.v1.Agent.Status:input_type -> rewind.agent.v1.StatusRequest
+	3,  // 14: rewind.agent.v1.Agent.Consistent:input_type -> rewind.agent.v1.ConsistentRequest
+	0,  // 15: rewind.agent.v1.Agent.Fetch:input_type -> rewind.agent.v1.FetchRequest
+	6,  // 16: rewind.agent.v1.Agent.Prepare:output_type -> rewind.agent.v1.PrepareResponse
+	8,  // 17: rewind.agent.v1.Agent.Commit:output_type -> rewind.agent.v1.CommitResponse
+	10, // 18: rewind.agent.v1.Agent.Open:output_type -> rewind.agent.v1.OpenResponse
+	12, // 19: rewind.agent.v1.Agent.Release:output_type -> rewind.agent.v1.ReleaseResponse
+	14, // 20: rewind.agent.v1.Agent.Read:output_type -> rewind.agent.v1.ReadChunk
+	16, // 21: rewind.agent.v1.Agent.List:output_type -> rewind.agent.v1.ListResponse
+	19, // 22: rewind.agent.v1.Agent.Verify:output_type -> rewind.agent.v1.VerifyResponse
+	19, // 23: rewind.agent.v1.Agent.ReportCorrupt:output_type -> rewind.agent.v1.VerifyResponse
+	21, // 24: rewind.agent.v1.Agent.Delete:output_type -> rewind.agent.v1.DeleteResponse
+	23, // 25: rewind.agent.v1.Agent.Status:output_type -> rewind.agent.v1.StatusResponse
+	4,  // 26: rewind.agent.v1.Agent.Consistent:output_type -> rewind.agent.v1.ConsistentResponse
+	2,  // 27: rewind.agent.v1.Agent.Fetch:output_type -> rewind.agent.v1.FetchResponse
+	16, // [16:28] is the sub-list for method output_type
+	4,  // [4:16] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -1575,7 +1798,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

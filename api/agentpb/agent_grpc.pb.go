@@ -33,6 +33,7 @@ const (
 	Agent_Delete_FullMethodName        = "/rewind.agent.v1.Agent/Delete"
 	Agent_Status_FullMethodName        = "/rewind.agent.v1.Agent/Status"
 	Agent_Consistent_FullMethodName    = "/rewind.agent.v1.Agent/Consistent"
+	Agent_Fetch_FullMethodName         = "/rewind.agent.v1.Agent/Fetch"
 )
 
 // AgentClient is the client API for Agent service.
@@ -66,6 +67,10 @@ type AgentClient interface {
 	// Consistent asks the coordinator for a job's latest consistent step:
 	// the newest step every rank has committed.
 	Consistent(ctx context.Context, in *ConsistentRequest, opts ...grpc.CallOption) (*ConsistentResponse, error)
+	// Fetch restores a rank's shard of a step from the agent's durable
+	// tiers into shared memory, trying the tiers in the order given and
+	// falling back to the next on any error or checksum mismatch.
+	Fetch(ctx context.Context, in *FetchRequest, opts ...grpc.CallOption) (*FetchResponse, error)
 }
 
 type agentClient struct {
@@ -195,6 +200,16 @@ func (c *agentClient) Consistent(ctx context.Context, in *ConsistentRequest, opt
 	return out, nil
 }
 
+func (c *agentClient) Fetch(ctx context.Context, in *FetchRequest, opts ...grpc.CallOption) (*FetchResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FetchResponse)
+	err := c.cc.Invoke(ctx, Agent_Fetch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -226,6 +241,10 @@ type AgentServer interface {
 	// Consistent asks the coordinator for a job's latest consistent step:
 	// the newest step every rank has committed.
 	Consistent(context.Context, *ConsistentRequest) (*ConsistentResponse, error)
+	// Fetch restores a rank's shard of a step from the agent's durable
+	// tiers into shared memory, trying the tiers in the order given and
+	// falling back to the next on any error or checksum mismatch.
+	Fetch(context.Context, *FetchRequest) (*FetchResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -268,6 +287,9 @@ func (UnimplementedAgentServer) Status(context.Context, *StatusRequest) (*Status
 }
 func (UnimplementedAgentServer) Consistent(context.Context, *ConsistentRequest) (*ConsistentResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Consistent not implemented")
+}
+func (UnimplementedAgentServer) Fetch(context.Context, *FetchRequest) (*FetchResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Fetch not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -481,6 +503,24 @@ func _Agent_Consistent_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_Fetch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FetchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).Fetch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_Fetch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).Fetch(ctx, req.(*FetchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -527,6 +567,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Consistent",
 			Handler:    _Agent_Consistent_Handler,
+		},
+		{
+			MethodName: "Fetch",
+			Handler:    _Agent_Fetch_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

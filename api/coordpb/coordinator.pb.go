@@ -31,8 +31,10 @@ type Node struct {
 	Addr           string `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
 	FailureDomain  string `protobuf:"bytes,3,opt,name=failure_domain,json=failureDomain,proto3" json:"failure_domain,omitempty"`
 	ShmBudgetBytes uint64 `protobuf:"varint,4,opt,name=shm_budget_bytes,json=shmBudgetBytes,proto3" json:"shm_budget_bytes,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The durable tiers this agent can write ("nvme", "pfs", "s3").
+	Tiers         []string `protobuf:"bytes,5,rep,name=tiers,proto3" json:"tiers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -91,6 +93,13 @@ func (x *Node) GetShmBudgetBytes() uint64 {
 		return x.ShmBudgetBytes
 	}
 	return 0
+}
+
+func (x *Node) GetTiers() []string {
+	if x != nil {
+		return x.Tiers
+	}
+	return nil
 }
 
 type ShardRecord struct {
@@ -359,7 +368,11 @@ type RegisterJobRequest struct {
 	Job       string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
 	WorldSize uint32                 `protobuf:"varint,2,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
 	// Where ranks run; merged into what is known.
-	Placement     map[uint32]string `protobuf:"bytes,3,rep,name=placement,proto3" json:"placement,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Placement map[uint32]string `protobuf:"bytes,3,rep,name=placement,proto3" json:"placement,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The job's tier policy in its text form
+	// ("nvme:every=10,keep=2;s3:every=30m,keep=3"); empty keeps the one the
+	// job has, or the coordinator's default.
+	Policy        string `protobuf:"bytes,4,opt,name=policy,proto3" json:"policy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -413,6 +426,13 @@ func (x *RegisterJobRequest) GetPlacement() map[uint32]string {
 		return x.Placement
 	}
 	return nil
+}
+
+func (x *RegisterJobRequest) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
 }
 
 type RegisterJobResponse struct {
@@ -738,6 +758,7 @@ type Job struct {
 	LatestConsistent int64                  `protobuf:"varint,3,opt,name=latest_consistent,json=latestConsistent,proto3" json:"latest_consistent,omitempty"`
 	Steps            uint32                 `protobuf:"varint,4,opt,name=steps,proto3" json:"steps,omitempty"`
 	Placement        map[uint32]string      `protobuf:"bytes,5,rep,name=placement,proto3" json:"placement,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Policy           string                 `protobuf:"bytes,6,opt,name=policy,proto3" json:"policy,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -805,6 +826,13 @@ func (x *Job) GetPlacement() map[uint32]string {
 		return x.Placement
 	}
 	return nil
+}
+
+func (x *Job) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
 }
 
 type ListJobsResponse struct {
@@ -990,8 +1018,10 @@ type Step struct {
 	RanksCommitted     uint32  `protobuf:"varint,5,opt,name=ranks_committed,json=ranksCommitted,proto3" json:"ranks_committed,omitempty"`
 	ConsistentUnixNano int64   `protobuf:"varint,6,opt,name=consistent_unix_nano,json=consistentUnixNano,proto3" json:"consistent_unix_nano,omitempty"`
 	Copies             []*Copy `protobuf:"bytes,7,rep,name=copies,proto3" json:"copies,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The step's copies on durable tiers.
+	Tiers         []*TierCopy `protobuf:"bytes,8,rep,name=tiers,proto3" json:"tiers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Step) Reset() {
@@ -1073,6 +1103,108 @@ func (x *Step) GetCopies() []*Copy {
 	return nil
 }
 
+func (x *Step) GetTiers() []*TierCopy {
+	if x != nil {
+		return x.Tiers
+	}
+	return nil
+}
+
+// TierCopy is a step's copy on one durable tier.
+type TierCopy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Tier  string                 `protobuf:"bytes,1,opt,name=tier,proto3" json:"tier,omitempty"`
+	// "copying", "durable" (every shard and the manifest written), "failed",
+	// or "deleting" (retention removes it).
+	State           string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	RanksDone       uint32 `protobuf:"varint,3,opt,name=ranks_done,json=ranksDone,proto3" json:"ranks_done,omitempty"`
+	BytesDone       uint64 `protobuf:"varint,4,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
+	Error           string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	StartedUnixNano int64  `protobuf:"varint,6,opt,name=started_unix_nano,json=startedUnixNano,proto3" json:"started_unix_nano,omitempty"`
+	DoneUnixNano    int64  `protobuf:"varint,7,opt,name=done_unix_nano,json=doneUnixNano,proto3" json:"done_unix_nano,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *TierCopy) Reset() {
+	*x = TierCopy{}
+	mi := &file_coordinator_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TierCopy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TierCopy) ProtoMessage() {}
+
+func (x *TierCopy) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TierCopy.ProtoReflect.Descriptor instead.
+func (*TierCopy) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *TierCopy) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
+func (x *TierCopy) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *TierCopy) GetRanksDone() uint32 {
+	if x != nil {
+		return x.RanksDone
+	}
+	return 0
+}
+
+func (x *TierCopy) GetBytesDone() uint64 {
+	if x != nil {
+		return x.BytesDone
+	}
+	return 0
+}
+
+func (x *TierCopy) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *TierCopy) GetStartedUnixNano() int64 {
+	if x != nil {
+		return x.StartedUnixNano
+	}
+	return 0
+}
+
+func (x *TierCopy) GetDoneUnixNano() int64 {
+	if x != nil {
+		return x.DoneUnixNano
+	}
+	return 0
+}
+
 type ListStepsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Steps         []*Step                `protobuf:"bytes,1,rep,name=steps,proto3" json:"steps,omitempty"`
@@ -1082,7 +1214,7 @@ type ListStepsResponse struct {
 
 func (x *ListStepsResponse) Reset() {
 	*x = ListStepsResponse{}
-	mi := &file_coordinator_proto_msgTypes[17]
+	mi := &file_coordinator_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1094,7 +1226,7 @@ func (x *ListStepsResponse) String() string {
 func (*ListStepsResponse) ProtoMessage() {}
 
 func (x *ListStepsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[17]
+	mi := &file_coordinator_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1107,7 +1239,7 @@ func (x *ListStepsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStepsResponse.ProtoReflect.Descriptor instead.
 func (*ListStepsResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{17}
+	return file_coordinator_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListStepsResponse) GetSteps() []*Step {
@@ -1127,7 +1259,7 @@ type StepRequest struct {
 
 func (x *StepRequest) Reset() {
 	*x = StepRequest{}
-	mi := &file_coordinator_proto_msgTypes[18]
+	mi := &file_coordinator_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1139,7 +1271,7 @@ func (x *StepRequest) String() string {
 func (*StepRequest) ProtoMessage() {}
 
 func (x *StepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[18]
+	mi := &file_coordinator_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1152,7 +1284,7 @@ func (x *StepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepRequest.ProtoReflect.Descriptor instead.
 func (*StepRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{18}
+	return file_coordinator_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *StepRequest) GetJob() string {
@@ -1178,7 +1310,7 @@ type InspectStepResponse struct {
 
 func (x *InspectStepResponse) Reset() {
 	*x = InspectStepResponse{}
-	mi := &file_coordinator_proto_msgTypes[19]
+	mi := &file_coordinator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1190,7 +1322,7 @@ func (x *InspectStepResponse) String() string {
 func (*InspectStepResponse) ProtoMessage() {}
 
 func (x *InspectStepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[19]
+	mi := &file_coordinator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1203,7 +1335,7 @@ func (x *InspectStepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectStepResponse.ProtoReflect.Descriptor instead.
 func (*InspectStepResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{19}
+	return file_coordinator_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *InspectStepResponse) GetStep() *Step {
@@ -1224,7 +1356,7 @@ type CopyCheck struct {
 
 func (x *CopyCheck) Reset() {
 	*x = CopyCheck{}
-	mi := &file_coordinator_proto_msgTypes[20]
+	mi := &file_coordinator_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1236,7 +1368,7 @@ func (x *CopyCheck) String() string {
 func (*CopyCheck) ProtoMessage() {}
 
 func (x *CopyCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[20]
+	mi := &file_coordinator_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1249,7 +1381,7 @@ func (x *CopyCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyCheck.ProtoReflect.Descriptor instead.
 func (*CopyCheck) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{20}
+	return file_coordinator_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CopyCheck) GetCopy() *Copy {
@@ -1283,7 +1415,7 @@ type VerifyStepResponse struct {
 
 func (x *VerifyStepResponse) Reset() {
 	*x = VerifyStepResponse{}
-	mi := &file_coordinator_proto_msgTypes[21]
+	mi := &file_coordinator_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1295,7 +1427,7 @@ func (x *VerifyStepResponse) String() string {
 func (*VerifyStepResponse) ProtoMessage() {}
 
 func (x *VerifyStepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[21]
+	mi := &file_coordinator_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1308,7 +1440,7 @@ func (x *VerifyStepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyStepResponse.ProtoReflect.Descriptor instead.
 func (*VerifyStepResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{21}
+	return file_coordinator_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *VerifyStepResponse) GetChecks() []*CopyCheck {
@@ -1338,7 +1470,7 @@ type PlanRestoreRequest struct {
 
 func (x *PlanRestoreRequest) Reset() {
 	*x = PlanRestoreRequest{}
-	mi := &file_coordinator_proto_msgTypes[22]
+	mi := &file_coordinator_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1350,7 +1482,7 @@ func (x *PlanRestoreRequest) String() string {
 func (*PlanRestoreRequest) ProtoMessage() {}
 
 func (x *PlanRestoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[22]
+	mi := &file_coordinator_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1363,7 +1495,7 @@ func (x *PlanRestoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanRestoreRequest.ProtoReflect.Descriptor instead.
 func (*PlanRestoreRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{22}
+	return file_coordinator_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PlanRestoreRequest) GetJob() string {
@@ -1405,7 +1537,7 @@ type RankPlan struct {
 
 func (x *RankPlan) Reset() {
 	*x = RankPlan{}
-	mi := &file_coordinator_proto_msgTypes[23]
+	mi := &file_coordinator_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1417,7 +1549,7 @@ func (x *RankPlan) String() string {
 func (*RankPlan) ProtoMessage() {}
 
 func (x *RankPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[23]
+	mi := &file_coordinator_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1430,7 +1562,7 @@ func (x *RankPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankPlan.ProtoReflect.Descriptor instead.
 func (*RankPlan) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{23}
+	return file_coordinator_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RankPlan) GetRank() uint32 {
@@ -1465,7 +1597,7 @@ type PlanRestoreResponse struct {
 
 func (x *PlanRestoreResponse) Reset() {
 	*x = PlanRestoreResponse{}
-	mi := &file_coordinator_proto_msgTypes[24]
+	mi := &file_coordinator_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1477,7 +1609,7 @@ func (x *PlanRestoreResponse) String() string {
 func (*PlanRestoreResponse) ProtoMessage() {}
 
 func (x *PlanRestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[24]
+	mi := &file_coordinator_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1490,7 +1622,7 @@ func (x *PlanRestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanRestoreResponse.ProtoReflect.Descriptor instead.
 func (*PlanRestoreResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{24}
+	return file_coordinator_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PlanRestoreResponse) GetJob() string {
@@ -1525,7 +1657,7 @@ type DeleteStepRequest struct {
 
 func (x *DeleteStepRequest) Reset() {
 	*x = DeleteStepRequest{}
-	mi := &file_coordinator_proto_msgTypes[25]
+	mi := &file_coordinator_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1537,7 +1669,7 @@ func (x *DeleteStepRequest) String() string {
 func (*DeleteStepRequest) ProtoMessage() {}
 
 func (x *DeleteStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[25]
+	mi := &file_coordinator_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1550,7 +1682,7 @@ func (x *DeleteStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteStepRequest.ProtoReflect.Descriptor instead.
 func (*DeleteStepRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{25}
+	return file_coordinator_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DeleteStepRequest) GetJob() string {
@@ -1583,7 +1715,7 @@ type DeleteStepResponse struct {
 
 func (x *DeleteStepResponse) Reset() {
 	*x = DeleteStepResponse{}
-	mi := &file_coordinator_proto_msgTypes[26]
+	mi := &file_coordinator_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1595,7 +1727,7 @@ func (x *DeleteStepResponse) String() string {
 func (*DeleteStepResponse) ProtoMessage() {}
 
 func (x *DeleteStepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[26]
+	mi := &file_coordinator_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1608,7 +1740,7 @@ func (x *DeleteStepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteStepResponse.ProtoReflect.Descriptor instead.
 func (*DeleteStepResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{26}
+	return file_coordinator_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DeleteStepResponse) GetCopiesDeleted() uint32 {
@@ -1618,16 +1750,560 @@ func (x *DeleteStepResponse) GetCopiesDeleted() uint32 {
 	return 0
 }
 
+type TransfersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransfersRequest) Reset() {
+	*x = TransfersRequest{}
+	mi := &file_coordinator_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransfersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransfersRequest) ProtoMessage() {}
+
+func (x *TransfersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransfersRequest.ProtoReflect.Descriptor instead.
+func (*TransfersRequest) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *TransfersRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+// ShardEntry is one rank's shard as a manifest lists it.
+type ShardEntry struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Rank           uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	SizeBytes      uint64                 `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	HeaderChecksum string                 `protobuf:"bytes,3,opt,name=header_checksum,json=headerChecksum,proto3" json:"header_checksum,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ShardEntry) Reset() {
+	*x = ShardEntry{}
+	mi := &file_coordinator_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardEntry) ProtoMessage() {}
+
+func (x *ShardEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardEntry.ProtoReflect.Descriptor instead.
+func (*ShardEntry) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ShardEntry) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *ShardEntry) GetSizeBytes() uint64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *ShardEntry) GetHeaderChecksum() string {
+	if x != nil {
+		return x.HeaderChecksum
+	}
+	return ""
+}
+
+type TransferOrder struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// "push": copy rank's shard of step from shared memory to the tier.
+	// "manifest": write the step's manifest (shards) on the tier, naming the
+	//
+	//	ranks whose shards this node's store holds (all of them on a shared
+	//	tier).
+	//
+	// "delete": remove the step's copy from the tier (the manifest first).
+	Kind          string        `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	Job           string        `protobuf:"bytes,3,opt,name=job,proto3" json:"job,omitempty"`
+	Step          int64         `protobuf:"varint,4,opt,name=step,proto3" json:"step,omitempty"`
+	Tier          string        `protobuf:"bytes,5,opt,name=tier,proto3" json:"tier,omitempty"`
+	Rank          uint32        `protobuf:"varint,6,opt,name=rank,proto3" json:"rank,omitempty"`
+	WorldSize     uint32        `protobuf:"varint,7,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
+	Ranks         []uint32      `protobuf:"varint,8,rep,packed,name=ranks,proto3" json:"ranks,omitempty"`
+	Shards        []*ShardEntry `protobuf:"bytes,9,rep,name=shards,proto3" json:"shards,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferOrder) Reset() {
+	*x = TransferOrder{}
+	mi := &file_coordinator_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferOrder) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferOrder) ProtoMessage() {}
+
+func (x *TransferOrder) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferOrder.ProtoReflect.Descriptor instead.
+func (*TransferOrder) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *TransferOrder) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *TransferOrder) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *TransferOrder) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *TransferOrder) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *TransferOrder) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
+func (x *TransferOrder) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *TransferOrder) GetWorldSize() uint32 {
+	if x != nil {
+		return x.WorldSize
+	}
+	return 0
+}
+
+func (x *TransferOrder) GetRanks() []uint32 {
+	if x != nil {
+		return x.Ranks
+	}
+	return nil
+}
+
+func (x *TransferOrder) GetShards() []*ShardEntry {
+	if x != nil {
+		return x.Shards
+	}
+	return nil
+}
+
+type TierEvent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Order         uint64                 `protobuf:"varint,1,opt,name=order,proto3" json:"order,omitempty"`
+	Kind          string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	Job           string                 `protobuf:"bytes,3,opt,name=job,proto3" json:"job,omitempty"`
+	Step          int64                  `protobuf:"varint,4,opt,name=step,proto3" json:"step,omitempty"`
+	Tier          string                 `protobuf:"bytes,5,opt,name=tier,proto3" json:"tier,omitempty"`
+	Rank          uint32                 `protobuf:"varint,6,opt,name=rank,proto3" json:"rank,omitempty"`
+	Ok            bool                   `protobuf:"varint,7,opt,name=ok,proto3" json:"ok,omitempty"`
+	Error         string                 `protobuf:"bytes,8,opt,name=error,proto3" json:"error,omitempty"`
+	Bytes         uint64                 `protobuf:"varint,9,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	DurationNanos int64                  `protobuf:"varint,10,opt,name=duration_nanos,json=durationNanos,proto3" json:"duration_nanos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TierEvent) Reset() {
+	*x = TierEvent{}
+	mi := &file_coordinator_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TierEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TierEvent) ProtoMessage() {}
+
+func (x *TierEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TierEvent.ProtoReflect.Descriptor instead.
+func (*TierEvent) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *TierEvent) GetOrder() uint64 {
+	if x != nil {
+		return x.Order
+	}
+	return 0
+}
+
+func (x *TierEvent) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *TierEvent) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *TierEvent) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *TierEvent) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
+func (x *TierEvent) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *TierEvent) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *TierEvent) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *TierEvent) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *TierEvent) GetDurationNanos() int64 {
+	if x != nil {
+		return x.DurationNanos
+	}
+	return 0
+}
+
+// TierHealth is how one of an agent's tiers is doing.
+type TierHealth struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Tier  string                 `protobuf:"bytes,1,opt,name=tier,proto3" json:"tier,omitempty"`
+	Store string                 `protobuf:"bytes,2,opt,name=store,proto3" json:"store,omitempty"`
+	// Set while transfers to the tier fail and are retried.
+	Degraded   bool   `protobuf:"varint,3,opt,name=degraded,proto3" json:"degraded,omitempty"`
+	Error      string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	Queued     uint32 `protobuf:"varint,5,opt,name=queued,proto3" json:"queued,omitempty"`
+	Running    uint32 `protobuf:"varint,6,opt,name=running,proto3" json:"running,omitempty"`
+	BytesDone  uint64 `protobuf:"varint,7,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
+	BytesTotal uint64 `protobuf:"varint,8,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`
+	// Over the last transfers.
+	BytesPerSec   float64 `protobuf:"fixed64,9,opt,name=bytes_per_sec,json=bytesPerSec,proto3" json:"bytes_per_sec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TierHealth) Reset() {
+	*x = TierHealth{}
+	mi := &file_coordinator_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TierHealth) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TierHealth) ProtoMessage() {}
+
+func (x *TierHealth) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TierHealth.ProtoReflect.Descriptor instead.
+func (*TierHealth) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *TierHealth) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
+func (x *TierHealth) GetStore() string {
+	if x != nil {
+		return x.Store
+	}
+	return ""
+}
+
+func (x *TierHealth) GetDegraded() bool {
+	if x != nil {
+		return x.Degraded
+	}
+	return false
+}
+
+func (x *TierHealth) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *TierHealth) GetQueued() uint32 {
+	if x != nil {
+		return x.Queued
+	}
+	return 0
+}
+
+func (x *TierHealth) GetRunning() uint32 {
+	if x != nil {
+		return x.Running
+	}
+	return 0
+}
+
+func (x *TierHealth) GetBytesDone() uint64 {
+	if x != nil {
+		return x.BytesDone
+	}
+	return 0
+}
+
+func (x *TierHealth) GetBytesTotal() uint64 {
+	if x != nil {
+		return x.BytesTotal
+	}
+	return 0
+}
+
+func (x *TierHealth) GetBytesPerSec() float64 {
+	if x != nil {
+		return x.BytesPerSec
+	}
+	return 0
+}
+
+type TierReportRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Events        []*TierEvent           `protobuf:"bytes,2,rep,name=events,proto3" json:"events,omitempty"`
+	Health        []*TierHealth          `protobuf:"bytes,3,rep,name=health,proto3" json:"health,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TierReportRequest) Reset() {
+	*x = TierReportRequest{}
+	mi := &file_coordinator_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TierReportRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TierReportRequest) ProtoMessage() {}
+
+func (x *TierReportRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TierReportRequest.ProtoReflect.Descriptor instead.
+func (*TierReportRequest) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *TierReportRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *TierReportRequest) GetEvents() []*TierEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *TierReportRequest) GetHealth() []*TierHealth {
+	if x != nil {
+		return x.Health
+	}
+	return nil
+}
+
+type TierReportResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TierReportResponse) Reset() {
+	*x = TierReportResponse{}
+	mi := &file_coordinator_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TierReportResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TierReportResponse) ProtoMessage() {}
+
+func (x *TierReportResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TierReportResponse.ProtoReflect.Descriptor instead.
+func (*TierReportResponse) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{34}
+}
+
 var File_coordinator_proto protoreflect.FileDescriptor
 
 const file_coordinator_proto_rawDesc = "" +
 	"\n" +
-	"\x11coordinator.proto\x12\x15rewind.coordinator.v1\"\x7f\n" +
+	"\x11coordinator.proto\x12\x15rewind.coordinator.v1\"\x95\x01\n" +
 	"\x04Node\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12%\n" +
 	"\x0efailure_domain\x18\x03 \x01(\tR\rfailureDomain\x12(\n" +
-	"\x10shm_budget_bytes\x18\x04 \x01(\x04R\x0eshmBudgetBytes\"\xd8\x01\n" +
+	"\x10shm_budget_bytes\x18\x04 \x01(\x04R\x0eshmBudgetBytes\x12\x14\n" +
+	"\x05tiers\x18\x05 \x03(\tR\x05tiers\"\xd8\x01\n" +
 	"\vShardRecord\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x12\n" +
@@ -1647,12 +2323,13 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\"d\n" +
 	"\x10RegisterResponse\x12 \n" +
 	"\vincarnation\x18\x01 \x01(\tR\vincarnation\x12.\n" +
-	"\x04pins\x18\x02 \x03(\v2\x1a.rewind.coordinator.v1.PinR\x04pins\"\xdb\x01\n" +
+	"\x04pins\x18\x02 \x03(\v2\x1a.rewind.coordinator.v1.PinR\x04pins\"\xf3\x01\n" +
 	"\x12RegisterJobRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1d\n" +
 	"\n" +
 	"world_size\x18\x02 \x01(\rR\tworldSize\x12V\n" +
-	"\tplacement\x18\x03 \x03(\v28.rewind.coordinator.v1.RegisterJobRequest.PlacementEntryR\tplacement\x1a<\n" +
+	"\tplacement\x18\x03 \x03(\v28.rewind.coordinator.v1.RegisterJobRequest.PlacementEntryR\tplacement\x12\x16\n" +
+	"\x06policy\x18\x04 \x01(\tR\x06policy\x1a<\n" +
 	"\x0ePlacementEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"X\n" +
@@ -1678,14 +2355,15 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x1d\n" +
 	"\n" +
 	"world_size\x18\x02 \x01(\rR\tworldSize\"\x11\n" +
-	"\x0fListJobsRequest\"\xfe\x01\n" +
+	"\x0fListJobsRequest\"\x96\x02\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
 	"world_size\x18\x02 \x01(\rR\tworldSize\x12+\n" +
 	"\x11latest_consistent\x18\x03 \x01(\x03R\x10latestConsistent\x12\x14\n" +
 	"\x05steps\x18\x04 \x01(\rR\x05steps\x12G\n" +
-	"\tplacement\x18\x05 \x03(\v2).rewind.coordinator.v1.Job.PlacementEntryR\tplacement\x1a<\n" +
+	"\tplacement\x18\x05 \x03(\v2).rewind.coordinator.v1.Job.PlacementEntryR\tplacement\x12\x16\n" +
+	"\x06policy\x18\x06 \x01(\tR\x06policy\x1a<\n" +
 	"\x0ePlacementEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"B\n" +
@@ -1700,7 +2378,7 @@ const file_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"size_bytes\x18\x04 \x01(\x04R\tsizeBytes\x12'\n" +
 	"\x0fheader_checksum\x18\x05 \x01(\tR\x0eheaderChecksum\x12\x14\n" +
-	"\x05state\x18\x06 \x01(\tR\x05state\"\xf1\x01\n" +
+	"\x05state\x18\x06 \x01(\tR\x05state\"\xa8\x02\n" +
 	"\x04Step\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x1d\n" +
@@ -1709,7 +2387,18 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x05state\x18\x04 \x01(\tR\x05state\x12'\n" +
 	"\x0franks_committed\x18\x05 \x01(\rR\x0eranksCommitted\x120\n" +
 	"\x14consistent_unix_nano\x18\x06 \x01(\x03R\x12consistentUnixNano\x123\n" +
-	"\x06copies\x18\a \x03(\v2\x1b.rewind.coordinator.v1.CopyR\x06copies\"F\n" +
+	"\x06copies\x18\a \x03(\v2\x1b.rewind.coordinator.v1.CopyR\x06copies\x125\n" +
+	"\x05tiers\x18\b \x03(\v2\x1f.rewind.coordinator.v1.TierCopyR\x05tiers\"\xda\x01\n" +
+	"\bTierCopy\x12\x12\n" +
+	"\x04tier\x18\x01 \x01(\tR\x04tier\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1d\n" +
+	"\n" +
+	"ranks_done\x18\x03 \x01(\rR\tranksDone\x12\x1d\n" +
+	"\n" +
+	"bytes_done\x18\x04 \x01(\x04R\tbytesDone\x12\x14\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\x12*\n" +
+	"\x11started_unix_nano\x18\x06 \x01(\x03R\x0fstartedUnixNano\x12$\n" +
+	"\x0edone_unix_nano\x18\a \x01(\x03R\fdoneUnixNano\"F\n" +
 	"\x11ListStepsResponse\x121\n" +
 	"\x05steps\x18\x01 \x03(\v2\x1b.rewind.coordinator.v1.StepR\x05steps\"3\n" +
 	"\vStepRequest\x12\x10\n" +
@@ -1743,7 +2432,56 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x14\n" +
 	"\x05force\x18\x03 \x01(\bR\x05force\";\n" +
 	"\x12DeleteStepResponse\x12%\n" +
-	"\x0ecopies_deleted\x18\x01 \x01(\rR\rcopiesDeleted2\xa1\b\n" +
+	"\x0ecopies_deleted\x18\x01 \x01(\rR\rcopiesDeleted\"&\n" +
+	"\x10TransfersRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\"h\n" +
+	"\n" +
+	"ShardEntry\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x02 \x01(\x04R\tsizeBytes\x12'\n" +
+	"\x0fheader_checksum\x18\x03 \x01(\tR\x0eheaderChecksum\"\xf1\x01\n" +
+	"\rTransferOrder\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x10\n" +
+	"\x03job\x18\x03 \x01(\tR\x03job\x12\x12\n" +
+	"\x04step\x18\x04 \x01(\x03R\x04step\x12\x12\n" +
+	"\x04tier\x18\x05 \x01(\tR\x04tier\x12\x12\n" +
+	"\x04rank\x18\x06 \x01(\rR\x04rank\x12\x1d\n" +
+	"\n" +
+	"world_size\x18\a \x01(\rR\tworldSize\x12\x14\n" +
+	"\x05ranks\x18\b \x03(\rR\x05ranks\x129\n" +
+	"\x06shards\x18\t \x03(\v2!.rewind.coordinator.v1.ShardEntryR\x06shards\"\xe6\x01\n" +
+	"\tTierEvent\x12\x14\n" +
+	"\x05order\x18\x01 \x01(\x04R\x05order\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x10\n" +
+	"\x03job\x18\x03 \x01(\tR\x03job\x12\x12\n" +
+	"\x04step\x18\x04 \x01(\x03R\x04step\x12\x12\n" +
+	"\x04tier\x18\x05 \x01(\tR\x04tier\x12\x12\n" +
+	"\x04rank\x18\x06 \x01(\rR\x04rank\x12\x0e\n" +
+	"\x02ok\x18\a \x01(\bR\x02ok\x12\x14\n" +
+	"\x05error\x18\b \x01(\tR\x05error\x12\x14\n" +
+	"\x05bytes\x18\t \x01(\x04R\x05bytes\x12%\n" +
+	"\x0eduration_nanos\x18\n" +
+	" \x01(\x03R\rdurationNanos\"\xfe\x01\n" +
+	"\n" +
+	"TierHealth\x12\x12\n" +
+	"\x04tier\x18\x01 \x01(\tR\x04tier\x12\x14\n" +
+	"\x05store\x18\x02 \x01(\tR\x05store\x12\x1a\n" +
+	"\bdegraded\x18\x03 \x01(\bR\bdegraded\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x12\x16\n" +
+	"\x06queued\x18\x05 \x01(\rR\x06queued\x12\x18\n" +
+	"\arunning\x18\x06 \x01(\rR\arunning\x12\x1d\n" +
+	"\n" +
+	"bytes_done\x18\a \x01(\x04R\tbytesDone\x12\x1f\n" +
+	"\vbytes_total\x18\b \x01(\x04R\n" +
+	"bytesTotal\x12\"\n" +
+	"\rbytes_per_sec\x18\t \x01(\x01R\vbytesPerSec\"\x9c\x01\n" +
+	"\x11TierReportRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x128\n" +
+	"\x06events\x18\x02 \x03(\v2 .rewind.coordinator.v1.TierEventR\x06events\x129\n" +
+	"\x06health\x18\x03 \x03(\v2!.rewind.coordinator.v1.TierHealthR\x06health\"\x14\n" +
+	"\x12TierReportResponse2\xe2\t\n" +
 	"\vCoordinator\x12[\n" +
 	"\bRegister\x12&.rewind.coordinator.v1.RegisterRequest\x1a'.rewind.coordinator.v1.RegisterResponse\x12d\n" +
 	"\vRegisterJob\x12).rewind.coordinator.v1.RegisterJobRequest\x1a*.rewind.coordinator.v1.RegisterJobResponse\x12U\n" +
@@ -1757,7 +2495,10 @@ const file_coordinator_proto_rawDesc = "" +
 	"VerifyStep\x12\".rewind.coordinator.v1.StepRequest\x1a).rewind.coordinator.v1.VerifyStepResponse\x12d\n" +
 	"\vPlanRestore\x12).rewind.coordinator.v1.PlanRestoreRequest\x1a*.rewind.coordinator.v1.PlanRestoreResponse\x12a\n" +
 	"\n" +
-	"DeleteStep\x12(.rewind.coordinator.v1.DeleteStepRequest\x1a).rewind.coordinator.v1.DeleteStepResponseB\x1fZ\x1drewind.dev/rewind/api/coordpbb\x06proto3"
+	"DeleteStep\x12(.rewind.coordinator.v1.DeleteStepRequest\x1a).rewind.coordinator.v1.DeleteStepResponse\x12\\\n" +
+	"\tTransfers\x12'.rewind.coordinator.v1.TransfersRequest\x1a$.rewind.coordinator.v1.TransferOrder0\x01\x12a\n" +
+	"\n" +
+	"TierReport\x12(.rewind.coordinator.v1.TierReportRequest\x1a).rewind.coordinator.v1.TierReportResponseB\x1fZ\x1drewind.dev/rewind/api/coordpbb\x06proto3"
 
 var (
 	file_coordinator_proto_rawDescOnce sync.Once
@@ -1771,7 +2512,7 @@ func file_coordinator_proto_rawDescGZIP() []byte {
 	return file_coordinator_proto_rawDescData
 }
 
-var file_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_coordinator_proto_goTypes = []any{
 	(*Node)(nil),                // 0: rewind.coordinator.v1.Node
 	(*ShardRecord)(nil),         // 1: rewind.coordinator.v1.ShardRecord
@@ -1790,63 +2531,79 @@ var file_coordinator_proto_goTypes = []any{
 	(*ListStepsRequest)(nil),    // 14: rewind.coordinator.v1.ListStepsRequest
 	(*Copy)(nil),                // 15: rewind.coordinator.v1.Copy
 	(*Step)(nil),                // 16: rewind.coordinator.v1.Step
-	(*ListStepsResponse)(nil),   // 17: rewind.coordinator.v1.ListStepsResponse
-	(*StepRequest)(nil),         // 18: rewind.coordinator.v1.StepRequest
-	(*InspectStepResponse)(nil), // 19: rewind.coordinator.v1.InspectStepResponse
-	(*CopyCheck)(nil),           // 20: rewind.coordinator.v1.CopyCheck
-	(*VerifyStepResponse)(nil),  // 21: rewind.coordinator.v1.VerifyStepResponse
-	(*PlanRestoreRequest)(nil),  // 22: rewind.coordinator.v1.PlanRestoreRequest
-	(*RankPlan)(nil),            // 23: rewind.coordinator.v1.RankPlan
-	(*PlanRestoreResponse)(nil), // 24: rewind.coordinator.v1.PlanRestoreResponse
-	(*DeleteStepRequest)(nil),   // 25: rewind.coordinator.v1.DeleteStepRequest
-	(*DeleteStepResponse)(nil),  // 26: rewind.coordinator.v1.DeleteStepResponse
-	nil,                         // 27: rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
-	nil,                         // 28: rewind.coordinator.v1.Job.PlacementEntry
+	(*TierCopy)(nil),            // 17: rewind.coordinator.v1.TierCopy
+	(*ListStepsResponse)(nil),   // 18: rewind.coordinator.v1.ListStepsResponse
+	(*StepRequest)(nil),         // 19: rewind.coordinator.v1.StepRequest
+	(*InspectStepResponse)(nil), // 20: rewind.coordinator.v1.InspectStepResponse
+	(*CopyCheck)(nil),           // 21: rewind.coordinator.v1.CopyCheck
+	(*VerifyStepResponse)(nil),  // 22: rewind.coordinator.v1.VerifyStepResponse
+	(*PlanRestoreRequest)(nil),  // 23: rewind.coordinator.v1.PlanRestoreRequest
+	(*RankPlan)(nil),            // 24: rewind.coordinator.v1.RankPlan
+	(*PlanRestoreResponse)(nil), // 25: rewind.coordinator.v1.PlanRestoreResponse
+	(*DeleteStepRequest)(nil),   // 26: rewind.coordinator.v1.DeleteStepRequest
+	(*DeleteStepResponse)(nil),  // 27: rewind.coordinator.v1.DeleteStepResponse
+	(*TransfersRequest)(nil),    // 28: rewind.coordinator.v1.TransfersRequest
+	(*ShardEntry)(nil),          // 29: rewind.coordinator.v1.ShardEntry
+	(*TransferOrder)(nil),       // 30: rewind.coordinator.v1.TransferOrder
+	(*TierEvent)(nil),           // 31: rewind.coordinator.v1.TierEvent
+	(*TierHealth)(nil),          // 32: rewind.coordinator.v1.TierHealth
+	(*TierReportRequest)(nil),   // 33: rewind.coordinator.v1.TierReportRequest
+	(*TierReportResponse)(nil),  // 34: rewind.coordinator.v1.TierReportResponse
+	nil,                         // 35: rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
+	nil,                         // 36: rewind.coordinator.v1.Job.PlacementEntry
 }
 var file_coordinator_proto_depIdxs = []int32{
 	0,  // 0: rewind.coordinator.v1.RegisterRequest.node:type_name -> rewind.coordinator.v1.Node
 	1,  // 1: rewind.coordinator.v1.RegisterRequest.inventory:type_name -> rewind.coordinator.v1.ShardRecord
 	3,  // 2: rewind.coordinator.v1.RegisterResponse.pins:type_name -> rewind.coordinator.v1.Pin
-	27, // 3: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
+	35, // 3: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
 	1,  // 4: rewind.coordinator.v1.ReportRequest.shards:type_name -> rewind.coordinator.v1.ShardRecord
 	3,  // 5: rewind.coordinator.v1.ReportResponse.pins:type_name -> rewind.coordinator.v1.Pin
 	3,  // 6: rewind.coordinator.v1.ReportResponse.consistent:type_name -> rewind.coordinator.v1.Pin
-	28, // 7: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
+	36, // 7: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
 	12, // 8: rewind.coordinator.v1.ListJobsResponse.jobs:type_name -> rewind.coordinator.v1.Job
 	15, // 9: rewind.coordinator.v1.Step.copies:type_name -> rewind.coordinator.v1.Copy
-	16, // 10: rewind.coordinator.v1.ListStepsResponse.steps:type_name -> rewind.coordinator.v1.Step
-	16, // 11: rewind.coordinator.v1.InspectStepResponse.step:type_name -> rewind.coordinator.v1.Step
-	15, // 12: rewind.coordinator.v1.CopyCheck.copy:type_name -> rewind.coordinator.v1.Copy
-	20, // 13: rewind.coordinator.v1.VerifyStepResponse.checks:type_name -> rewind.coordinator.v1.CopyCheck
-	15, // 14: rewind.coordinator.v1.RankPlan.sources:type_name -> rewind.coordinator.v1.Copy
-	23, // 15: rewind.coordinator.v1.PlanRestoreResponse.ranks:type_name -> rewind.coordinator.v1.RankPlan
-	2,  // 16: rewind.coordinator.v1.Coordinator.Register:input_type -> rewind.coordinator.v1.RegisterRequest
-	5,  // 17: rewind.coordinator.v1.Coordinator.RegisterJob:input_type -> rewind.coordinator.v1.RegisterJobRequest
-	7,  // 18: rewind.coordinator.v1.Coordinator.Report:input_type -> rewind.coordinator.v1.ReportRequest
-	7,  // 19: rewind.coordinator.v1.Coordinator.ReportStream:input_type -> rewind.coordinator.v1.ReportRequest
-	9,  // 20: rewind.coordinator.v1.Coordinator.Latest:input_type -> rewind.coordinator.v1.LatestRequest
-	11, // 21: rewind.coordinator.v1.Coordinator.ListJobs:input_type -> rewind.coordinator.v1.ListJobsRequest
-	14, // 22: rewind.coordinator.v1.Coordinator.ListSteps:input_type -> rewind.coordinator.v1.ListStepsRequest
-	18, // 23: rewind.coordinator.v1.Coordinator.InspectStep:input_type -> rewind.coordinator.v1.StepRequest
-	18, // 24: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
-	22, // 25: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
-	25, // 26: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
-	4,  // 27: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
-	6,  // 28: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
-	8,  // 29: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
-	8,  // 30: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
-	10, // 31: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
-	13, // 32: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
-	17, // 33: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
-	19, // 34: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
-	21, // 35: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
-	24, // 36: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
-	26, // 37: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
-	27, // [27:38] is the sub-list for method output_type
-	16, // [16:27] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	17, // 10: rewind.coordinator.v1.Step.tiers:type_name -> rewind.coordinator.v1.TierCopy
+	16, // 11: rewind.coordinator.v1.ListStepsResponse.steps:type_name -> rewind.coordinator.v1.Step
+	16, // 12: rewind.coordinator.v1.InspectStepResponse.step:type_name -> rewind.coordinator.v1.Step
+	15, // 13: rewind.coordinator.v1.CopyCheck.copy:type_name -> rewind.coordinator.v1.Copy
+	21, // 14: rewind.coordinator.v1.VerifyStepResponse.checks:type_name -> rewind.coordinator.v1.CopyCheck
+	15, // 15: rewind.coordinator.v1.RankPlan.sources:type_name -> rewind.coordinator.v1.Copy
+	24, // 16: rewind.coordinator.v1.PlanRestoreResponse.ranks:type_name -> rewind.coordinator.v1.RankPlan
+	29, // 17: rewind.coordinator.v1.TransferOrder.shards:type_name -> rewind.coordinator.v1.ShardEntry
+	31, // 18: rewind.coordinator.v1.TierReportRequest.events:type_name -> rewind.coordinator.v1.TierEvent
+	32, // 19: rewind.coordinator.v1.TierReportRequest.health:type_name -> rewind.coordinator.v1.TierHealth
+	2,  // 20: rewind.coordinator.v1.Coordinator.Register:input_type -> rewind.coordinator.v1.RegisterRequest
+	5,  // 21: rewind.coordinator.v1.Coordinator.RegisterJob:input_type -> rewind.coordinator.v1.RegisterJobRequest
+	7,  // 22: rewind.coordinator.v1.Coordinator.Report:input_type -> rewind.coordinator.v1.ReportRequest
+	7,  // 23: rewind.coordinator.v1.Coordinator.ReportStream:input_type -> rewind.coordinator.v1.ReportRequest
+	9,  // 24: rewind.coordinator.v1.Coordinator.Latest:input_type -> rewind.coordinator.v1.LatestRequest
+	11, // 25: rewind.coordinator.v1.Coordinator.ListJobs:input_type -> rewind.coordinator.v1.ListJobsRequest
+	14, // 26: rewind.coordinator.v1.Coordinator.ListSteps:input_type -> rewind.coordinator.v1.ListStepsRequest
+	19, // 27: rewind.coordinator.v1.Coordinator.InspectStep:input_type -> rewind.coordinator.v1.StepRequest
+	19, // 28: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
+	23, // 29: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
+	26, // 30: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
+	28, // 31: rewind.coordinator.v1.Coordinator.Transfers:input_type -> rewind.coordinator.v1.TransfersRequest
+	33, // 32: rewind.coordinator.v1.Coordinator.TierReport:input_type -> rewind.coordinator.v1.TierReportRequest
+	4,  // 33: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
+	6,  // 34: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
+	8,  // 35: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
+	8,  // 36: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
+	10, // 37: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
+	13, // 38: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
+	18, // 39: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
+	20, // 40: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
+	22, // 41: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
+	25, // 42: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
+	27, // 43: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
+	30, // 44: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
+	34, // 45: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
+	33, // [33:46] is the sub-list for method output_type
+	20, // [20:33] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_coordinator_proto_init() }
@@ -1860,7 +2617,7 @@ func file_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_coordinator_proto_rawDesc), len(file_coordinator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   29,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

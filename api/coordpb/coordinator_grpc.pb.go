@@ -33,6 +33,8 @@ const (
 	Coordinator_VerifyStep_FullMethodName   = "/rewind.coordinator.v1.Coordinator/VerifyStep"
 	Coordinator_PlanRestore_FullMethodName  = "/rewind.coordinator.v1.Coordinator/PlanRestore"
 	Coordinator_DeleteStep_FullMethodName   = "/rewind.coordinator.v1.Coordinator/DeleteStep"
+	Coordinator_Transfers_FullMethodName    = "/rewind.coordinator.v1.Coordinator/Transfers"
+	Coordinator_TierReport_FullMethodName   = "/rewind.coordinator.v1.Coordinator/TierReport"
 )
 
 // CoordinatorClient is the client API for Coordinator service.
@@ -65,6 +67,13 @@ type CoordinatorClient interface {
 	// DeleteStep removes a step's copies; the latest consistent step only
 	// with force.
 	DeleteStep(ctx context.Context, in *DeleteStepRequest, opts ...grpc.CallOption) (*DeleteStepResponse, error)
+	// Transfers streams an agent the tier transfers it is to run: pushes of
+	// the shards it holds, manifests, deletions by retention. An agent keeps
+	// one such stream open; orders for a node without one wait for it.
+	Transfers(ctx context.Context, in *TransfersRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TransferOrder], error)
+	// TierReport tells the coordinator how transfers ended and how each of
+	// the agent's tiers is doing (progress, throughput, degraded).
+	TierReport(ctx context.Context, in *TierReportRequest, opts ...grpc.CallOption) (*TierReportResponse, error)
 }
 
 type coordinatorClient struct {
@@ -188,6 +197,35 @@ func (c *coordinatorClient) DeleteStep(ctx context.Context, in *DeleteStepReques
 	return out, nil
 }
 
+func (c *coordinatorClient) Transfers(ctx context.Context, in *TransfersRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TransferOrder], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Coordinator_ServiceDesc.Streams[1], Coordinator_Transfers_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[TransfersRequest, TransferOrder]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Coordinator_TransfersClient = grpc.ServerStreamingClient[TransferOrder]
+
+func (c *coordinatorClient) TierReport(ctx context.Context, in *TierReportRequest, opts ...grpc.CallOption) (*TierReportResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TierReportResponse)
+	err := c.cc.Invoke(ctx, Coordinator_TierReport_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CoordinatorServer is the server API for Coordinator service.
 // All implementations must embed UnimplementedCoordinatorServer
 // for forward compatibility.
@@ -218,6 +256,13 @@ type CoordinatorServer interface {
 	// DeleteStep removes a step's copies; the latest consistent step only
 	// with force.
 	DeleteStep(context.Context, *DeleteStepRequest) (*DeleteStepResponse, error)
+	// Transfers streams an agent the tier transfers it is to run: pushes of
+	// the shards it holds, manifests, deletions by retention. An agent keeps
+	// one such stream open; orders for a node without one wait for it.
+	Transfers(*TransfersRequest, grpc.ServerStreamingServer[TransferOrder]) error
+	// TierReport tells the coordinator how transfers ended and how each of
+	// the agent's tiers is doing (progress, throughput, degraded).
+	TierReport(context.Context, *TierReportRequest) (*TierReportResponse, error)
 	mustEmbedUnimplementedCoordinatorServer()
 }
 
@@ -260,6 +305,12 @@ func (UnimplementedCoordinatorServer) PlanRestore(context.Context, *PlanRestoreR
 }
 func (UnimplementedCoordinatorServer) DeleteStep(context.Context, *DeleteStepRequest) (*DeleteStepResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteStep not implemented")
+}
+func (UnimplementedCoordinatorServer) Transfers(*TransfersRequest, grpc.ServerStreamingServer[TransferOrder]) error {
+	return status.Error(codes.Unimplemented, "method Transfers not implemented")
+}
+func (UnimplementedCoordinatorServer) TierReport(context.Context, *TierReportRequest) (*TierReportResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method TierReport not implemented")
 }
 func (UnimplementedCoordinatorServer) mustEmbedUnimplementedCoordinatorServer() {}
 func (UnimplementedCoordinatorServer) testEmbeddedByValue()                     {}
@@ -469,6 +520,35 @@ func _Coordinator_DeleteStep_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Coordinator_Transfers_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(TransfersRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(CoordinatorServer).Transfers(m, &grpc.GenericServerStream[TransfersRequest, TransferOrder]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Coordinator_TransfersServer = grpc.ServerStreamingServer[TransferOrder]
+
+func _Coordinator_TierReport_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TierReportRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServer).TierReport(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Coordinator_TierReport_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServer).TierReport(ctx, req.(*TierReportRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Coordinator_ServiceDesc is the grpc.ServiceDesc for Coordinator service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -516,6 +596,10 @@ var Coordinator_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "DeleteStep",
 			Handler:    _Coordinator_DeleteStep_Handler,
 		},
+		{
+			MethodName: "TierReport",
+			Handler:    _Coordinator_TierReport_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -523,6 +607,11 @@ var Coordinator_ServiceDesc = grpc.ServiceDesc{
 			Handler:       _Coordinator_ReportStream_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "Transfers",
+			Handler:       _Coordinator_Transfers_Handler,
+			ServerStreams: true,
 		},
 	},
 	Metadata: "coordinator.proto",

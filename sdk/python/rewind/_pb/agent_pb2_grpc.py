@@ -69,6 +69,11 @@ class AgentStub(object):
                 request_serializer=agent__pb2.ConsistentRequest.SerializeToString,
                 response_deserializer=agent__pb2.ConsistentResponse.FromString,
                 )
+        self.Fetch = channel.unary_unary(
+                '/rewind.agent.v1.Agent/Fetch',
+                request_serializer=agent__pb2.FetchRequest.SerializeToString,
+                response_deserializer=agent__pb2.FetchResponse.FromString,
+                )
 
 
 class AgentServicer(object):
@@ -156,6 +161,15 @@ class AgentServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Fetch(self, request, context):
+        """Fetch restores a rank's shard of a step from the agent's durable
+        tiers into shared memory, trying the tiers in the order given and
+        falling back to the next on any error or checksum mismatch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -213,6 +227,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Consistent,
                     request_deserializer=agent__pb2.ConsistentRequest.FromString,
                     response_serializer=agent__pb2.ConsistentResponse.SerializeToString,
+            ),
+            'Fetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Fetch,
+                    request_deserializer=agent__pb2.FetchRequest.FromString,
+                    response_serializer=agent__pb2.FetchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -408,5 +427,22 @@ class Agent(object):
         return grpc.experimental.unary_unary(request, target, '/rewind.agent.v1.Agent/Consistent',
             agent__pb2.ConsistentRequest.SerializeToString,
             agent__pb2.ConsistentResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Fetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/rewind.agent.v1.Agent/Fetch',
+            agent__pb2.FetchRequest.SerializeToString,
+            agent__pb2.FetchResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
