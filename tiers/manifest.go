@@ -37,7 +37,33 @@ type Manifest struct {
 	Step      int64        `json:"step"`
 	WorldSize uint32       `json:"world_size"`
 	Shards    []ShardEntry `json:"shards"` // one per rank, in rank order
-	WrittenAt time.Time    `json:"written_at"`
+	// Here lists the ranks whose shards this store holds, when it holds
+	// only some: a node-local tier (NVMe) holds the shards of the ranks
+	// that ran on its node, and its manifest still describes the whole
+	// step. Empty means every rank.
+	Here      []uint32  `json:"ranks_here,omitempty"`
+	WrittenAt time.Time `json:"written_at"`
+}
+
+// Holds reports whether the store the manifest was read from holds rank's
+// shard.
+func (m *Manifest) Holds(rank uint32) bool {
+	if int(rank) >= len(m.Shards) {
+		return false
+	}
+	return len(m.Here) == 0 || slices.Contains(m.Here, rank)
+}
+
+// held returns the entries of the shards the store holds.
+func (m *Manifest) held() []ShardEntry {
+	if len(m.Here) == 0 {
+		return m.Shards
+	}
+	out := make([]ShardEntry, 0, len(m.Here))
+	for _, r := range m.Here {
+		out = append(out, m.Shards[r])
+	}
+	return out
 }
 
 // ShardEntry is one rank's shard in a manifest.
@@ -60,17 +86,22 @@ func (m *Manifest) Validate() error {
 			return fmt.Errorf("tiers: manifest of %s step %d: bad entry %d: %+v", m.Job, m.Step, i, s)
 		}
 	}
+	for i, r := range m.Here {
+		if r >= m.WorldSize || i > 0 && r <= m.Here[i-1] {
+			return fmt.Errorf("tiers: manifest of %s step %d: ranks here %v: not increasing ranks below %d", m.Job, m.Step, m.Here, m.WorldSize)
+		}
+	}
 	return nil
 }
 
 // WriteManifest makes a step's copy exist on a tier. It first checks that
-// every shard the manifest names is on the store with its size, so a
-// manifest never points at a missing or partial shard.
+// every shard the manifest says the store holds is there with its size, so
+// a manifest never points at a missing or partial shard.
 func WriteManifest(ctx context.Context, st Store, m *Manifest) error {
 	if err := m.Validate(); err != nil {
 		return err
 	}
-	for _, s := range m.Shards {
+	for _, s := range m.held() {
 		n, err := st.Size(ctx, ShardName(m.Job, m.Step, s.Rank))
 		if err != nil {
 			return fmt.Errorf("tiers: %s: manifest of %s step %d: shard of rank %d: %w", st, m.Job, m.Step, s.Rank, err)
@@ -148,6 +179,9 @@ func Steps(ctx context.Context, st Store, job string) ([]int64, error) {
 func GetShard(ctx context.Context, st Store, m *Manifest, rank uint32, dst []byte, workers int) error {
 	if int(rank) >= len(m.Shards) {
 		return fmt.Errorf("tiers: %s: rank %d out of range for %s step %d", st, rank, m.Job, m.Step)
+	}
+	if !m.Holds(rank) {
+		return fmt.Errorf("tiers: %s: %s step %d: the shard of rank %d is on another node's store: %w", st, m.Job, m.Step, rank, ErrNotExist)
 	}
 	e := m.Shards[rank]
 	if int64(len(dst)) != e.Size {

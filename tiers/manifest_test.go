@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"rewind.dev/rewind/shm"
@@ -105,5 +106,46 @@ func TestManifestRefusedWhenAShardIsMissing(t *testing.T) {
 	}
 	if steps, _ := Steps(ctx, st, "job"); len(steps) != 0 {
 		t.Fatalf("a refused manifest left a copy: %v", steps)
+	}
+}
+
+// A node-local tier holds the shards of its node's ranks only: its manifest
+// describes the whole step, names the ranks it holds, and serves only those.
+func TestManifestOfANodeLocalTier(t *testing.T) {
+	st, err := NewFileStore(t.TempDir(), NVMeOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	m, shards := putStep(t, st, "job", 5, 4)
+	for _, r := range []uint32{0, 2} {
+		if err := st.Delete(ctx, ShardName("job", 5, r)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := WriteManifest(ctx, st, m); !IsNotExist(err) {
+		t.Fatalf("manifest of every rank over a store holding two: %v", err)
+	}
+	m.Here = []uint32{3, 1}
+	if err := WriteManifest(ctx, st, m); err == nil {
+		t.Fatal("ranks here out of order accepted")
+	}
+	m.Here = []uint32{1, 3}
+	if err := WriteManifest(ctx, st, m); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadManifest(ctx, st, "job", 5)
+	if err != nil || !slices.Equal(got.Here, []uint32{1, 3}) || len(got.Shards) != 4 {
+		t.Fatalf("read manifest: %+v %v", got, err)
+	}
+	for r := range uint32(4) {
+		dst := make([]byte, len(shards[r]))
+		err := GetShard(ctx, st, got, r, dst, 2)
+		if got.Holds(r) != (err == nil) || !got.Holds(r) && !IsNotExist(err) {
+			t.Fatalf("rank %d (held %v): %v", r, got.Holds(r), err)
+		}
+		if err == nil && !bytes.Equal(dst, shards[r]) {
+			t.Fatalf("rank %d not bit-identical", r)
+		}
 	}
 }
