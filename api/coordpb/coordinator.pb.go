@@ -31,10 +31,8 @@ type Node struct {
 	Addr           string `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
 	FailureDomain  string `protobuf:"bytes,3,opt,name=failure_domain,json=failureDomain,proto3" json:"failure_domain,omitempty"`
 	ShmBudgetBytes uint64 `protobuf:"varint,4,opt,name=shm_budget_bytes,json=shmBudgetBytes,proto3" json:"shm_budget_bytes,omitempty"`
-	// The durable tiers this agent can write ("nvme", "pfs", "s3").
-	Tiers         []string `protobuf:"bytes,5,rep,name=tiers,proto3" json:"tiers,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -93,13 +91,6 @@ func (x *Node) GetShmBudgetBytes() uint64 {
 		return x.ShmBudgetBytes
 	}
 	return 0
-}
-
-func (x *Node) GetTiers() []string {
-	if x != nil {
-		return x.Tiers
-	}
-	return nil
 }
 
 type ShardRecord struct {
@@ -1751,8 +1742,10 @@ func (x *DeleteStepResponse) GetCopiesDeleted() uint32 {
 }
 
 type TransfersRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// The durable tiers this agent can write ("nvme", "pfs", "s3").
+	Tiers         []string `protobuf:"bytes,2,rep,name=tiers,proto3" json:"tiers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1792,6 +1785,13 @@ func (x *TransfersRequest) GetNode() string {
 		return x.Node
 	}
 	return ""
+}
+
+func (x *TransfersRequest) GetTiers() []string {
+	if x != nil {
+		return x.Tiers
+	}
+	return nil
 }
 
 // ShardEntry is one rank's shard as a manifest lists it.
@@ -2297,13 +2297,12 @@ var File_coordinator_proto protoreflect.FileDescriptor
 
 const file_coordinator_proto_rawDesc = "" +
 	"\n" +
-	"\x11coordinator.proto\x12\x15rewind.coordinator.v1\"\x95\x01\n" +
+	"\x11coordinator.proto\x12\x15rewind.coordinator.v1\"\x7f\n" +
 	"\x04Node\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12%\n" +
 	"\x0efailure_domain\x18\x03 \x01(\tR\rfailureDomain\x12(\n" +
-	"\x10shm_budget_bytes\x18\x04 \x01(\x04R\x0eshmBudgetBytes\x12\x14\n" +
-	"\x05tiers\x18\x05 \x03(\tR\x05tiers\"\xd8\x01\n" +
+	"\x10shm_budget_bytes\x18\x04 \x01(\x04R\x0eshmBudgetBytes\"\xd8\x01\n" +
 	"\vShardRecord\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x12\n" +
@@ -2432,9 +2431,10 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x14\n" +
 	"\x05force\x18\x03 \x01(\bR\x05force\";\n" +
 	"\x12DeleteStepResponse\x12%\n" +
-	"\x0ecopies_deleted\x18\x01 \x01(\rR\rcopiesDeleted\"&\n" +
+	"\x0ecopies_deleted\x18\x01 \x01(\rR\rcopiesDeleted\"<\n" +
 	"\x10TransfersRequest\x12\x12\n" +
-	"\x04node\x18\x01 \x01(\tR\x04node\"h\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
+	"\x05tiers\x18\x02 \x03(\tR\x05tiers\"h\n" +
 	"\n" +
 	"ShardEntry\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x1d\n" +
