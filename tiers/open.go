@@ -1,0 +1,47 @@
+package tiers
+
+import (
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+)
+
+// TierNodeLocal reports whether a tier's store is private to one node (a
+// local NVMe drive) rather than shared by every node (a parallel
+// filesystem, an object store). A node-local tier holds the shards of the
+// ranks that ran on its node.
+func TierNodeLocal(tier string) bool { return tier == "nvme" }
+
+// Open returns the store a URL names, for a tier:
+//
+//	file:///mnt/nvme/rewind    a directory (NVMe tuning for tier nvme, parallel-filesystem tuning otherwise)
+//	s3://bucket/prefix         an object store; s3 supplies the endpoint, credentials and tuning
+//
+// The store is checked for reachability by its first use, not here, so an
+// agent starts while an object store is down (its tier shows degraded).
+func Open(tier, rawURL string, s3 S3Config) (Store, error) {
+	if !slices.Contains(tierNames, tier) {
+		return nil, fmt.Errorf("tiers: unknown tier %q: want one of %s", tier, strings.Join(tierNames, ", "))
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("tiers: tier %s: %w", tier, err)
+	}
+	switch u.Scheme {
+	case "file":
+		if u.Host != "" || u.Path == "" || u.User != nil || u.RawQuery != "" {
+			return nil, fmt.Errorf("tiers: tier %s: %q: want file:///absolute/directory", tier, rawURL)
+		}
+		opts := PFSOptions()
+		if TierNodeLocal(tier) {
+			opts = NVMeOptions()
+		}
+		return NewFileStore(u.Path, opts)
+	case "s3":
+		s3.URL = rawURL
+		return NewS3Store(s3)
+	default:
+		return nil, fmt.Errorf("tiers: tier %s: %q: want a file:// or s3:// URL", tier, rawURL)
+	}
+}
