@@ -33,7 +33,8 @@ type Agent struct {
 
 	verifyQ chan verifyJob
 
-	rep       *reporter // nil without a coordinator
+	rep       *reporter  // nil without a coordinator
+	tr        *transfers // nil without a coordinator or tiers
 	advertise string
 }
 
@@ -83,6 +84,9 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.CoordinatorAddr != "" {
 		if a.rep, err = newReporter(a, cfg.CoordinatorAddr); err != nil {
 			return nil, err
+		}
+		if len(cfg.Stores) > 0 {
+			a.tr = newTransfers(a)
 		}
 	}
 	a.advertise = cfg.AdvertiseAddr

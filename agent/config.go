@@ -11,6 +11,7 @@ import (
 
 	"rewind.dev/rewind/internal/clock"
 	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/tiers"
 )
 
 // Config configures an agent.
@@ -56,6 +57,20 @@ type Config struct {
 	// a slot.
 	LeaseTTL time.Duration
 
+	// Stores are the durable tiers ("nvme", "pfs", "s3") this agent
+	// writes when the coordinator orders it and restores from.
+	Stores map[string]tiers.Store
+	// TransferWorkers is how many tier transfers run at once on the node.
+	TransferWorkers int
+	// TransferBandwidth caps the bytes per second of all tier transfers
+	// of the node together; 0 leaves them unlimited.
+	TransferBandwidth int64
+	// TransferAttempts bounds the attempts of one transfer; between them
+	// the agent waits TransferBackoff, doubling up to 30 s, and the tier
+	// shows degraded.
+	TransferAttempts int
+	TransferBackoff  time.Duration
+
 	FS       shm.FS
 	Clock    clock.Clock
 	Logger   *slog.Logger
@@ -76,6 +91,9 @@ func DefaultConfig() Config {
 		VerifyAfterCommit: true,
 		PinWait:           2 * time.Second, // reports reach the coordinator in milliseconds; this covers a restart
 		LeaseTTL:          5 * time.Minute, // far above any restore copy, short enough to recover a lost reader's slot
+		TransferWorkers:   2,               // one shard streams while the next starts; more only competes with training
+		TransferAttempts:  8,               // with the backoff, rides out about two minutes of a store being away
+		TransferBackoff:   time.Second,
 	}
 }
 
@@ -99,6 +117,17 @@ func (c *Config) Validate() error {
 	}
 	if c.PinWait < 0 {
 		errs = append(errs, fmt.Errorf("pin wait %v must not be negative", c.PinWait))
+	}
+	if c.TransferWorkers < 1 || c.TransferAttempts < 1 || c.TransferBackoff <= 0 {
+		errs = append(errs, fmt.Errorf("transfer workers %d, attempts %d and backoff %v must be positive", c.TransferWorkers, c.TransferAttempts, c.TransferBackoff))
+	}
+	if c.TransferBandwidth < 0 {
+		errs = append(errs, fmt.Errorf("transfer bandwidth %d bytes/s must not be negative", c.TransferBandwidth))
+	}
+	for name := range c.Stores {
+		if name != "nvme" && name != "pfs" && name != "s3" {
+			errs = append(errs, fmt.Errorf("unknown tier %q: want nvme, pfs or s3", name))
+		}
 	}
 	if c.LeaseTTL <= 0 {
 		errs = append(errs, fmt.Errorf("lease TTL %v must be positive", c.LeaseTTL))

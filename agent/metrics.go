@@ -8,6 +8,8 @@ type metrics struct {
 	corrupt        prometheus.Counter
 	verifySeconds  prometheus.Histogram
 	readBytes      prometheus.Counter
+	transfers      *prometheus.CounterVec
+	tierBytes      *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, a *Agent) *metrics {
@@ -33,6 +35,14 @@ func newMetrics(reg prometheus.Registerer, a *Agent) *metrics {
 			Name: "rewind_agent_read_bytes_total",
 			Help: "Bytes of shards streamed to readers over gRPC.",
 		}),
+		transfers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rewind_agent_tier_transfers_total",
+			Help: "Tier transfers (push, manifest, delete, fetch) by tier and outcome (ok, failed).",
+		}, []string{"tier", "kind", "result"}),
+		tierBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rewind_agent_tier_bytes_total",
+			Help: "Bytes pushed to (or fetched from) durable tiers.",
+		}, []string{"tier"}),
 	}
 	usedFn := func() float64 { u, _ := a.Used(); return float64(u) }
 	budgetFn := func() float64 { _, b := a.Used(); return float64(b) }
@@ -48,7 +58,7 @@ func newMetrics(reg prometheus.Registerer, a *Agent) *metrics {
 		}
 		return float64(n)
 	})
-	reg.MustRegister(m.saves, m.committedBytes, m.corrupt, m.verifySeconds, m.readBytes, shards,
+	reg.MustRegister(m.saves, m.committedBytes, m.corrupt, m.verifySeconds, m.readBytes, shards, m.transfers, m.tierBytes,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rewind_agent_shm_bytes", Help: "Bytes of all segments in shared memory."}, usedFn),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rewind_agent_shm_budget_bytes", Help: "The node's shared-memory budget."}, budgetFn),
 	)

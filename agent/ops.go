@@ -48,6 +48,9 @@ func (a *Agent) Prepare(ctx context.Context, job string, rank, worldSize uint32,
 		return PrepareResult{}, err
 	}
 	if err := a.reserveBudget(job, rank, s.Size, size); err != nil {
+		if s.State == stateFree && s.Size == 0 { // a new slot: it never was
+			r.slots = slices.DeleteFunc(r.slots, func(x *slot) bool { return x == s })
+		}
 		a.metrics.saves.WithLabelValues("budget").Inc()
 		return PrepareResult{}, err
 	}

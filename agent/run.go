@@ -65,6 +65,12 @@ func (a *Agent) Run(ctx context.Context, ready func(Addrs)) error {
 		go func() { a.rep.run(rctx); close(repDone) }()
 		defer func() { stopRep(); <-repDone }()
 	}
+	if a.tr != nil {
+		tctx, stopTr := context.WithCancel(ctx)
+		trDone := make(chan struct{})
+		go func() { a.tr.run(tctx); close(trDone) }()
+		defer func() { stopTr(); <-trDone }()
+	}
 	a.log.Info("agent serving", "socket", addrs.Socket, "tcp", addrs.TCP, "metrics", addrs.Metrics)
 	if ready != nil {
 		ready(addrs)

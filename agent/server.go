@@ -106,8 +106,21 @@ func (s *server) Status(ctx context.Context, req *agentpb.StatusRequest) (*agent
 	return &agentpb.StatusResponse{
 		Node: s.a.cfg.Node, ShmRoot: s.a.cfg.ShmRoot, Filesystem: st.Type,
 		FsSizeBytes: st.Size, FsFreeBytes: st.Free, BudgetBytes: budget, UsedBytes: used,
-		SlotsPerRank: uint32(s.a.cfg.SlotsPerRank), Version: Version,
+		SlotsPerRank: uint32(s.a.cfg.SlotsPerRank), Version: Version, Tiers: tierOrder(s.a.cfg.Stores),
 	}, nil
+}
+
+// Fetch restores a shard from the agent's tiers into shared memory.
+func (s *server) Fetch(ctx context.Context, req *agentpb.FetchRequest) (*agentpb.FetchResponse, error) {
+	res, err := s.a.Fetch(ctx, req.Job, req.Rank, req.Step, req.Tiers)
+	if err != nil {
+		return nil, err
+	}
+	resp := &agentpb.FetchResponse{Step: res.Step, Tier: res.Tier, SizeBytes: uint64(res.Size)}
+	for _, f := range res.Failed {
+		resp.Failed = append(resp.Failed, &agentpb.FetchAttempt{Tier: f.Tier, Error: f.Err.Error()})
+	}
+	return resp, nil
 }
 
 // readChunk is the size of one streamed chunk: large enough to amortize

@@ -76,13 +76,17 @@ func (r *rankState) find(step int64) *slot {
 
 // pick chooses the slot a new save writes into, or nil when every slot is
 // the latest checkpoint, the job's latest consistent step (pinned) or being
-// read. Preference: an unused slot of the
-// right size (warm), any unused slot, a new slot while fewer than max exist,
-// then the oldest committed slot that is not the latest.
+// read. Preference: an unused slot of the right size (warm), any unused
+// slot, a new slot while fewer than max exist, the oldest committed slot
+// that is not the latest, then a new slot beside those being read.
 func (r *rankState) pick(size int64, max int, pinned int64) *slot {
 	latest := r.latest()
 	var unused, oldest *slot
+	held := 0
 	for _, s := range r.slots {
+		if s.readers > 0 {
+			held++
+		}
 		if s == latest || s.readers > 0 || s.State == stateCommitted && s.Step == pinned {
 			continue
 		}
@@ -104,11 +108,25 @@ func (r *rankState) pick(size int64, max int, pinned int64) *slot {
 		return unused
 	}
 	if len(r.slots) < max {
-		s := &slot{Index: r.nextIndex(), State: stateFree}
-		r.slots = append(r.slots, s)
-		return s
+		return r.newSlot()
 	}
-	return oldest
+	if oldest != nil {
+		return oldest
+	}
+	// A slot being read (a tier transfer, a peer's restore) does not count
+	// against max: rather than wait for the reader, the save gets one more
+	// segment, so reading a checkpoint never stalls training. The extra
+	// segment stays and joins the rotation; the budget still bounds it.
+	if len(r.slots)-held < max {
+		return r.newSlot()
+	}
+	return nil
+}
+
+func (r *rankState) newSlot() *slot {
+	s := &slot{Index: r.nextIndex(), State: stateFree}
+	r.slots = append(r.slots, s)
+	return s
 }
 
 func (r *rankState) nextIndex() uint32 {

@@ -3,7 +3,9 @@ package agent
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 
 	"rewind.dev/rewind/shm"
@@ -15,6 +17,13 @@ import (
 // before it leaves and pinned while it is read, so a save cannot reuse its
 // slot meanwhile. It returns the shard's manifest entry.
 func (a *Agent) Push(ctx context.Context, st tiers.Store, job string, rank uint32, step int64) (tiers.ShardEntry, error) {
+	return a.push(ctx, st, job, rank, step, nil, nil)
+}
+
+// push is Push with the segment's reader wrapped (a bandwidth limit,
+// progress), and done called with the shard's size once it is over.
+func (a *Agent) push(ctx context.Context, st tiers.Store, job string, rank uint32, step int64,
+	wrap func(size int64, src io.ReaderAt) io.ReaderAt, done func(size int64)) (tiers.ShardEntry, error) {
 	sh, release, err := a.pin(job, rank, step)
 	if err != nil {
 		return tiers.ShardEntry{}, err
@@ -30,10 +39,14 @@ func (a *Agent) Push(ctx context.Context, st tiers.Store, job string, rank uint3
 		return tiers.ShardEntry{}, err
 	}
 	defer m.Close()
-	if err := st.Put(ctx, tiers.ShardName(job, step, rank), bytes.NewReader(m.Data), sh.Size); err != nil {
+	var src io.ReaderAt = bytes.NewReader(m.Data)
+	if wrap != nil {
+		src = wrap(sh.Size, src)
+		defer done(sh.Size)
+	}
+	if err := st.Put(ctx, tiers.ShardName(job, step, rank), src, sh.Size); err != nil {
 		return tiers.ShardEntry{}, fmt.Errorf("agent: push of job %s rank %d step %d to %s: %w", job, rank, step, st, err)
 	}
-	a.log.Info("shard pushed to tier", "job", job, "rank", rank, "step", step, "tier", st.String(), "bytes", sh.Size)
 	return tiers.ShardEntry{Rank: rank, Size: sh.Size, HeaderChecksum: sh.HeaderSum}, nil
 }
 
@@ -71,4 +84,92 @@ func (a *Agent) Pull(ctx context.Context, st tiers.Store, man *tiers.Manifest, r
 	}
 	a.log.Info("shard pulled from tier", "job", man.Job, "rank", rank, "step", man.Step, "tier", st.String(), "bytes", e.Size)
 	return nil
+}
+
+// FetchAttempt is a tier a Fetch tried and why it could not serve.
+type FetchAttempt struct {
+	Tier string
+	Err  error
+}
+
+// FetchResult says where a Fetch found the shard.
+type FetchResult struct {
+	Step   int64
+	Tier   string // "shm" when shared memory already held it
+	Size   int64
+	Failed []FetchAttempt
+}
+
+// Fetch brings rank's shard of step (the newest the first tier holds when
+// step < 0) into shared memory from the agent's tiers, in the order given
+// (all of them, nearest first, when tierNames is empty), falling back to
+// the next tier on any error, a corrupt byte included. A shard already
+// committed in shared memory is not fetched again.
+func (a *Agent) Fetch(ctx context.Context, job string, rank uint32, step int64, tierNames []string) (FetchResult, error) {
+	if err := validateRank(job, rank, 0); err != nil {
+		return FetchResult{}, err
+	}
+	if len(tierNames) == 0 {
+		tierNames = tierOrder(a.cfg.Stores)
+	}
+	if len(tierNames) == 0 {
+		return FetchResult{}, fmt.Errorf("%w: agent: node %s has no durable tiers to fetch from", ErrNotFound, a.cfg.Node)
+	}
+	if step >= 0 {
+		if sh, release, err := a.pin(job, rank, step); err == nil {
+			release()
+			return FetchResult{Step: step, Tier: "shm", Size: sh.Size}, nil
+		}
+	}
+	var res FetchResult
+	for _, name := range tierNames {
+		size, got, err := a.fetchFrom(ctx, name, job, rank, step)
+		if err == nil {
+			res.Step, res.Tier, res.Size = got, name, size
+			a.metrics.transfers.WithLabelValues(name, "fetch", "ok").Inc()
+			a.metrics.tierBytes.WithLabelValues(name).Add(float64(size))
+			return res, nil
+		}
+		a.metrics.transfers.WithLabelValues(name, "fetch", "failed").Inc()
+		a.log.Warn("fetch from tier failed; trying the next", "job", job, "rank", rank, "step", step, "tier", name, "err", err)
+		res.Failed = append(res.Failed, FetchAttempt{Tier: name, Err: err})
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	errs := make([]error, len(res.Failed))
+	for i, f := range res.Failed {
+		errs[i] = fmt.Errorf("%s: %w", f.Tier, f.Err)
+	}
+	return res, fmt.Errorf("%w: agent: no tier could restore job %s rank %d%s: %w", ErrNotFound, job, rank, stepSuffix(step, step < 0), errors.Join(errs...))
+}
+
+// fetchFrom pulls from one tier and returns the shard's size and step.
+func (a *Agent) fetchFrom(ctx context.Context, tier, job string, rank uint32, step int64) (int64, int64, error) {
+	st := a.cfg.Stores[tier]
+	if st == nil {
+		return 0, 0, fmt.Errorf("%w: node %s has no tier %q", ErrInvalid, a.cfg.Node, tier)
+	}
+	if step < 0 {
+		steps, err := tiers.Steps(ctx, st, job)
+		if err != nil {
+			return 0, 0, err
+		}
+		for i := len(steps) - 1; i >= 0 && step < 0; i-- {
+			if m, err := tiers.ReadManifest(ctx, st, job, steps[i]); err == nil && m.Holds(rank) {
+				step = steps[i]
+			}
+		}
+		if step < 0 {
+			return 0, 0, fmt.Errorf("%w: %s holds no copy of job %s rank %d", ErrNotFound, st, job, rank)
+		}
+	}
+	m, err := tiers.ReadManifest(ctx, st, job, step)
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := a.Pull(ctx, st, m, rank); err != nil {
+		return 0, 0, err
+	}
+	return m.Shards[rank].Size, step, nil
 }

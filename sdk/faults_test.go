@@ -281,9 +281,11 @@ func TestSupersededPrepareCannotCommit(t *testing.T) {
 	mustRestore(t, session(t, c, "sup", 0, 1), 1)
 }
 
-func TestReadLeasePinsSlot(t *testing.T) {
-	fake := clock.NewFake(time.Unix(1_700_000_000, 0))
-	c, _ := start(t, func(cfg *agent.Config) { cfg.Clock = fake })
+// A reader holding an old step (a tier transfer, a peer's restore) never
+// stalls a save: the save gets a segment beside it, and the step being read
+// stays intact for as long as the lease lasts.
+func TestReadLeaseDoesNotStallSaves(t *testing.T) {
+	c, _ := start(t, nil)
 	s := session(t, c, "lease", 0, 1)
 	ctx := ctxT(t)
 	for step := int64(1); step <= 2; step++ {
@@ -291,20 +293,57 @@ func TestReadLeasePinsSlot(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// A reader holds step 1: step 2 is the latest, so no slot is free.
 	open, err := c.API().Open(ctx, &agentpb.OpenRequest{Job: "lease", Rank: 0, Step: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Save(ctx, 3, state(3), nil); !errors.Is(err, sdk.ErrBusy) {
-		t.Fatalf("save while the only reusable slot is leased: %v, want ErrBusy", err)
+	for step := int64(3); step <= 6; step++ {
+		if err := s.Save(ctx, step, state(step), nil); err != nil {
+			t.Fatalf("save of step %d while step 1 is leased: %v", step, err)
+		}
+	}
+	got, err := s.RestoreStep(ctx, 1)
+	if err != nil {
+		t.Fatalf("the leased step after four more saves: %v", err)
+	}
+	same(t, state(1), got)
+	list, err := c.API().List(ctx, &agentpb.ListRequest{Job: "lease"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Shards) != 3 {
+		t.Fatalf("%d segments for 2 slots and one reader, want 3", len(list.Shards))
+	}
+	c.API().Release(ctx, &agentpb.ReleaseRequest{Lease: open.Lease})
+	mustRestore(t, s, 6)
+}
+
+// Where the budget leaves no room for a segment beside a reader, the save
+// fails with a clear error rather than touching the step being read; a
+// reader that never releases loses its lease after the TTL.
+func TestReadLeaseWithinBudget(t *testing.T) {
+	fake := clock.NewFake(time.Unix(1_700_000_000, 0))
+	size := shardSize(1) // every step's shard has the same size
+	c, _ := start(t, func(cfg *agent.Config) { cfg.Clock, cfg.BudgetBytes = fake, uint64(2*size+size/2) })
+	s := session(t, c, "lease", 0, 1)
+	ctx := ctxT(t)
+	for step := int64(1); step <= 2; step++ {
+		if err := s.Save(ctx, step, state(step), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	open, err := c.API().Open(ctx, &agentpb.OpenRequest{Job: "lease", Rank: 0, Step: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Save(ctx, 3, state(3), nil); !errors.Is(err, sdk.ErrResourceExhausted) {
+		t.Fatalf("save beside a reader over the budget: %v, want ErrResourceExhausted", err)
 	}
 	got, err := s.RestoreStep(ctx, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	same(t, state(1), got)
-	// A reader that never releases loses its lease after the TTL.
 	fake.Step(agent.DefaultConfig().LeaseTTL + time.Second)
 	if err := s.Save(ctx, 3, state(3), nil); err != nil {
 		t.Fatalf("save after the lease expired: %v", err)

@@ -26,8 +26,15 @@ func runAgent(ctx context.Context, args []string) error {
 	budget := fs.String("budget", "0", "shared-memory budget for all segments, e.g. 64GiB (0: the tmpfs size)")
 	fs.IntVar(&cfg.SlotsPerRank, "slots", cfg.SlotsPerRank, "segments per rank (at least 2)")
 	fs.BoolVar(&cfg.VerifyAfterCommit, "verify-after-commit", cfg.VerifyAfterCommit, "re-read every committed shard in the background")
+	fs.IntVar(&cfg.TransferWorkers, "transfer-workers", cfg.TransferWorkers, "tier transfers running at once on the node")
+	var tf tierFlags
+	tf.register(fs)
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var err error
+	if cfg.Stores, cfg.TransferBandwidth, err = tf.stores(); err != nil {
 		return err
 	}
 	b, err := units.ParseBytes(*budget)

@@ -1,0 +1,349 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/tiers"
+)
+
+// transfers runs the tier transfers the coordinator orders: it keeps one
+// stream of orders open, runs them on a bounded pool of workers under the
+// node's bandwidth limit, and reports how each ended and how each tier is
+// doing. A failing transfer is retried with backoff while its tier shows
+// degraded; it never touches the shards in shared memory beyond reading
+// them.
+type transfers struct {
+	a     *Agent
+	c     coordpb.CoordinatorClient
+	names []string // the agent's tiers, nearest first
+	lim   *tiers.Limiter
+	queue chan *coordpb.TransferOrder
+
+	mu     sync.Mutex
+	events []*coordpb.TierEvent // not yet acknowledged by the coordinator
+	health map[string]*tierHealth
+	dirty  bool // health changed since it was last sent
+	wake   chan struct{}
+}
+
+type tierHealth struct {
+	store           string
+	degraded        bool
+	err             string
+	queued, running int
+	bytesTotal      int64        // of the pushes queued or running
+	bytesDone       atomic.Int64 // of those, moved so far
+	rate            float64      // bytes per second of the last push
+}
+
+// maxQueuedTransfers bounds the orders an agent holds; past it an order
+// fails at once and the coordinator schedules a later step.
+const maxQueuedTransfers = 4096
+
+// maxPendingEvents bounds the outcomes kept while the coordinator is away.
+const maxPendingEvents = 100_000
+
+func newTransfers(a *Agent) *transfers {
+	t := &transfers{a: a, c: a.rep.c, lim: tiers.NewLimiter(a.cfg.TransferBandwidth, a.cfg.Clock),
+		queue: make(chan *coordpb.TransferOrder, maxQueuedTransfers), health: map[string]*tierHealth{}, wake: make(chan struct{}, 1)}
+	for _, n := range tierOrder(a.cfg.Stores) {
+		t.names = append(t.names, n)
+		t.health[n] = &tierHealth{store: a.cfg.Stores[n].String()}
+	}
+	return t
+}
+
+// tierOrder lists tier names nearest (cheapest to restore from) first.
+func tierOrder(stores map[string]tiers.Store) []string {
+	var out []string
+	for _, n := range []string{"nvme", "pfs", "s3"} {
+		if stores[n] != nil {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// run serves until ctx ends.
+func (t *transfers) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for range t.a.cfg.TransferWorkers {
+		wg.Go(func() { t.work(ctx) })
+	}
+	wg.Go(func() { t.subscribe(ctx) })
+	wg.Go(func() { t.report(ctx) })
+	wg.Wait()
+}
+
+// subscribe keeps the stream of orders open, reconnecting with backoff.
+func (t *transfers) subscribe(ctx context.Context) {
+	backoff := 200 * time.Millisecond
+	for ctx.Err() == nil {
+		stream, err := t.c.Transfers(ctx, &coordpb.TransfersRequest{Node: t.a.cfg.Node, Tiers: t.names})
+		for err == nil {
+			var o *coordpb.TransferOrder
+			if o, err = stream.Recv(); err == nil {
+				t.enqueue(o)
+				backoff = 200 * time.Millisecond
+			}
+		}
+		if ctx.Err() == nil {
+			t.a.log.Debug("transfer stream ended; reconnecting", "err", err, "in", backoff)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+func (t *transfers) enqueue(o *coordpb.TransferOrder) {
+	t.mu.Lock()
+	h := t.health[o.Tier]
+	if h != nil {
+		h.queued++
+	}
+	t.mu.Unlock()
+	select {
+	case t.queue <- o:
+	default:
+		t.finish(o, h, 0, 0, fmt.Errorf("agent: %d transfers already queued", maxQueuedTransfers))
+	}
+}
+
+func (t *transfers) work(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case o := <-t.queue:
+			t.run1(ctx, o)
+		}
+	}
+}
+
+// run1 runs one order, with retries, and records how it ended.
+func (t *transfers) run1(ctx context.Context, o *coordpb.TransferOrder) {
+	st := t.a.cfg.Stores[o.Tier]
+	t.mu.Lock()
+	h := t.health[o.Tier]
+	if h != nil {
+		h.queued--
+		h.running++
+		t.dirty = true
+	}
+	t.mu.Unlock()
+	if st == nil {
+		t.finish(o, nil, 0, 0, fmt.Errorf("%w: agent: node %s has no tier %q", ErrInvalid, t.a.cfg.Node, o.Tier))
+		return
+	}
+	start := t.a.cfg.Clock.Now()
+	var n int64
+	err := t.retry(ctx, o, h, func(ctx context.Context) (err error) {
+		n, err = t.do(ctx, st, o, h)
+		return err
+	})
+	t.finish(o, h, n, t.a.cfg.Clock.Now().Sub(start), err)
+}
+
+// do runs one attempt of an order and returns the bytes it moved.
+func (t *transfers) do(ctx context.Context, st tiers.Store, o *coordpb.TransferOrder, h *tierHealth) (int64, error) {
+	switch o.Kind {
+	case "push":
+		e, err := t.a.push(ctx, st, o.Job, o.Rank, o.Step, func(size int64, src io.ReaderAt) io.ReaderAt {
+			t.mu.Lock()
+			h.bytesTotal += size
+			t.mu.Unlock()
+			return &countingReader{r: tiers.LimitReaderAt(ctx, src, t.lim), n: &h.bytesDone}
+		}, func(size int64) {
+			t.mu.Lock()
+			h.bytesTotal -= size
+			h.bytesDone.Add(-size)
+			t.mu.Unlock()
+		})
+		return e.Size, err
+	case "manifest":
+		m := &tiers.Manifest{Job: o.Job, Step: o.Step, WorldSize: o.WorldSize}
+		for _, s := range o.Shards {
+			m.Shards = append(m.Shards, tiers.ShardEntry{Rank: s.Rank, Size: int64(s.SizeBytes), HeaderChecksum: s.HeaderChecksum})
+		}
+		if tiers.TierNodeLocal(o.Tier) {
+			m.Here = slices.Sorted(slices.Values(o.Ranks))
+		}
+		return 0, tiers.WriteManifest(ctx, st, m)
+	case "delete":
+		// The manifest goes first: from then on the copy does not exist,
+		// whatever happens to the deletion of its shards.
+		if err := st.Delete(ctx, tiers.ManifestName(o.Job, o.Step)); err != nil {
+			return 0, err
+		}
+		for _, r := range o.Ranks {
+			if err := st.Delete(ctx, tiers.ShardName(o.Job, o.Step, r)); err != nil {
+				return 0, err
+			}
+		}
+		return 0, nil
+	default:
+		return 0, fmt.Errorf("%w: agent: unknown transfer kind %q", ErrInvalid, o.Kind)
+	}
+}
+
+// retry runs f until it succeeds, fails for good, or the attempts run out;
+// between attempts the tier shows degraded with the error.
+func (t *transfers) retry(ctx context.Context, o *coordpb.TransferOrder, h *tierHealth, f func(context.Context) error) error {
+	backoff := t.a.cfg.TransferBackoff
+	for attempt := 1; ; attempt++ {
+		err := f(ctx)
+		if err == nil || attempt >= t.a.cfg.TransferAttempts || !retryable(err) || ctx.Err() != nil {
+			return err
+		}
+		t.setHealth(h, err)
+		t.a.log.Warn("tier transfer failed; retrying", "kind", o.Kind, "job", o.Job, "step", o.Step, "rank", o.Rank,
+			"tier", o.Tier, "attempt", attempt, "in", backoff, "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+}
+
+// retryable: a shard gone from memory, a bad order, a corrupt shard or a
+// full disk will not heal by waiting for it.
+func retryable(err error) bool {
+	var nospace *shm.NoSpaceError
+	return !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrInvalid) && !errors.Is(err, shm.ErrCorrupt) &&
+		!errors.As(err, &nospace) && !errors.Is(err, syscall.ENOSPC)
+}
+
+func (t *transfers) setHealth(h *tierHealth, err error) {
+	if h == nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	h.degraded, h.err, t.dirty = err != nil, "", true
+	if err != nil {
+		h.err = err.Error()
+	}
+}
+
+// finish records an order's outcome for the coordinator and the metrics.
+func (t *transfers) finish(o *coordpb.TransferOrder, h *tierHealth, n int64, d time.Duration, err error) {
+	ev := &coordpb.TierEvent{Order: o.Id, Kind: o.Kind, Job: o.Job, Step: o.Step, Tier: o.Tier, Rank: o.Rank,
+		Ok: err == nil, Bytes: uint64(n), DurationNanos: int64(d)}
+	result := "ok"
+	if err != nil {
+		ev.Error, result = err.Error(), "failed"
+		t.a.log.Error("tier transfer failed", "kind", o.Kind, "job", o.Job, "step", o.Step, "rank", o.Rank, "tier", o.Tier, "err", err)
+	} else if o.Kind == "push" {
+		t.a.log.Info("shard pushed to tier", "job", o.Job, "rank", o.Rank, "step", o.Step, "tier", o.Tier, "bytes", n, "seconds", d.Seconds())
+	}
+	t.a.metrics.transfers.WithLabelValues(o.Tier, o.Kind, result).Inc()
+	t.a.metrics.tierBytes.WithLabelValues(o.Tier).Add(float64(n))
+	t.mu.Lock()
+	if h != nil {
+		h.running--
+		if o.Kind == "push" && err == nil && d > 0 {
+			h.rate = float64(n) / d.Seconds()
+		}
+		h.degraded, h.err = err != nil, ""
+		if err != nil {
+			h.err = err.Error()
+		}
+	}
+	if len(t.events) < maxPendingEvents {
+		t.events = append(t.events, ev)
+	}
+	t.dirty = true
+	t.mu.Unlock()
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
+
+// report sends outcomes and tier health to the coordinator as they happen,
+// and the health every second while something moves.
+func (t *transfers) report(ctx context.Context) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.wake:
+		case <-tick.C:
+		}
+		req, sent := t.pending()
+		if req == nil {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := t.c.TierReport(cctx, req)
+		cancel()
+		if err != nil {
+			t.mu.Lock()
+			t.dirty = true
+			t.mu.Unlock()
+			t.a.log.Debug("tier report not delivered; will resend", "err", err)
+			continue
+		}
+		t.mu.Lock()
+		t.events = t.events[sent:]
+		t.mu.Unlock()
+	}
+}
+
+// pending builds the next report, or nil when there is nothing to say.
+func (t *transfers) pending() (*coordpb.TierReportRequest, int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	busy := false
+	for _, h := range t.health {
+		busy = busy || h.running > 0 || h.queued > 0
+	}
+	if !t.dirty && !busy && len(t.events) == 0 {
+		return nil, 0
+	}
+	t.dirty = false
+	n := min(len(t.events), 1024)
+	req := &coordpb.TierReportRequest{Node: t.a.cfg.Node, Events: slices.Clone(t.events[:n])}
+	req.Health = t.healthLocked()
+	return req, n
+}
+
+func (t *transfers) healthLocked() []*coordpb.TierHealth {
+	var out []*coordpb.TierHealth
+	for _, n := range t.names {
+		h := t.health[n]
+		out = append(out, &coordpb.TierHealth{Tier: n, Store: h.store, Degraded: h.degraded, Error: h.err,
+			Queued: uint32(max(h.queued, 0)), Running: uint32(max(h.running, 0)),
+			BytesDone: uint64(max(h.bytesDone.Load(), 0)), BytesTotal: uint64(max(h.bytesTotal, 0)), BytesPerSec: h.rate})
+	}
+	return out
+}
+
+// countingReader counts the bytes read through it, for progress.
+type countingReader struct {
+	r io.ReaderAt
+	n *atomic.Int64
+}
+
+func (c *countingReader) ReadAt(p []byte, off int64) (int, error) {
+	n, err := c.r.ReadAt(p, off)
+	c.n.Add(int64(n))
+	return n, err
+}
