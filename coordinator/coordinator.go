@@ -25,6 +25,10 @@ type Coordinator struct {
 	mu    sync.Mutex
 	state *State
 	store *Store
+
+	// qmu guards queue, the reports waiting to be applied (group.go).
+	qmu   sync.Mutex
+	queue []*pendingReport
 }
 
 type metrics struct {
@@ -111,14 +115,22 @@ func (c *Coordinator) Close() error {
 }
 
 // apply runs f on the index under the lock and persists what it changed.
-// If persisting fails, the coordinator reloads its index from the store so
-// memory never claims what disk does not hold.
 func (c *Coordinator) apply(f func(ch *Changes) error) (*Changes, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var ch Changes
 	ferr := f(&ch)
-	if err := c.store.Write(&ch); err != nil {
+	if err := c.persist(&ch); err != nil {
+		return nil, err
+	}
+	return &ch, ferr
+}
+
+// persist writes ch to the store (synced when it decides a state); the
+// caller holds c.mu. If the write fails, the coordinator reloads its index
+// from the store so memory never claims what disk does not hold.
+func (c *Coordinator) persist(ch *Changes) error {
+	if err := c.store.Write(ch); err != nil {
 		// Grouped writes acknowledged earlier may be lost with this batch:
 		// a new incarnation makes every agent register its inventory again.
 		c.incarnation.Store(newIncarnation())
@@ -127,9 +139,9 @@ func (c *Coordinator) apply(f func(ch *Changes) error) (*Changes, error) {
 		if lerr := c.store.Load(fresh); lerr == nil {
 			c.state = fresh
 		}
-		return nil, fmt.Errorf("coordinator: %w", err)
+		return fmt.Errorf("coordinator: %w", err)
 	}
-	return &ch, ferr
+	return nil
 }
 
 // flushEvery is how often grouped index writes are committed when no

@@ -54,7 +54,9 @@ func (c *Coordinator) Register(n *NodeInfo, inventory []Record) ([]*coordpb.Pin,
 		c.log.Warn("agent inventory had shards that could not be recorded", "node", n.Name, "err", err)
 	}
 	c.log.Info("agent registered", "node", n.Name, "addr", n.Addr, "failure_domain", n.FailureDomain, "shards", len(inventory))
-	return c.pinsFor(n.Name, inventory), nil
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pinsLocked(n.Name, inventory), nil
 }
 
 func maxStep(j *Job) int64 {
@@ -63,54 +65,6 @@ func maxStep(j *Job) int64 {
 		m = max(m, s)
 	}
 	return m
-}
-
-// report applies a batch of shard events in order. Events that are refused
-// (an unknown job, a bad rank) are logged and counted; the rest still land.
-func (c *Coordinator) report(recs []Record) (*Changes, error) {
-	var errs []error
-	ch, err := c.apply(func(ch *Changes) error {
-		for _, r := range recs {
-			if err := c.state.Apply(r, ch); err != nil {
-				errs = append(errs, err)
-				c.metrics.reports.WithLabelValues(r.State, "refused").Inc()
-				continue
-			}
-			c.metrics.reports.WithLabelValues(r.State, "ok").Inc()
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	if len(errs) > 0 {
-		c.log.Warn("refused shard reports", "count", len(errs), "first", errs[0])
-		if len(errs) == len(recs) {
-			return nil, errs[0]
-		}
-	}
-	return ch, nil
-}
-
-// pinsFor returns the latest consistent step of every job named in recs
-// or placed on node.
-func (c *Coordinator) pinsFor(node string, recs []Record) []*coordpb.Pin {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	jobs := map[string]bool{}
-	for j := range c.state.JobsOn(node) {
-		jobs[j] = true
-	}
-	for _, r := range recs {
-		jobs[r.Job] = true
-	}
-	var pins []*coordpb.Pin
-	for id := range jobs {
-		if j := c.state.Jobs[id]; j != nil { // -1 too: an agent drops a pin that no longer holds
-			pins = append(pins, &coordpb.Pin{Job: id, Step: j.Latest})
-		}
-	}
-	return pins
 }
 
 func (c *Coordinator) step(job string, step int64) (*coordpb.Step, error) {
@@ -257,7 +211,7 @@ func (c *Coordinator) DeleteStep(ctx context.Context, job string, step int64, fo
 		gone = append(gone, Record{Job: job, Step: step, Rank: cp.Rank, WorldSize: st.WorldSize, Node: cp.Node, Tier: cp.Tier, State: "deleted"})
 	}
 	if len(gone) > 0 {
-		if _, err := c.report(gone); err != nil {
+		if _, err := c.report("", gone); err != nil {
 			errs = append(errs, err)
 		}
 	}

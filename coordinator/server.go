@@ -73,21 +73,19 @@ func (s *server) RegisterJob(ctx context.Context, req *coordpb.RegisterJobReques
 
 func (s *server) Report(ctx context.Context, req *coordpb.ReportRequest) (*coordpb.ReportResponse, error) {
 	start := time.Now()
-	recs := recordsOf(req.Shards)
-	ch, err := s.c.report(recs)
+	res, err := s.c.report(req.Node, recordsOf(req.Shards))
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	resp := &coordpb.ReportResponse{Incarnation: s.c.Incarnation()}
-	for _, k := range ch.Consistent {
+	resp := &coordpb.ReportResponse{Incarnation: s.c.Incarnation(), Pins: res.Pins}
+	for _, k := range res.Consistent {
 		resp.Consistent = append(resp.Consistent, &coordpb.Pin{Job: k.Job, Step: k.Step})
 		s.c.metrics.consistent.Inc()
 		s.c.log.Debug("step consistent", "job", k.Job, "step", k.Step)
 	}
-	if len(ch.Consistent) > 0 {
+	if len(res.Consistent) > 0 {
 		s.c.metrics.commitToConsis.Observe(time.Since(start).Seconds())
 	}
-	resp.Pins = s.c.pinsFor(req.Node, recs)
 	return resp, nil
 }
 

@@ -31,6 +31,8 @@ import (
 type Store struct {
 	db      *pebble.DB
 	pending *pebble.Batch
+	key     []byte // scratch for copy keys and values: the batch copies them
+	val     []byte
 }
 
 // maxPending bounds the grouped, unsynced writes before they are committed.
@@ -50,7 +52,15 @@ type stepRecord struct {
 
 // OpenStore opens (or creates) the store in dir.
 func OpenStore(dir string, log *slog.Logger) (*Store, error) {
-	db, err := pebble.Open(dir, &pebble.Options{Logger: pebbleLogger{log}})
+	db, err := pebble.Open(dir, &pebble.Options{
+		Logger: pebbleLogger{log},
+		// Copies churn: each is written when a rank commits and deleted
+		// when its slot is reused a few steps later. A memtable that holds
+		// many steps lets most of them be written and deleted before a
+		// flush, which then keeps only the deletion (the default 4 MiB
+		// flushes about every three steps of an 8,192-rank job).
+		MemTableSize: 64 << 20,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: opening store %s: %w", dir, err)
 	}
@@ -76,8 +86,24 @@ func jobKey(job string) []byte { return []byte("job/" + job) }
 func stepKey(job string, step int64) []byte {
 	return fmt.Appendf(nil, "step/%s/%020d", job, step)
 }
-func copyKey(k CopyKey) []byte {
-	return fmt.Appendf(nil, "copy/%s/%020d/%010d/%s/%s", k.Job, k.Step, k.Rank, k.Tier, k.Node)
+func copyKey(k CopyKey) []byte { return appendCopyKey(nil, k) }
+
+func appendCopyKey(b []byte, k CopyKey) []byte {
+	b = append(append(b, "copy/"...), k.Job...)
+	b = appendPadded(append(b, '/'), uint64(k.Step), 20)
+	b = appendPadded(append(b, '/'), uint64(k.Rank), 10)
+	return append(append(append(append(b, '/'), k.Tier...), '/'), k.Node...)
+}
+
+// appendPadded appends v in decimal, zero-padded to width digits, as
+// fmt's %0*d does for the non-negative numbers of keys.
+func appendPadded(b []byte, v uint64, width int) []byte {
+	var d [20]byte
+	digits := strconv.AppendUint(d[:0], v, 10)
+	for range width - len(digits) {
+		b = append(b, '0')
+	}
+	return append(b, digits...)
 }
 func nodeKey(name string) []byte { return []byte("node/" + name) }
 
@@ -116,9 +142,11 @@ func (s *Store) Write(ch *Changes) error {
 	for _, c := range ch.Copies {
 		var err error
 		if c.Copy == nil {
-			err = b.Delete(copyKey(c), nil)
+			s.key = appendCopyKey(s.key[:0], c)
+			err = b.Delete(s.key, nil)
 		} else {
-			err = b.Set(copyKey(c), encodeCopy(c.Copy), nil)
+			s.key, s.val = appendCopyKey(s.key[:0], c), appendCopy(s.val[:0], c.Copy)
+			err = b.Set(s.key, s.val, nil)
 		}
 		if err != nil {
 			return err
@@ -266,8 +294,11 @@ func (st *State) step(job string, step int64) *Step {
 // encodeCopy writes a copy's value: "<size> <checksum> <state>". Rank, tier
 // and node are in the key. Copies are the bulk of the index, so they skip
 // JSON.
-func encodeCopy(c *Copy) []byte {
-	return fmt.Appendf(nil, "%d %s %s", c.Size, c.Sum, c.State)
+func encodeCopy(c *Copy) []byte { return appendCopy(nil, c) }
+
+func appendCopy(b []byte, c *Copy) []byte {
+	b = strconv.AppendUint(b, c.Size, 10)
+	return append(append(append(append(b, ' '), c.Sum...), ' '), c.State...)
 }
 
 func decodeCopy(v []byte) (*Copy, error) {

@@ -121,3 +121,26 @@ func TestStoreStepDroppedAndRecreated(t *testing.T) {
 		t.Fatalf("reloaded:\n%s\nwant:\n%s", have, want)
 	}
 }
+
+// TestKeyEncoding: the hand-written key and value encoders write what the
+// documented formats (and Load) say.
+func TestKeyEncoding(t *testing.T) {
+	for _, k := range []CopyKey{
+		{Job: "j", Step: 0, Rank: 0, Tier: "shm", Node: "n"},
+		{Job: "job-7", Step: 123456789, Rank: 8191, Tier: "s3", Node: "node-0001"},
+		{Job: "x", Step: 1<<63 - 1, Rank: 1<<32 - 1, Tier: "nvme", Node: "a.b"},
+	} {
+		want := fmt.Sprintf("copy/%s/%020d/%010d/%s/%s", k.Job, k.Step, k.Rank, k.Tier, k.Node)
+		if got := string(copyKey(k)); got != want {
+			t.Errorf("copyKey = %q, want %q", got, want)
+		}
+	}
+	c := &Copy{Size: 1 << 30, Sum: "0123abcd", State: "committed"}
+	if got, want := string(encodeCopy(c)), "1073741824 0123abcd committed"; got != want {
+		t.Fatalf("encodeCopy = %q, want %q", got, want)
+	}
+	back, err := decodeCopy(encodeCopy(c))
+	if err != nil || *back != *c {
+		t.Fatalf("decodeCopy(encodeCopy(%+v)) = %+v, %v", c, back, err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 
@@ -56,8 +57,20 @@ func benchCoordinator(ctx context.Context, args []string) error {
 	steps := fs.Int("steps", 30, "measured steps per job size")
 	spread := fs.Duration("spread", 0, "window over which each step's reports are sent at random offsets (0: all at once, the worst case)")
 	dir := fs.String("data-dir", os.TempDir(), "parent of the coordinator's temporary pebble store (a real disk: its syncs are measured)")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (coordinator and simulated agents) to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	cfg := bench.CoordConfig{RanksPerNode: *perNode, Steps: *steps, DataDir: *dir, Spread: *spread}
 	for _, s := range strings.Split(*ranks, ",") {
@@ -72,25 +85,4 @@ func benchCoordinator(ctx context.Context, args []string) error {
 	rs, err := bench.Coordinator(ctx, cfg)
 	bench.PrintCoordinator(os.Stdout, rs)
 	return err
-}
-
-func benchTiers(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("bench tiers", flag.ContinueOnError)
-	dir := fs.String("dir", "/var/tmp", "directory on the disk to measure (the NVMe tier's disk)")
-	size := fs.String("size", "1GiB", "bytes per write")
-	runs := fs.Int("runs", 5, "runs per figure (the median is printed)")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	n, err := units.ParseBytes(*size)
-	if err != nil {
-		return err
-	}
-	fmt.Printf("rewind bench tiers: NVMe tier (FileStore.Put: O_DIRECT, fsync, rename) against dd oflag=direct conv=fsync bs=8M, same size, same directory (%s), median of %d\n", *dir, *runs)
-	r, err := bench.FileTier(ctx, bench.FileTierConfig{Dir: *dir, Size: int64(n), Runs: *runs, Chunk: 8 << 20})
-	if err != nil {
-		return err
-	}
-	bench.PrintFileTier(os.Stdout, r)
-	return nil
 }

@@ -1,0 +1,174 @@
+package coordinator
+
+import (
+	"rewind.dev/rewind/api/coordpb"
+)
+
+// Reports are applied in groups, as LevelDB's and pebble's writers commit:
+// a report joins a queue; the report at its head leads, takes every report
+// queued so far, applies them all under one hold of the index lock, stages
+// their writes in one batch and commits it once, synced when any of them
+// decided a state (one sync for many deciding writes). Every report of the
+// group is answered only after that commit, so a step is never said to be
+// consistent before the write that decided it is synced. The leader then
+// hands the lead to the next report queued meanwhile. Under a burst (every
+// agent of a synchronous job reporting the same step) this replaces a lock
+// hand-off, a batch commit and possibly a sync per report with one per group.
+
+// maxGroup bounds the reports one leader applies, so its own answer and
+// its group's are not held back without end by a long burst.
+const maxGroup = 256
+
+// pendingReport is one agent report waiting in the queue.
+type pendingReport struct {
+	node string
+	recs []Record
+	// wake receives once: the report was answered, or it leads now.
+	wake chan struct{}
+
+	// Set by the leader before wake, read by the report's goroutine after.
+	answered   bool
+	consistent []StepKey
+	pins       []*coordpb.Pin
+	err        error
+}
+
+// reportResult is what a report's answer carries.
+type reportResult struct {
+	Consistent []StepKey      // steps this report made consistent, synced
+	Pins       []*coordpb.Pin // latest consistent step of the node's jobs
+}
+
+// report applies a batch of shard events from node in order, grouped with
+// the reports of other agents that arrive meanwhile. Events that are
+// refused (an unknown job, a bad rank) are logged and counted; the rest
+// still land. It fails when every event was refused or the store failed.
+func (c *Coordinator) report(node string, recs []Record) (reportResult, error) {
+	p := &pendingReport{node: node, recs: recs, wake: make(chan struct{}, 1)}
+	c.qmu.Lock()
+	c.queue = append(c.queue, p)
+	lead := len(c.queue) == 1
+	c.qmu.Unlock()
+	if !lead {
+		<-p.wake
+		if p.answered {
+			return reportResult{Consistent: p.consistent, Pins: p.pins}, p.err
+		}
+	}
+	c.qmu.Lock()
+	group := append([]*pendingReport(nil), c.queue[:min(len(c.queue), maxGroup)]...)
+	c.qmu.Unlock()
+
+	c.applyGroup(group)
+
+	c.qmu.Lock()
+	rest := copy(c.queue, c.queue[len(group):])
+	clear(c.queue[rest:])
+	c.queue = c.queue[:rest]
+	for _, g := range group {
+		g.answered = true
+		if g != p {
+			g.wake <- struct{}{}
+		}
+	}
+	if len(c.queue) > 0 {
+		c.queue[0].wake <- struct{}{} // the next leader
+	}
+	c.qmu.Unlock()
+	return reportResult{Consistent: p.consistent, Pins: p.pins}, p.err
+}
+
+// applyGroup applies the group's reports under one hold of the lock and
+// one store commit, and fills in each report's answer.
+func (c *Coordinator) applyGroup(group []*pendingReport) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var ch Changes
+	n := 0
+	for _, p := range group {
+		n += len(p.recs)
+	}
+	ch.Copies = make([]CopyKey, 0, n)
+	counts := map[reportCount]int{}
+	for _, p := range group {
+		from, refused := len(ch.Consistent), 0
+		var first error
+		for _, r := range p.recs {
+			err := c.state.Apply(r, &ch)
+			counts[reportCount{r.State, err == nil}]++
+			if err != nil && first == nil {
+				first = err
+			}
+			if err != nil {
+				refused++
+			}
+		}
+		if refused > 0 {
+			c.log.Warn("refused shard reports", "node", p.node, "count", refused, "first", first)
+		}
+		if refused > 0 && refused == len(p.recs) {
+			p.err = first
+		}
+		p.consistent = ch.Consistent[from:len(ch.Consistent):len(ch.Consistent)]
+	}
+	c.metrics.countReports(counts)
+	if err := c.persist(&ch); err != nil {
+		for _, p := range group {
+			p.err, p.consistent = err, nil
+		}
+		return
+	}
+	for _, p := range group {
+		if p.err == nil {
+			p.pins = c.pinsLocked(p.node, p.recs)
+		}
+	}
+}
+
+// reportCount keys the report counter: a shard state and whether it was
+// recorded.
+type reportCount struct {
+	state string
+	ok    bool
+}
+
+// countReports adds counts to the report counter. States other than the
+// known ones are counted as "other", so bad input cannot grow the label
+// set.
+func (m *metrics) countReports(counts map[reportCount]int) {
+	for k, n := range counts {
+		state, result := k.state, "ok"
+		switch state {
+		case "committed", "deleted", "corrupt":
+		default:
+			state = "other"
+		}
+		if !k.ok {
+			result = "refused"
+		}
+		m.reports.WithLabelValues(state, result).Add(float64(n))
+	}
+}
+
+// pinsLocked returns the latest consistent step of every job named in
+// recs or placed on node. The caller holds c.mu.
+func (c *Coordinator) pinsLocked(node string, recs []Record) []*coordpb.Pin {
+	var pins []*coordpb.Pin
+	add := func(id string) {
+		for _, p := range pins {
+			if p.Job == id {
+				return
+			}
+		}
+		if j := c.state.Jobs[id]; j != nil { // -1 too: an agent drops a pin that no longer holds
+			pins = append(pins, &coordpb.Pin{Job: id, Step: j.Latest})
+		}
+	}
+	for id := range c.state.JobsOn(node) {
+		add(id)
+	}
+	for _, r := range recs {
+		add(r.Job)
+	}
+	return pins
+}
