@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"rewind.dev/rewind/internal/clock"
+	"rewind.dev/rewind/tiers"
 )
 
 // Config configures a coordinator.
@@ -22,6 +23,8 @@ type Config struct {
 	// AgentTimeout bounds each call the coordinator makes to an agent
 	// (verify, delete).
 	AgentTimeout time.Duration
+	// Policy is the tier policy of jobs that set none (tiers.ParsePolicy).
+	Policy tiers.Policy
 
 	Clock    clock.Clock
 	Logger   *slog.Logger
@@ -35,6 +38,7 @@ func DefaultConfig() Config {
 		MetricsAddr:  ":9465",
 		DataDir:      "/var/lib/rewind/coordinator",
 		AgentTimeout: 2 * time.Minute, // verifying a large shard reads every byte
+		Policy:       tiers.DefaultPolicy(),
 	}
 }
 
@@ -49,6 +53,9 @@ func (c *Config) Validate() error {
 	}
 	if c.AgentTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("agent timeout %v must be positive", c.AgentTimeout))
+	}
+	if err := c.Policy.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("coordinator: invalid config: %w", err)

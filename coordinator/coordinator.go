@@ -26,6 +26,8 @@ type Coordinator struct {
 	state *State
 	store *Store
 
+	tiers *tierer // tier transfers (tiering.go)
+
 	// qmu guards queue, the reports waiting to be applied (group.go).
 	qmu   sync.Mutex
 	queue []*pendingReport
@@ -59,6 +61,12 @@ func New(cfg Config) (*Coordinator, error) {
 		return nil, err
 	}
 	c.metrics = newMetrics(cfg.Registry, c)
+	c.tiers = newTierer(c)
+	c.tiers.registerMetrics(cfg.Registry)
+	if err := c.tiers.load(); err != nil {
+		store.Close()
+		return nil, fmt.Errorf("coordinator: loading tier copies: %w", err)
+	}
 	c.log.Info("index loaded", "jobs", len(c.state.Jobs), "nodes", len(c.state.Nodes),
 		"took", time.Since(start).Round(time.Millisecond), "incarnation", c.Incarnation())
 	return c, nil

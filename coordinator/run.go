@@ -45,6 +45,7 @@ func (c *Coordinator) Run(ctx context.Context, ready func(grpcAddr, metricsAddr 
 			}
 		}
 	}()
+	go c.tiers.run(ctx)
 	c.log.Info("coordinator serving", "addr", l.Addr().String(), "metrics", metricsAddr)
 	if ready != nil {
 		ready(l.Addr().String(), metricsAddr)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/tiers"
 )
 
 // server adapts the Coordinator to its gRPC service.
@@ -56,12 +58,20 @@ func (s *server) Register(ctx context.Context, req *coordpb.RegisterRequest) (*c
 }
 
 func (s *server) RegisterJob(ctx context.Context, req *coordpb.RegisterJobRequest) (*coordpb.RegisterJobResponse, error) {
+	if req.Policy != "" {
+		if _, err := tiers.ParsePolicy(req.Policy); err != nil {
+			return nil, toStatus(fmt.Errorf("%w: coordinator: job %s: %w", ErrInvalid, req.Job, err))
+		}
+	}
 	var re bool
 	_, err := s.c.apply(func(ch *Changes) error {
 		var err error
 		re, err = s.c.state.RegisterJob(req.Job, req.WorldSize, req.Placement, ch)
 		return err
 	})
+	if err == nil {
+		err = s.c.tiers.setPolicy(req.Job, req.Policy)
+	}
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -134,10 +144,13 @@ func (s *server) Latest(ctx context.Context, req *coordpb.LatestRequest) (*coord
 
 func (s *server) ListJobs(ctx context.Context, req *coordpb.ListJobsRequest) (*coordpb.ListJobsResponse, error) {
 	s.c.mu.Lock()
-	defer s.c.mu.Unlock()
 	resp := &coordpb.ListJobsResponse{}
 	for _, j := range s.c.state.Jobs {
-		resp.Jobs = append(resp.Jobs, &coordpb.Job{Id: j.ID, WorldSize: j.WorldSize, LatestConsistent: j.Latest, Steps: uint32(len(j.Steps)), Placement: j.Placement})
+		resp.Jobs = append(resp.Jobs, &coordpb.Job{Id: j.ID, WorldSize: j.WorldSize, LatestConsistent: j.Latest, Steps: uint32(len(j.Steps)), Placement: maps.Clone(j.Placement)})
+	}
+	s.c.mu.Unlock()
+	for _, j := range resp.Jobs { // after the index lock: tiering's lock comes first
+		j.Policy = s.c.tiers.policyText(j.Id)
 	}
 	slices.SortFunc(resp.Jobs, func(a, b *coordpb.Job) int { return cmpString(a.Id, b.Id) })
 	return resp, nil
@@ -155,14 +168,18 @@ func cmpString(a, b string) int {
 
 func (s *server) ListSteps(ctx context.Context, req *coordpb.ListStepsRequest) (*coordpb.ListStepsResponse, error) {
 	s.c.mu.Lock()
-	defer s.c.mu.Unlock()
 	j := s.c.state.Jobs[req.Job]
 	if j == nil {
+		s.c.mu.Unlock()
 		return nil, toStatus(fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, req.Job))
 	}
 	resp := &coordpb.ListStepsResponse{}
 	for _, st := range j.SortedSteps() {
 		resp.Steps = append(resp.Steps, stepProto(st))
+	}
+	s.c.mu.Unlock()
+	for _, st := range resp.Steps {
+		st.Tiers = s.c.tiers.copiesOf(st.Job, st.Step)
 	}
 	return resp, nil
 }
@@ -189,6 +206,7 @@ func (s *server) InspectStep(ctx context.Context, req *coordpb.StepRequest) (*co
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	st.Tiers = s.c.tiers.copiesOf(st.Job, st.Step)
 	return &coordpb.InspectStepResponse{Step: st}, nil
 }
 
