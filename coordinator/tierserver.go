@@ -278,3 +278,23 @@ func (s *server) TierReport(ctx context.Context, req *coordpb.TierReportRequest)
 	s.c.tiers.report(req)
 	return &coordpb.TierReportResponse{}, nil
 }
+
+// TierStatus returns the tier health each connected agent last reported.
+func (s *server) TierStatus(ctx context.Context, req *coordpb.TierStatusRequest) (*coordpb.TierStatusResponse, error) {
+	t := s.c.tiers
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	resp := &coordpb.TierStatusResponse{}
+	for _, node := range slices.Sorted(maps.Keys(t.subs)) {
+		nt := &coordpb.NodeTiers{Node: node}
+		if hs := t.health[node]; len(hs) > 0 {
+			nt.Tiers = hs
+		} else {
+			for _, name := range t.subs[node].tiers {
+				nt.Tiers = append(nt.Tiers, &coordpb.TierHealth{Tier: name})
+			}
+		}
+		resp.Nodes = append(resp.Nodes, nt)
+	}
+	return resp, nil
+}

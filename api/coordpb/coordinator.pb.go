@@ -2293,6 +2293,138 @@ func (*TierReportResponse) Descriptor() ([]byte, []int) {
 	return file_coordinator_proto_rawDescGZIP(), []int{34}
 }
 
+type TierStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TierStatusRequest) Reset() {
+	*x = TierStatusRequest{}
+	mi := &file_coordinator_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TierStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TierStatusRequest) ProtoMessage() {}
+
+func (x *TierStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TierStatusRequest.ProtoReflect.Descriptor instead.
+func (*TierStatusRequest) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{35}
+}
+
+type NodeTiers struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Tiers         []*TierHealth          `protobuf:"bytes,2,rep,name=tiers,proto3" json:"tiers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeTiers) Reset() {
+	*x = NodeTiers{}
+	mi := &file_coordinator_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeTiers) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeTiers) ProtoMessage() {}
+
+func (x *NodeTiers) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeTiers.ProtoReflect.Descriptor instead.
+func (*NodeTiers) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *NodeTiers) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *NodeTiers) GetTiers() []*TierHealth {
+	if x != nil {
+		return x.Tiers
+	}
+	return nil
+}
+
+type TierStatusResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Nodes         []*NodeTiers           `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TierStatusResponse) Reset() {
+	*x = TierStatusResponse{}
+	mi := &file_coordinator_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TierStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TierStatusResponse) ProtoMessage() {}
+
+func (x *TierStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TierStatusResponse.ProtoReflect.Descriptor instead.
+func (*TierStatusResponse) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *TierStatusResponse) GetNodes() []*NodeTiers {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
 var File_coordinator_proto protoreflect.FileDescriptor
 
 const file_coordinator_proto_rawDesc = "" +
@@ -2481,7 +2613,14 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x128\n" +
 	"\x06events\x18\x02 \x03(\v2 .rewind.coordinator.v1.TierEventR\x06events\x129\n" +
 	"\x06health\x18\x03 \x03(\v2!.rewind.coordinator.v1.TierHealthR\x06health\"\x14\n" +
-	"\x12TierReportResponse2\xe2\t\n" +
+	"\x12TierReportResponse\"\x13\n" +
+	"\x11TierStatusRequest\"X\n" +
+	"\tNodeTiers\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x127\n" +
+	"\x05tiers\x18\x02 \x03(\v2!.rewind.coordinator.v1.TierHealthR\x05tiers\"L\n" +
+	"\x12TierStatusResponse\x126\n" +
+	"\x05nodes\x18\x01 \x03(\v2 .rewind.coordinator.v1.NodeTiersR\x05nodes2\xc5\n" +
+	"\n" +
 	"\vCoordinator\x12[\n" +
 	"\bRegister\x12&.rewind.coordinator.v1.RegisterRequest\x1a'.rewind.coordinator.v1.RegisterResponse\x12d\n" +
 	"\vRegisterJob\x12).rewind.coordinator.v1.RegisterJobRequest\x1a*.rewind.coordinator.v1.RegisterJobResponse\x12U\n" +
@@ -2498,7 +2637,9 @@ const file_coordinator_proto_rawDesc = "" +
 	"DeleteStep\x12(.rewind.coordinator.v1.DeleteStepRequest\x1a).rewind.coordinator.v1.DeleteStepResponse\x12\\\n" +
 	"\tTransfers\x12'.rewind.coordinator.v1.TransfersRequest\x1a$.rewind.coordinator.v1.TransferOrder0\x01\x12a\n" +
 	"\n" +
-	"TierReport\x12(.rewind.coordinator.v1.TierReportRequest\x1a).rewind.coordinator.v1.TierReportResponseB\x1fZ\x1drewind.dev/rewind/api/coordpbb\x06proto3"
+	"TierReport\x12(.rewind.coordinator.v1.TierReportRequest\x1a).rewind.coordinator.v1.TierReportResponse\x12a\n" +
+	"\n" +
+	"TierStatus\x12(.rewind.coordinator.v1.TierStatusRequest\x1a).rewind.coordinator.v1.TierStatusResponseB\x1fZ\x1drewind.dev/rewind/api/coordpbb\x06proto3"
 
 var (
 	file_coordinator_proto_rawDescOnce sync.Once
@@ -2512,7 +2653,7 @@ func file_coordinator_proto_rawDescGZIP() []byte {
 	return file_coordinator_proto_rawDescData
 }
 
-var file_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_coordinator_proto_goTypes = []any{
 	(*Node)(nil),                // 0: rewind.coordinator.v1.Node
 	(*ShardRecord)(nil),         // 1: rewind.coordinator.v1.ShardRecord
@@ -2549,18 +2690,21 @@ var file_coordinator_proto_goTypes = []any{
 	(*TierHealth)(nil),          // 32: rewind.coordinator.v1.TierHealth
 	(*TierReportRequest)(nil),   // 33: rewind.coordinator.v1.TierReportRequest
 	(*TierReportResponse)(nil),  // 34: rewind.coordinator.v1.TierReportResponse
-	nil,                         // 35: rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
-	nil,                         // 36: rewind.coordinator.v1.Job.PlacementEntry
+	(*TierStatusRequest)(nil),   // 35: rewind.coordinator.v1.TierStatusRequest
+	(*NodeTiers)(nil),           // 36: rewind.coordinator.v1.NodeTiers
+	(*TierStatusResponse)(nil),  // 37: rewind.coordinator.v1.TierStatusResponse
+	nil,                         // 38: rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
+	nil,                         // 39: rewind.coordinator.v1.Job.PlacementEntry
 }
 var file_coordinator_proto_depIdxs = []int32{
 	0,  // 0: rewind.coordinator.v1.RegisterRequest.node:type_name -> rewind.coordinator.v1.Node
 	1,  // 1: rewind.coordinator.v1.RegisterRequest.inventory:type_name -> rewind.coordinator.v1.ShardRecord
 	3,  // 2: rewind.coordinator.v1.RegisterResponse.pins:type_name -> rewind.coordinator.v1.Pin
-	35, // 3: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
+	38, // 3: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
 	1,  // 4: rewind.coordinator.v1.ReportRequest.shards:type_name -> rewind.coordinator.v1.ShardRecord
 	3,  // 5: rewind.coordinator.v1.ReportResponse.pins:type_name -> rewind.coordinator.v1.Pin
 	3,  // 6: rewind.coordinator.v1.ReportResponse.consistent:type_name -> rewind.coordinator.v1.Pin
-	36, // 7: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
+	39, // 7: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
 	12, // 8: rewind.coordinator.v1.ListJobsResponse.jobs:type_name -> rewind.coordinator.v1.Job
 	15, // 9: rewind.coordinator.v1.Step.copies:type_name -> rewind.coordinator.v1.Copy
 	17, // 10: rewind.coordinator.v1.Step.tiers:type_name -> rewind.coordinator.v1.TierCopy
@@ -2573,37 +2717,41 @@ var file_coordinator_proto_depIdxs = []int32{
 	29, // 17: rewind.coordinator.v1.TransferOrder.shards:type_name -> rewind.coordinator.v1.ShardEntry
 	31, // 18: rewind.coordinator.v1.TierReportRequest.events:type_name -> rewind.coordinator.v1.TierEvent
 	32, // 19: rewind.coordinator.v1.TierReportRequest.health:type_name -> rewind.coordinator.v1.TierHealth
-	2,  // 20: rewind.coordinator.v1.Coordinator.Register:input_type -> rewind.coordinator.v1.RegisterRequest
-	5,  // 21: rewind.coordinator.v1.Coordinator.RegisterJob:input_type -> rewind.coordinator.v1.RegisterJobRequest
-	7,  // 22: rewind.coordinator.v1.Coordinator.Report:input_type -> rewind.coordinator.v1.ReportRequest
-	7,  // 23: rewind.coordinator.v1.Coordinator.ReportStream:input_type -> rewind.coordinator.v1.ReportRequest
-	9,  // 24: rewind.coordinator.v1.Coordinator.Latest:input_type -> rewind.coordinator.v1.LatestRequest
-	11, // 25: rewind.coordinator.v1.Coordinator.ListJobs:input_type -> rewind.coordinator.v1.ListJobsRequest
-	14, // 26: rewind.coordinator.v1.Coordinator.ListSteps:input_type -> rewind.coordinator.v1.ListStepsRequest
-	19, // 27: rewind.coordinator.v1.Coordinator.InspectStep:input_type -> rewind.coordinator.v1.StepRequest
-	19, // 28: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
-	23, // 29: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
-	26, // 30: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
-	28, // 31: rewind.coordinator.v1.Coordinator.Transfers:input_type -> rewind.coordinator.v1.TransfersRequest
-	33, // 32: rewind.coordinator.v1.Coordinator.TierReport:input_type -> rewind.coordinator.v1.TierReportRequest
-	4,  // 33: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
-	6,  // 34: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
-	8,  // 35: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
-	8,  // 36: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
-	10, // 37: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
-	13, // 38: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
-	18, // 39: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
-	20, // 40: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
-	22, // 41: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
-	25, // 42: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
-	27, // 43: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
-	30, // 44: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
-	34, // 45: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
-	33, // [33:46] is the sub-list for method output_type
-	20, // [20:33] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	32, // 20: rewind.coordinator.v1.NodeTiers.tiers:type_name -> rewind.coordinator.v1.TierHealth
+	36, // 21: rewind.coordinator.v1.TierStatusResponse.nodes:type_name -> rewind.coordinator.v1.NodeTiers
+	2,  // 22: rewind.coordinator.v1.Coordinator.Register:input_type -> rewind.coordinator.v1.RegisterRequest
+	5,  // 23: rewind.coordinator.v1.Coordinator.RegisterJob:input_type -> rewind.coordinator.v1.RegisterJobRequest
+	7,  // 24: rewind.coordinator.v1.Coordinator.Report:input_type -> rewind.coordinator.v1.ReportRequest
+	7,  // 25: rewind.coordinator.v1.Coordinator.ReportStream:input_type -> rewind.coordinator.v1.ReportRequest
+	9,  // 26: rewind.coordinator.v1.Coordinator.Latest:input_type -> rewind.coordinator.v1.LatestRequest
+	11, // 27: rewind.coordinator.v1.Coordinator.ListJobs:input_type -> rewind.coordinator.v1.ListJobsRequest
+	14, // 28: rewind.coordinator.v1.Coordinator.ListSteps:input_type -> rewind.coordinator.v1.ListStepsRequest
+	19, // 29: rewind.coordinator.v1.Coordinator.InspectStep:input_type -> rewind.coordinator.v1.StepRequest
+	19, // 30: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
+	23, // 31: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
+	26, // 32: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
+	28, // 33: rewind.coordinator.v1.Coordinator.Transfers:input_type -> rewind.coordinator.v1.TransfersRequest
+	33, // 34: rewind.coordinator.v1.Coordinator.TierReport:input_type -> rewind.coordinator.v1.TierReportRequest
+	35, // 35: rewind.coordinator.v1.Coordinator.TierStatus:input_type -> rewind.coordinator.v1.TierStatusRequest
+	4,  // 36: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
+	6,  // 37: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
+	8,  // 38: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
+	8,  // 39: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
+	10, // 40: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
+	13, // 41: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
+	18, // 42: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
+	20, // 43: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
+	22, // 44: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
+	25, // 45: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
+	27, // 46: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
+	30, // 47: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
+	34, // 48: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
+	37, // 49: rewind.coordinator.v1.Coordinator.TierStatus:output_type -> rewind.coordinator.v1.TierStatusResponse
+	36, // [36:50] is the sub-list for method output_type
+	22, // [22:36] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_coordinator_proto_init() }
@@ -2617,7 +2765,7 @@ func file_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_coordinator_proto_rawDesc), len(file_coordinator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   37,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -35,6 +35,7 @@ const (
 	Coordinator_DeleteStep_FullMethodName   = "/rewind.coordinator.v1.Coordinator/DeleteStep"
 	Coordinator_Transfers_FullMethodName    = "/rewind.coordinator.v1.Coordinator/Transfers"
 	Coordinator_TierReport_FullMethodName   = "/rewind.coordinator.v1.Coordinator/TierReport"
+	Coordinator_TierStatus_FullMethodName   = "/rewind.coordinator.v1.Coordinator/TierStatus"
 )
 
 // CoordinatorClient is the client API for Coordinator service.
@@ -74,6 +75,9 @@ type CoordinatorClient interface {
 	// TierReport tells the coordinator how transfers ended and how each of
 	// the agent's tiers is doing (progress, throughput, degraded).
 	TierReport(ctx context.Context, in *TierReportRequest, opts ...grpc.CallOption) (*TierReportResponse, error)
+	// TierStatus shows each connected agent's tiers: progress, throughput,
+	// and whether transfers to them are failing.
+	TierStatus(ctx context.Context, in *TierStatusRequest, opts ...grpc.CallOption) (*TierStatusResponse, error)
 }
 
 type coordinatorClient struct {
@@ -226,6 +230,16 @@ func (c *coordinatorClient) TierReport(ctx context.Context, in *TierReportReques
 	return out, nil
 }
 
+func (c *coordinatorClient) TierStatus(ctx context.Context, in *TierStatusRequest, opts ...grpc.CallOption) (*TierStatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TierStatusResponse)
+	err := c.cc.Invoke(ctx, Coordinator_TierStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CoordinatorServer is the server API for Coordinator service.
 // All implementations must embed UnimplementedCoordinatorServer
 // for forward compatibility.
@@ -263,6 +277,9 @@ type CoordinatorServer interface {
 	// TierReport tells the coordinator how transfers ended and how each of
 	// the agent's tiers is doing (progress, throughput, degraded).
 	TierReport(context.Context, *TierReportRequest) (*TierReportResponse, error)
+	// TierStatus shows each connected agent's tiers: progress, throughput,
+	// and whether transfers to them are failing.
+	TierStatus(context.Context, *TierStatusRequest) (*TierStatusResponse, error)
 	mustEmbedUnimplementedCoordinatorServer()
 }
 
@@ -311,6 +328,9 @@ func (UnimplementedCoordinatorServer) Transfers(*TransfersRequest, grpc.ServerSt
 }
 func (UnimplementedCoordinatorServer) TierReport(context.Context, *TierReportRequest) (*TierReportResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method TierReport not implemented")
+}
+func (UnimplementedCoordinatorServer) TierStatus(context.Context, *TierStatusRequest) (*TierStatusResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method TierStatus not implemented")
 }
 func (UnimplementedCoordinatorServer) mustEmbedUnimplementedCoordinatorServer() {}
 func (UnimplementedCoordinatorServer) testEmbeddedByValue()                     {}
@@ -549,6 +569,24 @@ func _Coordinator_TierReport_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Coordinator_TierStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TierStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServer).TierStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Coordinator_TierStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServer).TierStatus(ctx, req.(*TierStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Coordinator_ServiceDesc is the grpc.ServiceDesc for Coordinator service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -599,6 +637,10 @@ var Coordinator_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "TierReport",
 			Handler:    _Coordinator_TierReport_Handler,
+		},
+		{
+			MethodName: "TierStatus",
+			Handler:    _Coordinator_TierStatus_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
