@@ -35,11 +35,14 @@ type cluster struct {
 	clients []*sdk.Client
 }
 
-func startCoordinator(t *testing.T, dataDir, addr string) (string, func()) {
+func startCoordinator(t *testing.T, dataDir, addr string, mods ...func(*coordinator.Config)) (string, func()) {
 	t.Helper()
 	cfg := coordinator.DefaultConfig()
 	cfg.ListenAddr, cfg.MetricsAddr, cfg.DataDir = addr, "", dataDir
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, m := range mods {
+		m(&cfg)
+	}
 	c, err := coordinator.New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,312 @@
+package coordinator_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"rewind.dev/rewind/agent"
+	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/coordinator"
+	"rewind.dev/rewind/internal/agenttest"
+	"rewind.dev/rewind/internal/miniotest"
+	"rewind.dev/rewind/sdk"
+	"rewind.dev/rewind/tiers"
+)
+
+// tierCluster is a coordinator and agents with durable tiers: a local NVMe
+// directory per node, one shared directory as the parallel filesystem, and
+// a real MinIO as the object store.
+type tierCluster struct {
+	*cluster
+	minio   *miniotest.Server
+	nvme    []string // per node
+	pfs     string
+	cfgs    []agent.Config
+	storeOf func(node int, tier string) tiers.Store
+}
+
+func newTierCluster(t *testing.T, nodes int, policy string, mod func(node int, cfg *agent.Config)) *tierCluster {
+	p, err := tiers.ParsePolicy(policy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := &tierCluster{cluster: &cluster{t: t, dataDir: filepath.Join(t.TempDir(), "coord")}, minio: miniotest.Start(t),
+		pfs: filepath.Join(t.TempDir(), "pfs")}
+	tc.addr, tc.stop = startCoordinator(t, tc.dataDir, "127.0.0.1:0", func(c *coordinator.Config) { c.Policy = p })
+	conn, err := grpc.NewClient(tc.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	tc.api = coordpb.NewCoordinatorClient(conn)
+	tc.storeOf = func(node int, tier string) tiers.Store {
+		var st tiers.Store
+		var err error
+		switch tier {
+		case "nvme":
+			st, err = tiers.NewFileStore(tc.nvme[node], tiers.NVMeOptions())
+		case "pfs":
+			st, err = tiers.NewFileStore(tc.pfs, tiers.PFSOptions())
+		case "s3":
+			cfg := tiers.DefaultS3Config()
+			cfg.URL, cfg.Endpoint = "s3://"+tc.minio.Bucket+"/rewind", tc.minio.URL()
+			cfg.AccessKey, cfg.SecretKey = tiers.Secret(tc.minio.AccessKey), tiers.Secret(tc.minio.SecretKey)
+			cfg.PartSize, cfg.RetryBase, cfg.RetryMax, cfg.MaxAttempts = 5<<20, 50*time.Millisecond, 200*time.Millisecond, 3
+			cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+			st, err = tiers.NewS3Store(cfg)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	for i := range nodes {
+		tc.nvme = append(tc.nvme, filepath.Join(t.TempDir(), fmt.Sprintf("nvme-%d", i)))
+		cfg := agenttest.Config(t)
+		cfg.Node, cfg.CoordinatorAddr = fmt.Sprintf("node-%d", i), tc.addr
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		cfg.Stores = map[string]tiers.Store{"nvme": tc.storeOf(i, "nvme"), "pfs": tc.storeOf(i, "pfs"), "s3": tc.storeOf(i, "s3")}
+		cfg.TransferBackoff = 50 * time.Millisecond
+		if mod != nil {
+			mod(i, &cfg)
+		}
+		tc.cfgs = append(tc.cfgs, cfg)
+		tc.agents = append(tc.agents, startAgent(t, cfg))
+		c, err := sdk.Dial(context.Background(), cfg.Socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		tc.clients = append(tc.clients, c)
+	}
+	return tc
+}
+
+// rankData is what rank r saves at step: the cluster's saveStep bytes.
+func rankData(step int64, r uint32) []byte {
+	data := make([]byte, 4096)
+	for i := range data {
+		data[i] = byte(int64(i) + step + int64(r))
+	}
+	return data
+}
+
+// tierStates returns job's tier copies: tier -> state -> steps.
+func (tc *tierCluster) tierStates(job string) map[string]map[string][]int64 {
+	tc.t.Helper()
+	resp, err := tc.api.ListSteps(ctxT(tc.t), &coordpb.ListStepsRequest{Job: job})
+	if err != nil {
+		tc.t.Fatal(err)
+	}
+	out := map[string]map[string][]int64{}
+	for _, st := range resp.Steps {
+		for _, c := range st.Tiers {
+			if out[c.Tier] == nil {
+				out[c.Tier] = map[string][]int64{}
+			}
+			out[c.Tier][c.State] = append(out[c.Tier][c.State], st.Step)
+		}
+	}
+	return out
+}
+
+// waitTiers waits until no tier copy of job is copying or deleting, and
+// returns the durable steps per tier.
+func (tc *tierCluster) waitTiers(job string) map[string][]int64 {
+	tc.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		s := tc.tierStates(job)
+		busy := false
+		durable := map[string][]int64{}
+		for tier, states := range s {
+			busy = busy || len(states["copying"]) > 0 || len(states["deleting"]) > 0
+			durable[tier] = states["durable"]
+		}
+		if !busy {
+			return durable
+		}
+		if time.Now().After(deadline) {
+			tc.t.Fatalf("tier copies of %s still moving after 20 s: %v", job, s)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitStarted waits until step of job has a copy, in any state, on each
+// of the tiers named.
+func (tc *tierCluster) waitStarted(job string, step int64, names []string) {
+	tc.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s := tc.tierStates(job)
+		missing := ""
+		for _, tier := range names {
+			found := false
+			for _, steps := range s[tier] {
+				found = found || slices.Contains(steps, step)
+			}
+			if !found {
+				missing = tier
+			}
+		}
+		if missing == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			tc.t.Fatalf("step %d of %s never started on %s: %v", step, job, missing, s)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// onStore lists the steps with a manifest, and every object, under job.
+func onStore(t *testing.T, st tiers.Store, job string) ([]int64, []string) {
+	t.Helper()
+	steps, err := tiers.Steps(ctxT(t), st, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := st.List(ctxT(t), job+"/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return steps, names
+}
+
+// TestTiersPolicyRetentionAndEachTierAlone: a job of four ranks on two
+// nodes checkpoints twelve steps under a policy over all three tiers; the
+// copies and retention follow the policy exactly, on the coordinator and
+// on the stores; then shared memory is lost and each tier alone brings
+// back the newest step it holds, bit-identical.
+func TestTiersPolicyRetentionAndEachTierAlone(t *testing.T) {
+	const job, ws = "tiered", 4
+	policy := "nvme:every=2,keep=2;pfs:every=3,keep=1;s3:every=4,keep=2"
+	tc := newTierCluster(t, 2, policy, nil)
+	p, _ := tiers.ParsePolicy(policy)
+	last := map[string]int64{}
+	for step := int64(1); step <= 12; step++ {
+		tc.saveStep(job, ws, step, 0, 1, 2, 3)
+		tc.waitLatest(job, step)
+		var due []string
+		for _, tp := range p.Tiers {
+			if l, ok := last[tp.Tier]; !ok || step-l >= tp.EverySteps {
+				due, last[tp.Tier] = append(due, tp.Tier), step
+			}
+		}
+		tc.waitStarted(job, step, due)
+		tc.waitTiers(job)
+	}
+	// nvme: 1,3,5,7,9,11 keep 2; pfs: 1,4,7,10 keep 1; s3: 1,5,9 keep 2.
+	want := map[string][]int64{"nvme": {9, 11}, "pfs": {10}, "s3": {5, 9}}
+	got := tc.waitTiers(job)
+	for tier, steps := range want {
+		if !slices.Equal(got[tier], steps) {
+			t.Fatalf("durable copies on %s: %v, want %v (all: %v)", tier, got[tier], steps, tc.tierStates(job))
+		}
+	}
+	stores := map[string][]tiers.Store{"nvme": {tc.storeOf(0, "nvme"), tc.storeOf(1, "nvme")}, "pfs": {tc.storeOf(0, "pfs")}, "s3": {tc.storeOf(0, "s3")}}
+	for tier, sts := range stores {
+		for i, st := range sts {
+			steps, names := onStore(t, st, job)
+			if !slices.Equal(steps, want[tier]) {
+				t.Fatalf("%s (%d): manifests for steps %v, want %v", tier, i, steps, want[tier])
+			}
+			perStep := ws + 1 // shards and the manifest
+			if tier == "nvme" {
+				perStep = ws/2 + 1
+			}
+			if len(names) != perStep*len(want[tier]) {
+				t.Fatalf("%s (%d) holds %d objects, want %d: %v", tier, i, len(names), perStep*len(want[tier]), names)
+			}
+		}
+	}
+	// The restore plan of a step held only on tiers lists them.
+	plan, err := tc.api.PlanRestore(ctxT(t), &coordpb.PlanRestoreRequest{Job: job, Step: 10, DryRun: true})
+	if err != nil || len(plan.Ranks) != ws || plan.Ranks[0].Sources[0].Tier != "pfs" {
+		t.Fatalf("plan of step 10 (on pfs only): %v %v", plan, err)
+	}
+
+	// The nodes lose their shared memory; each tier alone restores.
+	for _, a := range tc.agents {
+		a.Stop()
+	}
+	tc.stop()
+	for tier, newest := range map[string]int64{"nvme": 11, "pfs": 10, "s3": 9} {
+		for node := range 2 {
+			cfg := agenttest.Config(t) // a fresh, empty shm root
+			cfg.Node, cfg.Logger = fmt.Sprintf("node-%d", node), slog.New(slog.NewTextHandler(io.Discard, nil))
+			cfg.Stores = map[string]tiers.Store{tier: tc.storeOf(node, tier)}
+			r := agenttest.Start(t, cfg)
+			c, err := sdk.Dial(ctxT(t), cfg.Socket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for rank := uint32(node); rank < ws; rank += 2 {
+				res, err := r.Agent.Fetch(ctxT(t), job, rank, -1, nil)
+				if err != nil || res.Step != newest || res.Tier != tier {
+					t.Fatalf("fetch of rank %d from %s alone: %+v %v, want step %d", rank, tier, res, err, newest)
+				}
+				s, _ := c.Session(job, rank, ws)
+				got, err := s.RestoreStep(ctxT(t), newest)
+				if err != nil || !bytes.Equal(got.Tensors[0].Data, rankData(newest, rank)) {
+					t.Fatalf("rank %d restored from %s: %v, bit-identical %v", rank, tier, err, err == nil && bytes.Equal(got.Tensors[0].Data, rankData(newest, rank)))
+				}
+			}
+			c.Close()
+			r.Stop()
+		}
+	}
+}
+
+// TestTierFetchFallsBackFromACorruptCopy: a byte flipped in the NVMe copy
+// of a shard is caught on restore, which falls back to the next tier.
+func TestTierFetchFallsBackFromACorruptCopy(t *testing.T) {
+	const job = "flip"
+	tc := newTierCluster(t, 1, "nvme:every=1,keep=2;pfs:every=1,keep=2", nil)
+	tc.saveStep(job, 1, 1, 0)
+	tc.waitLatest(job, 1)
+	tc.waitStarted(job, 1, []string{"nvme", "pfs"})
+	if got := tc.waitTiers(job); !slices.Equal(got["nvme"], []int64{1}) || !slices.Equal(got["pfs"], []int64{1}) {
+		t.Fatalf("durable copies: %v", got)
+	}
+	path := filepath.Join(tc.nvme[0], filepath.FromSlash(tiers.ShardName(job, 1, 0)))
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)-100] ^= 0x01
+	if err := os.WriteFile(path, b, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	tc.agents[0].Stop()
+	cfg := agenttest.Config(t) // memory lost
+	cfg.Node, cfg.Stores = "node-0", tc.cfgs[0].Stores
+	r := agenttest.Start(t, cfg)
+	res, err := r.Agent.Fetch(ctxT(t), job, 0, 1, nil)
+	if err != nil || res.Tier != "pfs" || len(res.Failed) != 1 || res.Failed[0].Tier != "nvme" || !strings.Contains(res.Failed[0].Err.Error(), "corrupt") {
+		t.Fatalf("fetch with a corrupt NVMe copy: %+v %v, want pfs after an nvme corruption", res, err)
+	}
+	c, err := sdk.Dial(ctxT(t), cfg.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, _ := c.Session(job, 0, 1)
+	got, err := s.RestoreStep(ctxT(t), 1)
+	if err != nil || !bytes.Equal(got.Tensors[0].Data, rankData(1, 0)) {
+		t.Fatalf("restore after the fallback: %v", err)
+	}
+}
