@@ -1,8 +1,9 @@
-// Package miniotest runs a real MinIO server for tests: the pinned binary
-// that `make minio` builds into the repository's bin/, on a free loopback
-// port, with a temporary data directory, random credentials and one bucket.
-// A test can stop the server (gracefully or with SIGKILL) and start it
-// again on the same port and data, to see what a client does meanwhile.
+// Package miniotest runs a real MinIO server for tests and benchmarks: the
+// pinned binary that `make minio` builds into the repository's bin/, on a
+// free loopback port, with a temporary data directory, random credentials
+// and one bucket. A test can stop the server (gracefully or with SIGKILL)
+// and start it again on the same port and data, to see what a client does
+// meanwhile.
 package miniotest
 
 import (
@@ -43,6 +44,7 @@ type Server struct {
 	Bucket    string // created by Start
 
 	bin, dir string
+	ownDir   bool // made by Launch; Close removes it
 	logPath  string
 
 	mu   sync.Mutex
@@ -50,7 +52,8 @@ type Server struct {
 	done chan struct{} // closed when cmd exits
 }
 
-// Binary returns the path of the MinIO server binary: $REWIND_MINIO, or
+// Binary returns the path of the MinIO server binary: $REWIND_MINIO,
+// minio beside the running executable (bin/rewind finds bin/minio), or
 // bin/minio in the repository (found by walking up to go.mod). Its error
 // says how to build it.
 func Binary() (string, error) {
@@ -59,6 +62,11 @@ func Binary() (string, error) {
 			return "", fmt.Errorf("miniotest: $%s: %w", EnvBinary, err)
 		}
 		return p, nil
+	}
+	if exe, err := os.Executable(); err == nil {
+		if p := filepath.Join(filepath.Dir(exe), "minio"); isFile(p) {
+			return p, nil
+		}
 	}
 	dir, err := os.Getwd()
 	if err != nil {
@@ -86,18 +94,9 @@ func Binary() (string, error) {
 // builds the binary first.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
-	bin, err := Binary()
+	s, err := newServer(tb.TempDir())
 	if err != nil {
 		tb.Fatal(err)
-	}
-	dir := tb.TempDir()
-	s := &Server{
-		bin:       bin,
-		dir:       dir,
-		logPath:   filepath.Join(dir, "minio.log"),
-		AccessKey: "rewind-" + randHex(6),
-		SecretKey: randHex(20),
-		Bucket:    "rewind-test",
 	}
 	tb.Cleanup(func() {
 		if err := s.Kill(); err != nil {
@@ -107,27 +106,81 @@ func Start(tb testing.TB) *Server {
 			tb.Logf("miniotest: server log (last 4 KiB):\n%s", s.LogTail(4096))
 		}
 	})
+	if err := s.launch(); err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
+
+// Launch starts a server with one empty bucket for a caller that is not a
+// test (a benchmark): its data lives in a new directory under parent (""
+// means the system's temporary directory), and Close stops the server and
+// removes that directory.
+func Launch(parent string) (*Server, error) {
+	dir, err := os.MkdirTemp(parent, "rewind-minio-")
+	if err != nil {
+		return nil, fmt.Errorf("miniotest: %w", err)
+	}
+	s, err := newServer(dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	s.ownDir = true
+	if err := s.launch(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close kills the server and, for a server from Launch, removes its data.
+func (s *Server) Close() error {
+	err := s.Kill()
+	if s.ownDir {
+		err = errors.Join(err, os.RemoveAll(s.dir))
+	}
+	return err
+}
+
+func newServer(dir string) (*Server, error) {
+	bin, err := Binary()
+	if err != nil {
+		return nil, err
+	}
+	return &Server{
+		bin:       bin,
+		dir:       dir,
+		logPath:   filepath.Join(dir, "minio.log"),
+		AccessKey: "rewind-" + randHex(6),
+		SecretKey: randHex(20),
+		Bucket:    "rewind-test",
+	}, nil
+}
+
+// launch starts the server on a free port and creates its bucket.
+func (s *Server) launch() error {
 	// The port is free when picked, but another process may take it
 	// before MinIO binds it: try a few.
 	for try := 1; ; try++ {
 		port, err := freePort()
 		if err != nil {
-			tb.Fatal(err)
+			return err
 		}
 		s.Endpoint = fmt.Sprintf("127.0.0.1:%d", port)
 		if err = s.Start(); err == nil {
 			break
 		}
 		if try == 3 {
-			tb.Fatalf("miniotest: %v", err)
+			return err
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := s.Client().MakeBucket(ctx, s.Bucket, minio.MakeBucketOptions{Region: Region}); err != nil {
-		tb.Fatalf("miniotest: make bucket: %v", err)
+		return fmt.Errorf("miniotest: make bucket: %w", err)
 	}
-	return s
+	return nil
 }
 
 // URL is the server's base URL.
@@ -256,6 +309,11 @@ func (s *Server) LogTail(n int) string {
 		}
 	}
 	return string(b)
+}
+
+func isFile(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular()
 }
 
 func freePort() (int, error) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 
@@ -65,5 +66,29 @@ func TestBinaryFromEnv(t *testing.T) {
 	t.Setenv(EnvBinary, "/nonexistent/minio")
 	if _, err := Binary(); err == nil || !strings.Contains(err.Error(), EnvBinary) {
 		t.Fatalf("Binary() = %v, want an error naming $%s", err, EnvBinary)
+	}
+}
+
+// TestLaunchClose: a server for a caller that is not a test serves, and
+// Close stops it and removes its data.
+func TestLaunchClose(t *testing.T) {
+	parent := t.TempDir()
+	s, err := Launch(parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Client().PutObject(t.Context(), s.Bucket, "k", strings.NewReader("v"), 1, minio.PutObjectOptions{}); err != nil {
+		s.Close()
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := http.Get(s.URL() + "/minio/health/live"); err == nil {
+		resp.Body.Close()
+		t.Fatal("after Close the server still answers")
+	}
+	if left, err := os.ReadDir(parent); err != nil || len(left) != 0 {
+		t.Fatalf("Close left %v behind (%v)", left, err)
 	}
 }
