@@ -3,14 +3,18 @@ package bench
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"text/tabwriter"
 	"time"
 
+	"rewind.dev/rewind/internal/miniotest"
+	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
 )
 
@@ -83,8 +87,197 @@ func runDD(ctx context.Context, path string, size, bs int64) (float64, error) {
 	return time.Since(t0).Seconds(), nil
 }
 
-// PrintFileTier writes the result.
-func PrintFileTier(w io.Writer, r FileTierResult) {
-	fmt.Fprintf(w, "%-10s %14s %14s %8s\n", "size", "dd direct", "nvme tier", "ratio")
-	fmt.Fprintf(w, "%-10d %14s %14s %8.2f\n", r.Size, gbps(r.DD), gbps(r.Store), r.Store/r.DD)
+// TiersConfig configures the tiers benchmark: the NVMe tier against dd,
+// the S3 store against minio-go, and how much a CPU-bound loop slows down
+// while a tier transfer runs beside it, all in one run.
+type TiersConfig struct {
+	Dir     string // the NVMe tier's disk: the file store writes here, and a local MinIO keeps its data here
+	ShmDir  string // the tmpfs the CPU test's segment lives in
+	Size    int64  // bytes per write of the throughput figures
+	CPUSize int64  // bytes of the segment the CPU test transfers; 0 skips the CPU test
+	Runs    int    // runs per figure; medians are reported
+	Chunk   int64  // dd's block size
+	// Bandwidth, when positive, also runs the CPU test with the transfer
+	// limited to this many bytes per second (tiers.Limiter).
+	Bandwidth int64
+	// AloneWindow is how long the loop runs alone before and after each
+	// transfer (0: a second).
+	AloneWindow time.Duration
+	// S3 is the object store to measure: DefaultS3Config() with the
+	// caller's settings. With an empty Endpoint a local MinIO server
+	// (bin/minio) is started for the run, its data under Dir; when the
+	// binary is missing, the S3 figures are skipped and TiersResult.S3Note
+	// says why.
+	S3   tiers.S3Config
+	NoS3 bool
+	Log  io.Writer // progress lines; nil discards them
+}
+
+// TiersResult holds the figures; bandwidths in bytes per second.
+type TiersResult struct {
+	File   FileTierResult
+	S3     *tiers.S3BenchResult // nil when skipped
+	S3Note string               // where the S3 figures come from, or why they are missing
+	CPU    []CPUResult
+}
+
+// Tiers runs the tiers benchmark.
+func Tiers(ctx context.Context, cfg TiersConfig) (TiersResult, error) {
+	var res TiersResult
+	if cfg.Runs < 1 {
+		cfg.Runs = 3
+	}
+	logf := func(format string, args ...any) {
+		if cfg.Log != nil {
+			fmt.Fprintf(cfg.Log, format+"\n", args...)
+		}
+	}
+	s3cfg, stopS3, note, err := s3Target(cfg)
+	if err != nil {
+		return res, err
+	}
+	defer stopS3()
+	res.S3Note = note
+	if err := checkSpace(cfg, s3cfg != nil && cfg.S3.Endpoint == ""); err != nil {
+		return res, err
+	}
+
+	logf("nvme tier: %s writes against dd, %d runs", shm.Bytes(uint64(cfg.Size)), cfg.Runs)
+	if res.File, err = FileTier(ctx, FileTierConfig{Dir: cfg.Dir, Size: cfg.Size, Runs: cfg.Runs, Chunk: cfg.Chunk}); err != nil {
+		return res, err
+	}
+	if s3cfg != nil {
+		logf("s3 tier: %s uploads and downloads against minio-go, %d runs", shm.Bytes(uint64(cfg.Size)), cfg.Runs)
+		r, err := tiers.BenchS3(ctx, *s3cfg, tiers.S3BenchOptions{Size: cfg.Size, Runs: cfg.Runs})
+		if err != nil {
+			return res, fmt.Errorf("bench: s3: %w", err)
+		}
+		res.S3 = &r
+	}
+	if cfg.CPUSize > 0 {
+		if res.CPU, err = cpuTiers(ctx, cfg, s3cfg, logf); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// s3Target returns the object store to measure (nil to skip it), a
+// function that stops a local server, and a note for the table.
+func s3Target(cfg TiersConfig) (*tiers.S3Config, func(), string, error) {
+	nop := func() {}
+	if cfg.NoS3 {
+		return nil, nop, "skipped (--no-s3)", nil
+	}
+	c := cfg.S3
+	if c.Endpoint != "" {
+		if c.URL == "" {
+			return nil, nop, "", errors.New("bench: an S3 endpoint needs a URL (s3://bucket/prefix) to write under")
+		}
+		return &c, nop, "at " + c.Endpoint, nil
+	}
+	if _, err := miniotest.Binary(); err != nil {
+		return nil, nop, "skipped: no local MinIO server: " + err.Error(), nil
+	}
+	srv, err := miniotest.Launch(cfg.Dir)
+	if err != nil {
+		return nil, nop, "", fmt.Errorf("bench: starting a local MinIO: %w", err)
+	}
+	c.URL = "s3://" + srv.Bucket + "/bench"
+	c.Endpoint, c.Secure, c.Region = srv.URL(), false, miniotest.Region
+	c.AccessKey, c.SecretKey, c.SessionToken = tiers.Secret(srv.AccessKey), tiers.Secret(srv.SecretKey), ""
+	c.CredentialsFile = ""
+	return &c, func() { _ = srv.Close() }, "local MinIO (bin/minio) on this machine, data in " + cfg.Dir, nil
+}
+
+// checkSpace fails early, and clearly, when the segment or the files the
+// benchmark writes cannot fit.
+func checkSpace(cfg TiersConfig, localS3 bool) error {
+	need := max(cfg.Size, cfg.CPUSize)
+	if localS3 {
+		// BenchS3 keeps three objects at once; MinIO may still hold a
+		// deleted object while the next is written.
+		need += max(3*cfg.Size, 2*cfg.CPUSize)
+	}
+	if err := checkFree(cfg.Dir, need, "--dir"); err != nil {
+		return err
+	}
+	if cfg.CPUSize > 0 {
+		return checkFree(cfg.ShmDir, cfg.CPUSize, "--shm-dir (or a smaller --cpu-size)")
+	}
+	return nil
+}
+
+func checkFree(dir string, need int64, hint string) error {
+	st, err := shm.OSFS.Statfs(dir)
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	if st.Free < uint64(need) {
+		return fmt.Errorf("bench: %s has %s free, the benchmark needs %s there: choose another %s",
+			dir, shm.Bytes(st.Free), shm.Bytes(uint64(need)), hint)
+	}
+	return nil
+}
+
+// The targets.
+const (
+	targetFileVsDD    = 0.9  // the NVMe tier writes at 0.9 of dd oflag=direct or better
+	targetS3VsMinio   = 1.5  // the S3 store moves 1.5x a single minio-go stream or better
+	targetCPUSlowdown = 0.10 // a transfer slows a CPU-bound loop beside it by less than 10%
+)
+
+// PrintTiers writes every figure beside its reference, the ratio and the
+// target, then how the CPU test's transfers went.
+func PrintTiers(w io.Writer, r TiersResult) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "figure\tmeasured\treference\tratio\ttarget\tmet")
+	size := shm.Bytes(uint64(r.File.Size))
+	row := func(name, measured, ref string, x, target float64) {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t>= %.2f\t%s\n", name, measured, ref, x, target, yesNo(x >= target))
+	}
+	row("nvme write "+size, rate(r.File.Store), "dd oflag=direct "+rate(r.File.DD), r.File.Store/r.File.DD, targetFileVsDD)
+	if s := r.S3; s != nil {
+		row("s3 upload "+size, rate(s.Put), "minio-go PutObject, 1 part at a time "+rate(s.MinioPut1), s.Put/s.MinioPut1, targetS3VsMinio)
+		fmt.Fprintf(tw, "\t\tminio-go PutObject, 4 parts at once %s\t%.2f\t\t\n", rate(s.MinioPut), s.Put/s.MinioPut)
+		row("s3 download "+size, rate(s.Get), "minio-go GetObject "+rate(s.MinioGet), s.Get/s.MinioGet, targetS3VsMinio)
+	} else {
+		fmt.Fprintln(tw, "s3 upload, download\tskipped\t\t\t\t")
+	}
+	for _, c := range r.CPU {
+		fmt.Fprintf(tw, "cpu loop beside %s\t%.0fk rounds/s\talone %.0fk rounds/s\t%.1f%% slower\t< %.0f%%\t%s\n",
+			cpuName(c), c.Beside/1e3, c.Alone/1e3, 100*c.Slowdown, 100*targetCPUSlowdown, yesNo(c.Slowdown < targetCPUSlowdown))
+	}
+	tw.Flush()
+	if r.S3Note != "" {
+		fmt.Fprintln(w, "s3:", r.S3Note)
+	}
+	if len(r.CPU) > 0 {
+		fmt.Fprintf(w, "cpu: each transfer a Put of a %s shared-memory segment; the loop's thread waited for a CPU:\n", shm.Bytes(uint64(r.CPU[0].Size)))
+		for _, c := range r.CPU {
+			fmt.Fprintf(w, "  %-24s transfer %9s   waited %4.1f%% of the time (alone %.1f%%)\n", cpuName(c), rate(c.Transfer), 100*c.WaitBeside, 100*c.WaitAlone)
+		}
+	}
+}
+
+func cpuName(c CPUResult) string {
+	if c.Limit > 0 {
+		return c.Tier + " put, limit " + rateString(c.Limit)
+	}
+	return c.Tier + " put"
+}
+
+// rate formats bytes per second.
+func rate(b float64) string {
+	if b >= 1e9 {
+		return fmt.Sprintf("%.2f GB/s", b/1e9)
+	}
+	return fmt.Sprintf("%.0f MB/s", b/1e6)
+}
+
+func yesNo(ok bool) string {
+	if ok {
+		return "yes"
+	}
+	return "NO"
 }

@@ -1,0 +1,93 @@
+package bench
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"rewind.dev/rewind/internal/miniotest"
+	"rewind.dev/rewind/tiers"
+)
+
+// smallTiers is the tiers benchmark at sizes a test can afford.
+func smallTiers(t *testing.T) TiersConfig {
+	s3 := tiers.DefaultS3Config()
+	s3.Endpoint, s3.PartSize = "", 5<<20
+	shmDir, err := os.MkdirTemp("/dev/shm", "rewind-bench-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(shmDir) })
+	return TiersConfig{Dir: t.TempDir(), ShmDir: shmDir, Size: 16 << 20, CPUSize: 12 << 20, Runs: 1, Chunk: 1 << 20,
+		Bandwidth: 64e6, AloneWindow: 50 * time.Millisecond, S3: s3}
+}
+
+// TestTiersBenchRuns: one run measures every figure (a local MinIO
+// included), prints them, and leaves nothing behind.
+func TestTiersBenchRuns(t *testing.T) {
+	cfg := smallTiers(t)
+	r, err := Tiers(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.File.DD <= 0 || r.File.Store <= 0 || r.S3 == nil || r.S3.Put <= 0 || r.S3.MinioGet <= 0 {
+		t.Fatalf("a throughput figure is missing: %+v, s3 %+v", r.File, r.S3)
+	}
+	want := []string{"nvme put", "nvme put, limit 64 MB/s", "s3 put", "s3 put, limit 64 MB/s"}
+	if len(r.CPU) != len(want) {
+		t.Fatalf("%d cpu results, want %d: %+v", len(r.CPU), len(want), r.CPU)
+	}
+	for i, c := range r.CPU {
+		if cpuName(c) != want[i] || c.Alone <= 0 || c.Beside <= 0 || c.Transfer <= 0 || c.Size != cfg.CPUSize {
+			t.Errorf("cpu result %d = %+v (%s), want %s", i, c, cpuName(c), want[i])
+		}
+	}
+	var out strings.Builder
+	PrintTiers(&out, r)
+	t.Log("\n" + out.String())
+	for _, s := range []string{"nvme write 16.0 MiB", "dd oflag=direct", "s3 upload", "minio-go GetObject", "cpu loop beside s3 put, limit 64 MB/s", "local MinIO"} {
+		if !strings.Contains(out.String(), s) {
+			t.Errorf("the table lacks %q", s)
+		}
+	}
+	assertEmpty(t, cfg.Dir)
+	assertEmpty(t, cfg.ShmDir)
+}
+
+// TestTiersBenchWithoutMinIO: a missing MinIO binary skips the S3 figures
+// and says how to build it.
+func TestTiersBenchWithoutMinIO(t *testing.T) {
+	t.Setenv(miniotest.EnvBinary, "/nonexistent/minio")
+	cfg := smallTiers(t)
+	cfg.CPUSize = 0
+	r, err := Tiers(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.S3 != nil || len(r.CPU) != 0 || !strings.Contains(r.S3Note, "skipped") {
+		t.Fatalf("s3 %+v, cpu %+v, note %q: want S3 skipped and no CPU test", r.S3, r.CPU, r.S3Note)
+	}
+	var out strings.Builder
+	PrintTiers(&out, r)
+	if !strings.Contains(out.String(), "skipped") || !strings.Contains(out.String(), miniotest.EnvBinary) {
+		t.Fatalf("the table does not say why S3 was skipped:\n%s", out.String())
+	}
+}
+
+func TestTiersBenchChecksSpace(t *testing.T) {
+	cfg := smallTiers(t)
+	cfg.NoS3, cfg.CPUSize = true, 1<<50
+	if _, err := Tiers(t.Context(), cfg); err == nil || !strings.Contains(err.Error(), "free") {
+		t.Fatalf("a segment larger than the disk: %v, want an error saying what is free", err)
+	}
+	assertEmpty(t, cfg.Dir)
+}
+
+func assertEmpty(t *testing.T, dir string) {
+	t.Helper()
+	left, err := os.ReadDir(dir)
+	if err != nil || len(left) != 0 {
+		t.Fatalf("left behind in %s: %v %v", dir, left, err)
+	}
+}
