@@ -42,9 +42,10 @@ verify: generate lint
 	$(MAKE) test-go
 
 ## bench: the performance figures in the README.
-bench: build
+bench: build minio
 	$(BIN)/rewind bench save --sizes 1GiB,4GiB --runs 5
 	$(BIN)/rewind bench coordinator --ranks 1024,8192 --steps 30
+	$(BIN)/rewind bench tiers --size 1GiB --cpu-size 4GiB --runs 3 --bandwidth 500MB
 
 ## fuzz: a short run of every fuzz target.
 fuzz:
