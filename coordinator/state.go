@@ -185,6 +185,14 @@ func (s *State) Apply(rec Record, ch *Changes) error {
 	want, what := j.WorldSize, "job"
 	if st := j.Steps[rec.Step]; st != nil {
 		want, what = st.WorldSize, "step"
+		if st.WorldSize != j.WorldSize && rec.WorldSize == j.WorldSize && rec.State == "committed" {
+			if st.State == Consistent {
+				return fmt.Errorf("%w: coordinator: job %s step %d is a consistent checkpoint at world size %d; the job now runs with %d and cannot save that step number again until it is deleted (rewind delete %s %d --force)",
+					ErrRefused, rec.Job, rec.Step, st.WorldSize, j.WorldSize, rec.Job, rec.Step)
+			}
+			s.supersede(j, st, ch)
+			want = j.WorldSize
+		}
 	}
 	if rec.WorldSize != want {
 		return fmt.Errorf("%w: coordinator: job %s step %d: report for world size %d, the %s has %d",
@@ -264,6 +272,23 @@ func (s *State) abandon(j *Job, rank uint32, step int64, ch *Changes) {
 	}
 }
 
+// supersede drops a step left unfinished at the job's old world size when
+// the job, re-registered with a new one (an elastic restart), saves the
+// same step number: the new gang's step replaces it, and its old copies
+// leave the index (agents still holding them are refused if they report
+// them again, as for any report of the old size on the new step).
+func (s *State) supersede(j *Job, st *Step, ch *Changes) {
+	for rank, cs := range st.Copies {
+		for _, c := range cs {
+			ch.Copies = append(ch.Copies, CopyKey{Job: j.ID, Step: st.Step, Rank: rank, Node: c.Node, Tier: c.Tier})
+		}
+	}
+	delete(j.Steps, st.Step)
+	ch.Steps = slices.DeleteFunc(ch.Steps, func(x *Step) bool { return x == st })
+	ch.Dropped = append(ch.Dropped, StepKey{j.ID, st.Step})
+	s.updateLatest(j, ch)
+}
+
 func (s *State) remove(j *Job, rec Record, ch *Changes) {
 	st := j.Steps[rec.Step]
 	if st == nil {
@@ -271,7 +296,13 @@ func (s *State) remove(j *Job, rec Record, ch *Changes) {
 	}
 	tier := rec.tier()
 	before := len(st.Copies[rec.Rank])
-	st.Copies[rec.Rank] = slices.DeleteFunc(st.Copies[rec.Rank], func(c *Copy) bool { return c.Node == rec.Node && c.Tier == tier })
+	// A deletion that names a checksum removes only that copy: a rank
+	// that saved the same step twice (a retried save) has its newer copy
+	// recorded, and giving up the slot of the older one leaves it. A
+	// corrupt copy goes whatever its checksum.
+	st.Copies[rec.Rank] = slices.DeleteFunc(st.Copies[rec.Rank], func(c *Copy) bool {
+		return c.Node == rec.Node && c.Tier == tier && (rec.State != "deleted" || rec.Sum == "" || c.Sum == rec.Sum)
+	})
 	if len(st.Copies[rec.Rank]) == before {
 		return
 	}
