@@ -259,9 +259,12 @@ func (t *transfers) finish(o *coordpb.TransferOrder, h *tierHealth, n int64, d t
 		if o.Kind == "push" && err == nil && d > 0 {
 			h.rate = float64(n) / d.Seconds()
 		}
-		h.degraded, h.err = err != nil, ""
+		// Only a write proves the tier healthy again: a deletion that
+		// works on a full disk does not.
 		if err != nil {
-			h.err = err.Error()
+			h.degraded, h.err = true, err.Error()
+		} else if o.Kind != "delete" {
+			h.degraded, h.err = false, ""
 		}
 	}
 	if len(t.events) < maxPendingEvents {
