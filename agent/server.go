@@ -65,6 +65,16 @@ func (s *server) List(ctx context.Context, req *agentpb.ListRequest) (*agentpb.L
 }
 
 func (s *server) Verify(ctx context.Context, req *agentpb.VerifyRequest) (*agentpb.VerifyResponse, error) {
+	if req.Tier != "" {
+		n, err := s.a.VerifyTier(ctx, req.Tier, req.Job, req.Rank, req.Step)
+		if err != nil {
+			if isCorrupt(err) {
+				return &agentpb.VerifyResponse{Ok: false, Problem: err.Error()}, nil
+			}
+			return nil, err
+		}
+		return &agentpb.VerifyResponse{Ok: true, BytesChecked: uint64(n)}, nil
+	}
 	return s.verify(req, "")
 }
 

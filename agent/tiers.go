@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 
+	"golang.org/x/sys/unix"
+
 	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
 )
@@ -172,4 +174,35 @@ func (a *Agent) fetchFrom(ctx context.Context, tier, job string, rank uint32, st
 		return 0, 0, err
 	}
 	return m.Shards[rank].Size, step, nil
+}
+
+// VerifyTier reads rank's shard of step back from one of the agent's tiers
+// and checks it against the manifest and its own checksums, into memory
+// mapped for the purpose (not the Go heap; shards are large). It returns
+// the bytes checked; a mismatch is an error wrapping shm.ErrCorrupt.
+func (a *Agent) VerifyTier(ctx context.Context, tier, job string, rank uint32, step int64) (int64, error) {
+	st := a.cfg.Stores[tier]
+	if st == nil {
+		return 0, fmt.Errorf("%w: agent: node %s has no tier %q", ErrInvalid, a.cfg.Node, tier)
+	}
+	m, err := tiers.ReadManifest(ctx, st, job, step)
+	if err != nil {
+		if tiers.IsNotExist(err) {
+			return 0, fmt.Errorf("%w: agent: %s holds no copy of job %s step %d", ErrNotFound, st, job, step)
+		}
+		return 0, err
+	}
+	if !m.Holds(rank) {
+		return 0, fmt.Errorf("%w: agent: %s holds no shard of job %s rank %d step %d", ErrNotFound, st, job, rank, step)
+	}
+	size := m.Shards[rank].Size
+	buf, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return 0, fmt.Errorf("agent: mapping %d bytes to verify a tier copy: %w", size, err)
+	}
+	defer unix.Munmap(buf)
+	if err := tiers.GetShard(ctx, st, m, rank, buf, a.cfg.VerifyWorkers); err != nil {
+		return 0, fmt.Errorf("agent: %s copy of job %s rank %d step %d: %w", tier, job, rank, step, err)
+	}
+	return size, nil
 }

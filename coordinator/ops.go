@@ -151,8 +151,12 @@ func (c *Coordinator) VerifyStep(ctx context.Context, job string, step int64) (*
 	resp := &coordpb.VerifyStepResponse{Ok: uint32(len(uniqueRanks(st.Copies))) == st.WorldSize}
 	for _, cp := range st.Copies {
 		check := &coordpb.CopyCheck{Copy: cp}
-		err := c.agentCall(ctx, cp.Node, func(ctx context.Context, a agentpb.AgentClient) error {
-			v, err := a.Verify(ctx, &agentpb.VerifyRequest{Job: job, Rank: cp.Rank, Step: step})
+		node, tier := cp.Node, ""
+		if cp.Tier != "shm" { // a tier copy: read back by an agent that has the tier
+			node, tier = c.tiers.reader(cp.Tier, cp.Node), cp.Tier
+		}
+		err := c.agentCall(ctx, node, func(ctx context.Context, a agentpb.AgentClient) error {
+			v, err := a.Verify(ctx, &agentpb.VerifyRequest{Job: job, Rank: cp.Rank, Step: step, Tier: tier})
 			if err == nil {
 				check.Ok, check.Problem = v.Ok, v.Problem
 			}
@@ -198,7 +202,11 @@ func (c *Coordinator) DeleteStep(ctx context.Context, job string, step int64, fo
 	n := 0
 	var errs []error
 	var gone []Record
+	n += c.tiers.deleteStep(job, step) // tier copies: out of the index now, off the stores by the agents
 	for _, cp := range st.Copies {
+		if cp.Tier != "shm" {
+			continue
+		}
 		err := c.agentCall(ctx, cp.Node, func(ctx context.Context, a agentpb.AgentClient) error {
 			_, err := a.Delete(ctx, &agentpb.DeleteRequest{Job: job, Rank: cp.Rank, Step: step})
 			return err

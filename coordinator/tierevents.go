@@ -257,3 +257,42 @@ func (t *tierer) index(tc *tierCopy, state string) error {
 	})
 	return err
 }
+
+// reader picks the node that reads a tier copy back: its own node on a
+// node-local tier, any connected node with the tier on a shared one.
+func (t *tierer) reader(tier, node string) string {
+	if node != sharedNode {
+		return node
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, n := range slices.Sorted(maps.Keys(t.subs)) {
+		if slices.Contains(t.subs[n].tiers, tier) {
+			return n
+		}
+	}
+	return node
+}
+
+// deleteStep removes every tier copy of a step (an operator's delete) and
+// returns how many shard copies it removes.
+func (t *tierer) deleteStep(job string, step int64) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, tier := range []string{"nvme", "pfs", "s3"} {
+		tc := t.copies[tierKey{job, step, tier}]
+		if tc == nil || tc.State == tcDeleting {
+			continue
+		}
+		if tc.State == tcDurable {
+			if err := t.index(tc, "deleted"); err != nil {
+				t.c.log.Error("removing tier copies from the index", "copy", tc.String(), "err", err)
+			}
+			n += len(tc.Shards)
+		}
+		tc.State, tc.Error = tcDeleting, ""
+		t.sendDeletes(tc)
+	}
+	return n
+}

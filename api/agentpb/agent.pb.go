@@ -1176,7 +1176,10 @@ type VerifyRequest struct {
 	Rank  uint32                 `protobuf:"varint,2,opt,name=rank,proto3" json:"rank,omitempty"`
 	Step  int64                  `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`
 	// Detail from the reader, for the agent's log (ReportCorrupt only).
-	Detail        string `protobuf:"bytes,4,opt,name=detail,proto3" json:"detail,omitempty"`
+	Detail string `protobuf:"bytes,4,opt,name=detail,proto3" json:"detail,omitempty"`
+	// Verify only: check the copy on this durable tier of the agent
+	// ("nvme", "pfs", "s3") instead of the one in shared memory.
+	Tier          string `protobuf:"bytes,5,opt,name=tier,proto3" json:"tier,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1235,6 +1238,13 @@ func (x *VerifyRequest) GetStep() int64 {
 func (x *VerifyRequest) GetDetail() string {
 	if x != nil {
 		return x.Detail
+	}
+	return ""
+}
+
+func (x *VerifyRequest) GetTier() string {
+	if x != nil {
+		return x.Tier
 	}
 	return ""
 }
@@ -1662,12 +1672,13 @@ const file_agent_proto_rawDesc = "" +
 	"\x13committed_unix_nano\x18\v \x01(\x03R\x11committedUnixNano\x12\x1a\n" +
 	"\bverified\x18\f \x01(\bR\bverified\x12\x18\n" +
 	"\atensors\x18\r \x01(\rR\atensors\x12\x18\n" +
-	"\aproblem\x18\x0e \x01(\tR\aproblem\"a\n" +
+	"\aproblem\x18\x0e \x01(\tR\aproblem\"u\n" +
 	"\rVerifyRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\rR\x04rank\x12\x12\n" +
 	"\x04step\x18\x03 \x01(\x03R\x04step\x12\x16\n" +
-	"\x06detail\x18\x04 \x01(\tR\x06detail\"_\n" +
+	"\x06detail\x18\x04 \x01(\tR\x06detail\x12\x12\n" +
+	"\x04tier\x18\x05 \x01(\tR\x04tier\"_\n" +
 	"\x0eVerifyResponse\x12\x0e\n" +
 	"\x02ok\x18\x01 \x01(\bR\x02ok\x12\x18\n" +
 	"\aproblem\x18\x02 \x01(\tR\aproblem\x12#\n" +

@@ -15,6 +15,7 @@ import (
 	"rewind.dev/rewind/internal/agenttest"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/tiers"
 )
 
 // capture runs a command's run function and returns what it printed.
@@ -54,6 +55,11 @@ func TestOperatorCommands(t *testing.T) {
 	acfg.ListenAddr = agenttest.FreePort(t)
 	acfg.AdvertiseAddr = acfg.ListenAddr
 	acfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	nvme, err := tiers.NewFileStore(filepath.Join(t.TempDir(), "nvme"), tiers.NVMeOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	acfg.Stores = map[string]tiers.Store{"nvme": nvme}
 	agenttest.Start(t, acfg)
 	cl, err := sdk.Dial(ctx, acfg.Socket)
 	if err != nil {
@@ -91,13 +97,36 @@ func TestOperatorCommands(t *testing.T) {
 		}
 		return out
 	}
-	expect(runLs, false, []string{"STEP", "consistent", "1/1", "shm:node-a"}, co, "cli-job")
+	// The default policy copies a job's first consistent step to NVMe.
+	var onNVMe string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		out, _ := capture(t, runLs, co, "cli-job")
+		if i := strings.Index(out, "nvme:durable"); i >= 0 {
+			line := out[strings.LastIndex(out[:i], "\n")+1:]
+			onNVMe = strings.Fields(line)[0]
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rewind ls JOB never showed a durable NVMe copy:\n%s", out)
+		}
+	}
+	expect(runLs, false, []string{"STEP", "consistent", "1/1", "shm:node-a", "nvme:node-a", "nvme:durable"}, co, "cli-job")
+	expect(runLs, false, []string{"TIER POLICY", "nvme:every=10,keep=2"}, co)
+	expect(runTiers, false, []string{"NODE", "node-a", "nvme", "file://", "ok"}, co)
+	expect(runPolicy, false, []string{"cli-job: nvme:every=1,keep=1"}, co, "cli-job", "nvme:every=1,keep=1")
+	expect(runPolicy, false, []string{"cli-job: nvme:every=1,keep=1"}, co, "cli-job")
+	expect(runPolicy, true, []string{"unknown tier"}, co, "cli-job", "tape:every=1,keep=1")
+	expect(runVerify, false, []string{"nvme", "ok"}, co, "cli-job", onNVMe)
 	expect(runInspect, false, []string{"job cli-job step 2: consistent", "node-a"}, co, "cli-job", "2")
 	expect(runVerify, false, []string{"node-a", "ok"}, co, "cli-job", "2")
 	expect(runRestore, false, []string{"step 2", "shm:node-a"}, co, "cli-job", "--dry-run")
 	expect(runRestore, true, []string{"dry-run"}, co, "cli-job")
 	expect(runDelete, true, []string{"latest consistent"}, co, "cli-job", "2")
-	expect(runDelete, false, []string{"deleted 1 copies"}, co, "cli-job", "1")
+	deleted := "deleted 1 copies"
+	if onNVMe == "1" { // and its NVMe copy
+		deleted = "deleted 2 copies"
+	}
+	expect(runDelete, false, []string{deleted}, co, "cli-job", "1")
 	out := expect(runLs, false, nil, co, "--json")
 	var jobs struct {
 		Jobs []struct {

@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"rewind.dev/rewind/coordinator"
+	"rewind.dev/rewind/tiers"
 )
 
 func runCoordinator(ctx context.Context, args []string) error {
@@ -16,6 +17,11 @@ func runCoordinator(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.MetricsAddr, "metrics", cfg.MetricsAddr, "HTTP address for Prometheus /metrics (empty: off)")
 	fs.StringVar(&cfg.DataDir, "data", cfg.DataDir, "directory of the pebble store")
 	fs.DurationVar(&cfg.AgentTimeout, "agent-timeout", cfg.AgentTimeout, "bound on each call to an agent (verify, delete)")
+	fs.Func("policy", "tier policy of jobs that set none (default "+cfg.Policy.String()+")", func(v string) error {
+		p, err := tiers.ParsePolicy(v)
+		cfg.Policy = p
+		return err
+	})
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

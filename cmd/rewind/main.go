@@ -24,6 +24,8 @@ var commands = []command{
 	{"verify", "re-read and check every copy of a step (JOB STEP)", runVerify},
 	{"restore", "plan a restore of a job (JOB [--step S] --dry-run)", runRestore},
 	{"delete", "delete a step's copies (JOB STEP [--force])", runDelete},
+	{"tiers", "show each agent's durable tiers: transfers, throughput, failures", runTiers},
+	{"policy", "show or set a job's tier policy (JOB [POLICY])", runPolicy},
 	{"bench", "measure performance (bench save)", runBench},
 	{"demo", "run a local agent and a training job, kill it, resume it", runDemo},
 	{"demo-train", "", runDemoTrain}, // the demo's training process

@@ -120,7 +120,7 @@ func lsCoordinator(ctx context.Context, o opFlags) error {
 		if *o.asJSON {
 			return printJSON(resp)
 		}
-		fmt.Fprintln(tw, "STEP\tSTATE\tRANKS\tSIZE\tCOPIES")
+		fmt.Fprintln(tw, "STEP\tSTATE\tRANKS\tSIZE\tCOPIES\tTIERS")
 		for _, st := range resp.Steps {
 			var size uint64
 			nodes := map[string]int{}
@@ -128,7 +128,7 @@ func lsCoordinator(ctx context.Context, o opFlags) error {
 				size += cp.SizeBytes
 				nodes[cp.Tier+":"+cp.Node]++
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%d/%d\t%s\t%s\n", st.Step, st.State, st.RanksCommitted, st.WorldSize, shm.Bytes(size), copiesSummary(nodes))
+			fmt.Fprintf(tw, "%d\t%s\t%d/%d\t%s\t%s\t%s\n", st.Step, st.State, st.RanksCommitted, st.WorldSize, shm.Bytes(size), copiesSummary(nodes), tiersSummary(st))
 		}
 		return nil
 	}
@@ -139,13 +139,13 @@ func lsCoordinator(ctx context.Context, o opFlags) error {
 	if *o.asJSON {
 		return printJSON(resp)
 	}
-	fmt.Fprintln(tw, "JOB\tWORLD SIZE\tLATEST CONSISTENT\tSTEPS")
+	fmt.Fprintln(tw, "JOB\tWORLD SIZE\tLATEST CONSISTENT\tSTEPS\tTIER POLICY")
 	for _, j := range resp.Jobs {
 		latest := "-"
 		if j.LatestConsistent >= 0 {
 			latest = strconv.FormatInt(j.LatestConsistent, 10)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\n", j.Id, j.WorldSize, latest, j.Steps)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\n", j.Id, j.WorldSize, latest, j.Steps, j.Policy)
 	}
 	return nil
 }
