@@ -310,3 +310,39 @@ func TestTierFetchFallsBackFromACorruptCopy(t *testing.T) {
 		t.Fatalf("restore after the fallback: %v", err)
 	}
 }
+
+// TestTierCopiesSurviveCoordinatorRestart: the coordinator is restarted on
+// its store; the durable tier copies are still listed and still restore
+// sources, and retention goes on counting them.
+func TestTierCopiesSurviveCoordinatorRestart(t *testing.T) {
+	const job = "restart"
+	tc := newTierCluster(t, 1, "pfs:every=1,keep=2", nil)
+	for step := int64(1); step <= 2; step++ {
+		tc.saveStep(job, 1, step, 0)
+		tc.waitLatest(job, step)
+		tc.waitStarted(job, step, []string{"pfs"})
+		tc.waitTiers(job)
+	}
+	tc.stop()
+	tc.addr, tc.stop = startCoordinator(t, tc.dataDir, tc.addr, func(c *coordinator.Config) {
+		c.Policy, _ = tiers.ParsePolicy("pfs:every=1,keep=2")
+	})
+	if got := tc.waitTiers(job); !slices.Equal(got["pfs"], []int64{1, 2}) {
+		t.Fatalf("pfs copies after the restart: %v", got)
+	}
+	plan, err := tc.api.PlanRestore(ctxT(t), &coordpb.PlanRestoreRequest{Job: job, Step: 1, DryRun: true})
+	if err != nil || len(plan.Ranks[0].Sources) != 2 || plan.Ranks[0].Sources[0].Tier != "shm" || plan.Ranks[0].Sources[1].Tier != "pfs" {
+		t.Fatalf("plan of step 1 after the restart: %v %v", plan, err)
+	}
+	// Step 3 goes to pfs once the agent is back on its transfer stream;
+	// retention then drops step 1.
+	tc.saveStep(job, 1, 3, 0)
+	tc.waitLatest(job, 3)
+	tc.waitStarted(job, 3, []string{"pfs"})
+	if got := tc.waitTiers(job); !slices.Equal(got["pfs"], []int64{2, 3}) {
+		t.Fatalf("pfs copies after a step past the restart: %v", got)
+	}
+	if steps, _ := onStore(t, tc.storeOf(0, "pfs"), job); !slices.Equal(steps, []int64{2, 3}) {
+		t.Fatalf("manifests on pfs: %v", steps)
+	}
+}
