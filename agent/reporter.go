@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -33,8 +34,19 @@ type reporter struct {
 	overflow bool // events were dropped: re-register with the inventory
 
 	pinMu      sync.Mutex
-	pins       map[string]int64   // job -> latest consistent step
+	pins       map[string]pin     // job -> latest consistent step
+	asked      uint64             // sequence of the last request that can answer pins
 	registered map[rankKey]uint32 // ranks whose job registration was queued, by world size
+}
+
+// pin is a job's latest consistent step as an answer told it. Answers can
+// arrive out of order (a Latest call beside the report stream): asked is
+// the sequence of the request answered, and an answer to an earlier
+// request never replaces one to a later request, so an old answer cannot
+// bring back a step that is no longer the latest.
+type pin struct {
+	step  int64
+	asked uint64
 }
 
 type event struct {
@@ -53,7 +65,7 @@ func newReporter(a *Agent, addr string) (*reporter, error) {
 		return nil, fmt.Errorf("agent: coordinator address %q: %w", addr, err)
 	}
 	return &reporter{a: a, addr: addr, conn: conn, c: coordpb.NewCoordinatorClient(conn),
-		wake: make(chan struct{}, 1), pins: map[string]int64{}, registered: map[rankKey]uint32{}}, nil
+		wake: make(chan struct{}, 1), pins: map[string]pin{}, registered: map[rankKey]uint32{}}, nil
 }
 
 // refreshPin asks the coordinator for a job's latest consistent step now,
@@ -65,13 +77,22 @@ func (r *reporter) refreshPin(ctx context.Context, job string) int64 {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
+	asked := r.ask()
 	resp, err := r.c.Latest(ctx, &coordpb.LatestRequest{Job: job})
 	if err != nil {
 		r.a.log.Warn("cannot refresh the latest consistent step from the coordinator", "job", job, "err", err)
 		return r.pinned(job)
 	}
-	r.setPins([]*coordpb.Pin{{Job: job, Step: resp.Step}})
-	return resp.Step
+	r.setPins(asked, []*coordpb.Pin{{Job: job, Step: resp.Step}})
+	return r.pinned(job)
+}
+
+// ask numbers a request whose answer carries pins; call it before sending.
+func (r *reporter) ask() uint64 {
+	r.pinMu.Lock()
+	defer r.pinMu.Unlock()
+	r.asked++
+	return r.asked
 }
 
 func (r *reporter) push(e event) {
@@ -126,16 +147,19 @@ func (r *reporter) pinned(job string) int64 {
 	r.pinMu.Lock()
 	defer r.pinMu.Unlock()
 	if p, ok := r.pins[job]; ok {
-		return p
+		return p.step
 	}
 	return -1
 }
 
-func (r *reporter) setPins(pins []*coordpb.Pin) {
+// setPins applies the pins of the answer to request asked (see pin).
+func (r *reporter) setPins(asked uint64, pins []*coordpb.Pin) {
 	r.pinMu.Lock()
 	defer r.pinMu.Unlock()
 	for _, p := range pins {
-		r.pins[p.Job] = p.Step
+		if old, ok := r.pins[p.Job]; !ok || old.asked <= asked {
+			r.pins[p.Job] = pin{step: p.Step, asked: asked}
+		}
 	}
 }
 
@@ -218,29 +242,59 @@ func (r *reporter) register(ctx context.Context, c coordpb.CoordinatorClient) (s
 	inv, jobs := r.a.inventory()
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	asked := r.ask()
 	resp, err := c.Register(cctx, &coordpb.RegisterRequest{Node: &coordpb.Node{Name: r.a.cfg.Node, Addr: r.a.advertise,
 		FailureDomain: r.a.cfg.FailureDomain, ShmBudgetBytes: r.a.budget}, Inventory: inv})
 	if err != nil {
 		return "", fmt.Errorf("register: %w", err)
 	}
-	r.setPins(resp.Pins)
+	r.setPins(asked, resp.Pins)
 	r.pinMu.Lock()
 	clear(r.registered)
 	r.pinMu.Unlock()
-	for _, j := range jobs { // ranks that prepared but have not committed yet
-		if _, err := c.RegisterJob(cctx, j); err != nil {
-			return "", fmt.Errorf("register job %s: %w", j.Job, err)
-		}
+	if err := r.registerWriting(cctx, c, jobs); err != nil {
+		return "", err
 	}
-	r.drop(from)
+	r.dropShards(from)
 	r.a.log.Info("registered with coordinator", "coordinator", r.addr, "shards", len(inv), "incarnation", resp.Incarnation)
 	return resp.Incarnation, nil
+}
+
+// registerWriting registers the jobs of ranks that prepared a save and
+// committed nothing, for a coordinator that does not know them (one that
+// lost its store). A job it knows is left as it is: such a slot may be
+// stale, left by a save that died before an elastic restart changed the
+// job's world size, and must not set the old size back. A live save's own
+// registration is queued, and sent after this.
+func (r *reporter) registerWriting(ctx context.Context, c coordpb.CoordinatorClient, jobs []*coordpb.RegisterJobRequest) error {
+	for _, j := range jobs {
+		_, err := c.Latest(ctx, &coordpb.LatestRequest{Job: j.Job})
+		if err == nil {
+			continue
+		}
+		if status.Code(err) != codes.NotFound {
+			return fmt.Errorf("register job %s: %w", j.Job, err)
+		}
+		if _, err := c.RegisterJob(ctx, j); err != nil {
+			return fmt.Errorf("register job %s: %w", j.Job, err)
+		}
+	}
+	return nil
 }
 
 func (r *reporter) peek(n int) []event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]event(nil), r.queue[:min(n, len(r.queue))]...)
+}
+
+// dropShards removes the shard events queued before seq, which the
+// inventory covers; job registrations stay queued, as the inventory does
+// not carry them.
+func (r *reporter) dropShards(seq uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.queue = slices.DeleteFunc(r.queue, func(e event) bool { return e.seq < seq && e.job == nil })
 }
 
 // drop removes queued events with a sequence below seq.
@@ -299,12 +353,13 @@ func (r *reporter) send(ctx context.Context, l *link, batch []event) error {
 				}
 			}
 			var resp *coordpb.ReportResponse
+			asked := r.ask()
 			resp, err = l.report(&coordpb.ReportRequest{Node: r.a.cfg.Node, Shards: recs})
 			if resp != nil && resp.Incarnation != l.inc {
 				return errReregister
 			}
 			if err == nil {
-				r.setPins(resp.Pins)
+				r.setPins(asked, resp.Pins)
 			}
 		}
 		switch status.Code(err) {
