@@ -123,6 +123,9 @@ func (c *Coordinator) applyGroup(group []*pendingReport) {
 			p.pins = c.pinsLocked(p.node, p.recs)
 		}
 	}
+	if len(ch.Consistent) > 0 {
+		c.tiers.poke() // a newly consistent step may be due on a tier
+	}
 }
 
 // reportCount keys the report counter: a shard state and whether it was

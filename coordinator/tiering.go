@@ -78,8 +78,9 @@ func (tc *tierCopy) proto() *coordpb.TierCopy {
 // tierer schedules tier transfers. Lock order: tierer.mu, then
 // Coordinator.mu.
 type tierer struct {
-	c *Coordinator
-	m tierMetrics
+	c    *Coordinator
+	m    tierMetrics
+	wake chan struct{} // poke: scan now
 
 	mu       sync.Mutex
 	nextID   uint64
@@ -116,7 +117,7 @@ func (s *subscriber) poke() {
 }
 
 func newTierer(c *Coordinator) *tierer {
-	return &tierer{c: c, subs: map[string]*subscriber{}, copies: map[tierKey]*tierCopy{}, orders: map[uint64]*order{},
+	return &tierer{c: c, wake: make(chan struct{}, 1), subs: map[string]*subscriber{}, copies: map[tierKey]*tierCopy{}, orders: map[uint64]*order{},
 		policies: map[string]tiers.Policy{}, last: map[string]time.Time{}, lastStep: map[string]int64{},
 		seen: map[string]int64{}, health: map[string][]*coordpb.TierHealth{}, skipped: map[string]bool{}}
 }

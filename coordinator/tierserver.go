@@ -160,12 +160,23 @@ func (t *tierer) run(ctx context.Context) {
 			return
 		case <-tick.C:
 			t.scan()
+		case <-t.wake:
+			t.scan()
 		}
 	}
 }
 
-// scanEvery is how often the coordinator looks for steps due on a tier:
-// transfers are asynchronous, so a fraction of a second does not matter.
+// poke makes the loop scan now: a step became consistent, and its copy
+// should start before training reuses the step's slot.
+func (t *tierer) poke() {
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
+
+// scanEvery is how often the coordinator also looks for steps due on a
+// tier by time (every=30m) when no step becomes consistent.
 const scanEvery = 100 * time.Millisecond
 
 // subscribe opens node's order stream; a newer stream replaces an older
