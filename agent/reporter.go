@@ -60,7 +60,10 @@ type event struct {
 const maxQueue = 100_000
 
 func newReporter(a *Agent, addr string) (*reporter, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		// Fixed flow-control windows, as the coordinator's: no BDP ping
+		// round trip per answer received (coordinator/run.go).
+		grpc.WithStaticStreamWindowSize(1<<20), grpc.WithStaticConnWindowSize(1<<20))
 	if err != nil {
 		return nil, fmt.Errorf("agent: coordinator address %q: %w", addr, err)
 	}

@@ -13,6 +13,10 @@ import (
 	"rewind.dev/rewind/internal/metricsrv"
 )
 
+// staticWindow is the HTTP/2 flow-control window of the coordinator's
+// connections, both ways (agents dial with the same).
+const staticWindow = 1 << 20
+
 // Run serves the coordinator's gRPC API (and metrics) until ctx ends.
 // ready, when not nil, receives the gRPC and metrics addresses once open.
 func (c *Coordinator) Run(ctx context.Context, ready func(grpcAddr, metricsAddr string)) error {
@@ -20,7 +24,13 @@ func (c *Coordinator) Run(ctx context.Context, ready func(grpcAddr, metricsAddr 
 	if err != nil {
 		return fmt.Errorf("coordinator: listen %s: %w", c.cfg.ListenAddr, err)
 	}
-	srv := grpc.NewServer(grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))), grpc.SharedWriteBuffer(true))
+	srv := grpc.NewServer(grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))), grpc.SharedWriteBuffer(true),
+		// Reports are small requests answered one by one. With dynamic
+		// flow control every message received sends a BDP ping that the
+		// peer answers: two more packets, and two more wake-ups on each
+		// side, per report. A fixed window, larger than any report or
+		// inventory needs in flight, has none.
+		grpc.StaticStreamWindowSize(staticWindow), grpc.StaticConnWindowSize(staticWindow))
 	coordpb.RegisterCoordinatorServer(srv, &server{c: c})
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(l) }()

@@ -83,7 +83,9 @@ func coordOne(ctx context.Context, cfg CoordConfig, ranks int) (CoordResult, err
 	clients := make([]coordpb.Coordinator_ReportStreamClient, agents)
 	var api coordpb.CoordinatorClient
 	for i := range clients {
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		// Dialed as the agent's reporter dials (agent/reporter.go).
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithStaticStreamWindowSize(1<<20), grpc.WithStaticConnWindowSize(1<<20))
 		if err != nil {
 			return CoordResult{}, err
 		}
