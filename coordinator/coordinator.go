@@ -117,6 +117,7 @@ func newMetrics(reg prometheus.Registerer, c *Coordinator) *metrics {
 
 // Close closes the store.
 func (c *Coordinator) Close() error {
+	c.tiers.close()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.store.Close()

@@ -11,6 +11,9 @@ import (
 
 // handle applies one transfer outcome reported by node.
 func (t *tierer) handle(node string, ev *coordpb.TierEvent) {
+	if t.closed {
+		return
+	}
 	od := t.orders[ev.Order]
 	if od == nil || od.node != node || od.o.Kind != ev.Kind {
 		return // an order of an earlier run, or a duplicate report

@@ -83,6 +83,7 @@ type tierer struct {
 	wake chan struct{} // poke: scan now
 
 	mu       sync.Mutex
+	closed   bool // the store is closing: stream handlers still ending change nothing
 	nextID   uint64
 	subs     map[string]*subscriber           // node -> its open order stream
 	copies   map[tierKey]*tierCopy            // every tier copy known
@@ -90,7 +91,6 @@ type tierer struct {
 	policies map[string]tiers.Policy          // per job; absent: the default
 	last     map[string]time.Time             // job/tier -> when its last copy started
 	lastStep map[string]int64                 // job/tier -> the step of that copy
-	seen     map[string]int64                 // job -> latest consistent step considered
 	health   map[string][]*coordpb.TierHealth // node -> its tiers
 	skipped  map[string]bool                  // job/tier warned about a missing tier
 }
@@ -119,7 +119,7 @@ func (s *subscriber) poke() {
 func newTierer(c *Coordinator) *tierer {
 	return &tierer{c: c, wake: make(chan struct{}, 1), subs: map[string]*subscriber{}, copies: map[tierKey]*tierCopy{}, orders: map[uint64]*order{},
 		policies: map[string]tiers.Policy{}, last: map[string]time.Time{}, lastStep: map[string]int64{},
-		seen: map[string]int64{}, health: map[string][]*coordpb.TierHealth{}, skipped: map[string]bool{}}
+		health: map[string][]*coordpb.TierHealth{}, skipped: map[string]bool{}}
 }
 
 // policy returns a job's tier policy.
@@ -145,6 +145,9 @@ func (t *tierer) inFlight(job string) bool {
 func (t *tierer) scan() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.closed {
+		return
+	}
 	now := t.c.cfg.Clock.Now()
 	type due struct {
 		job    string
@@ -156,7 +159,7 @@ func (t *tierer) scan() {
 	var todo []due
 	t.c.mu.Lock()
 	for id, j := range t.c.state.Jobs {
-		if seen, ok := t.seen[id]; j.Latest < 0 || ok && j.Latest <= seen || t.inFlight(id) {
+		if j.Latest < 0 || !t.anyDue(id, j.Latest, now) || t.inFlight(id) {
 			continue
 		}
 		st := j.Steps[j.Latest]
@@ -176,17 +179,11 @@ func (t *tierer) scan() {
 		if len(d.holder) == int(st.WorldSize) { // else: only on tiers already
 			todo = append(todo, d)
 		}
-		t.seen[id] = j.Latest
 	}
 	t.c.mu.Unlock()
 	for _, d := range todo {
 		for _, tp := range t.policy(d.job).Tiers {
-			k := d.job + "/" + tp.Tier
-			last, ok := t.lastStep[k]
-			if !ok {
-				last = -1
-			}
-			if !tp.Due(d.step, last, t.last[k], now) || !t.reachable(d.job, tp.Tier, d.holder) {
+			if !t.due(d.job, tp, d.step, now) || !t.reachable(d.job, tp.Tier, d.holder) {
 				continue
 			}
 			t.start(&tierCopy{Job: d.job, Step: d.step, Tier: tp.Tier, State: tcCopying, WorldSize: d.ws,
@@ -194,6 +191,28 @@ func (t *tierer) scan() {
 				Deletes: map[string]bool{}, Started: now})
 		}
 	}
+}
+
+// due reports whether step of job goes to tp's tier now. A step is
+// re-evaluated on every scan until it is copied, so a time-based tier
+// takes the last step of a job that stopped once the time has come, and a
+// tier a node could not write is tried again once it can.
+func (t *tierer) due(job string, tp tiers.TierPolicy, step int64, now time.Time) bool {
+	k := job + "/" + tp.Tier
+	last, ok := t.lastStep[k]
+	if !ok {
+		last = -1
+	}
+	return tp.Due(step, last, t.last[k], now)
+}
+
+func (t *tierer) anyDue(job string, step int64, now time.Time) bool {
+	for _, tp := range t.policy(job).Tiers {
+		if t.due(job, tp, step, now) {
+			return true
+		}
+	}
+	return false
 }
 
 // reachable reports whether every node holding a shard can write tier.
@@ -204,10 +223,10 @@ func (t *tierer) reachable(job, tier string, holder map[uint32]string) bool {
 			k := job + "/" + tier
 			if !t.skipped[k] {
 				t.skipped[k] = true
-				t.c.log.Warn("tier due but a node holding shards cannot write it; skipped until it can",
+				t.c.log.Warn("tier due but a node holding shards cannot write it; waiting until it can",
 					"job", job, "tier", tier, "node", node, "connected", s != nil)
+				t.m.skipped.WithLabelValues(tier).Inc()
 			}
-			t.m.skipped.WithLabelValues(tier).Inc()
 			return false
 		}
 	}
@@ -240,6 +259,9 @@ func (t *tierer) send(node string, o *coordpb.TransferOrder) {
 // persist writes a tier copy's record; a failure is logged: the copy is
 // redone at a later step, never trusted without its record.
 func (t *tierer) persist(tc *tierCopy) {
+	if t.closed {
+		return
+	}
 	if err := t.c.store.putTierCopy(tc); err != nil {
 		t.c.log.Error("persisting tier copy", "job", tc.Job, "step", tc.Step, "tier", tc.Tier, "err", err)
 	}
@@ -276,4 +298,12 @@ func (tc *tierCopy) copyNode(rank uint32) string {
 
 func (tc *tierCopy) String() string {
 	return fmt.Sprintf("%s step %d on %s", tc.Job, tc.Step, tc.Tier)
+}
+
+// close stops every change: the coordinator is shutting down, and stream
+// handlers ending after it must not touch the store.
+func (t *tierer) close() {
+	t.mu.Lock()
+	t.closed = true
+	t.mu.Unlock()
 }

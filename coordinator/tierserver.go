@@ -31,7 +31,7 @@ func (t *tierer) registerMetrics(reg prometheus.Registerer) {
 		}, []string{"tier"}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rewind_coordinator_tier_skipped_total",
-			Help: "Steps due on a tier that a node holding their shards cannot write.",
+			Help: "Times a tier copy that came due waited because a node holding shards could not write the tier (not connected, or without the tier).",
 		}, []string{"tier"}),
 	}
 	copies := prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -199,7 +199,7 @@ func (t *tierer) subscribe(node string, tierNames []string) *subscriber {
 func (t *tierer) unsubscribe(node string, s *subscriber) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.subs[node] != s {
+	if t.subs[node] != s || t.closed {
 		return
 	}
 	delete(t.subs, node)
@@ -236,6 +236,9 @@ func (t *tierer) take(node string) []*coordpb.TransferOrder {
 func (t *tierer) report(req *coordpb.TierReportRequest) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.closed {
+		return
+	}
 	for _, ev := range req.Events {
 		t.handle(req.Node, ev)
 	}
