@@ -132,15 +132,15 @@ func Tiers(ctx context.Context, cfg TiersConfig) (TiersResult, error) {
 			fmt.Fprintf(cfg.Log, format+"\n", args...)
 		}
 	}
+	if err := checkSpace(cfg, !cfg.NoS3 && cfg.S3.Endpoint == ""); err != nil {
+		return res, err
+	}
 	s3cfg, stopS3, note, err := s3Target(cfg)
 	if err != nil {
 		return res, err
 	}
 	defer stopS3()
 	res.S3Note = note
-	if err := checkSpace(cfg, s3cfg != nil && cfg.S3.Endpoint == ""); err != nil {
-		return res, err
-	}
 
 	logf("nvme tier: %s writes against dd, %d runs", shm.Bytes(uint64(cfg.Size)), cfg.Runs)
 	if res.File, err = FileTier(ctx, FileTierConfig{Dir: cfg.Dir, Size: cfg.Size, Runs: cfg.Runs, Chunk: cfg.Chunk}); err != nil {
