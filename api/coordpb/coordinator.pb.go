@@ -363,7 +363,10 @@ type RegisterJobRequest struct {
 	// The job's tier policy in its text form
 	// ("nvme:every=10,keep=2;s3:every=30m,keep=3"); empty keeps the one the
 	// job has, or the coordinator's default.
-	Policy        string `protobuf:"bytes,4,opt,name=policy,proto3" json:"policy,omitempty"`
+	Policy string `protobuf:"bytes,4,opt,name=policy,proto3" json:"policy,omitempty"`
+	// Copies of each shard kept in other nodes' shared memory; unset keeps
+	// the job's setting, or the coordinator's default.
+	Replicas      *uint32 `protobuf:"varint,5,opt,name=replicas,proto3,oneof" json:"replicas,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -424,6 +427,13 @@ func (x *RegisterJobRequest) GetPolicy() string {
 		return x.Policy
 	}
 	return ""
+}
+
+func (x *RegisterJobRequest) GetReplicas() uint32 {
+	if x != nil && x.Replicas != nil {
+		return *x.Replicas
+	}
+	return 0
 }
 
 type RegisterJobResponse struct {
@@ -1865,16 +1875,25 @@ type TransferOrder struct {
 	//	tier).
 	//
 	// "delete": remove the step's copy from the tier (the manifest first).
-	Kind          string        `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
-	Job           string        `protobuf:"bytes,3,opt,name=job,proto3" json:"job,omitempty"`
-	Step          int64         `protobuf:"varint,4,opt,name=step,proto3" json:"step,omitempty"`
-	Tier          string        `protobuf:"bytes,5,opt,name=tier,proto3" json:"tier,omitempty"`
-	Rank          uint32        `protobuf:"varint,6,opt,name=rank,proto3" json:"rank,omitempty"`
-	WorldSize     uint32        `protobuf:"varint,7,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
-	Ranks         []uint32      `protobuf:"varint,8,rep,packed,name=ranks,proto3" json:"ranks,omitempty"`
-	Shards        []*ShardEntry `protobuf:"bytes,9,rep,name=shards,proto3" json:"shards,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// "replicate": see source_node.
+	Kind      string        `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	Job       string        `protobuf:"bytes,3,opt,name=job,proto3" json:"job,omitempty"`
+	Step      int64         `protobuf:"varint,4,opt,name=step,proto3" json:"step,omitempty"`
+	Tier      string        `protobuf:"bytes,5,opt,name=tier,proto3" json:"tier,omitempty"`
+	Rank      uint32        `protobuf:"varint,6,opt,name=rank,proto3" json:"rank,omitempty"`
+	WorldSize uint32        `protobuf:"varint,7,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
+	Ranks     []uint32      `protobuf:"varint,8,rep,packed,name=ranks,proto3" json:"ranks,omitempty"`
+	Shards    []*ShardEntry `protobuf:"bytes,9,rep,name=shards,proto3" json:"shards,omitempty"`
+	// "replicate": copy rank's shard of step from the agent at source_addr
+	// (node source_node) into this agent's shared memory, checked against
+	// size_bytes and header_checksum and every tensor checksum before it is
+	// committed (tier is empty).
+	SourceNode     string `protobuf:"bytes,10,opt,name=source_node,json=sourceNode,proto3" json:"source_node,omitempty"`
+	SourceAddr     string `protobuf:"bytes,11,opt,name=source_addr,json=sourceAddr,proto3" json:"source_addr,omitempty"`
+	SizeBytes      uint64 `protobuf:"varint,12,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	HeaderChecksum string `protobuf:"bytes,13,opt,name=header_checksum,json=headerChecksum,proto3" json:"header_checksum,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *TransferOrder) Reset() {
@@ -1968,6 +1987,34 @@ func (x *TransferOrder) GetShards() []*ShardEntry {
 		return x.Shards
 	}
 	return nil
+}
+
+func (x *TransferOrder) GetSourceNode() string {
+	if x != nil {
+		return x.SourceNode
+	}
+	return ""
+}
+
+func (x *TransferOrder) GetSourceAddr() string {
+	if x != nil {
+		return x.SourceAddr
+	}
+	return ""
+}
+
+func (x *TransferOrder) GetSizeBytes() uint64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *TransferOrder) GetHeaderChecksum() string {
+	if x != nil {
+		return x.HeaderChecksum
+	}
+	return ""
 }
 
 type TierEvent struct {
@@ -2454,16 +2501,18 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\"d\n" +
 	"\x10RegisterResponse\x12 \n" +
 	"\vincarnation\x18\x01 \x01(\tR\vincarnation\x12.\n" +
-	"\x04pins\x18\x02 \x03(\v2\x1a.rewind.coordinator.v1.PinR\x04pins\"\xf3\x01\n" +
+	"\x04pins\x18\x02 \x03(\v2\x1a.rewind.coordinator.v1.PinR\x04pins\"\xa1\x02\n" +
 	"\x12RegisterJobRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1d\n" +
 	"\n" +
 	"world_size\x18\x02 \x01(\rR\tworldSize\x12V\n" +
 	"\tplacement\x18\x03 \x03(\v28.rewind.coordinator.v1.RegisterJobRequest.PlacementEntryR\tplacement\x12\x16\n" +
-	"\x06policy\x18\x04 \x01(\tR\x06policy\x1a<\n" +
+	"\x06policy\x18\x04 \x01(\tR\x06policy\x12\x1f\n" +
+	"\breplicas\x18\x05 \x01(\rH\x00R\breplicas\x88\x01\x01\x1a<\n" +
 	"\x0ePlacementEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"X\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\v\n" +
+	"\t_replicas\"X\n" +
 	"\x13RegisterJobResponse\x12\x1d\n" +
 	"\n" +
 	"world_size\x18\x01 \x01(\rR\tworldSize\x12\"\n" +
@@ -2572,7 +2621,7 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x02 \x01(\x04R\tsizeBytes\x12'\n" +
-	"\x0fheader_checksum\x18\x03 \x01(\tR\x0eheaderChecksum\"\xf1\x01\n" +
+	"\x0fheader_checksum\x18\x03 \x01(\tR\x0eheaderChecksum\"\xfb\x02\n" +
 	"\rTransferOrder\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x10\n" +
@@ -2583,7 +2632,15 @@ const file_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"world_size\x18\a \x01(\rR\tworldSize\x12\x14\n" +
 	"\x05ranks\x18\b \x03(\rR\x05ranks\x129\n" +
-	"\x06shards\x18\t \x03(\v2!.rewind.coordinator.v1.ShardEntryR\x06shards\"\xe6\x01\n" +
+	"\x06shards\x18\t \x03(\v2!.rewind.coordinator.v1.ShardEntryR\x06shards\x12\x1f\n" +
+	"\vsource_node\x18\n" +
+	" \x01(\tR\n" +
+	"sourceNode\x12\x1f\n" +
+	"\vsource_addr\x18\v \x01(\tR\n" +
+	"sourceAddr\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\f \x01(\x04R\tsizeBytes\x12'\n" +
+	"\x0fheader_checksum\x18\r \x01(\tR\x0eheaderChecksum\"\xe6\x01\n" +
 	"\tTierEvent\x12\x14\n" +
 	"\x05order\x18\x01 \x01(\x04R\x05order\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x10\n" +
@@ -2759,6 +2816,7 @@ func file_coordinator_proto_init() {
 	if File_coordinator_proto != nil {
 		return
 	}
+	file_coordinator_proto_msgTypes[5].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
