@@ -34,7 +34,8 @@ type Agent struct {
 	verifyQ chan verifyJob
 
 	rep       *reporter  // nil without a coordinator
-	tr        *transfers // nil without a coordinator or tiers
+	tr        *transfers // nil without a coordinator
+	peers     peers      // connections to other agents
 	advertise string
 }
 
@@ -85,9 +86,7 @@ func New(cfg Config) (*Agent, error) {
 		if a.rep, err = newReporter(a, cfg.CoordinatorAddr); err != nil {
 			return nil, err
 		}
-		if len(cfg.Stores) > 0 {
-			a.tr = newTransfers(a)
-		}
+		a.tr = newTransfers(a)
 	}
 	a.advertise = cfg.AdvertiseAddr
 	if a.advertise == "" && cfg.ListenAddr != "" {

@@ -28,6 +28,13 @@ const maxShardBytes = 16 << 40
 // holding the rank's latest committed step is never chosen, so a save that
 // fails or dies half-way cannot damage it.
 func (a *Agent) Prepare(ctx context.Context, job string, rank, worldSize uint32, step int64, size int64) (PrepareResult, error) {
+	return a.prepare(ctx, job, rank, worldSize, step, size, true)
+}
+
+// prepare is Prepare; place says the rank runs on this node (a save, a
+// restore), as opposed to this node keeping a replica of another node's
+// shard, which must not move the rank's placement.
+func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32, step int64, size int64, place bool) (PrepareResult, error) {
 	if err := validateRank(job, rank, worldSize); err != nil {
 		return PrepareResult{}, err
 	}
@@ -88,7 +95,9 @@ func (a *Agent) Prepare(ctx context.Context, job string, rank, worldSize uint32,
 		a.adjustUsed(size - prev.Size)
 	}
 	s.Size = size
-	a.rep.registerJob(job, rank, worldSize)
+	if place {
+		a.rep.registerJob(job, rank, worldSize)
+	}
 	if prev.State == stateCommitted {
 		a.rep.shard(job, rank, prev.WorldSize, prev.Step, prev.Size, prev.HeaderSum, "deleted")
 	}

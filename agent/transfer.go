@@ -144,7 +144,7 @@ func (t *transfers) run1(ctx context.Context, o *coordpb.TransferOrder) {
 		t.dirty = true
 	}
 	t.mu.Unlock()
-	if st == nil {
+	if st == nil && o.Kind != "replicate" {
 		t.finish(o, nil, 0, 0, fmt.Errorf("%w: agent: node %s has no tier %q", ErrInvalid, t.a.cfg.Node, o.Tier))
 		return
 	}
@@ -182,6 +182,9 @@ func (t *transfers) do(ctx context.Context, st tiers.Store, o *coordpb.TransferO
 			m.Here = slices.Sorted(slices.Values(o.Ranks))
 		}
 		return 0, tiers.WriteManifest(ctx, st, m)
+	case "replicate":
+		return t.a.CopyFromPeer(ctx, PeerShard{Job: o.Job, Rank: o.Rank, WorldSize: o.WorldSize, Step: o.Step,
+			Size: int64(o.SizeBytes), HeaderSum: o.HeaderChecksum, Node: o.SourceNode, Addr: o.SourceAddr}, t.lim)
 	case "delete":
 		// The manifest goes first: from then on the copy does not exist,
 		// whatever happens to the deletion of its shards.
@@ -251,8 +254,12 @@ func (t *transfers) finish(o *coordpb.TransferOrder, h *tierHealth, n int64, d t
 	} else if o.Kind == "push" {
 		t.a.log.Info("shard pushed to tier", "job", o.Job, "rank", o.Rank, "step", o.Step, "tier", o.Tier, "bytes", n, "seconds", d.Seconds())
 	}
-	t.a.metrics.transfers.WithLabelValues(o.Tier, o.Kind, result).Inc()
-	t.a.metrics.tierBytes.WithLabelValues(o.Tier).Add(float64(n))
+	tier := o.Tier
+	if tier == "" { // a replica, into this node's shared memory
+		tier = "shm"
+	}
+	t.a.metrics.transfers.WithLabelValues(tier, o.Kind, result).Inc()
+	t.a.metrics.tierBytes.WithLabelValues(tier).Add(float64(n))
 	t.mu.Lock()
 	if h != nil {
 		h.running--

@@ -40,6 +40,7 @@ func startCoordinator(t *testing.T, dataDir, addr string, mods ...func(*coordina
 	cfg := coordinator.DefaultConfig()
 	cfg.ListenAddr, cfg.MetricsAddr, cfg.DataDir = addr, "", dataDir
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg.Replicas = 0 // the replication tests ask for replicas
 	for _, m := range mods {
 		m(&cfg)
 	}
@@ -68,27 +69,39 @@ func startCoordinator(t *testing.T, dataDir, addr string, mods ...func(*coordina
 func newCluster(t *testing.T, nodes int) *cluster {
 	cl := &cluster{t: t, dataDir: filepath.Join(t.TempDir(), "coord")}
 	cl.addr, cl.stop = startCoordinator(t, cl.dataDir, "127.0.0.1:0")
+	cl.dial()
+	for i := range nodes {
+		cl.addAgent(func(cfg *agent.Config) {
+			cfg.Node, cfg.FailureDomain = fmt.Sprintf("node-%d", i), fmt.Sprintf("rack-%d", i%2)
+		})
+	}
+	return cl
+}
+
+// dial connects the cluster's client to its coordinator.
+func (cl *cluster) dial() {
 	conn, err := grpc.NewClient(cl.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		cl.t.Fatal(err)
+	}
+	cl.t.Cleanup(func() { conn.Close() })
+	cl.api = coordpb.NewCoordinatorClient(conn)
+}
+
+// addAgent starts an agent of the cluster, mod naming it.
+func (cl *cluster) addAgent(mod func(*agent.Config)) {
+	t := cl.t
+	cfg := agenttest.Config(t)
+	cfg.ListenAddr, cfg.CoordinatorAddr = "127.0.0.1:0", cl.addr
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	mod(&cfg)
+	cl.agents = append(cl.agents, startAgent(t, cfg))
+	c, err := sdk.Dial(context.Background(), cfg.Socket)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close() })
-	cl.api = coordpb.NewCoordinatorClient(conn)
-	for i := range nodes {
-		cfg := agenttest.Config(t)
-		cfg.Node, cfg.ListenAddr, cfg.CoordinatorAddr = fmt.Sprintf("node-%d", i), "127.0.0.1:0", cl.addr
-		cfg.FailureDomain = fmt.Sprintf("rack-%d", i%2)
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-		r := startAgent(t, cfg)
-		cl.agents = append(cl.agents, r)
-		c, err := sdk.Dial(context.Background(), cfg.Socket)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		cl.clients = append(cl.clients, c)
-	}
-	return cl
+	t.Cleanup(func() { c.Close() })
+	cl.clients = append(cl.clients, c)
 }
 
 // startAgent starts an agent whose advertised address is its real TCP port.

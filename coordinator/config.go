@@ -25,6 +25,9 @@ type Config struct {
 	AgentTimeout time.Duration
 	// Policy is the tier policy of jobs that set none (tiers.ParsePolicy).
 	Policy tiers.Policy
+	// Replicas is how many other nodes keep a copy of each shard in shared
+	// memory, for jobs that set none.
+	Replicas int
 
 	Clock    clock.Clock
 	Logger   *slog.Logger
@@ -39,6 +42,7 @@ func DefaultConfig() Config {
 		DataDir:      "/var/lib/rewind/coordinator",
 		AgentTimeout: 2 * time.Minute, // verifying a large shard reads every byte
 		Policy:       tiers.DefaultPolicy(),
+		Replicas:     1, // survives any one node; a second costs another shard of memory per rank
 	}
 }
 
@@ -53,6 +57,9 @@ func (c *Config) Validate() error {
 	}
 	if c.AgentTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("agent timeout %v must be positive", c.AgentTimeout))
+	}
+	if c.Replicas < 0 || c.Replicas > 8 {
+		errs = append(errs, fmt.Errorf("replicas %d out of range [0, 8]", c.Replicas))
 	}
 	if err := c.Policy.Validate(); err != nil {
 		errs = append(errs, err)

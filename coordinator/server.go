@@ -72,6 +72,9 @@ func (s *server) RegisterJob(ctx context.Context, req *coordpb.RegisterJobReques
 	if err == nil {
 		err = s.c.tiers.setPolicy(req.Job, req.Policy)
 	}
+	if err == nil && req.Replicas != nil {
+		err = s.c.tiers.setReplicas(req.Job, int(*req.Replicas))
+	}
 	if err != nil {
 		return nil, toStatus(err)
 	}

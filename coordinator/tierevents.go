@@ -20,15 +20,17 @@ func (t *tierer) handle(node string, ev *coordpb.TierEvent) {
 	}
 	delete(t.orders, ev.Order)
 	o := od.o
+	if o.Kind == "replicate" {
+		t.m.transfers.WithLabelValues("shm", o.Kind, okResult(ev.Ok)).Inc()
+		t.m.bytes.WithLabelValues("shm").Add(float64(ev.Bytes))
+		t.replicaDone(o.Job, ev.Order, ev)
+		return
+	}
 	tc := t.copies[tierKey{o.Job, o.Step, o.Tier}]
 	if tc == nil {
 		return
 	}
-	result := "ok"
-	if !ev.Ok {
-		result = "failed"
-	}
-	t.m.transfers.WithLabelValues(o.Tier, o.Kind, result).Inc()
+	t.m.transfers.WithLabelValues(o.Tier, o.Kind, okResult(ev.Ok)).Inc()
 	t.m.bytes.WithLabelValues(o.Tier).Add(float64(ev.Bytes))
 	switch o.Kind {
 	case "push":
@@ -298,4 +300,11 @@ func (t *tierer) deleteStep(job string, step int64) int {
 		t.sendDeletes(tc)
 	}
 	return n
+}
+
+func okResult(ok bool) string {
+	if ok {
+		return "ok"
+	}
+	return "failed"
 }

@@ -93,6 +93,10 @@ type tierer struct {
 	lastStep map[string]int64                 // job/tier -> the step of that copy
 	health   map[string][]*coordpb.TierHealth // node -> its tiers
 	skipped  map[string]bool                  // job/tier warned about a missing tier
+
+	jobReplicas map[string]int          // per job; absent: the default
+	replicated  map[string]int64        // job -> newest step replicated
+	repl        map[string]*replication // job -> replication in flight
 }
 
 // order is a transfer order and the node it is for.
@@ -119,7 +123,8 @@ func (s *subscriber) poke() {
 func newTierer(c *Coordinator) *tierer {
 	return &tierer{c: c, wake: make(chan struct{}, 1), subs: map[string]*subscriber{}, copies: map[tierKey]*tierCopy{}, orders: map[uint64]*order{},
 		policies: map[string]tiers.Policy{}, last: map[string]time.Time{}, lastStep: map[string]int64{},
-		health: map[string][]*coordpb.TierHealth{}, skipped: map[string]bool{}}
+		health: map[string][]*coordpb.TierHealth{}, skipped: map[string]bool{},
+		jobReplicas: map[string]int{}, replicated: map[string]int64{}, repl: map[string]*replication{}}
 }
 
 // policy returns a job's tier policy.
@@ -159,6 +164,7 @@ func (t *tierer) scan() {
 	var todo []due
 	t.c.mu.Lock()
 	for id, j := range t.c.state.Jobs {
+		t.replicate(j)
 		if j.Latest < 0 || !t.anyDue(id, j.Latest, now) || t.inFlight(id) {
 			continue
 		}

@@ -2,7 +2,6 @@ package coordinator_test
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,9 +11,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/api/coordpb"
@@ -45,12 +41,7 @@ func newTierCluster(t *testing.T, nodes int, policy string, mod func(node int, c
 	tc := &tierCluster{cluster: &cluster{t: t, dataDir: filepath.Join(t.TempDir(), "coord")}, minio: miniotest.Start(t),
 		pfs: filepath.Join(t.TempDir(), "pfs")}
 	tc.addr, tc.stop = startCoordinator(t, tc.dataDir, "127.0.0.1:0", func(c *coordinator.Config) { c.Policy = p })
-	conn, err := grpc.NewClient(tc.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	tc.api = coordpb.NewCoordinatorClient(conn)
+	tc.dial()
 	tc.storeOf = func(node int, tier string) tiers.Store {
 		var st tiers.Store
 		var err error
@@ -74,22 +65,15 @@ func newTierCluster(t *testing.T, nodes int, policy string, mod func(node int, c
 	}
 	for i := range nodes {
 		tc.nvme = append(tc.nvme, filepath.Join(t.TempDir(), fmt.Sprintf("nvme-%d", i)))
-		cfg := agenttest.Config(t)
-		cfg.Node, cfg.CoordinatorAddr = fmt.Sprintf("node-%d", i), tc.addr
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-		cfg.Stores = map[string]tiers.Store{"nvme": tc.storeOf(i, "nvme"), "pfs": tc.storeOf(i, "pfs"), "s3": tc.storeOf(i, "s3")}
-		cfg.TransferBackoff = 50 * time.Millisecond
-		if mod != nil {
-			mod(i, &cfg)
-		}
-		tc.cfgs = append(tc.cfgs, cfg)
-		tc.agents = append(tc.agents, startAgent(t, cfg))
-		c, err := sdk.Dial(context.Background(), cfg.Socket)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		tc.clients = append(tc.clients, c)
+		tc.addAgent(func(cfg *agent.Config) {
+			cfg.Node = fmt.Sprintf("node-%d", i)
+			cfg.Stores = map[string]tiers.Store{"nvme": tc.storeOf(i, "nvme"), "pfs": tc.storeOf(i, "pfs"), "s3": tc.storeOf(i, "s3")}
+			cfg.TransferBackoff = 50 * time.Millisecond
+			if mod != nil {
+				mod(i, cfg)
+			}
+			tc.cfgs = append(tc.cfgs, *cfg)
+		})
 	}
 	return tc
 }

@@ -14,16 +14,17 @@ import (
 )
 
 type tierMetrics struct {
-	transfers *prometheus.CounterVec
-	bytes     *prometheus.CounterVec
-	skipped   *prometheus.CounterVec
+	transfers      *prometheus.CounterVec
+	bytes          *prometheus.CounterVec
+	skipped        *prometheus.CounterVec
+	replicaSeconds prometheus.Histogram
 }
 
 func (t *tierer) registerMetrics(reg prometheus.Registerer) {
 	t.m = tierMetrics{
 		transfers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rewind_coordinator_tier_transfers_total",
-			Help: "Tier transfer outcomes reported by agents, by tier, kind (push, manifest, delete) and result.",
+			Help: "Transfer outcomes reported by agents, by tier (shm for replicas), kind (push, manifest, delete, replicate) and result.",
 		}, []string{"tier", "kind", "result"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rewind_coordinator_tier_bytes_total",
@@ -34,6 +35,11 @@ func (t *tierer) registerMetrics(reg prometheus.Registerer) {
 			Help: "Times a tier copy that came due waited because a node holding shards could not write the tier (not connected, or without the tier).",
 		}, []string{"tier"}),
 	}
+	t.m.replicaSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "rewind_coordinator_replication_seconds",
+		Help:    "Time from the orders to replicate a consistent step to its last replica reported.",
+		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+	})
 	copies := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "rewind_coordinator_tier_copies",
 		Help: "Steps' copies on durable tiers, by tier and state (copying, durable, failed, deleting).",
@@ -46,7 +52,7 @@ func (t *tierer) registerMetrics(reg prometheus.Registerer) {
 		Name: "rewind_coordinator_tier_inflight_bytes",
 		Help: "Bytes of running transfers not yet moved, over all nodes.",
 	}, []string{"tier"})
-	reg.MustRegister(t.m.transfers, t.m.bytes, t.m.skipped, &gaugeRefresher{t: t, copies: copies, degraded: degraded, inflight: inflight})
+	reg.MustRegister(t.m.transfers, t.m.bytes, t.m.skipped, t.m.replicaSeconds, &gaugeRefresher{t: t, copies: copies, degraded: degraded, inflight: inflight})
 }
 
 // gaugeRefresher computes the tier gauges when they are scraped.
@@ -89,12 +95,13 @@ func (g *gaugeRefresher) Collect(ch chan<- prometheus.Metric) {
 // connect. Durable copies are put back in the index, in case the index
 // writes that recorded them were grouped and lost.
 func (t *tierer) load() error {
-	copies, policies, err := t.c.store.loadTiering()
+	copies, policies, replicas, err := t.c.store.loadTiering()
 	if err != nil {
 		return err
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	maps.Copy(t.jobReplicas, replicas)
 	for job, text := range policies {
 		p, err := tiers.ParsePolicy(text)
 		if err != nil {
@@ -140,6 +147,24 @@ func (t *tierer) setPolicy(job, text string) error {
 	}
 	t.policies[job] = p
 	t.c.log.Info("job tier policy set", "job", job, "policy", p.String())
+	return nil
+}
+
+// setReplicas sets how many peers keep a copy of each of job's shards.
+func (t *tierer) setReplicas(job string, n int) error {
+	if n < 0 || n > 8 {
+		return fmt.Errorf("%w: coordinator: job %s: replicas %d out of range [0, 8]", ErrInvalid, job, n)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if old, ok := t.jobReplicas[job]; ok && old == n {
+		return nil
+	}
+	if err := t.c.store.putReplicas(job, n); err != nil {
+		return err
+	}
+	t.jobReplicas[job] = n
+	t.c.log.Info("job replicas set", "job", job, "replicas", n)
 	return nil
 }
 

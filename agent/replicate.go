@@ -1,0 +1,144 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"rewind.dev/rewind/api/agentpb"
+	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/tiers"
+)
+
+// peers keeps one gRPC connection per peer agent.
+type peers struct {
+	mu    sync.Mutex
+	conns map[string]*grpc.ClientConn
+}
+
+func (p *peers) client(addr string) (agentpb.AgentClient, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c := p.conns[addr]; c != nil {
+		return agentpb.NewAgentClient(c), nil
+	}
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("agent: peer address %q: %w", addr, err)
+	}
+	if p.conns == nil {
+		p.conns = map[string]*grpc.ClientConn{}
+	}
+	p.conns[addr] = c
+	return agentpb.NewAgentClient(c), nil
+}
+
+func (p *peers) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	clear(p.conns)
+}
+
+// PeerShard names a shard to copy from a peer agent's memory.
+type PeerShard struct {
+	Job       string
+	Rank      uint32
+	WorldSize uint32
+	Step      int64
+	Size      int64
+	HeaderSum string
+	Node      string // the peer, for messages
+	Addr      string // its agent's TCP address
+}
+
+// CopyFromPeer copies a shard from a peer agent's shared memory into this
+// agent's, through the same prepare/commit path as a save: the shard is
+// committed only after its size, header checksum and every tensor checksum
+// match, so a torn or corrupt transfer leaves nothing behind; the slot of
+// the rank's latest checkpoint here is never used. lim bounds the
+// bandwidth (nil: none). A shard already held is not copied again.
+func (a *Agent) CopyFromPeer(ctx context.Context, ps PeerShard, lim *tiers.Limiter) (int64, error) {
+	if sh, release, err := a.pin(ps.Job, ps.Rank, ps.Step); err == nil {
+		release()
+		if sh.HeaderSum == ps.HeaderSum {
+			return 0, nil
+		}
+	}
+	peer, err := a.peers.client(ps.Addr)
+	if err != nil {
+		return 0, err
+	}
+	prep, err := a.prepare(ctx, ps.Job, ps.Rank, ps.WorldSize, ps.Step, ps.Size, false)
+	if err != nil {
+		return 0, err
+	}
+	f, err := a.cfg.FS.OpenFile(prep.Path, os.O_RDWR, 0)
+	if err != nil {
+		return 0, fmt.Errorf("agent: copy of job %s rank %d step %d from %s: %w", ps.Job, ps.Rank, ps.Step, ps.Node, err)
+	}
+	m, err := shm.Map(f, prep.Size, true)
+	f.Close()
+	if err != nil {
+		return 0, err
+	}
+	err = a.receive(ctx, peer, ps, m.Data, lim)
+	m.Close()
+	if err != nil {
+		return 0, fmt.Errorf("agent: copy of job %s rank %d step %d from %s: %w", ps.Job, ps.Rank, ps.Step, ps.Node, err)
+	}
+	if _, err := a.Commit(ctx, ps.Job, ps.Rank, prep.Slot, prep.Token, ps.Step, ps.HeaderSum); err != nil {
+		return 0, err
+	}
+	return ps.Size, nil
+}
+
+// receive streams the shard into dst and checks it whole.
+func (a *Agent) receive(ctx context.Context, peer agentpb.AgentClient, ps PeerShard, dst []byte, lim *tiers.Limiter) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := peer.Read(ctx, &agentpb.ReadRequest{Job: ps.Job, Rank: ps.Rank, Step: ps.Step})
+	if err != nil {
+		return err
+	}
+	var got int64
+	for {
+		chunk, err := stream.Recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		off, n := int64(chunk.Offset), int64(len(chunk.Data))
+		if off != got || off+n > int64(len(dst)) {
+			return fmt.Errorf("%w: chunk of %d bytes at %d, expected offset %d of %d", shm.ErrCorrupt, n, off, got, len(dst))
+		}
+		if err := lim.Wait(ctx, int(n)); err != nil {
+			return err
+		}
+		copy(dst[off:], chunk.Data)
+		got += n
+	}
+	if got != int64(len(dst)) {
+		return fmt.Errorf("%w: %d of %d bytes received", shm.ErrCorrupt, got, len(dst))
+	}
+	h, err := shm.DecodeBytes(dst)
+	if err != nil {
+		return err
+	}
+	if sum := shm.HeaderSum(dst[:h.DataStart]); sum != ps.HeaderSum {
+		return fmt.Errorf("%w: header checksum %s, expected %s", shm.ErrCorrupt, sum, ps.HeaderSum)
+	}
+	if !h.Rewind || h.Meta.Job != ps.Job || h.Meta.Rank != ps.Rank || h.Meta.Step != ps.Step {
+		return fmt.Errorf("%w: received %s rank %d step %d", shm.ErrCorrupt, h.Meta.Job, h.Meta.Rank, h.Meta.Step)
+	}
+	return h.Verify(dst, a.cfg.VerifyWorkers)
+}

@@ -1,0 +1,113 @@
+package coordinator_test
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"rewind.dev/rewind/agent"
+	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/coordinator"
+	"rewind.dev/rewind/internal/agenttest"
+	"rewind.dev/rewind/sdk"
+)
+
+// replicaNodes returns, per rank of step, the nodes holding it in memory.
+func (cl *cluster) replicaNodes(job string, step int64) map[uint32][]string {
+	cl.t.Helper()
+	st, err := cl.api.InspectStep(ctxT(cl.t), &coordpb.StepRequest{Job: job, Step: step})
+	if err != nil {
+		cl.t.Fatal(err)
+	}
+	out := map[uint32][]string{}
+	for _, c := range st.Step.Copies {
+		if c.Tier == "shm" {
+			out[c.Rank] = append(out[c.Rank], c.Node)
+		}
+	}
+	return out
+}
+
+// TestPeerReplication: each rank's shard of a consistent step is copied to
+// one peer, in another failure domain when there is one, always the same
+// peer; a node that lost its memory gets its shard back from the peer,
+// bit-identical.
+func TestPeerReplication(t *testing.T) {
+	const job, ws = "repl", 3
+	cl := &cluster{t: t, dataDir: t.TempDir()}
+	cl.addr, cl.stop = startCoordinator(t, cl.dataDir, "127.0.0.1:0", func(c *coordinator.Config) { c.Replicas = 1 })
+	cl.dial()
+	domains := []string{"rack-a", "rack-b", "rack-a"}
+	for i, d := range domains {
+		cl.addAgent(func(cfg *agent.Config) { cfg.Node, cfg.FailureDomain = fmt.Sprintf("node-%d", i), d })
+	}
+	// node-0 and node-2 (rack-a) replicate to node-1, the only node of
+	// rack-b; node-1 to the next node after it, node-2.
+	want := map[uint32]string{0: "node-1", 1: "node-2", 2: "node-1"}
+	for step := int64(1); step <= 3; step++ {
+		cl.saveStep(job, ws, step, 0, 1, 2)
+		cl.waitLatest(job, step)
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			got := cl.replicaNodes(job, step)
+			ok := true
+			for r := range uint32(ws) {
+				nodes := got[r]
+				ok = ok && len(nodes) == 2 && (nodes[0] == want[r] || nodes[1] == want[r])
+			}
+			if ok {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("step %d: memory copies %v, want each rank also on %v", step, got, want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// node-1 loses its memory; its rank comes back from node-2's replica.
+	cl.agents[1].Stop()
+	cfg := agenttest.Config(t)
+	cfg.Node, cfg.Logger = "node-1", slog.New(slog.NewTextHandler(io.Discard, nil))
+	r := agenttest.Start(t, cfg)
+	src := cl.agents[2]
+	n, err := r.Agent.CopyFromPeer(ctxT(t), agent.PeerShard{Job: job, Rank: 1, WorldSize: ws, Step: 3,
+		Size: sizeOf(t, cl, job, 3, 1), HeaderSum: sumOf(t, cl, job, 3, 1), Node: "node-2", Addr: src.Addrs.TCP}, nil)
+	if err != nil || n == 0 {
+		t.Fatalf("copy of rank 1 from node-2's replica: %d %v", n, err)
+	}
+	c, err := sdk.Dial(ctxT(t), cfg.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, _ := c.Session(job, 1, ws)
+	got, err := s.RestoreStep(ctxT(t), 3)
+	if err != nil || !bytes.Equal(got.Tensors[0].Data, rankData(3, 1)) {
+		t.Fatalf("rank 1 from the peer's memory: %v", err)
+	}
+}
+
+func copyOf(t *testing.T, cl *cluster, job string, step int64, rank uint32) *coordpb.Copy {
+	st, err := cl.api.InspectStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: step})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range st.Step.Copies {
+		if c.Rank == rank {
+			return c
+		}
+	}
+	t.Fatalf("no copy of %s step %d rank %d", job, step, rank)
+	return nil
+}
+
+func sizeOf(t *testing.T, cl *cluster, job string, step int64, rank uint32) int64 {
+	return int64(copyOf(t, cl, job, step, rank).SizeBytes)
+}
+
+func sumOf(t *testing.T, cl *cluster, job string, step int64, rank uint32) string {
+	return copyOf(t, cl, job, step, rank).HeaderChecksum
+}
