@@ -106,7 +106,7 @@ func (c *Coordinator) PlanRestore(job string, step int64) (*coordpb.PlanRestoreR
 		target := j.Placement[r]
 		srcs := slices.Clone(st.Copies[r])
 		slices.SortStableFunc(srcs, func(a, b *Copy) int {
-			return boolInt(b.Node == target) - boolInt(a.Node == target)
+			return c.sourceCost(a, target) - c.sourceCost(b, target)
 		})
 		rp := &coordpb.RankPlan{Rank: r, TargetNode: target}
 		for _, cp := range srcs {
@@ -117,11 +117,32 @@ func (c *Coordinator) PlanRestore(job string, step int64) (*coordpb.PlanRestoreR
 	return plan, nil
 }
 
-func boolInt(b bool) int {
-	if b {
+// sourceCost orders a rank's copies for a restore onto target, cheapest
+// first: its own memory, a peer's memory in its failure domain, a peer's
+// memory elsewhere, its own NVMe, another node's NVMe, the parallel
+// filesystem, the object store. The caller holds c.mu.
+func (c *Coordinator) sourceCost(cp *Copy, target string) int {
+	switch {
+	case cp.Tier == "shm" && cp.Node == target:
+		return 0
+	case cp.Tier == "shm" && c.sameDomain(cp.Node, target):
 		return 1
+	case cp.Tier == "shm":
+		return 2
+	case cp.Tier == "nvme" && cp.Node == target:
+		return 3
+	case cp.Tier == "nvme":
+		return 4
+	case cp.Tier == "pfs":
+		return 5
+	default:
+		return 6
 	}
-	return 0
+}
+
+func (c *Coordinator) sameDomain(a, b string) bool {
+	na, nb := c.state.Nodes[a], c.state.Nodes[b]
+	return na != nil && nb != nil && na.FailureDomain != "" && na.FailureDomain == nb.FailureDomain
 }
 
 // agentCall runs f against the agent of node over TCP.

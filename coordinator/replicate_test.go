@@ -111,3 +111,35 @@ func sizeOf(t *testing.T, cl *cluster, job string, step int64, rank uint32) int6
 func sumOf(t *testing.T, cl *cluster, job string, step int64, rank uint32) string {
 	return copyOf(t, cl, job, step, rank).HeaderChecksum
 }
+
+// TestRestorePlanOrder: a rank's sources go from its own memory to a
+// peer's in its failure domain, a peer's elsewhere, then the tiers.
+func TestRestorePlanOrder(t *testing.T) {
+	const job, ws = "order", 1
+	cl := &cluster{t: t, dataDir: t.TempDir()}
+	cl.addr, cl.stop = startCoordinator(t, cl.dataDir, "127.0.0.1:0", func(c *coordinator.Config) { c.Replicas = 2 })
+	cl.dial()
+	for i, d := range []string{"rack-a", "rack-b", "rack-a"} {
+		cl.addAgent(func(cfg *agent.Config) { cfg.Node, cfg.FailureDomain = fmt.Sprintf("node-%d", i), d })
+	}
+	cl.saveStep(job, ws, 1, 0)
+	cl.waitLatest(job, 1)
+	deadline := time.Now().Add(10 * time.Second)
+	for len(cl.replicaNodes(job, 1)[0]) < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("replicas of rank 0: %v, want on all three nodes", cl.replicaNodes(job, 1))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	plan, err := cl.api.PlanRestore(ctxT(t), &coordpb.PlanRestoreRequest{Job: job, Step: 1, DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, s := range plan.Ranks[0].Sources {
+		got = append(got, s.Node)
+	}
+	if want := []string{"node-0", "node-2", "node-1"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("sources of rank 0 (on node-0, rack-a): %v, want %v", got, want)
+	}
+}
