@@ -315,7 +315,13 @@ func (s *State) remove(j *Job, rec Record, ch *Changes) {
 		ch.Steps = slices.DeleteFunc(ch.Steps, func(x *Step) bool { return x == st })
 		ch.Dropped = append(ch.Dropped, StepKey{j.ID, rec.Step})
 	}
-	s.updateLatest(j, ch)
+	// Latest is the newest consistent step with every rank's copy: losing
+	// a copy of any other step cannot change it (a newer step is not
+	// consistent and complete, an older one is not the newest), so only
+	// a copy of the latest step costs a scan of the job's steps.
+	if rec.Step == j.Latest {
+		s.updateLatest(j, ch)
+	}
 }
 
 // updateLatest recomputes the newest consistent step whose every rank
