@@ -66,6 +66,12 @@ type PeerShard struct {
 // the rank's latest checkpoint here is never used. lim bounds the
 // bandwidth (nil: none). A shard already held is not copied again.
 func (a *Agent) CopyFromPeer(ctx context.Context, ps PeerShard, lim *tiers.Limiter) (int64, error) {
+	return a.copyFromPeer(ctx, ps, lim, false)
+}
+
+// copyFromPeer is CopyFromPeer; place says the rank will run here (a
+// restore), not that this node keeps a replica.
+func (a *Agent) copyFromPeer(ctx context.Context, ps PeerShard, lim *tiers.Limiter, place bool) (int64, error) {
 	if sh, release, err := a.pin(ps.Job, ps.Rank, ps.Step); err == nil {
 		release()
 		if sh.HeaderSum == ps.HeaderSum {
@@ -76,7 +82,7 @@ func (a *Agent) CopyFromPeer(ctx context.Context, ps PeerShard, lim *tiers.Limit
 	if err != nil {
 		return 0, err
 	}
-	prep, err := a.prepare(ctx, ps.Job, ps.Rank, ps.WorldSize, ps.Step, ps.Size, false)
+	prep, err := a.prepare(ctx, ps.Job, ps.Rank, ps.WorldSize, ps.Step, ps.Size, place)
 	if err != nil {
 		return 0, err
 	}
@@ -141,4 +147,68 @@ func (a *Agent) receive(ctx context.Context, peer agentpb.AgentClient, ps PeerSh
 		return fmt.Errorf("%w: received %s rank %d step %d", shm.ErrCorrupt, h.Meta.Job, h.Meta.Rank, h.Meta.Step)
 	}
 	return h.Verify(dst, a.cfg.VerifyWorkers)
+}
+
+// Source is one place a restore can take a rank's shard from.
+type Source struct {
+	Tier string // "shm", "nvme", "pfs", "s3"
+	Node string // "-" on a shared tier
+	Addr string // the node's agent, for another node's shared memory
+}
+
+func (s Source) String() string { return s.Tier + ":" + s.Node }
+
+// FetchFrom brings a shard into this agent's shared memory from the first
+// of sources that serves it whole and verified, in order: this node's own
+// memory (nothing to move), a peer's memory, one of this agent's tiers.
+// Every failure, a checksum mismatch included, moves on to the next
+// source; the result lists them.
+func (a *Agent) FetchFrom(ctx context.Context, ps PeerShard, sources []Source) (FetchResult, error) {
+	if err := validateRank(ps.Job, ps.Rank, ps.WorldSize); err != nil {
+		return FetchResult{}, err
+	}
+	res := FetchResult{Step: ps.Step, Size: ps.Size}
+	for _, src := range sources {
+		n, err := a.fetchSource(ctx, ps, src)
+		if err == nil {
+			res.Tier = src.String()
+			a.metrics.transfers.WithLabelValues(src.Tier, "fetch", "ok").Inc()
+			a.metrics.tierBytes.WithLabelValues(src.Tier).Add(float64(n))
+			return res, nil
+		}
+		a.metrics.transfers.WithLabelValues(src.Tier, "fetch", "failed").Inc()
+		a.log.Warn("restore source failed; trying the next", "job", ps.Job, "rank", ps.Rank, "step", ps.Step, "source", src.String(), "err", err)
+		res.Failed = append(res.Failed, FetchAttempt{Tier: src.String(), Err: err})
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return res, fmt.Errorf("%w: agent: no source could restore job %s rank %d step %d (%d tried)", ErrNotFound, ps.Job, ps.Rank, ps.Step, len(res.Failed))
+}
+
+func (a *Agent) fetchSource(ctx context.Context, ps PeerShard, src Source) (int64, error) {
+	switch {
+	case src.Tier == "shm" && src.Node == a.cfg.Node:
+		sh, release, err := a.pin(ps.Job, ps.Rank, ps.Step)
+		if err != nil {
+			return 0, err
+		}
+		release()
+		if sh.HeaderSum != ps.HeaderSum {
+			return 0, fmt.Errorf("%w: agent: this node's copy has header checksum %s, the plan %s", shm.ErrCorrupt, sh.HeaderSum, ps.HeaderSum)
+		}
+		return 0, nil
+	case src.Tier == "shm":
+		if src.Addr == "" {
+			return 0, fmt.Errorf("%w: agent: no address for node %s", ErrInvalid, src.Node)
+		}
+		p := ps
+		p.Node, p.Addr = src.Node, src.Addr
+		return a.copyFromPeer(ctx, p, nil, true)
+	case src.Tier == "nvme" && src.Node != a.cfg.Node:
+		return 0, fmt.Errorf("%w: agent: the NVMe copy is on node %s", ErrNotFound, src.Node)
+	default:
+		n, _, err := a.fetchFrom(ctx, src.Tier, ps.Job, ps.Rank, ps.Step)
+		return n, err
+	}
 }

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 
@@ -122,8 +123,22 @@ func (s *server) Status(ctx context.Context, req *agentpb.StatusRequest) (*agent
 
 // Fetch restores a shard from the agent's tiers into shared memory.
 func (s *server) Fetch(ctx context.Context, req *agentpb.FetchRequest) (*agentpb.FetchResponse, error) {
-	res, err := s.a.Fetch(ctx, req.Job, req.Rank, req.Step, req.Tiers)
+	var res FetchResult
+	var err error
+	if len(req.Sources) > 0 {
+		srcs := make([]Source, len(req.Sources))
+		for i, x := range req.Sources {
+			srcs[i] = Source{Tier: x.Tier, Node: x.Node, Addr: x.Addr}
+		}
+		res, err = s.a.FetchFrom(ctx, PeerShard{Job: req.Job, Rank: req.Rank, WorldSize: req.WorldSize, Step: req.Step,
+			Size: int64(req.SizeBytes), HeaderSum: req.HeaderChecksum}, srcs)
+	} else {
+		res, err = s.a.Fetch(ctx, req.Job, req.Rank, req.Step, req.Tiers)
+	}
 	if err != nil {
+		if len(res.Failed) > 0 {
+			return nil, fmt.Errorf("%w: %w", err, joinAttempts(res.Failed))
+		}
 		return nil, err
 	}
 	resp := &agentpb.FetchResponse{Step: res.Step, Tier: res.Tier, SizeBytes: uint64(res.Size)}
@@ -207,4 +222,12 @@ func (s *server) Consistent(ctx context.Context, req *agentpb.ConsistentRequest)
 		return nil, err
 	}
 	return &agentpb.ConsistentResponse{Step: resp.Step, WorldSize: resp.WorldSize}, nil
+}
+
+func joinAttempts(fs []FetchAttempt) error {
+	errs := make([]error, len(fs))
+	for i, f := range fs {
+		errs[i] = fmt.Errorf("%s: %w", f.Tier, f.Err)
+	}
+	return errors.Join(errs...)
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -141,5 +143,86 @@ func TestRestorePlanOrder(t *testing.T) {
 	}
 	if want := []string{"node-0", "node-2", "node-1"}; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("sources of rank 0 (on node-0, rack-a): %v, want %v", got, want)
+	}
+}
+
+// TestRestoreFallsBackFromACorruptReplica: a node loses its memory; the
+// restore takes its rank from the nearest peer, finds that replica
+// corrupt, and falls back to the next peer, bit-identical.
+func TestRestoreFallsBackFromACorruptReplica(t *testing.T) {
+	const job, ws = "fallback", 1
+	cl := &cluster{t: t, dataDir: t.TempDir()}
+	cl.addr, cl.stop = startCoordinator(t, cl.dataDir, "127.0.0.1:0", func(c *coordinator.Config) { c.Replicas = 2 })
+	cl.dial()
+	for i, d := range []string{"rack-a", "rack-b", "rack-a"} {
+		cl.addAgent(func(cfg *agent.Config) { cfg.Node, cfg.FailureDomain = fmt.Sprintf("node-%d", i), d })
+	}
+	cl.saveStep(job, ws, 1, 0)
+	cl.waitLatest(job, 1)
+	deadline := time.Now().Add(10 * time.Second)
+	for len(cl.replicaNodes(job, 1)[0]) < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("replicas: %v", cl.replicaNodes(job, 1))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// node-2 is node-0's nearest peer (same rack): flip a byte of its replica.
+	shards, err := cl.clients[2].List(ctxT(t), job)
+	if err != nil || len(shards) != 1 {
+		t.Fatalf("node-2's replica: %v %v", shards, err)
+	}
+	flipByte(t, shards[0].Path, -10)
+	// node-0 loses its memory and comes back empty.
+	cl.agents[0].Stop()
+	cfg := agenttest.Config(t)
+	cfg.Node, cfg.FailureDomain, cfg.CoordinatorAddr = "node-0", "rack-a", cl.addr
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	startAgent(t, cfg)
+	deadline = time.Now().Add(10 * time.Second)
+	for len(cl.replicaNodes(job, 1)[0]) != 2 { // the new node-0 registered: its old copy left the index
+		if time.Now().After(deadline) {
+			t.Fatalf("copies after node-0 came back empty: %v", cl.replicaNodes(job, 1))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	plan, err := cl.api.PlanRestore(ctxT(t), &coordpb.PlanRestoreRequest{Job: job, Step: -1, RequestedBy: "test"})
+	if err != nil || !plan.Executed || !plan.Ok {
+		t.Fatalf("restore: %v %v", plan, err)
+	}
+	rp := plan.Ranks[0]
+	if rp.Used != "shm:node-1" || len(rp.Failed) != 1 || !strings.Contains(rp.Failed[0], "shm:node-2") || !strings.Contains(rp.Failed[0], "corrupt") {
+		t.Fatalf("rank 0 restored from %q after %q, want node-1 after node-2's corrupt replica", rp.Used, rp.Failed)
+	}
+	c, err := sdk.Dial(ctxT(t), cfg.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, _ := c.Session(job, 0, ws)
+	got, err := s.RestoreStep(ctxT(t), 1)
+	if err != nil || !bytes.Equal(got.Tensors[0].Data, rankData(1, 0)) {
+		t.Fatalf("rank 0 after the fallback: %v", err)
+	}
+}
+
+// flipByte flips one bit of a file, at off from its end when negative.
+func flipByte(t *testing.T, path string, off int64) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if off < 0 {
+		st, _ := f.Stat()
+		off += st.Size()
+	}
+	b := make([]byte, 1)
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0x04
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -229,7 +229,7 @@ func (s *server) PlanRestore(ctx context.Context, req *coordpb.PlanRestoreReques
 	}
 	s.c.log.Info("restore plan", "job", req.Job, "step", plan.Step, "dry_run", req.DryRun, "requested_by", who, "ranks", len(plan.Ranks))
 	if !req.DryRun {
-		return nil, status.Error(codes.Unimplemented, "coordinator: only dry-run restore plans are available until the recovery driver lands; re-run with --dry-run")
+		s.c.Restore(ctx, plan, who)
 	}
 	return plan, nil
 }

@@ -31,10 +31,17 @@ type FetchRequest struct {
 	// < 0: the newest step the first tier that has one holds.
 	Step int64 `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`
 	// Tier names ("nvme", "pfs", "s3") in order of preference; empty: all of
-	// the agent's tiers, nearest first.
-	Tiers         []string `protobuf:"bytes,4,rep,name=tiers,proto3" json:"tiers,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// the agent's tiers, nearest first. Ignored when sources are given.
+	Tiers []string `protobuf:"bytes,4,rep,name=tiers,proto3" json:"tiers,omitempty"`
+	// A restore plan's sources for the rank, cheapest first: the agent
+	// tries each in turn. With sources, step, world_size, size_bytes and
+	// header_checksum name the shard exactly.
+	Sources        []*FetchSource `protobuf:"bytes,5,rep,name=sources,proto3" json:"sources,omitempty"`
+	WorldSize      uint32         `protobuf:"varint,6,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
+	SizeBytes      uint64         `protobuf:"varint,7,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	HeaderChecksum string         `protobuf:"bytes,8,opt,name=header_checksum,json=headerChecksum,proto3" json:"header_checksum,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *FetchRequest) Reset() {
@@ -95,6 +102,97 @@ func (x *FetchRequest) GetTiers() []string {
 	return nil
 }
 
+func (x *FetchRequest) GetSources() []*FetchSource {
+	if x != nil {
+		return x.Sources
+	}
+	return nil
+}
+
+func (x *FetchRequest) GetWorldSize() uint32 {
+	if x != nil {
+		return x.WorldSize
+	}
+	return 0
+}
+
+func (x *FetchRequest) GetSizeBytes() uint64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *FetchRequest) GetHeaderChecksum() string {
+	if x != nil {
+		return x.HeaderChecksum
+	}
+	return ""
+}
+
+type FetchSource struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "shm" (a node's shared memory), "nvme", "pfs" or "s3".
+	Tier string `protobuf:"bytes,1,opt,name=tier,proto3" json:"tier,omitempty"`
+	// The node holding the copy ("-" on a shared tier).
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// The agent address of that node, for another node's shared memory.
+	Addr          string `protobuf:"bytes,3,opt,name=addr,proto3" json:"addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchSource) Reset() {
+	*x = FetchSource{}
+	mi := &file_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchSource) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchSource) ProtoMessage() {}
+
+func (x *FetchSource) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchSource.ProtoReflect.Descriptor instead.
+func (*FetchSource) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *FetchSource) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
+func (x *FetchSource) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *FetchSource) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
 type FetchAttempt struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Tier          string                 `protobuf:"bytes,1,opt,name=tier,proto3" json:"tier,omitempty"`
@@ -105,7 +203,7 @@ type FetchAttempt struct {
 
 func (x *FetchAttempt) Reset() {
 	*x = FetchAttempt{}
-	mi := &file_agent_proto_msgTypes[1]
+	mi := &file_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -117,7 +215,7 @@ func (x *FetchAttempt) String() string {
 func (*FetchAttempt) ProtoMessage() {}
 
 func (x *FetchAttempt) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[1]
+	mi := &file_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -130,7 +228,7 @@ func (x *FetchAttempt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchAttempt.ProtoReflect.Descriptor instead.
 func (*FetchAttempt) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{1}
+	return file_agent_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *FetchAttempt) GetTier() string {
@@ -160,7 +258,7 @@ type FetchResponse struct {
 
 func (x *FetchResponse) Reset() {
 	*x = FetchResponse{}
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -172,7 +270,7 @@ func (x *FetchResponse) String() string {
 func (*FetchResponse) ProtoMessage() {}
 
 func (x *FetchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -185,7 +283,7 @@ func (x *FetchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchResponse.ProtoReflect.Descriptor instead.
 func (*FetchResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{2}
+	return file_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *FetchResponse) GetStep() int64 {
@@ -225,7 +323,7 @@ type ConsistentRequest struct {
 
 func (x *ConsistentRequest) Reset() {
 	*x = ConsistentRequest{}
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -237,7 +335,7 @@ func (x *ConsistentRequest) String() string {
 func (*ConsistentRequest) ProtoMessage() {}
 
 func (x *ConsistentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -250,7 +348,7 @@ func (x *ConsistentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsistentRequest.ProtoReflect.Descriptor instead.
 func (*ConsistentRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ConsistentRequest) GetJob() string {
@@ -271,7 +369,7 @@ type ConsistentResponse struct {
 
 func (x *ConsistentResponse) Reset() {
 	*x = ConsistentResponse{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -283,7 +381,7 @@ func (x *ConsistentResponse) String() string {
 func (*ConsistentResponse) ProtoMessage() {}
 
 func (x *ConsistentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -296,7 +394,7 @@ func (x *ConsistentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsistentResponse.ProtoReflect.Descriptor instead.
 func (*ConsistentResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ConsistentResponse) GetStep() int64 {
@@ -327,7 +425,7 @@ type PrepareRequest struct {
 
 func (x *PrepareRequest) Reset() {
 	*x = PrepareRequest{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -339,7 +437,7 @@ func (x *PrepareRequest) String() string {
 func (*PrepareRequest) ProtoMessage() {}
 
 func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -352,7 +450,7 @@ func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRequest.ProtoReflect.Descriptor instead.
 func (*PrepareRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PrepareRequest) GetJob() string {
@@ -406,7 +504,7 @@ type PrepareResponse struct {
 
 func (x *PrepareResponse) Reset() {
 	*x = PrepareResponse{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -418,7 +516,7 @@ func (x *PrepareResponse) String() string {
 func (*PrepareResponse) ProtoMessage() {}
 
 func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -431,7 +529,7 @@ func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareResponse.ProtoReflect.Descriptor instead.
 func (*PrepareResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PrepareResponse) GetSlot() uint32 {
@@ -484,7 +582,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -496,7 +594,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -509,7 +607,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CommitRequest) GetJob() string {
@@ -564,7 +662,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -576,7 +674,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -589,7 +687,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CommitResponse) GetStep() int64 {
@@ -619,7 +717,7 @@ type OpenRequest struct {
 
 func (x *OpenRequest) Reset() {
 	*x = OpenRequest{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -631,7 +729,7 @@ func (x *OpenRequest) String() string {
 func (*OpenRequest) ProtoMessage() {}
 
 func (x *OpenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -644,7 +742,7 @@ func (x *OpenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
 func (*OpenRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *OpenRequest) GetJob() string {
@@ -685,7 +783,7 @@ type OpenResponse struct {
 
 func (x *OpenResponse) Reset() {
 	*x = OpenResponse{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -697,7 +795,7 @@ func (x *OpenResponse) String() string {
 func (*OpenResponse) ProtoMessage() {}
 
 func (x *OpenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -710,7 +808,7 @@ func (x *OpenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenResponse.ProtoReflect.Descriptor instead.
 func (*OpenResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *OpenResponse) GetShard() *Shard {
@@ -736,7 +834,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -748,7 +846,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -761,7 +859,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReleaseRequest) GetLease() uint64 {
@@ -779,7 +877,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -791,7 +889,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -804,7 +902,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 type ReadRequest struct {
@@ -818,7 +916,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -830,7 +928,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -843,7 +941,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReadRequest) GetJob() string {
@@ -880,7 +978,7 @@ type ReadChunk struct {
 
 func (x *ReadChunk) Reset() {
 	*x = ReadChunk{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -892,7 +990,7 @@ func (x *ReadChunk) String() string {
 func (*ReadChunk) ProtoMessage() {}
 
 func (x *ReadChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -905,7 +1003,7 @@ func (x *ReadChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadChunk.ProtoReflect.Descriptor instead.
 func (*ReadChunk) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReadChunk) GetOffset() uint64 {
@@ -939,7 +1037,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -951,7 +1049,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -964,7 +1062,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListRequest) GetJob() string {
@@ -983,7 +1081,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -995,7 +1093,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1008,7 +1106,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListResponse) GetShards() []*Shard {
@@ -1044,7 +1142,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1056,7 +1154,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1069,7 +1167,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Shard) GetJob() string {
@@ -1186,7 +1284,7 @@ type VerifyRequest struct {
 
 func (x *VerifyRequest) Reset() {
 	*x = VerifyRequest{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1198,7 +1296,7 @@ func (x *VerifyRequest) String() string {
 func (*VerifyRequest) ProtoMessage() {}
 
 func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1211,7 +1309,7 @@ func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyRequest.ProtoReflect.Descriptor instead.
 func (*VerifyRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *VerifyRequest) GetJob() string {
@@ -1260,7 +1358,7 @@ type VerifyResponse struct {
 
 func (x *VerifyResponse) Reset() {
 	*x = VerifyResponse{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1272,7 +1370,7 @@ func (x *VerifyResponse) String() string {
 func (*VerifyResponse) ProtoMessage() {}
 
 func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1285,7 +1383,7 @@ func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyResponse.ProtoReflect.Descriptor instead.
 func (*VerifyResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *VerifyResponse) GetOk() bool {
@@ -1322,7 +1420,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1334,7 +1432,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1347,7 +1445,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DeleteRequest) GetJob() string {
@@ -1388,7 +1486,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1400,7 +1498,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1413,7 +1511,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DeleteResponse) GetDeleted() uint32 {
@@ -1438,7 +1536,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1450,7 +1548,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1463,7 +1561,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 type StatusResponse struct {
@@ -1484,7 +1582,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1496,7 +1594,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1509,7 +1607,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -1586,12 +1684,22 @@ var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
 	"\n" +
-	"\vagent.proto\x12\x0frewind.agent.v1\"^\n" +
+	"\vagent.proto\x12\x0frewind.agent.v1\"\xfd\x01\n" +
 	"\fFetchRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\rR\x04rank\x12\x12\n" +
 	"\x04step\x18\x03 \x01(\x03R\x04step\x12\x14\n" +
-	"\x05tiers\x18\x04 \x03(\tR\x05tiers\"8\n" +
+	"\x05tiers\x18\x04 \x03(\tR\x05tiers\x126\n" +
+	"\asources\x18\x05 \x03(\v2\x1c.rewind.agent.v1.FetchSourceR\asources\x12\x1d\n" +
+	"\n" +
+	"world_size\x18\x06 \x01(\rR\tworldSize\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\a \x01(\x04R\tsizeBytes\x12'\n" +
+	"\x0fheader_checksum\x18\b \x01(\tR\x0eheaderChecksum\"I\n" +
+	"\vFetchSource\x12\x12\n" +
+	"\x04tier\x18\x01 \x01(\tR\x04tier\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x12\n" +
+	"\x04addr\x18\x03 \x01(\tR\x04addr\"8\n" +
 	"\fFetchAttempt\x12\x12\n" +
 	"\x04tier\x18\x01 \x01(\tR\x04tier\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\"\x8d\x01\n" +
@@ -1735,67 +1843,69 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_agent_proto_goTypes = []any{
 	(*FetchRequest)(nil),       // 0: rewind.agent.v1.FetchRequest
-	(*FetchAttempt)(nil),       // 1: rewind.agent.v1.FetchAttempt
-	(*FetchResponse)(nil),      // 2: rewind.agent.v1.FetchResponse
-	(*ConsistentRequest)(nil),  // 3: rewind.agent.v1.ConsistentRequest
-	(*ConsistentResponse)(nil), // 4: rewind.agent.v1.ConsistentResponse
-	(*PrepareRequest)(nil),     // 5: rewind.agent.v1.PrepareRequest
-	(*PrepareResponse)(nil),    // 6: rewind.agent.v1.PrepareResponse
-	(*CommitRequest)(nil),      // 7: rewind.agent.v1.CommitRequest
-	(*CommitResponse)(nil),     // 8: rewind.agent.v1.CommitResponse
-	(*OpenRequest)(nil),        // 9: rewind.agent.v1.OpenRequest
-	(*OpenResponse)(nil),       // 10: rewind.agent.v1.OpenResponse
-	(*ReleaseRequest)(nil),     // 11: rewind.agent.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),    // 12: rewind.agent.v1.ReleaseResponse
-	(*ReadRequest)(nil),        // 13: rewind.agent.v1.ReadRequest
-	(*ReadChunk)(nil),          // 14: rewind.agent.v1.ReadChunk
-	(*ListRequest)(nil),        // 15: rewind.agent.v1.ListRequest
-	(*ListResponse)(nil),       // 16: rewind.agent.v1.ListResponse
-	(*Shard)(nil),              // 17: rewind.agent.v1.Shard
-	(*VerifyRequest)(nil),      // 18: rewind.agent.v1.VerifyRequest
-	(*VerifyResponse)(nil),     // 19: rewind.agent.v1.VerifyResponse
-	(*DeleteRequest)(nil),      // 20: rewind.agent.v1.DeleteRequest
-	(*DeleteResponse)(nil),     // 21: rewind.agent.v1.DeleteResponse
-	(*StatusRequest)(nil),      // 22: rewind.agent.v1.StatusRequest
-	(*StatusResponse)(nil),     // 23: rewind.agent.v1.StatusResponse
+	(*FetchSource)(nil),        // 1: rewind.agent.v1.FetchSource
+	(*FetchAttempt)(nil),       // 2: rewind.agent.v1.FetchAttempt
+	(*FetchResponse)(nil),      // 3: rewind.agent.v1.FetchResponse
+	(*ConsistentRequest)(nil),  // 4: rewind.agent.v1.ConsistentRequest
+	(*ConsistentResponse)(nil), // 5: rewind.agent.v1.ConsistentResponse
+	(*PrepareRequest)(nil),     // 6: rewind.agent.v1.PrepareRequest
+	(*PrepareResponse)(nil),    // 7: rewind.agent.v1.PrepareResponse
+	(*CommitRequest)(nil),      // 8: rewind.agent.v1.CommitRequest
+	(*CommitResponse)(nil),     // 9: rewind.agent.v1.CommitResponse
+	(*OpenRequest)(nil),        // 10: rewind.agent.v1.OpenRequest
+	(*OpenResponse)(nil),       // 11: rewind.agent.v1.OpenResponse
+	(*ReleaseRequest)(nil),     // 12: rewind.agent.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),    // 13: rewind.agent.v1.ReleaseResponse
+	(*ReadRequest)(nil),        // 14: rewind.agent.v1.ReadRequest
+	(*ReadChunk)(nil),          // 15: rewind.agent.v1.ReadChunk
+	(*ListRequest)(nil),        // 16: rewind.agent.v1.ListRequest
+	(*ListResponse)(nil),       // 17: rewind.agent.v1.ListResponse
+	(*Shard)(nil),              // 18: rewind.agent.v1.Shard
+	(*VerifyRequest)(nil),      // 19: rewind.agent.v1.VerifyRequest
+	(*VerifyResponse)(nil),     // 20: rewind.agent.v1.VerifyResponse
+	(*DeleteRequest)(nil),      // 21: rewind.agent.v1.DeleteRequest
+	(*DeleteResponse)(nil),     // 22: rewind.agent.v1.DeleteResponse
+	(*StatusRequest)(nil),      // 23: rewind.agent.v1.StatusRequest
+	(*StatusResponse)(nil),     // 24: rewind.agent.v1.StatusResponse
 }
 var file_agent_proto_depIdxs = []int32{
-	1,  // 0: rewind.agent.v1.FetchResponse.failed:type_name -> rewind.agent.v1.FetchAttempt
-	17, // 1: rewind.agent.v1.OpenResponse.shard:type_name -> rewind.agent.v1.Shard
-	17, // 2: rewind.agent.v1.ReadChunk.shard:type_name -> rewind.agent.v1.Shard
-	17, // 3: rewind.agent.v1.ListResponse.shards:type_name -> rewind.agent.v1.Shard
-	5,  // 4: rewind.agent.v1.Agent.Prepare:input_type -> rewind.agent.v1.PrepareRequest
-	7,  // 5: rewind.agent.v1.Agent.Commit:input_type -> rewind.agent.v1.CommitRequest
-	9,  // 6: rewind.agent.v1.Agent.Open:input_type -> rewind.agent.v1.OpenRequest
-	11, // 7: rewind.agent.v1.Agent.Release:input_type -> rewind.agent.v1.ReleaseRequest
-	13, // 8: rewind.agent.v1.Agent.Read:input_type -> rewind.agent.v1.ReadRequest
-	15, // 9: rewind.agent.v1.Agent.List:input_type -> rewind.agent.v1.ListRequest
-	18, // 10: rewind.agent.v1.Agent.Verify:input_type -> rewind.agent.v1.VerifyRequest
-	18, // 11: rewind.agent.v1.Agent.ReportCorrupt:input_type -> rewind.agent.v1.VerifyRequest
-	20, // 12: rewind.agent.v1.Agent.Delete:input_type -> rewind.agent.v1.DeleteRequest
-	22, // 13: rewind.agent.v1.Agent.Status:input_type -> rewind.agent.v1.StatusRequest
-	3,  // 14: rewind.agent.v1.Agent.Consistent:input_type -> rewind.agent.v1.ConsistentRequest
-	0,  // 15: rewind.agent.v1.Agent.Fetch:input_type -> rewind.agent.v1.FetchRequest
-	6,  // 16: rewind.agent.v1.Agent.Prepare:output_type -> rewind.agent.v1.PrepareResponse
-	8,  // 17: rewind.agent.v1.Agent.Commit:output_type -> rewind.agent.v1.CommitResponse
-	10, // 18: rewind.agent.v1.Agent.Open:output_type -> rewind.agent.v1.OpenResponse
-	12, // 19: rewind.agent.v1.Agent.Release:output_type -> rewind.agent.v1.ReleaseResponse
-	14, // 20: rewind.agent.v1.Agent.Read:output_type -> rewind.agent.v1.ReadChunk
-	16, // 21: rewind.agent.v1.Agent.List:output_type -> rewind.agent.v1.ListResponse
-	19, // 22: rewind.agent.v1.Agent.Verify:output_type -> rewind.agent.v1.VerifyResponse
-	19, // 23: rewind.agent.v1.Agent.ReportCorrupt:output_type -> rewind.agent.v1.VerifyResponse
-	21, // 24: rewind.agent.v1.Agent.Delete:output_type -> rewind.agent.v1.DeleteResponse
-	23, // 25: rewind.agent.v1.Agent.Status:output_type -> rewind.agent.v1.StatusResponse
-	4,  // 26: rewind.agent.v1.Agent.Consistent:output_type -> rewind.agent.v1.ConsistentResponse
-	2,  // 27: rewind.agent.v1.Agent.Fetch:output_type -> rewind.agent.v1.FetchResponse
-	16, // [16:28] is the sub-list for method output_type
-	4,  // [4:16] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	1,  // 0: rewind.agent.v1.FetchRequest.sources:type_name -> rewind.agent.v1.FetchSource
+	2,  // 1: rewind.agent.v1.FetchResponse.failed:type_name -> rewind.agent.v1.FetchAttempt
+	18, // 2: rewind.agent.v1.OpenResponse.shard:type_name -> rewind.agent.v1.Shard
+	18, // 3: rewind.agent.v1.ReadChunk.shard:type_name -> rewind.agent.v1.Shard
+	18, // 4: rewind.agent.v1.ListResponse.shards:type_name -> rewind.agent.v1.Shard
+	6,  // 5: rewind.agent.v1.Agent.Prepare:input_type -> rewind.agent.v1.PrepareRequest
+	8,  // 6: rewind.agent.v1.Agent.Commit:input_type -> rewind.agent.v1.CommitRequest
+	10, // 7: rewind.agent.v1.Agent.Open:input_type -> rewind.agent.v1.OpenRequest
+	12, // 8: rewind.agent.v1.Agent.Release:input_type -> rewind.agent.v1.ReleaseRequest
+	14, // 9: rewind.agent.v1.Agent.Read:input_type -> rewind.agent.v1.ReadRequest
+	16, // 10: rewind.agent.v1.Agent.List:input_type -> rewind.agent.v1.ListRequest
+	19, // 11: rewind.agent.v1.Agent.Verify:input_type -> rewind.agent.v1.VerifyRequest
+	19, // 12: rewind.agent.v1.Agent.ReportCorrupt:input_type -> rewind.agent.v1.VerifyRequest
+	21, // 13: rewind.agent.v1.Agent.Delete:input_type -> rewind.agent.v1.DeleteRequest
+	23, // 14: rewind.agent.v1.Agent.Status:input_type -> rewind.agent.v1.StatusRequest
+	4,  // 15: rewind.agent.v1.Agent.Consistent:input_type -> rewind.agent.v1.ConsistentRequest
+	0,  // 16: rewind.agent.v1.Agent.Fetch:input_type -> rewind.agent.v1.FetchRequest
+	7,  // 17: rewind.agent.v1.Agent.Prepare:output_type -> rewind.agent.v1.PrepareResponse
+	9,  // 18: rewind.agent.v1.Agent.Commit:output_type -> rewind.agent.v1.CommitResponse
+	11, // 19: rewind.agent.v1.Agent.Open:output_type -> rewind.agent.v1.OpenResponse
+	13, // 20: rewind.agent.v1.Agent.Release:output_type -> rewind.agent.v1.ReleaseResponse
+	15, // 21: rewind.agent.v1.Agent.Read:output_type -> rewind.agent.v1.ReadChunk
+	17, // 22: rewind.agent.v1.Agent.List:output_type -> rewind.agent.v1.ListResponse
+	20, // 23: rewind.agent.v1.Agent.Verify:output_type -> rewind.agent.v1.VerifyResponse
+	20, // 24: rewind.agent.v1.Agent.ReportCorrupt:output_type -> rewind.agent.v1.VerifyResponse
+	22, // 25: rewind.agent.v1.Agent.Delete:output_type -> rewind.agent.v1.DeleteResponse
+	24, // 26: rewind.agent.v1.Agent.Status:output_type -> rewind.agent.v1.StatusResponse
+	5,  // 27: rewind.agent.v1.Agent.Consistent:output_type -> rewind.agent.v1.ConsistentResponse
+	3,  // 28: rewind.agent.v1.Agent.Fetch:output_type -> rewind.agent.v1.FetchResponse
+	17, // [17:29] is the sub-list for method output_type
+	5,  // [5:17] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -1809,7 +1919,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

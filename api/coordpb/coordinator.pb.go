@@ -1528,10 +1528,17 @@ func (x *PlanRestoreRequest) GetRequestedBy() string {
 }
 
 type RankPlan struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rank          uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
-	TargetNode    string                 `protobuf:"bytes,2,opt,name=target_node,json=targetNode,proto3" json:"target_node,omitempty"`
-	Sources       []*Copy                `protobuf:"bytes,3,rep,name=sources,proto3" json:"sources,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Rank       uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	TargetNode string                 `protobuf:"bytes,2,opt,name=target_node,json=targetNode,proto3" json:"target_node,omitempty"`
+	Sources    []*Copy                `protobuf:"bytes,3,rep,name=sources,proto3" json:"sources,omitempty"`
+	// Set when the restore ran: the source that served ("tier:node"), the
+	// ones tried before it and why they failed, the bytes moved and the time.
+	Used          string   `protobuf:"bytes,4,opt,name=used,proto3" json:"used,omitempty"`
+	Failed        []string `protobuf:"bytes,5,rep,name=failed,proto3" json:"failed,omitempty"`
+	Bytes         uint64   `protobuf:"varint,6,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Nanos         int64    `protobuf:"varint,7,opt,name=nanos,proto3" json:"nanos,omitempty"`
+	Error         string   `protobuf:"bytes,8,opt,name=error,proto3" json:"error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1587,11 +1594,52 @@ func (x *RankPlan) GetSources() []*Copy {
 	return nil
 }
 
+func (x *RankPlan) GetUsed() string {
+	if x != nil {
+		return x.Used
+	}
+	return ""
+}
+
+func (x *RankPlan) GetFailed() []string {
+	if x != nil {
+		return x.Failed
+	}
+	return nil
+}
+
+func (x *RankPlan) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *RankPlan) GetNanos() int64 {
+	if x != nil {
+		return x.Nanos
+	}
+	return 0
+}
+
+func (x *RankPlan) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type PlanRestoreResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
-	Step          int64                  `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
-	Ranks         []*RankPlan            `protobuf:"bytes,3,rep,name=ranks,proto3" json:"ranks,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Job   string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Step  int64                  `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
+	Ranks []*RankPlan            `protobuf:"bytes,3,rep,name=ranks,proto3" json:"ranks,omitempty"`
+	// Set when the restore ran (not a dry run): every rank's shard is in
+	// the shared memory of the node it runs on, or ok is false and the
+	// ranks say why.
+	Executed      bool  `protobuf:"varint,4,opt,name=executed,proto3" json:"executed,omitempty"`
+	Ok            bool  `protobuf:"varint,5,opt,name=ok,proto3" json:"ok,omitempty"`
+	Nanos         int64 `protobuf:"varint,6,opt,name=nanos,proto3" json:"nanos,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1645,6 +1693,27 @@ func (x *PlanRestoreResponse) GetRanks() []*RankPlan {
 		return x.Ranks
 	}
 	return nil
+}
+
+func (x *PlanRestoreResponse) GetExecuted() bool {
+	if x != nil {
+		return x.Executed
+	}
+	return false
+}
+
+func (x *PlanRestoreResponse) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *PlanRestoreResponse) GetNanos() int64 {
+	if x != nil {
+		return x.Nanos
+	}
+	return 0
 }
 
 type DeleteStepRequest struct {
@@ -2597,16 +2666,24 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x17\n" +
 	"\adry_run\x18\x03 \x01(\bR\x06dryRun\x12!\n" +
-	"\frequested_by\x18\x04 \x01(\tR\vrequestedBy\"v\n" +
+	"\frequested_by\x18\x04 \x01(\tR\vrequestedBy\"\xe4\x01\n" +
 	"\bRankPlan\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x1f\n" +
 	"\vtarget_node\x18\x02 \x01(\tR\n" +
 	"targetNode\x125\n" +
-	"\asources\x18\x03 \x03(\v2\x1b.rewind.coordinator.v1.CopyR\asources\"r\n" +
+	"\asources\x18\x03 \x03(\v2\x1b.rewind.coordinator.v1.CopyR\asources\x12\x12\n" +
+	"\x04used\x18\x04 \x01(\tR\x04used\x12\x16\n" +
+	"\x06failed\x18\x05 \x03(\tR\x06failed\x12\x14\n" +
+	"\x05bytes\x18\x06 \x01(\x04R\x05bytes\x12\x14\n" +
+	"\x05nanos\x18\a \x01(\x03R\x05nanos\x12\x14\n" +
+	"\x05error\x18\b \x01(\tR\x05error\"\xb4\x01\n" +
 	"\x13PlanRestoreResponse\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x125\n" +
-	"\x05ranks\x18\x03 \x03(\v2\x1f.rewind.coordinator.v1.RankPlanR\x05ranks\"O\n" +
+	"\x05ranks\x18\x03 \x03(\v2\x1f.rewind.coordinator.v1.RankPlanR\x05ranks\x12\x1a\n" +
+	"\bexecuted\x18\x04 \x01(\bR\bexecuted\x12\x0e\n" +
+	"\x02ok\x18\x05 \x01(\bR\x02ok\x12\x14\n" +
+	"\x05nanos\x18\x06 \x01(\x03R\x05nanos\"O\n" +
 	"\x11DeleteStepRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x14\n" +

@@ -120,7 +120,7 @@ func TestOperatorCommands(t *testing.T) {
 	expect(runInspect, false, []string{"job cli-job step 2: consistent", "node-a"}, co, "cli-job", "2")
 	expect(runVerify, false, []string{"node-a", "ok"}, co, "cli-job", "2")
 	expect(runRestore, false, []string{"step 2", "shm:node-a"}, co, "cli-job", "--dry-run")
-	expect(runRestore, true, []string{"dry-run"}, co, "cli-job")
+	expect(runRestore, false, []string{"restored job cli-job: step 2", "ok", "shm:node-a"}, co, "cli-job")
 	expect(runDelete, true, []string{"latest consistent"}, co, "cli-job", "2")
 	deleted := "deleted 1 copies"
 	if onNVMe == "1" { // and its NVMe copy

@@ -200,7 +200,7 @@ func runVerify(ctx context.Context, args []string) error {
 }
 
 func runRestore(ctx context.Context, args []string) error {
-	o := newOpFlags("restore", "restore [flags] JOB [--step S] --dry-run")
+	o := newOpFlags("restore", "restore [flags] JOB [--step S] [--dry-run]")
 	step := o.fs.Int64("step", -1, "step to restore (default: the latest consistent step)")
 	dry := o.fs.Bool("dry-run", false, "print the plan without acting")
 	if err := o.parse(args); err != nil {
@@ -226,17 +226,40 @@ func runRestore(ctx context.Context, args []string) error {
 	if *o.asJSON {
 		return printJSON(plan)
 	}
-	fmt.Printf("restore plan for job %s: step %d, %d ranks\n\n", plan.Job, plan.Step, len(plan.Ranks))
+	if !plan.Executed {
+		fmt.Printf("restore plan for job %s: step %d, %d ranks (dry run: nothing moved)\n\n", plan.Job, plan.Step, len(plan.Ranks))
+	} else {
+		fmt.Printf("restored job %s: step %d, %d ranks in %s: %s\n\n", plan.Job, plan.Step, len(plan.Ranks),
+			time.Duration(plan.Nanos).Round(time.Millisecond), map[bool]string{true: "ok", false: "FAILED"}[plan.Ok])
+	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RANK\tRUNS ON\tSOURCES (in order)")
+	if plan.Executed {
+		fmt.Fprintln(tw, "RANK\tRUNS ON\tFROM\tTIME\tFAILED BEFORE")
+	} else {
+		fmt.Fprintln(tw, "RANK\tRUNS ON\tSOURCES (in order)")
+	}
 	for _, r := range plan.Ranks {
 		var srcs []string
 		for _, s := range r.Sources {
 			srcs = append(srcs, s.Tier+":"+s.Node)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\n", r.Rank, orDash(r.TargetNode), strings.Join(srcs, ", "))
+		if !plan.Executed {
+			fmt.Fprintf(tw, "%d\t%s\t%s\n", r.Rank, orDash(r.TargetNode), strings.Join(srcs, ", "))
+			continue
+		}
+		from := orDash(r.Used)
+		if r.Error != "" {
+			from = "error: " + r.Error
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", r.Rank, orDash(r.TargetNode), from, time.Duration(r.Nanos).Round(time.Millisecond), orDash(strings.Join(r.Failed, "; ")))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if plan.Executed && !plan.Ok {
+		return errors.New("some ranks could not be restored")
+	}
+	return nil
 }
 
 func orDash(s string) string {
