@@ -25,6 +25,7 @@ type Coordinator struct {
 	mu    sync.Mutex
 	state *State
 	store *Store
+	down  map[string]time.Time // nodes declared dead, since when (recovery.go)
 
 	tiers *tierer // tier transfers (tiering.go)
 
@@ -53,6 +54,7 @@ func New(cfg Config) (*Coordinator, error) {
 		log:   cfg.Logger.With("component", "coordinator"),
 		state: NewState(cfg.Clock.Now),
 		store: store,
+		down:  map[string]time.Time{},
 	}
 	c.incarnation.Store(newIncarnation())
 	start := time.Now()

@@ -81,42 +81,6 @@ func (c *Coordinator) step(job string, step int64) (*coordpb.Step, error) {
 	return stepProto(st), nil
 }
 
-// PlanRestore returns, for every rank of a consistent step (the latest when
-// step < 0), where the rank runs and its copies, the one on that node first.
-func (c *Coordinator) PlanRestore(job string, step int64) (*coordpb.PlanRestoreResponse, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	j := c.state.Jobs[job]
-	if j == nil {
-		return nil, fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, job)
-	}
-	if step < 0 {
-		step = j.Latest
-		if step < 0 {
-			return nil, fmt.Errorf("%w: coordinator: job %s has no consistent step to restore", ErrNotFound, job)
-		}
-	}
-	st := j.Steps[step]
-	if st == nil || st.State != Consistent || !st.complete() {
-		return nil, fmt.Errorf("%w: coordinator: job %s step %d is not restorable (not every rank has a committed copy); latest restorable step is %d",
-			ErrRefused, job, step, j.Latest)
-	}
-	plan := &coordpb.PlanRestoreResponse{Job: job, Step: step}
-	for r := range st.WorldSize {
-		target := j.Placement[r]
-		srcs := slices.Clone(st.Copies[r])
-		slices.SortStableFunc(srcs, func(a, b *Copy) int {
-			return c.sourceCost(a, target) - c.sourceCost(b, target)
-		})
-		rp := &coordpb.RankPlan{Rank: r, TargetNode: target}
-		for _, cp := range srcs {
-			rp.Sources = append(rp.Sources, copyProto(cp))
-		}
-		plan.Ranks = append(plan.Ranks, rp)
-	}
-	return plan, nil
-}
-
 // sourceCost orders a rank's copies for a restore onto target, cheapest
 // first: its own memory, a peer's memory in its failure domain, a peer's
 // memory elsewhere, its own NVMe, another node's NVMe, the parallel

@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -73,4 +74,79 @@ func (c *Coordinator) restoreRank(ctx context.Context, plan *coordpb.PlanRestore
 	if err != nil {
 		rp.Error = err.Error()
 	}
+}
+
+// PlanRestore returns, for every rank of a consistent step (the newest
+// restorable one when step < 0), where the rank runs and its copies,
+// cheapest first. Copies on nodes that are down are left out; the newest
+// restorable step is the newest consistent step whose every rank has a
+// copy that is not.
+func (c *Coordinator) PlanRestore(job string, step int64) (*coordpb.PlanRestoreResponse, error) {
+	return c.plan(job, step, nil)
+}
+
+// plan is PlanRestore onto placement (rank -> node); nil keeps the job's.
+func (c *Coordinator) plan(job string, step int64, placement map[uint32]string) (*coordpb.PlanRestoreResponse, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	j := c.state.Jobs[job]
+	if j == nil {
+		return nil, fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, job)
+	}
+	if placement == nil {
+		placement = j.Placement
+	}
+	var st *Step
+	if step < 0 {
+		steps := j.SortedSteps()
+		for i := len(steps) - 1; i >= 0 && st == nil; i-- {
+			if c.restorable(steps[i]) {
+				st = steps[i]
+			}
+		}
+		if st == nil {
+			return nil, fmt.Errorf("%w: coordinator: job %s has no consistent step with a live copy of every rank", ErrNotFound, job)
+		}
+	} else if st = j.Steps[step]; st == nil || !c.restorable(st) {
+		return nil, fmt.Errorf("%w: coordinator: job %s step %d is not restorable (not consistent, or some rank has no copy on a live node); the latest consistent step is %d",
+			ErrRefused, job, step, j.Latest)
+	}
+	plan := &coordpb.PlanRestoreResponse{Job: job, Step: st.Step}
+	for r := range st.WorldSize {
+		target := placement[r]
+		srcs := slices.DeleteFunc(slices.Clone(st.Copies[r]), func(cp *Copy) bool { return !c.live(cp) })
+		slices.SortStableFunc(srcs, func(a, b *Copy) int {
+			return c.sourceCost(a, target) - c.sourceCost(b, target)
+		})
+		rp := &coordpb.RankPlan{Rank: r, TargetNode: target}
+		for _, cp := range srcs {
+			rp.Sources = append(rp.Sources, copyProto(cp))
+		}
+		plan.Ranks = append(plan.Ranks, rp)
+	}
+	return plan, nil
+}
+
+// restorable reports whether every rank of a consistent step has a copy
+// on a live node or a shared tier; the caller holds c.mu.
+func (c *Coordinator) restorable(st *Step) bool {
+	if st.State != Consistent || !st.complete() {
+		return false
+	}
+	for r := range st.WorldSize {
+		if !slices.ContainsFunc(st.Copies[r], c.live) {
+			return false
+		}
+	}
+	return true
+}
+
+// live reports whether a copy can be read: it is on a shared tier, or its
+// node is not down. The caller holds c.mu.
+func (c *Coordinator) live(cp *Copy) bool {
+	if cp.Node == sharedNode {
+		return true
+	}
+	_, down := c.down[cp.Node]
+	return !down
 }

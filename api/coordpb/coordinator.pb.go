@@ -1945,6 +1945,9 @@ type TransferOrder struct {
 	//
 	// "delete": remove the step's copy from the tier (the manifest first).
 	// "replicate": see source_node.
+	// "abort": the job's gang is broken; the agent fails the job's ranks'
+	//
+	//	calls with "gang broken, restoring step" until "resume".
 	Kind      string        `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
 	Job       string        `protobuf:"bytes,3,opt,name=job,proto3" json:"job,omitempty"`
 	Step      int64         `protobuf:"varint,4,opt,name=step,proto3" json:"step,omitempty"`
@@ -2541,6 +2544,286 @@ func (x *TierStatusResponse) GetNodes() []*NodeTiers {
 	return nil
 }
 
+type NodeDownRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeDownRequest) Reset() {
+	*x = NodeDownRequest{}
+	mi := &file_coordinator_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeDownRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeDownRequest) ProtoMessage() {}
+
+func (x *NodeDownRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeDownRequest.ProtoReflect.Descriptor instead.
+func (*NodeDownRequest) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *NodeDownRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *NodeDownRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type NodeDownResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The jobs being recovered.
+	Jobs          []string `protobuf:"bytes,1,rep,name=jobs,proto3" json:"jobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeDownResponse) Reset() {
+	*x = NodeDownResponse{}
+	mi := &file_coordinator_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeDownResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeDownResponse) ProtoMessage() {}
+
+func (x *NodeDownResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeDownResponse.ProtoReflect.Descriptor instead.
+func (*NodeDownResponse) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *NodeDownResponse) GetJobs() []string {
+	if x != nil {
+		return x.Jobs
+	}
+	return nil
+}
+
+type WatchJobRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchJobRequest) Reset() {
+	*x = WatchJobRequest{}
+	mi := &file_coordinator_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchJobRequest) ProtoMessage() {}
+
+func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchJobRequest.ProtoReflect.Descriptor instead.
+func (*WatchJobRequest) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *WatchJobRequest) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+// JobEvent is a recovery of a job.
+type JobEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Job   string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	// "regang": restart every rank on placement, restoring step (already in
+	// each node's shared memory when ok); "failed": the job cannot be
+	// recovered (error says why).
+	Kind      string            `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	Step      int64             `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`
+	Placement map[uint32]string `protobuf:"bytes,4,rep,name=placement,proto3" json:"placement,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Reason    string            `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	Ok        bool              `protobuf:"varint,6,opt,name=ok,proto3" json:"ok,omitempty"`
+	Error     string            `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	// The timeline: the node declared dead, the plan made, every rank's
+	// shard in memory on its new node.
+	DetectedUnixNano int64  `protobuf:"varint,8,opt,name=detected_unix_nano,json=detectedUnixNano,proto3" json:"detected_unix_nano,omitempty"`
+	PlannedUnixNano  int64  `protobuf:"varint,9,opt,name=planned_unix_nano,json=plannedUnixNano,proto3" json:"planned_unix_nano,omitempty"`
+	RestoredUnixNano int64  `protobuf:"varint,10,opt,name=restored_unix_nano,json=restoredUnixNano,proto3" json:"restored_unix_nano,omitempty"`
+	Bytes            uint64 `protobuf:"varint,11,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// How many ranks each kind of source served ("shm:peer", "s3", ...).
+	Sources       map[string]uint32 `protobuf:"bytes,12,rep,name=sources,proto3" json:"sources,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobEvent) Reset() {
+	*x = JobEvent{}
+	mi := &file_coordinator_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobEvent) ProtoMessage() {}
+
+func (x *JobEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
+func (*JobEvent) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *JobEvent) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *JobEvent) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *JobEvent) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *JobEvent) GetPlacement() map[uint32]string {
+	if x != nil {
+		return x.Placement
+	}
+	return nil
+}
+
+func (x *JobEvent) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *JobEvent) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *JobEvent) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *JobEvent) GetDetectedUnixNano() int64 {
+	if x != nil {
+		return x.DetectedUnixNano
+	}
+	return 0
+}
+
+func (x *JobEvent) GetPlannedUnixNano() int64 {
+	if x != nil {
+		return x.PlannedUnixNano
+	}
+	return 0
+}
+
+func (x *JobEvent) GetRestoredUnixNano() int64 {
+	if x != nil {
+		return x.RestoredUnixNano
+	}
+	return 0
+}
+
+func (x *JobEvent) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *JobEvent) GetSources() map[string]uint32 {
+	if x != nil {
+		return x.Sources
+	}
+	return nil
+}
+
 var File_coordinator_proto protoreflect.FileDescriptor
 
 const file_coordinator_proto_rawDesc = "" +
@@ -2753,8 +3036,34 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x127\n" +
 	"\x05tiers\x18\x02 \x03(\v2!.rewind.coordinator.v1.TierHealthR\x05tiers\"L\n" +
 	"\x12TierStatusResponse\x126\n" +
-	"\x05nodes\x18\x01 \x03(\v2 .rewind.coordinator.v1.NodeTiersR\x05nodes2\xc5\n" +
-	"\n" +
+	"\x05nodes\x18\x01 \x03(\v2 .rewind.coordinator.v1.NodeTiersR\x05nodes\"=\n" +
+	"\x0fNodeDownRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"&\n" +
+	"\x10NodeDownResponse\x12\x12\n" +
+	"\x04jobs\x18\x01 \x03(\tR\x04jobs\"#\n" +
+	"\x0fWatchJobRequest\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\"\xb0\x04\n" +
+	"\bJobEvent\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04step\x18\x03 \x01(\x03R\x04step\x12L\n" +
+	"\tplacement\x18\x04 \x03(\v2..rewind.coordinator.v1.JobEvent.PlacementEntryR\tplacement\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x0e\n" +
+	"\x02ok\x18\x06 \x01(\bR\x02ok\x12\x14\n" +
+	"\x05error\x18\a \x01(\tR\x05error\x12,\n" +
+	"\x12detected_unix_nano\x18\b \x01(\x03R\x10detectedUnixNano\x12*\n" +
+	"\x11planned_unix_nano\x18\t \x01(\x03R\x0fplannedUnixNano\x12,\n" +
+	"\x12restored_unix_nano\x18\n" +
+	" \x01(\x03R\x10restoredUnixNano\x12\x14\n" +
+	"\x05bytes\x18\v \x01(\x04R\x05bytes\x12F\n" +
+	"\asources\x18\f \x03(\v2,.rewind.coordinator.v1.JobEvent.SourcesEntryR\asources\x1a<\n" +
+	"\x0ePlacementEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
+	"\fSourcesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x012\xf9\v\n" +
 	"\vCoordinator\x12[\n" +
 	"\bRegister\x12&.rewind.coordinator.v1.RegisterRequest\x1a'.rewind.coordinator.v1.RegisterResponse\x12d\n" +
 	"\vRegisterJob\x12).rewind.coordinator.v1.RegisterJobRequest\x1a*.rewind.coordinator.v1.RegisterJobResponse\x12U\n" +
@@ -2773,7 +3082,9 @@ const file_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"TierReport\x12(.rewind.coordinator.v1.TierReportRequest\x1a).rewind.coordinator.v1.TierReportResponse\x12a\n" +
 	"\n" +
-	"TierStatus\x12(.rewind.coordinator.v1.TierStatusRequest\x1a).rewind.coordinator.v1.TierStatusResponseB\x1fZ\x1drewind.dev/rewind/api/coordpbb\x06proto3"
+	"TierStatus\x12(.rewind.coordinator.v1.TierStatusRequest\x1a).rewind.coordinator.v1.TierStatusResponse\x12[\n" +
+	"\bNodeDown\x12&.rewind.coordinator.v1.NodeDownRequest\x1a'.rewind.coordinator.v1.NodeDownResponse\x12U\n" +
+	"\bWatchJob\x12&.rewind.coordinator.v1.WatchJobRequest\x1a\x1f.rewind.coordinator.v1.JobEvent0\x01B\x1fZ\x1drewind.dev/rewind/api/coordpbb\x06proto3"
 
 var (
 	file_coordinator_proto_rawDescOnce sync.Once
@@ -2787,7 +3098,7 @@ func file_coordinator_proto_rawDescGZIP() []byte {
 	return file_coordinator_proto_rawDescData
 }
 
-var file_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_coordinator_proto_goTypes = []any{
 	(*Node)(nil),                // 0: rewind.coordinator.v1.Node
 	(*ShardRecord)(nil),         // 1: rewind.coordinator.v1.ShardRecord
@@ -2827,18 +3138,24 @@ var file_coordinator_proto_goTypes = []any{
 	(*TierStatusRequest)(nil),   // 35: rewind.coordinator.v1.TierStatusRequest
 	(*NodeTiers)(nil),           // 36: rewind.coordinator.v1.NodeTiers
 	(*TierStatusResponse)(nil),  // 37: rewind.coordinator.v1.TierStatusResponse
-	nil,                         // 38: rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
-	nil,                         // 39: rewind.coordinator.v1.Job.PlacementEntry
+	(*NodeDownRequest)(nil),     // 38: rewind.coordinator.v1.NodeDownRequest
+	(*NodeDownResponse)(nil),    // 39: rewind.coordinator.v1.NodeDownResponse
+	(*WatchJobRequest)(nil),     // 40: rewind.coordinator.v1.WatchJobRequest
+	(*JobEvent)(nil),            // 41: rewind.coordinator.v1.JobEvent
+	nil,                         // 42: rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
+	nil,                         // 43: rewind.coordinator.v1.Job.PlacementEntry
+	nil,                         // 44: rewind.coordinator.v1.JobEvent.PlacementEntry
+	nil,                         // 45: rewind.coordinator.v1.JobEvent.SourcesEntry
 }
 var file_coordinator_proto_depIdxs = []int32{
 	0,  // 0: rewind.coordinator.v1.RegisterRequest.node:type_name -> rewind.coordinator.v1.Node
 	1,  // 1: rewind.coordinator.v1.RegisterRequest.inventory:type_name -> rewind.coordinator.v1.ShardRecord
 	3,  // 2: rewind.coordinator.v1.RegisterResponse.pins:type_name -> rewind.coordinator.v1.Pin
-	38, // 3: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
+	42, // 3: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
 	1,  // 4: rewind.coordinator.v1.ReportRequest.shards:type_name -> rewind.coordinator.v1.ShardRecord
 	3,  // 5: rewind.coordinator.v1.ReportResponse.pins:type_name -> rewind.coordinator.v1.Pin
 	3,  // 6: rewind.coordinator.v1.ReportResponse.consistent:type_name -> rewind.coordinator.v1.Pin
-	39, // 7: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
+	43, // 7: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
 	12, // 8: rewind.coordinator.v1.ListJobsResponse.jobs:type_name -> rewind.coordinator.v1.Job
 	15, // 9: rewind.coordinator.v1.Step.copies:type_name -> rewind.coordinator.v1.Copy
 	17, // 10: rewind.coordinator.v1.Step.tiers:type_name -> rewind.coordinator.v1.TierCopy
@@ -2853,39 +3170,45 @@ var file_coordinator_proto_depIdxs = []int32{
 	32, // 19: rewind.coordinator.v1.TierReportRequest.health:type_name -> rewind.coordinator.v1.TierHealth
 	32, // 20: rewind.coordinator.v1.NodeTiers.tiers:type_name -> rewind.coordinator.v1.TierHealth
 	36, // 21: rewind.coordinator.v1.TierStatusResponse.nodes:type_name -> rewind.coordinator.v1.NodeTiers
-	2,  // 22: rewind.coordinator.v1.Coordinator.Register:input_type -> rewind.coordinator.v1.RegisterRequest
-	5,  // 23: rewind.coordinator.v1.Coordinator.RegisterJob:input_type -> rewind.coordinator.v1.RegisterJobRequest
-	7,  // 24: rewind.coordinator.v1.Coordinator.Report:input_type -> rewind.coordinator.v1.ReportRequest
-	7,  // 25: rewind.coordinator.v1.Coordinator.ReportStream:input_type -> rewind.coordinator.v1.ReportRequest
-	9,  // 26: rewind.coordinator.v1.Coordinator.Latest:input_type -> rewind.coordinator.v1.LatestRequest
-	11, // 27: rewind.coordinator.v1.Coordinator.ListJobs:input_type -> rewind.coordinator.v1.ListJobsRequest
-	14, // 28: rewind.coordinator.v1.Coordinator.ListSteps:input_type -> rewind.coordinator.v1.ListStepsRequest
-	19, // 29: rewind.coordinator.v1.Coordinator.InspectStep:input_type -> rewind.coordinator.v1.StepRequest
-	19, // 30: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
-	23, // 31: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
-	26, // 32: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
-	28, // 33: rewind.coordinator.v1.Coordinator.Transfers:input_type -> rewind.coordinator.v1.TransfersRequest
-	33, // 34: rewind.coordinator.v1.Coordinator.TierReport:input_type -> rewind.coordinator.v1.TierReportRequest
-	35, // 35: rewind.coordinator.v1.Coordinator.TierStatus:input_type -> rewind.coordinator.v1.TierStatusRequest
-	4,  // 36: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
-	6,  // 37: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
-	8,  // 38: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
-	8,  // 39: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
-	10, // 40: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
-	13, // 41: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
-	18, // 42: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
-	20, // 43: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
-	22, // 44: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
-	25, // 45: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
-	27, // 46: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
-	30, // 47: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
-	34, // 48: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
-	37, // 49: rewind.coordinator.v1.Coordinator.TierStatus:output_type -> rewind.coordinator.v1.TierStatusResponse
-	36, // [36:50] is the sub-list for method output_type
-	22, // [22:36] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	44, // 22: rewind.coordinator.v1.JobEvent.placement:type_name -> rewind.coordinator.v1.JobEvent.PlacementEntry
+	45, // 23: rewind.coordinator.v1.JobEvent.sources:type_name -> rewind.coordinator.v1.JobEvent.SourcesEntry
+	2,  // 24: rewind.coordinator.v1.Coordinator.Register:input_type -> rewind.coordinator.v1.RegisterRequest
+	5,  // 25: rewind.coordinator.v1.Coordinator.RegisterJob:input_type -> rewind.coordinator.v1.RegisterJobRequest
+	7,  // 26: rewind.coordinator.v1.Coordinator.Report:input_type -> rewind.coordinator.v1.ReportRequest
+	7,  // 27: rewind.coordinator.v1.Coordinator.ReportStream:input_type -> rewind.coordinator.v1.ReportRequest
+	9,  // 28: rewind.coordinator.v1.Coordinator.Latest:input_type -> rewind.coordinator.v1.LatestRequest
+	11, // 29: rewind.coordinator.v1.Coordinator.ListJobs:input_type -> rewind.coordinator.v1.ListJobsRequest
+	14, // 30: rewind.coordinator.v1.Coordinator.ListSteps:input_type -> rewind.coordinator.v1.ListStepsRequest
+	19, // 31: rewind.coordinator.v1.Coordinator.InspectStep:input_type -> rewind.coordinator.v1.StepRequest
+	19, // 32: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
+	23, // 33: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
+	26, // 34: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
+	28, // 35: rewind.coordinator.v1.Coordinator.Transfers:input_type -> rewind.coordinator.v1.TransfersRequest
+	33, // 36: rewind.coordinator.v1.Coordinator.TierReport:input_type -> rewind.coordinator.v1.TierReportRequest
+	35, // 37: rewind.coordinator.v1.Coordinator.TierStatus:input_type -> rewind.coordinator.v1.TierStatusRequest
+	38, // 38: rewind.coordinator.v1.Coordinator.NodeDown:input_type -> rewind.coordinator.v1.NodeDownRequest
+	40, // 39: rewind.coordinator.v1.Coordinator.WatchJob:input_type -> rewind.coordinator.v1.WatchJobRequest
+	4,  // 40: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
+	6,  // 41: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
+	8,  // 42: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
+	8,  // 43: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
+	10, // 44: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
+	13, // 45: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
+	18, // 46: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
+	20, // 47: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
+	22, // 48: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
+	25, // 49: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
+	27, // 50: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
+	30, // 51: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
+	34, // 52: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
+	37, // 53: rewind.coordinator.v1.Coordinator.TierStatus:output_type -> rewind.coordinator.v1.TierStatusResponse
+	39, // 54: rewind.coordinator.v1.Coordinator.NodeDown:output_type -> rewind.coordinator.v1.NodeDownResponse
+	41, // 55: rewind.coordinator.v1.Coordinator.WatchJob:output_type -> rewind.coordinator.v1.JobEvent
+	40, // [40:56] is the sub-list for method output_type
+	24, // [24:40] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_coordinator_proto_init() }
@@ -2900,7 +3223,7 @@ func file_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_coordinator_proto_rawDesc), len(file_coordinator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   40,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -36,6 +36,8 @@ const (
 	Coordinator_Transfers_FullMethodName    = "/rewind.coordinator.v1.Coordinator/Transfers"
 	Coordinator_TierReport_FullMethodName   = "/rewind.coordinator.v1.Coordinator/TierReport"
 	Coordinator_TierStatus_FullMethodName   = "/rewind.coordinator.v1.Coordinator/TierStatus"
+	Coordinator_NodeDown_FullMethodName     = "/rewind.coordinator.v1.Coordinator/NodeDown"
+	Coordinator_WatchJob_FullMethodName     = "/rewind.coordinator.v1.Coordinator/WatchJob"
 )
 
 // CoordinatorClient is the client API for Coordinator service.
@@ -78,6 +80,13 @@ type CoordinatorClient interface {
 	// TierStatus shows each connected agent's tiers: progress, throughput,
 	// and whether transfers to them are failing.
 	TierStatus(ctx context.Context, in *TierStatusRequest, opts ...grpc.CallOption) (*TierStatusResponse, error)
+	// NodeDown declares a node dead (failure detection does; an operator
+	// may): the jobs with ranks on it are recovered onto other nodes.
+	NodeDown(ctx context.Context, in *NodeDownRequest, opts ...grpc.CallOption) (*NodeDownResponse, error)
+	// WatchJob streams a job's recoveries, as the thing that runs the job's
+	// ranks (a local supervisor, the MPIJob driver) needs them: when and
+	// where to restart which ranks, restoring which step.
+	WatchJob(ctx context.Context, in *WatchJobRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[JobEvent], error)
 }
 
 type coordinatorClient struct {
@@ -240,6 +249,35 @@ func (c *coordinatorClient) TierStatus(ctx context.Context, in *TierStatusReques
 	return out, nil
 }
 
+func (c *coordinatorClient) NodeDown(ctx context.Context, in *NodeDownRequest, opts ...grpc.CallOption) (*NodeDownResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(NodeDownResponse)
+	err := c.cc.Invoke(ctx, Coordinator_NodeDown_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *coordinatorClient) WatchJob(ctx context.Context, in *WatchJobRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[JobEvent], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Coordinator_ServiceDesc.Streams[2], Coordinator_WatchJob_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchJobRequest, JobEvent]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Coordinator_WatchJobClient = grpc.ServerStreamingClient[JobEvent]
+
 // CoordinatorServer is the server API for Coordinator service.
 // All implementations must embed UnimplementedCoordinatorServer
 // for forward compatibility.
@@ -280,6 +318,13 @@ type CoordinatorServer interface {
 	// TierStatus shows each connected agent's tiers: progress, throughput,
 	// and whether transfers to them are failing.
 	TierStatus(context.Context, *TierStatusRequest) (*TierStatusResponse, error)
+	// NodeDown declares a node dead (failure detection does; an operator
+	// may): the jobs with ranks on it are recovered onto other nodes.
+	NodeDown(context.Context, *NodeDownRequest) (*NodeDownResponse, error)
+	// WatchJob streams a job's recoveries, as the thing that runs the job's
+	// ranks (a local supervisor, the MPIJob driver) needs them: when and
+	// where to restart which ranks, restoring which step.
+	WatchJob(*WatchJobRequest, grpc.ServerStreamingServer[JobEvent]) error
 	mustEmbedUnimplementedCoordinatorServer()
 }
 
@@ -331,6 +376,12 @@ func (UnimplementedCoordinatorServer) TierReport(context.Context, *TierReportReq
 }
 func (UnimplementedCoordinatorServer) TierStatus(context.Context, *TierStatusRequest) (*TierStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method TierStatus not implemented")
+}
+func (UnimplementedCoordinatorServer) NodeDown(context.Context, *NodeDownRequest) (*NodeDownResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method NodeDown not implemented")
+}
+func (UnimplementedCoordinatorServer) WatchJob(*WatchJobRequest, grpc.ServerStreamingServer[JobEvent]) error {
+	return status.Error(codes.Unimplemented, "method WatchJob not implemented")
 }
 func (UnimplementedCoordinatorServer) mustEmbedUnimplementedCoordinatorServer() {}
 func (UnimplementedCoordinatorServer) testEmbeddedByValue()                     {}
@@ -587,6 +638,35 @@ func _Coordinator_TierStatus_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Coordinator_NodeDown_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(NodeDownRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServer).NodeDown(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Coordinator_NodeDown_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServer).NodeDown(ctx, req.(*NodeDownRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Coordinator_WatchJob_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchJobRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(CoordinatorServer).WatchJob(m, &grpc.GenericServerStream[WatchJobRequest, JobEvent]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Coordinator_WatchJobServer = grpc.ServerStreamingServer[JobEvent]
+
 // Coordinator_ServiceDesc is the grpc.ServiceDesc for Coordinator service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -642,6 +722,10 @@ var Coordinator_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "TierStatus",
 			Handler:    _Coordinator_TierStatus_Handler,
 		},
+		{
+			MethodName: "NodeDown",
+			Handler:    _Coordinator_NodeDown_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -653,6 +737,11 @@ var Coordinator_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Transfers",
 			Handler:       _Coordinator_Transfers_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchJob",
+			Handler:       _Coordinator_WatchJob_Handler,
 			ServerStreams: true,
 		},
 	},
