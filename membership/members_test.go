@@ -1,0 +1,179 @@
+package membership
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"testing"
+	"time"
+)
+
+func TestJoinSpreadsMetadata(t *testing.T) {
+	c := newCluster(t, 3)
+	for _, o := range c.names {
+		got := c.members[o].Members()
+		if len(got) != 3 {
+			t.Fatalf("%s sees %d members, want 3: %+v", o, len(got), got)
+		}
+		for _, mem := range got {
+			want := testConfig(t, mem.Name).Meta
+			if mem.Meta != want || mem.MetaErr != nil {
+				t.Errorf("%s sees %s with meta %+v (err %v), want %+v", o, mem.Name, mem.Meta, mem.MetaErr, want)
+			}
+			if mem.Addr != c.members[mem.Name].Local().Addr {
+				t.Errorf("%s sees %s at %s, it is at %s", o, mem.Name, mem.Addr, c.members[mem.Name].Local().Addr)
+			}
+		}
+		if !c.members[o].HasQuorum(3) {
+			t.Errorf("%s has no quorum with everyone alive", o)
+		}
+	}
+	if ev, ok := c.recs["m0"].first("m2", EventJoin); !ok || ev.Member.Meta.Domain != "rack-m2" {
+		t.Errorf("m0 saw no join of m2 carrying its metadata: %+v", ev)
+	}
+}
+
+// TestCrashDetected shuts a member down without a word and checks that
+// every other member suspects it and then declares it dead, within three
+// times the documented bound.
+func TestCrashDetected(t *testing.T) {
+	const n = 5
+	c := newCluster(t, n)
+	victim := "m3"
+	bound := c.cfg.DetectionBound(n)
+	start := time.Now()
+	c.members[victim].Shutdown()
+	survivors := except(c.names, victim)
+	waitFor(t, 3*bound, func() string {
+		for _, o := range survivors {
+			if _, ok := c.recs[o].first(victim, EventDead); !ok {
+				return fmt.Sprintf("%s saw %s go %v", o, victim, kinds(c.recs[o].about(victim)))
+			}
+		}
+		return ""
+	})
+
+	var took []time.Duration
+	for _, o := range survivors {
+		evs := c.recs[o].about(victim)
+		dead, _ := c.recs[o].first(victim, EventDead)
+		took = append(took, dead.At.Sub(start))
+		// Suspected first, never dead straight from alive.
+		i := slices.IndexFunc(evs, func(ev Event) bool { return ev.Kind == EventDead })
+		if i == 0 || evs[i-1].Kind != EventSuspect {
+			t.Errorf("%s saw %s go %v: want suspect just before dead", o, victim, kinds(evs))
+		}
+		if !c.members[o].HasQuorum(n) {
+			t.Errorf("%s lost quorum with 4 of 5 alive", o)
+		}
+	}
+	sort.Slice(took, func(i, j int) bool { return took[i] < took[j] })
+	t.Logf("crash of 1 of %d detected after: first %v, median %v, last %v (bound %v)",
+		n, took[0].Round(time.Millisecond), took[len(took)/2].Round(time.Millisecond),
+		took[len(took)-1].Round(time.Millisecond), bound)
+}
+
+// TestPartition cuts a 5-member cluster into 3 and 2: the majority keeps
+// quorum, the minority loses it, in both the gossip view and by direct
+// pings; healing brings everyone back.
+func TestPartition(t *testing.T) {
+	const n = 5
+	c := newCluster(t, n)
+	major, minor := c.names[:3], c.names[3:]
+	bound := c.cfg.DetectionBound(n)
+	c.faults.Partition(major, minor)
+
+	// Direct pings see the partition at once, before failure detection.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, o := range c.names {
+		q, err := c.members[o].CheckQuorum(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := slices.Contains(major, o); q.OK != want {
+			t.Errorf("%s: CheckQuorum OK %v, want %v (reached %v)", o, q.OK, want, q.Reached)
+		}
+	}
+
+	c.waitState(major, minor, StateDead, 3*bound)
+	c.waitState(minor, major, StateDead, 3*bound)
+	for _, o := range c.names {
+		want := slices.Contains(major, o)
+		if got := c.members[o].HasQuorum(n); got != want {
+			t.Errorf("%s: HasQuorum %v, want %v", o, got, want)
+		}
+		job := []string{"m1", "m2", "m3"} // a job on both sides: only the side with 2 of its 3 nodes may restore it
+		if got := c.members[o].HasQuorumOf(job); got != want {
+			t.Errorf("%s: HasQuorumOf(%v) %v, want %v", o, job, got, want)
+		}
+	}
+
+	c.faults.Heal()
+	c.waitAlive(c.names, c.names, 10*time.Second)
+	for _, o := range c.names {
+		if !c.members[o].HasQuorum(n) {
+			t.Errorf("%s has no quorum after healing", o)
+		}
+		if _, ok := c.recs[o].first(c.names[0], EventJoin); !ok && o != c.names[0] {
+			t.Errorf("%s saw no join of %s", o, c.names[0])
+		}
+	}
+}
+
+// TestSlowMemberSuspectedNotDead makes one member send everything late,
+// later than a whole probe interval (so every probe of it fails) but well
+// within the suspicion timeout: it is suspected, refutes, and is never
+// declared dead.
+func TestSlowMemberSuspectedNotDead(t *testing.T) {
+	const n = 4
+	c := newCluster(t, n)
+	slow := "m2"
+	c.faults.Slow(slow, c.cfg.ProbeInterval+50*time.Millisecond)
+	others := except(c.names, slow)
+	waitFor(t, 3*c.cfg.DetectionBound(n), func() string {
+		for _, o := range others {
+			if _, ok := c.recs[o].first(slow, EventSuspect); ok {
+				return ""
+			}
+		}
+		return "nobody suspected the slow member"
+	})
+	time.Sleep(2 * time.Second) // as long again as an unconfirmed suspicion, and more
+	c.faults.Heal()
+	c.waitAlive(c.names, c.names, 5*time.Second)
+	for _, o := range others {
+		evs := c.recs[o].about(slow)
+		if _, dead := c.recs[o].first(slow, EventDead); dead {
+			t.Errorf("%s declared the slow member dead: %v", o, kinds(evs))
+		}
+		t.Logf("%s saw %s: %v", o, slow, kinds(evs))
+	}
+}
+
+func TestLeaveAndForget(t *testing.T) {
+	c := newCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := c.members["m2"].Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.waitState([]string{"m0", "m1"}, []string{"m2"}, StateLeft, 5*time.Second)
+	if _, ok := c.recs["m0"].first("m2", EventLeave); !ok {
+		t.Errorf("m0 saw no leave: %v", kinds(c.recs["m0"].about("m2")))
+	}
+	// Two of the two members still known: a graceful leave shrinks the cluster.
+	if !c.members["m0"].HasQuorum(0) {
+		t.Error("m0 has no quorum after m2 left")
+	}
+	if err := c.members["m0"].Forget("m1"); err == nil {
+		t.Error("forgot an alive member")
+	}
+	if err := c.members["m0"].Forget("m2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := c.members["m0"].Member("m2"); ok {
+		t.Error("m2 still in the view after Forget")
+	}
+}

@@ -1,0 +1,40 @@
+package membership
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	events *prometheus.CounterVec
+	lost   prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer, m *Members) *metrics {
+	met := &metrics{
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rewind_membership_events_total",
+			Help: "Membership changes this member saw, by kind (join, suspect, alive, update, dead, leave).",
+		}, []string{"kind"}),
+		lost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rewind_membership_events_lost_total",
+			Help: "Membership events dropped because the reader of Events fell too far behind.",
+		}),
+	}
+	reg.MustRegister(met.events, met.lost)
+	for _, st := range []State{StateAlive, StateSuspect, StateDead, StateLeft} {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "rewind_membership_members",
+			Help:        "Members in this member's view, by state.",
+			ConstLabels: prometheus.Labels{"state": st.String()},
+		}, func() float64 {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			n := 0
+			for _, e := range m.members {
+				if e.State == st {
+					n++
+				}
+			}
+			return float64(n)
+		}))
+	}
+	return met
+}
