@@ -36,6 +36,7 @@ type Agent struct {
 	rep       *reporter  // nil without a coordinator
 	tr        *transfers // nil without a coordinator
 	peers     peers      // connections to other agents
+	gang      gang       // jobs being recovered
 	advertise string
 }
 

@@ -38,6 +38,8 @@ func toStatus(err error) error {
 		code = codes.ResourceExhausted
 	case errors.Is(err, ErrBusy):
 		code = codes.FailedPrecondition
+	case errors.Is(err, ErrGangBroken):
+		code = codes.Aborted
 	case errors.Is(err, shm.ErrCorrupt):
 		code = codes.DataLoss
 	case errors.Is(err, context.Canceled):

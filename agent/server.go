@@ -21,6 +21,9 @@ type server struct {
 }
 
 func (s *server) Prepare(ctx context.Context, req *agentpb.PrepareRequest) (*agentpb.PrepareResponse, error) {
+	if err := s.a.gang.check(req.Job); err != nil {
+		return nil, err
+	}
 	if req.SizeBytes > maxShardBytes {
 		return nil, fmt.Errorf("%w: agent: shard size %d bytes is too large", ErrInvalid, req.SizeBytes)
 	}
@@ -32,6 +35,9 @@ func (s *server) Prepare(ctx context.Context, req *agentpb.PrepareRequest) (*age
 }
 
 func (s *server) Commit(ctx context.Context, req *agentpb.CommitRequest) (*agentpb.CommitResponse, error) {
+	if err := s.a.gang.check(req.Job); err != nil {
+		return nil, err
+	}
 	seq, err := s.a.Commit(ctx, req.Job, req.Rank, req.Slot, req.Token, req.Step, req.HeaderChecksum)
 	if err != nil {
 		return nil, err
@@ -208,6 +214,9 @@ const CoordinatorUnreachable = "agent: coordinator"
 // Consistent forwards to the coordinator: the job-wide answer is its.
 func (s *server) Consistent(ctx context.Context, req *agentpb.ConsistentRequest) (*agentpb.ConsistentResponse, error) {
 	if err := validateRank(req.Job, 0, 0); err != nil {
+		return nil, err
+	}
+	if err := s.a.gang.check(req.Job); err != nil {
 		return nil, err
 	}
 	if s.a.rep == nil {

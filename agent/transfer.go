@@ -109,6 +109,16 @@ func (t *transfers) subscribe(ctx context.Context) {
 }
 
 func (t *transfers) enqueue(o *coordpb.TransferOrder) {
+	switch o.Kind { // at once, not behind transfers
+	case "abort":
+		t.a.gang.abort(o.Job, o.Step, o.Reason)
+		t.a.log.Warn("job's gang broken: its ranks' calls fail until the recovery is done", "job", o.Job, "restoring", o.Step, "reason", o.Reason)
+		return
+	case "resume":
+		t.a.gang.resume(o.Job)
+		t.a.log.Info("job recovered: its ranks may save again", "job", o.Job, "step", o.Step)
+		return
+	}
 	t.mu.Lock()
 	h := t.health[o.Tier]
 	if h != nil {

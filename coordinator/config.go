@@ -28,6 +28,9 @@ type Config struct {
 	// Replicas is how many other nodes keep a copy of each shard in shared
 	// memory, for jobs that set none.
 	Replicas int
+	// Quorum, when set, says whether this coordinator reaches a majority
+	// of the cluster; without it, no node is declared dead from here.
+	Quorum func() bool
 
 	Clock    clock.Clock
 	Logger   *slog.Logger

@@ -27,6 +27,9 @@ type Coordinator struct {
 	store *Store
 	down  map[string]time.Time // nodes declared dead, since when (recovery.go)
 
+	recovering map[string]*sync.Mutex // per job: one recovery at a time
+	watchers   watchers               // WatchJob streams
+
 	tiers *tierer // tier transfers (tiering.go)
 
 	// qmu guards queue, the reports waiting to be applied (group.go).

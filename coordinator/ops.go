@@ -53,6 +53,7 @@ func (c *Coordinator) Register(n *NodeInfo, inventory []Record) ([]*coordpb.Pin,
 	if err != nil {
 		c.log.Warn("agent inventory had shards that could not be recorded", "node", n.Name, "err", err)
 	}
+	c.nodeUp(n.Name) // an agent that registers is alive, whatever was declared
 	c.log.Info("agent registered", "node", n.Name, "addr", n.Addr, "failure_domain", n.FailureDomain, "shards", len(inventory))
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -190,6 +191,11 @@ func (c *Coordinator) DeleteStep(ctx context.Context, job string, step int64, fo
 	n += c.tiers.deleteStep(job, step) // tier copies: out of the index now, off the stores by the agents
 	for _, cp := range st.Copies {
 		if cp.Tier != "shm" {
+			continue
+		}
+		if c.isDown(cp.Node) { // its memory is gone with it
+			n++
+			gone = append(gone, Record{Job: job, Step: step, Rank: cp.Rank, WorldSize: st.WorldSize, Node: cp.Node, Tier: cp.Tier, Sum: cp.HeaderChecksum, State: "deleted"})
 			continue
 		}
 		err := c.agentCall(ctx, cp.Node, func(ctx context.Context, a agentpb.AgentClient) error {

@@ -252,6 +252,9 @@ func (t *tierer) take(node string) []*coordpb.TransferOrder {
 		if od := t.orders[id]; od.node == node && !od.sent {
 			od.sent = true
 			out = append(out, od.o)
+			if od.o.Kind == "abort" || od.o.Kind == "resume" { // no outcome is reported
+				delete(t.orders, id)
+			}
 		}
 	}
 	return out

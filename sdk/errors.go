@@ -21,6 +21,10 @@ var (
 	// ErrCoordinatorUnavailable: the agent answered, the coordinator
 	// behind it did not.
 	ErrCoordinatorUnavailable = errors.New("coordinator unavailable")
+	// ErrGangBroken: the coordinator is recovering the job after losing a
+	// node. The rank must stop (its peers are gone) and exit; the job is
+	// restarted and restores the step the message names.
+	ErrGangBroken = errors.New("gang broken")
 )
 
 // Error is a failed SDK call.
@@ -56,6 +60,7 @@ func wrap(op string, err error) error {
 		codes.InvalidArgument:    ErrInvalid,
 		codes.FailedPrecondition: ErrBusy,
 		codes.DeadlineExceeded:   ErrTimeout,
+		codes.Aborted:            ErrGangBroken,
 	}
 	msg, kind := st.Message(), kinds[st.Code()]
 	switch {

@@ -1964,8 +1964,10 @@ type TransferOrder struct {
 	SourceAddr     string `protobuf:"bytes,11,opt,name=source_addr,json=sourceAddr,proto3" json:"source_addr,omitempty"`
 	SizeBytes      uint64 `protobuf:"varint,12,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	HeaderChecksum string `protobuf:"bytes,13,opt,name=header_checksum,json=headerChecksum,proto3" json:"header_checksum,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// "abort": why the gang is broken.
+	Reason        string `protobuf:"bytes,14,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TransferOrder) Reset() {
@@ -2085,6 +2087,13 @@ func (x *TransferOrder) GetSizeBytes() uint64 {
 func (x *TransferOrder) GetHeaderChecksum() string {
 	if x != nil {
 		return x.HeaderChecksum
+	}
+	return ""
+}
+
+func (x *TransferOrder) GetReason() string {
+	if x != nil {
+		return x.Reason
 	}
 	return ""
 }
@@ -2981,7 +2990,7 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x02 \x01(\x04R\tsizeBytes\x12'\n" +
-	"\x0fheader_checksum\x18\x03 \x01(\tR\x0eheaderChecksum\"\xfb\x02\n" +
+	"\x0fheader_checksum\x18\x03 \x01(\tR\x0eheaderChecksum\"\x93\x03\n" +
 	"\rTransferOrder\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x10\n" +
@@ -3000,7 +3009,8 @@ const file_coordinator_proto_rawDesc = "" +
 	"sourceAddr\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\f \x01(\x04R\tsizeBytes\x12'\n" +
-	"\x0fheader_checksum\x18\r \x01(\tR\x0eheaderChecksum\"\xe6\x01\n" +
+	"\x0fheader_checksum\x18\r \x01(\tR\x0eheaderChecksum\x12\x16\n" +
+	"\x06reason\x18\x0e \x01(\tR\x06reason\"\xe6\x01\n" +
 	"\tTierEvent\x12\x14\n" +
 	"\x05order\x18\x01 \x01(\x04R\x05order\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x10\n" +

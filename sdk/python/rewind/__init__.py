@@ -16,6 +16,7 @@ from .errors import (
     CoordinatorUnavailableError,
     CorruptError,
     DeadlineError,
+    GangBrokenError,
     InvalidError,
     NoAgentError,
     NotFoundError,
@@ -30,6 +31,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Client", "SaveStats", "DEFAULT_SOCKET", "load_shard", "load_state", "Header", "ShardMeta", "TensorInfo",
-    "RewindError", "NoAgentError", "NotFoundError", "ResourceExhaustedError", "CorruptError", "InvalidError",
+    "RewindError", "GangBrokenError", "NoAgentError", "NotFoundError", "ResourceExhaustedError", "CorruptError", "InvalidError",
     "BusyError", "DeadlineError", "CoordinatorUnavailableError",
 ]

@@ -55,6 +55,12 @@ class CoordinatorUnavailableError(RewindError):
     """The agent answered, but the coordinator behind it did not."""
 
 
+class GangBrokenError(RewindError):
+    """The coordinator is recovering the job after losing a node: this rank
+    must stop (its peers are gone) and exit; the job is restarted and
+    restores the step the message names."""
+
+
 _KINDS = {
     grpc.StatusCode.UNAVAILABLE: NoAgentError,
     grpc.StatusCode.NOT_FOUND: NotFoundError,
@@ -63,6 +69,7 @@ _KINDS = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidError,
     grpc.StatusCode.FAILED_PRECONDITION: BusyError,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineError,
+    grpc.StatusCode.ABORTED: GangBrokenError,
 }
 
 

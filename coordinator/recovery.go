@@ -1,0 +1,312 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"rewind.dev/rewind/api/coordpb"
+)
+
+// Recovery: a node is declared dead (failure detection, or an operator).
+// For every job with a rank on it, the coordinator
+//
+//  1. tells the agents of the job's other nodes that the gang is broken,
+//     so the ranks still alive get a clear error from their next call
+//     instead of hanging in a collective;
+//  2. moves the dead node's ranks to spare nodes (registered agents
+//     running none of the job's ranks), else to the surviving nodes with
+//     the fewest of its ranks;
+//  3. plans the newest step whose every rank has a copy on a live node or
+//     a shared tier, and drops the job's later steps (a timeline no rank
+//     will continue);
+//  4. has each rank's new node fetch the shard from the cheapest source
+//     that serves it verified (Restore);
+//  5. tells the agents the gang may save again, and tells whoever runs the
+//     job's ranks (WatchJob) to restart them on the new placement,
+//     restoring the step, with the timeline of the recovery.
+//
+// Nothing happens without quorum (Config.Quorum): a coordinator cut off
+// with a minority of the cluster must not recover jobs whose nodes are
+// merely on the other side.
+
+// watchers are the streams of job events, by job.
+type watchers struct {
+	mu   sync.Mutex
+	subs map[string][]chan *coordpb.JobEvent
+}
+
+func (w *watchers) watch(job string) (<-chan *coordpb.JobEvent, func()) {
+	ch := make(chan *coordpb.JobEvent, 16)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.subs == nil {
+		w.subs = map[string][]chan *coordpb.JobEvent{}
+	}
+	w.subs[job] = append(w.subs[job], ch)
+	return ch, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.subs[job] = slices.DeleteFunc(w.subs[job], func(x chan *coordpb.JobEvent) bool { return x == ch })
+	}
+}
+
+func (w *watchers) publish(ev *coordpb.JobEvent) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, ch := range w.subs[ev.Job] {
+		select {
+		case ch <- ev:
+		default: // a watcher that does not read loses events, never blocks recovery
+		}
+	}
+}
+
+// NodeDown declares node dead and starts the recovery of every job with a
+// rank on it; it returns those jobs. Without quorum it refuses.
+func (c *Coordinator) NodeDown(node, reason string) ([]string, error) {
+	if c.cfg.Quorum != nil && !c.cfg.Quorum() {
+		c.log.Warn("node reported down, but this coordinator sees no quorum: no recovery from this side of a partition", "node", node, "reason", reason)
+		return nil, fmt.Errorf("%w: coordinator: no quorum of the cluster is reachable; %s is not recovered from here", ErrRefused, node)
+	}
+	now := c.cfg.Clock.Now()
+	c.mu.Lock()
+	if _, ok := c.state.Nodes[node]; !ok {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("%w: coordinator: no node %q", ErrNotFound, node)
+	}
+	if _, already := c.down[node]; already {
+		c.mu.Unlock()
+		return nil, nil
+	}
+	c.down[node] = now
+	var jobs []string
+	for id, j := range c.state.Jobs {
+		if slices.Contains(slices.Collect(maps.Values(j.Placement)), node) {
+			jobs = append(jobs, id)
+		}
+	}
+	c.mu.Unlock()
+	slices.Sort(jobs)
+	c.log.Warn("node down", "node", node, "reason", reason, "jobs", jobs)
+	for _, job := range jobs {
+		go c.recoverJob(context.Background(), job, node, reason, now)
+	}
+	return jobs, nil
+}
+
+// nodeUp clears a node's down mark: its agent registered again.
+func (c *Coordinator) nodeUp(node string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.down, node)
+}
+
+// recoverJob runs one job's recovery; recoveries of one job run one at a
+// time.
+func (c *Coordinator) recoverJob(ctx context.Context, job, node, reason string, detected time.Time) {
+	lock := c.jobLock(job)
+	lock.Lock()
+	defer lock.Unlock()
+	ev := &coordpb.JobEvent{Job: job, Kind: "regang", Reason: fmt.Sprintf("node %s down: %s", node, reason),
+		DetectedUnixNano: detected.UnixNano(), Sources: map[string]uint32{}}
+	fail := func(err error) {
+		ev.Kind, ev.Error = "failed", err.Error()
+		c.log.Error("job recovery failed", "job", job, "node", node, "err", err)
+		c.watchers.publish(ev)
+	}
+	placement, err := c.replace(job)
+	if err != nil {
+		fail(err)
+		return
+	}
+	plan, err := c.plan(job, -1, placement)
+	if err != nil {
+		fail(err)
+		return
+	}
+	ev.Step, ev.Placement, ev.PlannedUnixNano = plan.Step, placement, c.cfg.Clock.Now().UnixNano()
+	c.gangOrders(job, "abort", plan.Step, ev.Reason)
+	if err := c.moveJob(ctx, job, plan.Step, placement); err != nil {
+		fail(err)
+		return
+	}
+	c.Restore(ctx, plan, "recovery ("+ev.Reason+")")
+	ev.RestoredUnixNano = c.cfg.Clock.Now().UnixNano()
+	var problems []string
+	for _, rp := range plan.Ranks {
+		ev.Bytes += rp.Bytes
+		kind, _, _ := strings.Cut(rp.Used, ":")
+		if kind == "shm" && !strings.HasSuffix(rp.Used, ":"+rp.TargetNode) {
+			kind = "shm:peer"
+		}
+		ev.Sources[kind]++
+		if rp.Error != "" {
+			problems = append(problems, fmt.Sprintf("rank %d: %s", rp.Rank, rp.Error))
+		}
+	}
+	if len(problems) > 0 {
+		fail(fmt.Errorf("coordinator: restore of %s step %d: %s", job, plan.Step, strings.Join(problems, "; ")))
+		return
+	}
+	ev.Ok = true
+	c.gangOrders(job, "resume", plan.Step, "")
+	c.log.Info("job recovered", "job", job, "step", plan.Step, "node", node,
+		"plan_ms", (ev.PlannedUnixNano-ev.DetectedUnixNano)/1e6, "restore_ms", (ev.RestoredUnixNano-ev.PlannedUnixNano)/1e6,
+		"bytes", ev.Bytes, "sources", fmt.Sprint(ev.Sources))
+	c.watchers.publish(ev)
+}
+
+func (c *Coordinator) jobLock(job string) *sync.Mutex {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.recovering == nil {
+		c.recovering = map[string]*sync.Mutex{}
+	}
+	l := c.recovering[job]
+	if l == nil {
+		l = &sync.Mutex{}
+		c.recovering[job] = l
+	}
+	return l
+}
+
+// replace returns the job's placement with the ranks of down nodes moved:
+// to spare nodes first (live agents running none of the job's ranks),
+// then to the live nodes of the job with the fewest ranks.
+func (c *Coordinator) replace(job string) (map[uint32]string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	j := c.state.Jobs[job]
+	if j == nil {
+		return nil, fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, job)
+	}
+	out := maps.Clone(j.Placement)
+	load := map[string]int{}
+	for _, n := range slices.Sorted(maps.Keys(c.state.Nodes)) {
+		if _, down := c.down[n]; !down {
+			load[n] = 0
+		}
+	}
+	for _, n := range j.Placement {
+		if _, ok := load[n]; ok {
+			load[n]++
+		}
+	}
+	if len(load) == 0 {
+		return nil, fmt.Errorf("%w: coordinator: job %s: no live node to run its ranks on", ErrRefused, job)
+	}
+	for _, r := range slices.Sorted(maps.Keys(j.Placement)) {
+		if _, down := c.down[j.Placement[r]]; !down {
+			continue
+		}
+		best := ""
+		for _, n := range slices.Sorted(maps.Keys(load)) {
+			if best == "" || load[n] < load[best] {
+				best = n
+			}
+		}
+		out[r] = best
+		load[best]++
+	}
+	return out, nil
+}
+
+// moveJob records the new placement and deletes the job's steps after the
+// one it resumes from: no rank will continue them, and a restore must
+// never pick one, nor a later save of the same step number mix with them.
+func (c *Coordinator) moveJob(ctx context.Context, job string, step int64, placement map[uint32]string) error {
+	var later []int64
+	_, err := c.apply(func(ch *Changes) error {
+		j := c.state.Jobs[job]
+		if j == nil {
+			return fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, job)
+		}
+		if _, err := c.state.RegisterJob(job, j.WorldSize, placement, ch); err != nil {
+			return err
+		}
+		for s := range j.Steps {
+			if s > step {
+				later = append(later, s)
+			}
+		}
+		for r, l := range j.rankLatest {
+			if l > step {
+				j.rankLatest[r] = step
+			}
+		}
+		ch.Sync = true
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, s := range later {
+		if _, err := c.DeleteStep(ctx, job, s, true); err != nil {
+			c.log.Warn("deleting a step after the one the job resumes from", "job", job, "step", s, "err", err)
+		}
+	}
+	return nil
+}
+
+// isDown reports whether node is declared dead.
+func (c *Coordinator) isDown(node string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, down := c.down[node]
+	return down
+}
+
+// gangOrders sends kind ("abort", "resume") to the agents of the job's
+// nodes that are up.
+func (c *Coordinator) gangOrders(job, kind string, step int64, reason string) {
+	c.mu.Lock()
+	nodes := map[string]bool{}
+	if j := c.state.Jobs[job]; j != nil {
+		for _, n := range j.Placement {
+			if _, down := c.down[n]; !down {
+				nodes[n] = true
+			}
+		}
+	}
+	c.mu.Unlock()
+	t := c.tiers
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, n := range slices.Sorted(maps.Keys(nodes)) {
+		t.send(n, &coordpb.TransferOrder{Kind: kind, Job: job, Step: step, Reason: reason})
+	}
+}
+
+// WatchJob streams a job's recovery events.
+func (s *server) WatchJob(req *coordpb.WatchJobRequest, stream coordpb.Coordinator_WatchJobServer) error {
+	ch, cancel := s.c.watchers.watch(req.Job)
+	defer cancel()
+	for {
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case ev := <-ch:
+			if err := stream.Send(ev); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// NodeDown declares a node dead.
+func (s *server) NodeDown(ctx context.Context, req *coordpb.NodeDownRequest) (*coordpb.NodeDownResponse, error) {
+	reason := req.Reason
+	if reason == "" {
+		reason = "declared down by an operator"
+	}
+	jobs, err := s.c.NodeDown(req.Node, reason)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &coordpb.NodeDownResponse{Jobs: jobs}, nil
+}

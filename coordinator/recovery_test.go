@@ -1,0 +1,177 @@
+package coordinator_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"rewind.dev/rewind/agent"
+	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/coordinator"
+	"rewind.dev/rewind/sdk"
+	"rewind.dev/rewind/shm"
+)
+
+// recoveryCluster: node-0 (rack-a) runs rank 0, node-1 (rack-b) rank 1,
+// node-2 (rack-a) is a spare; every shard has one replica.
+func recoveryCluster(t *testing.T, replicas int) *cluster {
+	cl := &cluster{t: t, dataDir: t.TempDir()}
+	cl.addr, cl.stop = startCoordinator(t, cl.dataDir, "127.0.0.1:0", func(c *coordinator.Config) { c.Replicas = replicas })
+	cl.dial()
+	for i, d := range []string{"rack-a", "rack-b", "rack-a"} {
+		cl.addAgent(func(cfg *agent.Config) { cfg.Node, cfg.FailureDomain = fmt.Sprintf("node-%d", i), d })
+	}
+	return cl
+}
+
+func (cl *cluster) watch(job string) <-chan *coordpb.JobEvent {
+	ch := make(chan *coordpb.JobEvent, 4)
+	stream, err := cl.api.WatchJob(ctxT(cl.t), &coordpb.WatchJobRequest{Job: job})
+	if err != nil {
+		cl.t.Fatal(err)
+	}
+	go func() {
+		for {
+			ev, err := stream.Recv()
+			if err != nil {
+				close(ch)
+				return
+			}
+			ch <- ev
+		}
+	}()
+	time.Sleep(50 * time.Millisecond) // the stream is open on the coordinator
+	return ch
+}
+
+func nextEvent(t *testing.T, ch <-chan *coordpb.JobEvent) *coordpb.JobEvent {
+	t.Helper()
+	select {
+	case ev := <-ch:
+		if ev == nil {
+			t.Fatal("watch stream ended")
+		}
+		return ev
+	case <-time.After(20 * time.Second):
+		t.Fatal("no job event within 20 s")
+	}
+	return nil
+}
+
+// TestRecoveryAfterANodeDies: node-1 dies after step 3 is consistent and
+// rank 0 has saved step 4 alone. The coordinator moves rank 1 to the
+// spare node, restores step 3 there from the replica, drops step 4 (no
+// rank continues it), and tells the job's watcher where to restart which
+// ranks; the shards are in place, bit-identical; saves go on.
+func TestRecoveryAfterANodeDies(t *testing.T) {
+	const job, ws = "recover", 2
+	cl := recoveryCluster(t, 1)
+	for step := int64(1); step <= 3; step++ {
+		cl.saveStep(job, ws, step, 0, 1)
+		cl.waitLatest(job, step)
+	}
+	waitReplicas(t, cl, job, 3, ws, 2)
+	cl.saveStep(job, ws, 4, 0)
+	events := cl.watch(job)
+	cl.agents[1].Stop() // node-1 dies with its memory
+	resp, err := cl.api.NodeDown(ctxT(t), &coordpb.NodeDownRequest{Node: "node-1", Reason: "test"})
+	if err != nil || len(resp.Jobs) != 1 {
+		t.Fatalf("node down: %v %v", resp, err)
+	}
+	ev := nextEvent(t, events)
+	if !ev.Ok || ev.Kind != "regang" || ev.Step != 3 || ev.Placement[0] != "node-0" || ev.Placement[1] != "node-2" {
+		t.Fatalf("recovery event: %v", ev)
+	}
+	if ev.DetectedUnixNano == 0 || ev.PlannedUnixNano < ev.DetectedUnixNano || ev.RestoredUnixNano < ev.PlannedUnixNano {
+		t.Fatalf("timeline: %v", ev)
+	}
+	// Step 4 is gone; the job's latest is 3.
+	if _, err := cl.api.InspectStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: 4}); err == nil {
+		t.Fatal("step 4, which no rank continues, is still in the index")
+	}
+	cl.waitLatest(job, 3)
+	for rank, node := range map[uint32]int{0: 0, 1: 2} {
+		s, _ := cl.clients[node].Session(job, rank, ws)
+		got, err := s.RestoreStep(ctxT(t), 3)
+		if err != nil || !bytes.Equal(got.Tensors[0].Data, rankData(3, rank)) {
+			t.Fatalf("rank %d on node-%d after the recovery: %v", rank, node, err)
+		}
+	}
+	// The new gang saves step 4 again: rank 0 on node-0, rank 1 on node-2.
+	for rank, node := range map[uint32]int{0: 0, 1: 2} {
+		s, _ := cl.clients[node].Session(job, rank, ws)
+		if err := s.Save(ctxT(t), 4, []sdk.Tensor{{Name: "w", DType: shm.U8, Shape: []int64{4096}, Data: rankData(40, rank)}}, nil); err != nil {
+			t.Fatalf("save after the recovery, rank %d: %v", rank, err)
+		}
+	}
+	cl.waitLatest(job, 4)
+}
+
+// TestRecoveryImpossible: without replicas, the dead node's rank has no
+// copy anywhere: the recovery fails with an error that says so, and the
+// ranks still alive stay told that the gang is broken.
+func TestRecoveryImpossible(t *testing.T) {
+	const job, ws = "lost", 2
+	cl := recoveryCluster(t, 0)
+	cl.saveStep(job, ws, 1, 0, 1)
+	cl.waitLatest(job, 1)
+	events := cl.watch(job)
+	cl.agents[1].Stop()
+	if _, err := cl.api.NodeDown(ctxT(t), &coordpb.NodeDownRequest{Node: "node-1"}); err != nil {
+		t.Fatal(err)
+	}
+	ev := nextEvent(t, events)
+	if ev.Ok || ev.Kind != "failed" || !strings.Contains(ev.Error, "no consistent step with a live copy") {
+		t.Fatalf("event: %v", ev)
+	}
+}
+
+// TestGangBrokenWhileRecovering: the ranks still alive get a clear error
+// from their next call while their job is recovered, and save again once
+// it is.
+func TestGangBrokenWhileRecovering(t *testing.T) {
+	const job, ws = "abort", 2
+	cl := recoveryCluster(t, 1)
+	cl.saveStep(job, ws, 1, 0, 1)
+	cl.waitLatest(job, 1)
+	waitReplicas(t, cl, job, 1, ws, 2)
+	// A recovery that cannot finish: node-2, the spare that would take
+	// rank 1, dies first, unknown to the coordinator, so rank 1's restore
+	// onto it fails and the gang stays broken.
+	cl.agents[2].Stop()
+	events := cl.watch(job)
+	cl.agents[1].Stop()
+	if _, err := cl.api.NodeDown(ctxT(t), &coordpb.NodeDownRequest{Node: "node-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if ev := nextEvent(t, events); ev.Ok {
+		t.Fatalf("recovery onto a dead spare succeeded: %v", ev)
+	}
+	s, _ := cl.clients[0].Session(job, 0, ws)
+	err := s.Save(ctxT(t), 2, []sdk.Tensor{{Name: "w", DType: shm.U8, Shape: []int64{4096}, Data: rankData(2, 0)}}, nil)
+	if !errors.Is(err, sdk.ErrGangBroken) || !strings.Contains(err.Error(), "restoring step 1") || !strings.Contains(err.Error(), "node-1 down") {
+		t.Fatalf("save by a live rank of a broken gang: %v, want ErrGangBroken naming the step and the node", err)
+	}
+}
+
+func waitReplicas(t *testing.T, cl *cluster, job string, step int64, ws uint32, copies int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := cl.replicaNodes(job, step)
+		ok := true
+		for r := range ws {
+			ok = ok && len(got[r]) >= copies
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("memory copies of step %d: %v, want %d per rank", step, got, copies)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
