@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"rewind.dev/rewind/internal/clock"
+	"rewind.dev/rewind/membership"
 	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
 )
@@ -56,6 +57,12 @@ type Config struct {
 	// LeaseTTL bounds how long a reader that never releases its lease holds
 	// a slot.
 	LeaseTTL time.Duration
+
+	// Gossip, when set, makes the agent a member of the cluster's failure
+	// detection (membership), joining GossipJoin (the coordinator's
+	// memberlist address, or any member's).
+	Gossip     *membership.Config
+	GossipJoin []string
 
 	// Stores are the durable tiers ("nvme", "pfs", "s3") this agent
 	// writes when the coordinator orders it and restores from.

@@ -72,6 +72,14 @@ func (a *Agent) Run(ctx context.Context, ready func(Addrs)) error {
 		go func() { a.tr.run(tctx); close(trDone) }()
 		defer func() { stopTr(); <-trDone }()
 	}
+	if a.cfg.Gossip != nil {
+		leave, err := a.startMembership(ctx)
+		if err != nil {
+			srv.Stop()
+			return err
+		}
+		defer leave()
+	}
 	a.log.Info("agent serving", "socket", addrs.Socket, "tcp", addrs.TCP, "metrics", addrs.Metrics)
 	if ready != nil {
 		ready(addrs)

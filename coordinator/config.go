@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"rewind.dev/rewind/internal/clock"
+	"rewind.dev/rewind/membership"
 	"rewind.dev/rewind/tiers"
 )
 
@@ -28,8 +29,15 @@ type Config struct {
 	// Replicas is how many other nodes keep a copy of each shard in shared
 	// memory, for jobs that set none.
 	Replicas int
-	// Quorum, when set, says whether this coordinator reaches a majority
-	// of the cluster; without it, no node is declared dead from here.
+	// Gossip, when set, makes the coordinator a member of the cluster's
+	// failure detection (membership): agents declared dead are recovered.
+	Gossip *membership.Config
+	// LeaveGrace is how long an agent that left the cluster gracefully
+	// (a restart) has to come back before its jobs are recovered.
+	LeaveGrace time.Duration
+	// Quorum, when set, replaces failure detection's answer to whether
+	// this coordinator reaches a majority of the cluster; without a
+	// majority, no node is declared dead from here.
 	Quorum func() bool
 
 	Clock    clock.Clock
@@ -45,7 +53,8 @@ func DefaultConfig() Config {
 		DataDir:      "/var/lib/rewind/coordinator",
 		AgentTimeout: 2 * time.Minute, // verifying a large shard reads every byte
 		Policy:       tiers.DefaultPolicy(),
-		Replicas:     1, // survives any one node; a second costs another shard of memory per rank
+		Replicas:     1,                // survives any one node; a second costs another shard of memory per rank
+		LeaveGrace:   10 * time.Second, // an agent restart takes about a second
 	}
 }
 

@@ -29,6 +29,7 @@ type Coordinator struct {
 
 	recovering map[string]*sync.Mutex // per job: one recovery at a time
 	watchers   watchers               // WatchJob streams
+	members    atomic.Value           // *membership.Members, with Config.Gossip
 
 	tiers *tierer // tier transfers (tiering.go)
 

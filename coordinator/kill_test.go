@@ -28,8 +28,11 @@ import (
 // The test binary doubles as the coordinator process the randomized test
 // kills.
 func TestMain(m *testing.M) {
-	if os.Getenv("REWIND_TEST_ROLE") == "coordinator" {
+	switch os.Getenv("REWIND_TEST_ROLE") {
+	case "coordinator":
 		os.Exit(childCoordinator())
+	case "agent":
+		os.Exit(childAgent())
 	}
 	os.Exit(m.Run())
 }

@@ -69,7 +69,7 @@ func (w *watchers) publish(ev *coordpb.JobEvent) {
 // NodeDown declares node dead and starts the recovery of every job with a
 // rank on it; it returns those jobs. Without quorum it refuses.
 func (c *Coordinator) NodeDown(node, reason string) ([]string, error) {
-	if c.cfg.Quorum != nil && !c.cfg.Quorum() {
+	if !c.quorum() {
 		c.log.Warn("node reported down, but this coordinator sees no quorum: no recovery from this side of a partition", "node", node, "reason", reason)
 		return nil, fmt.Errorf("%w: coordinator: no quorum of the cluster is reachable; %s is not recovered from here", ErrRefused, node)
 	}

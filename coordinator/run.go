@@ -56,6 +56,15 @@ func (c *Coordinator) Run(ctx context.Context, ready func(grpcAddr, metricsAddr 
 		}
 	}()
 	go c.tiers.run(ctx)
+	if c.cfg.Gossip != nil {
+		leave, err := c.startMembership(ctx, l.Addr().String())
+		if err != nil {
+			srv.Stop()
+			metrics.Close()
+			return err
+		}
+		defer leave()
+	}
 	c.log.Info("coordinator serving", "addr", l.Addr().String(), "metrics", metricsAddr)
 	if ready != nil {
 		ready(l.Addr().String(), metricsAddr)
