@@ -29,6 +29,8 @@ func runAgent(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.TransferWorkers, "transfer-workers", cfg.TransferWorkers, "tier transfers running at once on the node")
 	var tf tierFlags
 	tf.register(fs)
+	var gf gossipFlags
+	gf.register(fs, ":7946", "failure-detection members to join, host:port,... (default: the coordinator's host, port 7947)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -36,6 +38,12 @@ func runAgent(ctx context.Context, args []string) error {
 	var err error
 	if cfg.Stores, cfg.TransferBandwidth, err = tf.stores(); err != nil {
 		return err
+	}
+	if cfg.CoordinatorAddr != "" {
+		if cfg.Gossip, err = gf.config(); err != nil {
+			return err
+		}
+		cfg.GossipJoin = gf.seeds(cfg.CoordinatorAddr)
 	}
 	b, err := units.ParseBytes(*budget)
 	if err != nil {

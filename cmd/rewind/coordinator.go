@@ -22,10 +22,22 @@ func runCoordinator(ctx context.Context, args []string) error {
 		cfg.Policy = p
 		return err
 	})
+	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "copies of each shard kept in other nodes' memory, for jobs that set none")
+	fs.DurationVar(&cfg.LeaveGrace, "leave-grace", cfg.LeaveGrace, "how long an agent that left gracefully has to come back before its jobs are recovered")
+	var gf gossipFlags
+	gf.register(fs, ":7947", "")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	g, err := gf.config()
+	if err != nil {
+		return err
+	}
+	cfg.Gossip = g
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if g != nil {
+		g.Name = "coordinator"
+	}
 	c, err := coordinator.New(cfg)
 	if err != nil {
 		return err
