@@ -2,11 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
+	"fmt"
 	"os"
 
 	"rewind.dev/rewind/internal/demo"
 	"rewind.dev/rewind/internal/units"
+	"rewind.dev/rewind/regang"
+	"rewind.dev/rewind/sdk"
 )
 
 func runDemo(ctx context.Context, args []string) error {
@@ -36,6 +40,9 @@ func runDemoTrain(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("demo-train", flag.ContinueOnError)
 	fs.StringVar(&cfg.Socket, "socket", "", "agent socket")
 	fs.StringVar(&cfg.Job, "job", cfg.Job, "job id")
+	rank := fs.Uint("rank", 0, "this process's rank")
+	world := fs.Uint("world-size", 1, "the job's world size")
+	fs.Int64Var(&cfg.RestoreStep, "restore-step", -1, "step to resume from (default: the latest consistent)")
 	fs.Int64Var(&cfg.Steps, "steps", cfg.Steps, "train until this step is saved")
 	size := fs.String("size", "64MiB", "model state")
 	fs.DurationVar(&cfg.StepTime, "step-time", cfg.StepTime, "simulated compute per step")
@@ -47,6 +54,11 @@ func runDemoTrain(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg.Size, cfg.Out = int64(b), os.Stdout
-	return demo.Train(ctx, cfg)
+	cfg.Size, cfg.Out, cfg.Rank, cfg.World = int64(b), os.Stdout, uint32(*rank), uint32(*world)
+	err = demo.Train(ctx, cfg)
+	if errors.Is(err, sdk.ErrGangBroken) {
+		fmt.Fprintln(os.Stderr, "rewind demo-train:", err)
+		os.Exit(regang.ExitGangBroken) // not a failure: the recovery restarts this rank
+	}
+	return err
 }

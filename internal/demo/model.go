@@ -72,12 +72,16 @@ func layout(size int64) ([]sdk.Tensor, error) {
 
 // NewState returns the deterministic initial state (step 0) of a model of
 // about size bytes.
-func NewState(size int64) (*State, error) {
+func NewState(size int64) (*State, error) { return NewRankState(size, 0) }
+
+// NewRankState is NewState for one rank of a job: every rank starts from
+// its own weights (its shard of the model), rank 0 from NewState's.
+func NewRankState(size int64, rank uint32) (*State, error) {
 	ts, err := layout(size)
 	if err != nil {
 		return nil, err
 	}
-	s := &State{Tensors: ts, Obj: Objects{RNG: initSeed}}
+	s := &State{Tensors: ts, Obj: Objects{RNG: initSeed ^ uint64(rank)*0x9e3779b97f4a7c15}}
 	r := xorshift(&s.Obj.RNG)
 	w0, w1, w2 := ts[tEmbed].Data, ts[tMLP].Data, ts[tHead].Data
 	for i := range len(w0) / 4 {
@@ -187,8 +191,11 @@ func (s *State) Digest() string {
 // Reference runs the training from a fresh state for steps steps without
 // saving anything and returns the digest after every step (index 0 is the
 // initial state).
-func Reference(size int64, steps int64) ([]string, error) {
-	s, err := NewState(size)
+func Reference(size int64, steps int64) ([]string, error) { return RankReference(size, 0, steps) }
+
+// RankReference is Reference for one rank.
+func RankReference(size int64, rank uint32, steps int64) ([]string, error) {
+	s, err := NewRankState(size, rank)
 	if err != nil {
 		return nil, err
 	}

@@ -12,12 +12,17 @@ import (
 
 // TrainConfig configures the demo's training process (rewind demo-train).
 type TrainConfig struct {
-	Socket   string        // the agent's socket
-	Job      string        // job id
-	Steps    int64         // train until this step is saved
-	Size     int64         // bytes of model state
-	StepTime time.Duration // simulated compute per step, the update included
-	Out      io.Writer     // the report, one line per event (see events.go)
+	Socket string // the agent's socket
+	Job    string // job id
+	Rank   uint32 // this process's rank of the job
+	World  uint32 // the job's world size
+	// RestoreStep, when not negative, is the step to resume from (a
+	// recovery names it); otherwise the job's latest consistent step.
+	RestoreStep int64
+	Steps       int64         // train until this step is saved
+	Size        int64         // bytes of model state
+	StepTime    time.Duration // simulated compute per step, the update included
+	Out         io.Writer     // the report, one line per event (see events.go)
 	// PerturbRestore flips one bit of the state after a restore: a broken
 	// resume, for tests that check the demo notices one. Never set otherwise.
 	PerturbRestore bool
@@ -26,10 +31,12 @@ type TrainConfig struct {
 // DefaultTrainConfig returns the trainer's configuration for `rewind demo`.
 func DefaultTrainConfig() TrainConfig {
 	return TrainConfig{
-		Job:      "demo",
-		Steps:    30,                     // enough for two crashes and a finish
-		Size:     64 << 20,               // a save takes milliseconds, not seconds
-		StepTime: 100 * time.Millisecond, // a step long enough for a kill to land anywhere in it
+		Job:         "demo",
+		World:       1,
+		RestoreStep: -1,
+		Steps:       30,                     // enough for two crashes and a finish
+		Size:        64 << 20,               // a save takes milliseconds, not seconds
+		StepTime:    100 * time.Millisecond, // a step long enough for a kill to land anywhere in it
 	}
 }
 
@@ -38,6 +45,9 @@ func (c *TrainConfig) Validate() error {
 	var errs []error
 	if c.Steps < 1 {
 		errs = append(errs, fmt.Errorf("steps %d: want at least 1", c.Steps))
+	}
+	if c.World < 1 || c.Rank >= c.World {
+		errs = append(errs, fmt.Errorf("rank %d of world size %d", c.Rank, c.World))
 	}
 	if c.Size < MinSize {
 		errs = append(errs, fmt.Errorf("size %d bytes: want at least %d", c.Size, MinSize))
@@ -68,7 +78,7 @@ func Train(ctx context.Context, cfg TrainConfig) error {
 		return err
 	}
 	defer c.Close()
-	sess, err := c.Session(cfg.Job, 0, 1)
+	sess, err := c.Session(cfg.Job, cfg.Rank, cfg.World)
 	if err != nil {
 		return err
 	}
@@ -85,8 +95,9 @@ func Train(ctx context.Context, cfg TrainConfig) error {
 		}
 		compute := time.Since(t0)
 		if err := sess.Save(ctx, st.Obj.Step, st.Tensors, st.Obj); err != nil {
-			if ctx.Err() != nil {
-				return err
+			if ctx.Err() != nil || errors.Is(err, sdk.ErrGangBroken) {
+				fmt.Fprintln(cfg.Out, formatSaveFailed(st.Obj.Step, err))
+				return err // the job is being recovered: exit, to be restarted
 			}
 			// A failed save is logged and survived: training goes on.
 			fmt.Fprintln(cfg.Out, formatSaveFailed(st.Obj.Step, err))
@@ -103,10 +114,16 @@ func Train(ctx context.Context, cfg TrainConfig) error {
 // rank has none, and reports which.
 func resume(ctx context.Context, sess *sdk.Session, cfg TrainConfig) (*State, error) {
 	t0 := time.Now()
-	ck, err := sess.Restore(ctx)
+	var ck *sdk.Checkpoint
+	var err error
+	if cfg.RestoreStep >= 0 {
+		ck, err = sess.RestoreStep(ctx, cfg.RestoreStep)
+	} else {
+		ck, err = sess.Restore(ctx)
+	}
 	took := time.Since(t0)
-	if errors.Is(err, sdk.ErrNotFound) {
-		st, err := NewState(cfg.Size)
+	if errors.Is(err, sdk.ErrNotFound) && cfg.RestoreStep < 0 {
+		st, err := NewRankState(cfg.Size, cfg.Rank)
 		if err != nil {
 			return nil, err
 		}

@@ -1,0 +1,159 @@
+package regang
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os/exec"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"rewind.dev/rewind/api/coordpb"
+)
+
+// Local supervises a job's ranks as processes of this machine, one per
+// rank, each attached to the agent of the node it runs on. On a recovery
+// it kills every rank still running (they were told the gang is broken,
+// but one stuck in a collective may never ask) and starts them all on the
+// new placement, resuming from the recovery's step.
+type Local struct {
+	// Command returns the process of rank on node; restoreStep < 0 means
+	// a fresh start (the rank resumes from the job's latest consistent
+	// step, if any).
+	Command func(rank uint32, node string, restoreStep int64) *exec.Cmd
+	// Started, when set, is told of every rank process started.
+	Started func(rank uint32, node string, cmd *exec.Cmd)
+
+	mu        sync.Mutex
+	placement map[uint32]string
+	procs     map[uint32]*rankProc
+}
+
+// ExitGangBroken is the exit status of a rank that stopped because the SDK
+// told it its gang is broken (sdk.ErrGangBroken): not a failure, since the
+// recovery restarts it.
+const ExitGangBroken = 3
+
+// rankProc is a rank's process; done is closed once it exited, with err.
+type rankProc struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// Start starts every rank on placement.
+func (l *Local) Start(placement map[uint32]string, restoreStep int64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.placement = maps.Clone(placement)
+	if l.procs == nil {
+		l.procs = map[uint32]*rankProc{}
+	}
+	for _, r := range slices.Sorted(maps.Keys(placement)) {
+		cmd := l.Command(r, placement[r], restoreStep)
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("regang: starting rank %d on %s: %w", r, placement[r], err)
+		}
+		p := &rankProc{cmd: cmd, done: make(chan struct{})}
+		go func() { p.err = cmd.Wait(); close(p.done) }()
+		l.procs[r] = p
+		if l.Started != nil {
+			l.Started(r, placement[r], cmd)
+		}
+	}
+	return nil
+}
+
+// Regang kills the ranks still running and starts every rank on the
+// event's placement, resuming from its step.
+func (l *Local) Regang(ctx context.Context, ev *coordpb.JobEvent) error {
+	l.KillAll()
+	return l.Start(ev.Placement, ev.Step)
+}
+
+// KillNode kills the ranks running on node (part of a simulated node
+// failure) and returns them.
+func (l *Local) KillNode(node string) []uint32 {
+	l.mu.Lock()
+	var ranks []uint32
+	for r, n := range l.placement {
+		if n == node {
+			ranks = append(ranks, r)
+		}
+	}
+	l.mu.Unlock()
+	slices.Sort(ranks)
+	for _, r := range ranks {
+		l.kill(r)
+	}
+	return ranks
+}
+
+// KillAll kills every rank still running.
+func (l *Local) KillAll() {
+	l.mu.Lock()
+	ranks := slices.Collect(maps.Keys(l.procs))
+	l.mu.Unlock()
+	for _, r := range ranks {
+		l.kill(r)
+	}
+}
+
+// kill kills a rank's process and forgets it: its exit is not a failure.
+func (l *Local) kill(r uint32) {
+	l.mu.Lock()
+	p := l.procs[r]
+	delete(l.procs, r)
+	l.mu.Unlock()
+	if p == nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	select {
+	case <-p.done:
+	case <-time.After(5 * time.Second):
+	}
+}
+
+// Wait waits until every rank has exited by itself, or ctx ends, and
+// returns the first error of a rank that failed. Ranks killed by KillNode,
+// KillAll or Regang do not count; ranks a Regang starts meanwhile are
+// waited for.
+func (l *Local) Wait(ctx context.Context) error {
+	for {
+		l.mu.Lock()
+		var r uint32
+		var p *rankProc
+		for k, x := range l.procs {
+			r, p = k, x
+			break
+		}
+		l.mu.Unlock()
+		if p == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-p.done:
+		case <-time.After(100 * time.Millisecond): // a regang may have replaced it
+			continue
+		}
+		l.mu.Lock()
+		current := l.procs[r] == p
+		if current {
+			delete(l.procs, r)
+		}
+		l.mu.Unlock()
+		var exit *exec.ExitError
+		if errors.As(p.err, &exit) && exit.ExitCode() == ExitGangBroken {
+			continue // it left because its gang broke; the regang restarts it
+		}
+		if current && p.err != nil {
+			return fmt.Errorf("regang: rank %d: %w", r, p.err)
+		}
+	}
+}

@@ -1,0 +1,59 @@
+// Package regang restarts a job's ranks after the coordinator recovered
+// it. The coordinator decides: which step, which rank runs on which node,
+// and it has every rank's shard put in that node's shared memory before
+// it says so. What restarts the processes depends on how the job runs: a
+// Driver. Local runs the ranks as processes of this machine (tests, the
+// demo); the Kubernetes MPIJob driver comes with its own package.
+package regang
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"rewind.dev/rewind/api/coordpb"
+)
+
+// Driver restarts a job's ranks on a recovery's placement, each resuming
+// from the recovery's step.
+type Driver interface {
+	Regang(ctx context.Context, ev *coordpb.JobEvent) error
+}
+
+// Follow watches job's recoveries on the coordinator and hands each
+// successful one to d, in order, until ctx ends; observe, when not nil,
+// sees every event first (a failed recovery included). A broken stream is
+// reopened.
+func Follow(ctx context.Context, api coordpb.CoordinatorClient, job string, d Driver, observe func(*coordpb.JobEvent)) error {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		stream, err := api.WatchJob(ctx, &coordpb.WatchJobRequest{Job: job})
+		for err == nil {
+			var ev *coordpb.JobEvent
+			if ev, err = stream.Recv(); err != nil {
+				break
+			}
+			backoff = 100 * time.Millisecond
+			if observe != nil {
+				observe(ev)
+			}
+			if ev.Kind != "regang" || !ev.Ok {
+				continue
+			}
+			if rerr := d.Regang(ctx, ev); rerr != nil {
+				return fmt.Errorf("regang: job %s step %d: %w", job, ev.Step, rerr)
+			}
+		}
+		if errors.Is(err, io.EOF) || ctx.Err() != nil {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+	return ctx.Err()
+}
