@@ -47,9 +47,10 @@ type Members struct {
 	seq     uint64 // counts memberlist's notifications
 	closed  bool
 
-	done     chan struct{}
-	wg       sync.WaitGroup
-	shutdown sync.Once
+	lifecycle sync.Mutex // serializes Leave and Shutdown
+	stopped   bool
+	done      chan struct{}
+	wg        sync.WaitGroup
 }
 
 type entry struct {
@@ -76,7 +77,7 @@ func New(cfg Config) (*Members, error) {
 		members: map[string]*entry{},
 		done:    make(chan struct{}),
 	}
-	m.met = newMetrics(cfg.Registry, m)
+	m.met = newMetrics(m) // before memberlist starts: it reports this member's join at once
 	mlLog := memberlistLogger(cfg.Logger)
 	tr, err := newTransport(&cfg, mlLog)
 	if err != nil {
@@ -99,6 +100,7 @@ func New(cfg Config) (*Members, error) {
 		return nil, fmt.Errorf("membership: starting memberlist: %w", err)
 	}
 	m.ml = ml
+	m.met.register(cfg.Registry)
 	m.wg.Add(3)
 	go func() { defer m.wg.Done(); m.queue.run(m.done, cfg.Clock.Now) }()
 	go func() { defer m.wg.Done(); m.pollStates() }()
@@ -145,16 +147,7 @@ func (m *Members) Leave(ctx context.Context) error {
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = time.Until(dl)
 	}
-	// First metadata marked leaving, so that the others can tell the
-	// leave that follows from a death (see NotifyLeave).
-	meta, err := m.cfg.Meta.encode(true)
-	if err == nil {
-		m.delegate.meta.Store(&meta)
-		err = m.ml.UpdateNode(timeout / 2)
-	}
-	if err == nil {
-		err = m.ml.Leave(timeout / 2)
-	}
+	err := m.leave(timeout)
 	if serr := m.Shutdown(); err == nil {
 		err = serr
 	}
@@ -164,20 +157,42 @@ func (m *Members) Leave(ctx context.Context) error {
 	return nil
 }
 
+func (m *Members) leave(timeout time.Duration) error {
+	m.lifecycle.Lock()
+	defer m.lifecycle.Unlock()
+	if m.stopped {
+		return errors.New("already shut down") // memberlist panics on a leave after shutdown
+	}
+	// First metadata marked leaving, so that the others can tell the
+	// leave that follows from a death (see NotifyLeave).
+	meta, err := m.cfg.Meta.encode(true)
+	if err != nil {
+		return err
+	}
+	m.delegate.meta.Store(&meta)
+	if err := m.ml.UpdateNode(timeout / 2); err != nil {
+		return err
+	}
+	return m.ml.Leave(timeout / 2)
+}
+
 // Shutdown stops the member without telling anyone: the others declare it
 // dead, as if it had crashed. Events is closed; undelivered events are
 // dropped.
 func (m *Members) Shutdown() error {
-	var err error
-	m.shutdown.Do(func() {
-		err = m.ml.Shutdown()
-		m.mu.Lock()
-		m.closed = true
-		m.mu.Unlock()
-		close(m.done)
-		m.wg.Wait()
-		m.log.Info("member stopped")
-	})
+	m.lifecycle.Lock()
+	defer m.lifecycle.Unlock()
+	if m.stopped {
+		return nil
+	}
+	m.stopped = true
+	err := m.ml.Shutdown()
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
+	close(m.done)
+	m.wg.Wait()
+	m.log.Info("member stopped")
 	return err
 }
 

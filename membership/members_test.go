@@ -3,8 +3,10 @@ package membership
 import (
 	"context"
 	"fmt"
+	"net"
 	"slices"
 	"sort"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -82,6 +84,7 @@ func TestPartition(t *testing.T) {
 	c := newCluster(t, n)
 	major, minor := c.names[:3], c.names[3:]
 	bound := c.cfg.DetectionBound(n)
+	start := time.Now()
 	c.faults.Partition(major, minor)
 
 	// Direct pings see the partition at once, before failure detection.
@@ -97,8 +100,32 @@ func TestPartition(t *testing.T) {
 		}
 	}
 
-	c.waitState(major, minor, StateDead, 3*bound)
-	c.waitState(minor, major, StateDead, 3*bound)
+	// Until the minority has declared the whole majority dead, its gossip
+	// view may still count some of it alive: direct pings never do.
+	staleView := false
+	waitFor(t, 3*bound, func() string {
+		for _, o := range minor {
+			sawDeath := slices.ContainsFunc(c.members[o].Members(), func(mem Member) bool { return mem.State == StateDead })
+			if sawDeath && c.members[o].HasQuorum(n) {
+				staleView = true
+			}
+			if q, err := c.members[o].CheckQuorum(ctx, nil); err != nil || q.OK {
+				t.Fatalf("%s in the minority: CheckQuorum %+v, %v", o, q, err)
+			}
+		}
+		for _, side := range [][2][]string{{major, minor}, {minor, major}} {
+			for _, o := range side[0] {
+				for _, far := range side[1] {
+					if mem, _ := c.members[o].Member(far); mem.State != StateDead {
+						return fmt.Sprintf("%s sees %s %v", o, far, mem.State)
+					}
+				}
+			}
+		}
+		return ""
+	})
+	split := time.Since(start)
+	t.Logf("minority's gossip view had quorum after it saw a death: %v", staleView)
 	for _, o := range c.names {
 		want := slices.Contains(major, o)
 		if got := c.members[o].HasQuorum(n); got != want {
@@ -110,8 +137,11 @@ func TestPartition(t *testing.T) {
 		}
 	}
 
+	start = time.Now()
 	c.faults.Heal()
 	c.waitAlive(c.names, c.names, 10*time.Second)
+	t.Logf("partition 3|2: every member saw the other side dead after %v; after healing, all alive again after %v",
+		split.Round(10*time.Millisecond), time.Since(start).Round(10*time.Millisecond))
 	for _, o := range c.names {
 		if !c.members[o].HasQuorum(n) {
 			t.Errorf("%s has no quorum after healing", o)
@@ -159,6 +189,9 @@ func TestLeaveAndForget(t *testing.T) {
 	if err := c.members["m2"].Leave(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if err := c.members["m2"].Leave(ctx); err == nil {
+		t.Error("a second Leave, after shutdown, succeeded")
+	}
 	c.waitState([]string{"m0", "m1"}, []string{"m2"}, StateLeft, 5*time.Second)
 	if _, ok := c.recs["m0"].first("m2", EventLeave); !ok {
 		t.Errorf("m0 saw no leave: %v", kinds(c.recs["m0"].about("m2")))
@@ -175,5 +208,78 @@ func TestLeaveAndForget(t *testing.T) {
 	}
 	if _, ok := c.members["m0"].Member("m2"); ok {
 		t.Error("m2 still in the view after Forget")
+	}
+}
+
+// TestRestartRejoins restarts a crashed member under the same name and
+// address, as a restarted agent is: the others see it dead, then join again.
+func TestRestartRejoins(t *testing.T) {
+	c := newCluster(t, 3)
+	victim := "m2"
+	addr := c.members[victim].Local().Addr
+	c.members[victim].Shutdown()
+	c.waitState([]string{"m0", "m1"}, []string{victim}, StateDead, 3*c.cfg.DetectionBound(3))
+
+	cfg := testConfig(t, victim)
+	cfg.Faults = c.faults
+	_, port, _ := net.SplitHostPort(addr)
+	cfg.BindPort, _ = strconv.Atoi(port)
+	m, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Shutdown() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := m.Join(ctx, c.members["m0"].Local().Addr); err != nil {
+		t.Fatal(err)
+	}
+	c.members[victim] = m
+	c.waitAlive(c.names, c.names, 5*time.Second)
+	waitFor(t, 5*time.Second, func() string {
+		evs := kinds(c.recs["m0"].about(victim))
+		if !slices.Equal(evs[max(0, len(evs)-2):], []EventKind{EventDead, EventJoin}) {
+			return fmt.Sprintf("m0 saw %s go %v, want it to end dead, join", victim, evs)
+		}
+		return ""
+	})
+}
+
+// TestUnreadEventsNeverBlock: a member whose events nobody reads still
+// follows the cluster, and its reader, when it comes, learns what it lost.
+func TestUnreadEventsNeverBlock(t *testing.T) {
+	c := newCluster(t, 3)
+	cfg := testConfig(t, "m9")
+	cfg.EventQueueLimit = 2
+	m, err := New(cfg) // not recorded: nobody reads its events yet
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Shutdown() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := m.Join(ctx, c.members["m0"].Local().Addr); err != nil {
+		t.Fatal(err)
+	}
+	c.members["m9"] = m
+	c.waitAlive([]string{"m9"}, c.names, 5*time.Second) // four joins, more than the queue holds
+	c.members["m1"].Shutdown()
+	c.waitState([]string{"m9"}, []string{"m1"}, StateDead, 3*c.cfg.DetectionBound(4))
+	// Delivered: the event the queue held when it filled, EventLost for
+	// the oldest ones dropped, then the newest two: m1 suspected, m1 dead.
+	var got []Event
+	for len(got) < 4 {
+		select {
+		case ev := <-m.Events():
+			got = append(got, ev)
+		case <-time.After(time.Second):
+			t.Fatalf("events stopped at %v", kinds(got))
+		}
+	}
+	if got[1].Kind != EventLost || got[1].Lost == 0 {
+		t.Errorf("events %v (lost %d), want the second to report lost events", kinds(got), got[1].Lost)
+	}
+	if last := got[3]; last.Kind != EventDead || last.Member.Name != "m1" {
+		t.Errorf("last event %v %s, want dead m1", last.Kind, last.Member.Name)
 	}
 }

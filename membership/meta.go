@@ -148,6 +148,9 @@ func readString(b []byte) (string, []byte, error) {
 	if k <= 0 {
 		return "", nil, errors.New("truncated length")
 	}
+	if k != len(binary.AppendUvarint(nil, n)) {
+		return "", nil, errors.New("length not minimally encoded") // one encoding per value
+	}
 	b = b[k:]
 	if n > uint64(len(b)) {
 		return "", nil, fmt.Errorf("length %d, only %d bytes left", n, len(b))

@@ -3,11 +3,12 @@ package membership
 import "github.com/prometheus/client_golang/prometheus"
 
 type metrics struct {
-	events *prometheus.CounterVec
-	lost   prometheus.Counter
+	events  *prometheus.CounterVec
+	lost    prometheus.Counter
+	members []prometheus.Collector
 }
 
-func newMetrics(reg prometheus.Registerer, m *Members) *metrics {
+func newMetrics(m *Members) *metrics {
 	met := &metrics{
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rewind_membership_events_total",
@@ -18,9 +19,8 @@ func newMetrics(reg prometheus.Registerer, m *Members) *metrics {
 			Help: "Membership events dropped because the reader of Events fell too far behind.",
 		}),
 	}
-	reg.MustRegister(met.events, met.lost)
 	for _, st := range []State{StateAlive, StateSuspect, StateDead, StateLeft} {
-		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		met.members = append(met.members, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "rewind_membership_members",
 			Help:        "Members in this member's view, by state.",
 			ConstLabels: prometheus.Labels{"state": st.String()},
@@ -37,4 +37,9 @@ func newMetrics(reg prometheus.Registerer, m *Members) *metrics {
 		}))
 	}
 	return met
+}
+
+func (met *metrics) register(reg prometheus.Registerer) {
+	reg.MustRegister(met.events, met.lost)
+	reg.MustRegister(met.members...)
 }

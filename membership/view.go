@@ -2,6 +2,7 @@ package membership
 
 import (
 	"bytes"
+	"errors"
 	"math/rand/v2"
 	"sync/atomic"
 	"time"
@@ -117,6 +118,9 @@ func (m *Members) pollStates() {
 		seq := m.seq
 		m.mu.Unlock()
 		nodes, err := readNodeTable(m.tr, m.cfg.TCPTimeout)
+		if errors.Is(err, errTransportClosed) {
+			return
+		}
 		if err != nil {
 			if !failing {
 				m.log.Warn("reading memberlist's node table failed; suspicions go unreported", "err", err)
