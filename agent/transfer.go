@@ -27,7 +27,8 @@ type transfers struct {
 	c     coordpb.CoordinatorClient
 	names []string // the agent's tiers, nearest first
 	lim   *tiers.Limiter
-	queue chan *coordpb.TransferOrder
+	queue chan *coordpb.TransferOrder // to the tiers
+	peerQ chan *coordpb.TransferOrder // replicas: their own workers, never behind a tier upload
 
 	mu     sync.Mutex
 	events []*coordpb.TierEvent // not yet acknowledged by the coordinator
@@ -55,7 +56,7 @@ const maxPendingEvents = 100_000
 
 func newTransfers(a *Agent) *transfers {
 	t := &transfers{a: a, c: a.rep.c, lim: tiers.NewLimiter(a.cfg.TransferBandwidth, a.cfg.Clock),
-		queue: make(chan *coordpb.TransferOrder, maxQueuedTransfers), health: map[string]*tierHealth{}, wake: make(chan struct{}, 1)}
+		queue: make(chan *coordpb.TransferOrder, maxQueuedTransfers), peerQ: make(chan *coordpb.TransferOrder, maxQueuedTransfers), health: map[string]*tierHealth{}, wake: make(chan struct{}, 1)}
 	for _, n := range tierOrder(a.cfg.Stores) {
 		t.names = append(t.names, n)
 		t.health[n] = &tierHealth{store: a.cfg.Stores[n].String()}
@@ -78,7 +79,8 @@ func tierOrder(stores map[string]tiers.Store) []string {
 func (t *transfers) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	for range t.a.cfg.TransferWorkers {
-		wg.Go(func() { t.work(ctx) })
+		wg.Go(func() { t.work(ctx, t.queue) })
+		wg.Go(func() { t.work(ctx, t.peerQ) })
 	}
 	wg.Go(func() { t.subscribe(ctx) })
 	wg.Go(func() { t.report(ctx) })
@@ -125,19 +127,23 @@ func (t *transfers) enqueue(o *coordpb.TransferOrder) {
 		h.queued++
 	}
 	t.mu.Unlock()
+	q := t.queue
+	if o.Kind == "replicate" {
+		q = t.peerQ
+	}
 	select {
-	case t.queue <- o:
+	case q <- o:
 	default:
 		t.finish(o, h, 0, 0, fmt.Errorf("agent: %d transfers already queued", maxQueuedTransfers))
 	}
 }
 
-func (t *transfers) work(ctx context.Context) {
+func (t *transfers) work(ctx context.Context, q <-chan *coordpb.TransferOrder) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case o := <-t.queue:
+		case o := <-q:
 			t.run1(ctx, o)
 		}
 	}

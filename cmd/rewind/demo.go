@@ -14,8 +14,40 @@ import (
 )
 
 func runDemo(ctx context.Context, args []string) error {
-	cfg := demo.DefaultConfig()
+	if len(args) > 0 && args[0] == "single" {
+		return runDemoSingle(ctx, args[1:])
+	}
+	cfg := demo.DefaultClusterConfig()
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.IntVar(&cfg.Nodes, "nodes", cfg.Nodes, "agents (nodes) in the local cluster")
+	fs.IntVar(&cfg.Ranks, "ranks", cfg.Ranks, "ranks of the training job")
+	fs.Int64Var(&cfg.Steps, "steps", cfg.Steps, "steps the job trains")
+	size := fs.String("size", "16MiB", "state per rank, saved every step")
+	fs.DurationVar(&cfg.StepTime, "step-time", cfg.StepTime, "simulated compute per step")
+	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed of the random choices (0: pick one; the demo prints it)")
+	fs.Int64Var(&cfg.KillMin, "kill-min", cfg.KillMin, "a node dies once the job is consistent at a random step from kill-min")
+	fs.Int64Var(&cfg.KillMax, "kill-max", cfg.KillMax, "... to kill-max")
+	fs.StringVar(&cfg.ShmDir, "shm-dir", cfg.ShmDir, "tmpfs in which the demo makes the nodes' shared-memory roots")
+	fs.BoolVar(&cfg.NoMinIO, "no-minio", false, "leave out the object-store tier even when bin/minio is built")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: rewind demo [flags]      a local cluster; a node dies and the job recovers\n       rewind demo single [flags]  one agent and one trainer, killed in turn")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	b, err := units.ParseBytes(*size)
+	if err != nil {
+		return err
+	}
+	cfg.Size = int64(b)
+	return demo.RunCluster(ctx, cfg)
+}
+
+// runDemoSingle is the single-node demo: a trainer, then the agent, killed.
+func runDemoSingle(ctx context.Context, args []string) error {
+	cfg := demo.DefaultConfig()
+	fs := flag.NewFlagSet("demo single", flag.ContinueOnError)
 	fs.Int64Var(&cfg.Steps, "steps", cfg.Steps, "steps the training job runs")
 	size := fs.String("size", "64MiB", "model state saved every step")
 	fs.DurationVar(&cfg.StepTime, "step-time", cfg.StepTime, "simulated compute per step")

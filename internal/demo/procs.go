@@ -25,6 +25,11 @@ func startProc(name, exe string, args []string, stdout, stderr io.Writer) (*proc
 	cmd := exec.Command(exe, args...)
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.SysProcAttr = sysProcAttr()
+	return startCmd(name, cmd)
+}
+
+// startCmd starts a prepared command as a proc.
+func startCmd(name string, cmd *exec.Cmd) (*proc, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("demo: starting %s: %w", name, err)
 	}

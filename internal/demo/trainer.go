@@ -88,6 +88,9 @@ func Train(ctx context.Context, cfg TrainConfig) error {
 		return err
 	}
 	for st.Obj.Step < cfg.Steps {
+		if err := lockstep(ctx, sess, cfg, st.Obj.Step); err != nil {
+			return err
+		}
 		t0 := time.Now()
 		st.Step()
 		if err := sleepCtx(ctx, cfg.StepTime-time.Since(t0)); err != nil {
@@ -158,5 +161,32 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 		return ctx.Err()
 	case <-t.C:
 		return nil
+	}
+}
+
+// lockstep holds a rank of a job of several ranks until the job's latest
+// consistent step is at most one behind the step it has saved, as the
+// collectives of synchronous training do: ranks never drift apart by more
+// than a step, so every step becomes consistent.
+func lockstep(ctx context.Context, sess *sdk.Session, cfg TrainConfig, saved int64) error {
+	if cfg.World < 2 || saved < 1 {
+		return nil
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		step, ok, err := sess.LatestConsistent(ctx)
+		if errors.Is(err, sdk.ErrGangBroken) {
+			fmt.Fprintln(cfg.Out, formatSaveFailed(saved+1, err))
+			return err
+		}
+		if err == nil && ok && step >= saved-1 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("demo: rank %d waited a minute for the job to reach step %d (latest consistent %d, %v)", cfg.Rank, saved-1, step, err)
+		}
+		if err := sleepCtx(ctx, 5*time.Millisecond); err != nil {
+			return err
+		}
 	}
 }
