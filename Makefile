@@ -19,7 +19,7 @@ all: build
 build:
 	$(GO) build -o $(BIN)/rewind ./cmd/rewind
 
-## demo: one node agent, a simulated training job saving every step, SIGKILL, resume.
+## demo: a local cluster and a training job; a node dies, failure detection notices, the job recovers bit-identical.
 demo: build
 	$(BIN)/rewind demo
 
