@@ -25,6 +25,7 @@ func runDemo(ctx context.Context, args []string) error {
 	size := fs.String("size", "16MiB", "state per rank, saved every step")
 	fs.DurationVar(&cfg.StepTime, "step-time", cfg.StepTime, "simulated compute per step")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed of the random choices (0: pick one; the demo prints it)")
+	fs.IntVar(&cfg.Kills, "kills", cfg.Kills, "nodes that die, one after the other")
 	fs.Int64Var(&cfg.KillMin, "kill-min", cfg.KillMin, "a node dies once the job is consistent at a random step from kill-min")
 	fs.Int64Var(&cfg.KillMax, "kill-max", cfg.KillMax, "... to kill-max")
 	fs.StringVar(&cfg.ShmDir, "shm-dir", cfg.ShmDir, "tmpfs in which the demo makes the nodes' shared-memory roots")

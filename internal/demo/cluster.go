@@ -37,8 +37,10 @@ type ClusterConfig struct {
 	Size     int64 // bytes of state per rank
 	StepTime time.Duration
 	Seed     uint64
-	// The node is killed once the job's latest consistent step reaches a
-	// random step in [KillMin, KillMax].
+	// Kills nodes die, one after the other: each once the job's latest
+	// consistent step is a random number of steps in [KillMin, KillMax]
+	// past the step it last resumed from.
+	Kills            int
 	KillMin, KillMax int64
 	ShmDir           string
 	NoMinIO          bool // leave the object store out even when built
@@ -48,7 +50,7 @@ type ClusterConfig struct {
 // DefaultClusterConfig returns what `make demo` runs.
 func DefaultClusterConfig() ClusterConfig {
 	return ClusterConfig{Nodes: 4, Ranks: 4, Steps: 40, Size: 16 << 20, StepTime: 100 * time.Millisecond,
-		KillMin: 12, KillMax: 20, ShmDir: "/dev/shm", Out: os.Stdout}
+		Kills: 1, KillMin: 12, KillMax: 20, ShmDir: "/dev/shm", Out: os.Stdout}
 }
 
 func (c *ClusterConfig) validate() error {
@@ -59,8 +61,10 @@ func (c *ClusterConfig) validate() error {
 		return fmt.Errorf("demo: %d ranks: want at least 2", c.Ranks)
 	case c.Size < MinSize:
 		return fmt.Errorf("demo: size %d bytes: want at least %d", c.Size, MinSize)
-	case c.KillMin < 2 || c.KillMax < c.KillMin || c.Steps < c.KillMax+5:
-		return fmt.Errorf("demo: kill range [%d, %d] with %d steps: want 2 <= min <= max <= steps-5", c.KillMin, c.KillMax, c.Steps)
+	case c.Kills < 1 || c.Kills > c.Nodes-2:
+		return fmt.Errorf("demo: %d kills of %d nodes: want 1 to %d (a majority lives, and node-0)", c.Kills, c.Nodes, c.Nodes-2)
+	case c.KillMin < 2 || c.KillMax < c.KillMin || c.Steps < int64(c.Kills)*(c.KillMax+1)+4:
+		return fmt.Errorf("demo: %d kills in [%d, %d] steps apart need more than %d steps", c.Kills, c.KillMin, c.KillMax, c.Steps)
 	}
 	return nil
 }

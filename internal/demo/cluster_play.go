@@ -28,24 +28,14 @@ func (d *cluster) play(ctx context.Context) error {
 	if err := d.driver.Start(placement, -1); err != nil {
 		return err
 	}
-	killAt := d.cfg.KillMin + d.rng.Int64N(d.cfg.KillMax-d.cfg.KillMin+1)
-	victim := d.nodes[1+d.rng.IntN(len(d.nodes)-1)]
-	if err := d.waitConsistent(ctx, killAt); err != nil {
-		return err
-	}
-	d.showTiers(ctx)
-	killed := d.killNode(victim)
 	var ev *coordpb.JobEvent
-	select {
-	case ev = <-d.events:
-	case <-time.After(30 * time.Second):
-		return fmt.Errorf("demo: no recovery within 30 s of killing %s", victim.name)
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	d.showRecovery(ev, killed)
-	if !ev.Ok {
-		return fmt.Errorf("demo: the recovery failed: %s", ev.Error)
+	from := int64(0)
+	for k := range d.cfg.Kills {
+		var err error
+		if ev, err = d.killAndRecover(ctx, k, from); err != nil {
+			return err
+		}
+		from = ev.Step
 	}
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -53,6 +43,43 @@ func (d *cluster) play(ctx context.Context) error {
 		return err
 	}
 	return d.verify(ev)
+}
+
+// killAndRecover waits until the job's latest consistent step reaches a
+// random step after from, lets a random part of a step pass (so the kill
+// lands during a save, a replication or a tier copy), kills a random live
+// node, and waits for the job's recovery.
+func (d *cluster) killAndRecover(ctx context.Context, k int, from int64) (*coordpb.JobEvent, error) {
+	killAt := from + d.cfg.KillMin + d.rng.Int64N(d.cfg.KillMax-d.cfg.KillMin+1)
+	var alive []*node
+	for _, n := range d.nodes[1:] { // node-0 stays: it runs the demo's first rank
+		if !n.agent.exited() {
+			alive = append(alive, n)
+		}
+	}
+	victim := alive[d.rng.IntN(len(alive))]
+	if err := d.waitConsistent(ctx, killAt); err != nil {
+		return nil, err
+	}
+	if err := sleepCtx(ctx, time.Duration(d.rng.Int64N(int64(d.cfg.StepTime)+1))); err != nil {
+		return nil, err
+	}
+	d.showTiers(ctx)
+	killed := d.killNode(victim)
+	select {
+	case ev := <-d.events:
+		d.showRecovery(ev, killed)
+		if !ev.Ok {
+			return nil, fmt.Errorf("demo: recovery %d failed: %s", k+1, ev.Error)
+		}
+		d.check(Check{Name: fmt.Sprintf("recovery %d resumes from a step every rank had committed", k+1), OK: ev.Step >= from && ev.Step <= killAt+1,
+			Detail: fmt.Sprintf("step %d; the job was consistent at %d when %s died", ev.Step, killAt, victim.name)})
+		return ev, nil
+	case <-time.After(30 * time.Second):
+		return nil, fmt.Errorf("demo: no recovery within 30 s of killing %s", victim.name)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // rankCommand is the process of a rank; its report is parsed as it comes.
