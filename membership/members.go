@@ -100,7 +100,10 @@ func New(cfg Config) (*Members, error) {
 		return nil, fmt.Errorf("membership: starting memberlist: %w", err)
 	}
 	m.ml = ml
-	m.met.register(cfg.Registry)
+	if err := m.met.register(cfg.Registry); err != nil {
+		ml.Shutdown()
+		return nil, fmt.Errorf("membership: registering metrics: %w", err)
+	}
 	m.wg.Add(3)
 	go func() { defer m.wg.Done(); m.queue.run(m.done, cfg.Clock.Now) }()
 	go func() { defer m.wg.Done(); m.pollStates() }()

@@ -39,7 +39,11 @@ func newMetrics(m *Members) *metrics {
 	return met
 }
 
-func (met *metrics) register(reg prometheus.Registerer) {
-	reg.MustRegister(met.events, met.lost)
-	reg.MustRegister(met.members...)
+func (met *metrics) register(reg prometheus.Registerer) error {
+	for _, c := range append([]prometheus.Collector{met.events, met.lost}, met.members...) {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
 }

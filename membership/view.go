@@ -60,11 +60,9 @@ func (m *Members) observe(n *memberlist.Node, state State, kind EventKind) {
 	}
 	m.seq++
 	e := m.members[n.Name]
-	if e == nil {
-		e = &entry{Member: Member{Name: n.Name, State: state, Since: now}}
-		if state == keepState {
-			e.State = StateAlive // an update of a member not seen join: it is alive
-		}
+	isNew := e == nil
+	if isNew {
+		e = &entry{Member: Member{Name: n.Name, State: StateAlive, Since: now}}
 		m.members[n.Name] = e
 	}
 	e.seq = m.seq
@@ -79,7 +77,10 @@ func (m *Members) observe(n *memberlist.Node, state State, kind EventKind) {
 	if state == StateDead && e.leaving {
 		state, kind = StateLeft, EventLeave
 	}
-	if state != keepState && state != e.State {
+	if state != keepState {
+		if state == e.State && !isNew {
+			return // nothing new to tell
+		}
 		e.State, e.Since = state, now
 	}
 	m.emitLocked(kind, e, now)
