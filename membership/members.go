@@ -199,13 +199,14 @@ func (m *Members) Shutdown() error {
 	return err
 }
 
-// Events delivers every change this member sees, in the order it saw them.
-// The channel is closed by Shutdown. Changes wait in a queue while nobody
-// reads, up to Config.EventQueueLimit (then EventLost).
+// Events delivers every change this member sees, in the order it saw them,
+// to one reading goroutine (several would split the stream). The channel
+// is closed by Shutdown. Changes wait in a queue while nobody reads, up to
+// Config.EventQueueLimit (then EventLost).
 func (m *Members) Events() <-chan Event { return m.queue.out }
 
 // Members returns every member this one knows, itself included, dead and
-// left ones too, sorted by name.
+// left ones too, sorted by name, in a new slice the caller owns.
 func (m *Members) Members() []Member {
 	m.mu.Lock()
 	defer m.mu.Unlock()
