@@ -262,7 +262,9 @@ func (c *Coordinator) isDown(node string) bool {
 }
 
 // gangOrders sends kind ("abort", "resume") to the agents of the job's
-// nodes that are up.
+// nodes that are up, and waits (up to 2 s) until their order streams have
+// taken them: a rank restarted on a recovery's event must not find its
+// agent still saying the gang is broken.
 func (c *Coordinator) gangOrders(job, kind string, step int64, reason string) {
 	c.mu.Lock()
 	nodes := map[string]bool{}
@@ -276,10 +278,24 @@ func (c *Coordinator) gangOrders(job, kind string, step int64, reason string) {
 	c.mu.Unlock()
 	t := c.tiers
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	var ids []uint64
 	for _, n := range slices.Sorted(maps.Keys(nodes)) {
-		t.send(n, &coordpb.TransferOrder{Kind: kind, Job: job, Step: step, Reason: reason})
+		o := &coordpb.TransferOrder{Kind: kind, Job: job, Step: step, Reason: reason}
+		t.send(n, o)
+		if t.subs[n] != nil {
+			ids = append(ids, o.Id)
+		}
 	}
+	t.mu.Unlock()
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		t.mu.Lock()
+		pending := slices.ContainsFunc(ids, func(id uint64) bool { return t.orders[id] != nil })
+		t.mu.Unlock()
+		if !pending {
+			return
+		}
+	}
+	c.log.Warn("gang orders not taken by every agent within 2 s", "job", job, "kind", kind)
 }
 
 // WatchJob streams a job's recovery events.

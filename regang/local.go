@@ -24,8 +24,10 @@ type Local struct {
 	// a fresh start (the rank resumes from the job's latest consistent
 	// step, if any).
 	Command func(rank uint32, node string, restoreStep int64) *exec.Cmd
-	// Started, when set, is told of every rank process started.
+	// Started, when set, is told of every rank process started, and
+	// Exited of every one that exited by itself (not killed by Local).
 	Started func(rank uint32, node string, cmd *exec.Cmd)
+	Exited  func(rank uint32, err error)
 
 	mu        sync.Mutex
 	placement map[uint32]string
@@ -148,6 +150,9 @@ func (l *Local) Wait(ctx context.Context) error {
 			delete(l.procs, r)
 		}
 		l.mu.Unlock()
+		if current && l.Exited != nil {
+			l.Exited(r, p.err)
+		}
 		var exit *exec.ExitError
 		if errors.As(p.err, &exit) && exit.ExitCode() == ExitGangBroken {
 			continue // it left because its gang broke; the regang restarts it

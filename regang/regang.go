@@ -24,8 +24,8 @@ type Driver interface {
 
 // Follow watches job's recoveries on the coordinator and hands each
 // successful one to d, in order, until ctx ends; observe, when not nil,
-// sees every event first (a failed recovery included). A broken stream is
-// reopened.
+// sees every event (a failed recovery included) once d has acted on it.
+// A broken stream is reopened.
 func Follow(ctx context.Context, api coordpb.CoordinatorClient, job string, d Driver, observe func(*coordpb.JobEvent)) error {
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
@@ -36,13 +36,14 @@ func Follow(ctx context.Context, api coordpb.CoordinatorClient, job string, d Dr
 				break
 			}
 			backoff = 100 * time.Millisecond
+			var rerr error
+			if ev.Kind == "regang" && ev.Ok {
+				rerr = d.Regang(ctx, ev)
+			}
 			if observe != nil {
 				observe(ev)
 			}
-			if ev.Kind != "regang" || !ev.Ok {
-				continue
-			}
-			if rerr := d.Regang(ctx, ev); rerr != nil {
+			if rerr != nil {
 				return fmt.Errorf("regang: job %s step %d: %w", job, ev.Step, rerr)
 			}
 		}

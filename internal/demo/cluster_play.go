@@ -21,10 +21,17 @@ func (d *cluster) play(ctx context.Context) error {
 	for r := range uint32(d.cfg.Ranks) {
 		placement[r] = d.nodes[int(r)%len(d.nodes)].name
 	}
-	d.driver = &regang.Local{Command: d.rankCommand}
+	d.driver = &regang.Local{Command: d.rankCommand, Exited: func(r uint32, err error) {
+		if err != nil {
+			d.tl.log(fmt.Sprintf("rank-%d", r), "exited: %v", err)
+		}
+	}}
 	fctx, stopFollow := context.WithCancel(ctx)
 	defer stopFollow()
-	go regang.Follow(fctx, d.api, jobName, d.driver, func(ev *coordpb.JobEvent) { d.events <- ev })
+	go regang.Follow(fctx, d.api, jobName, d.driver, func(ev *coordpb.JobEvent) {
+		d.tl.log("driver", "recovery event: %s step %d, ranks on %s: every rank restarted", ev.Kind, ev.Step, placementString(ev.Placement))
+		d.events <- ev
+	})
 	if err := d.driver.Start(placement, -1); err != nil {
 		return err
 	}

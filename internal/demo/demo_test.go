@@ -128,7 +128,7 @@ func TestDemoBinary(t *testing.T) {
 	seed := testSeed(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, exe, "demo", "--steps", "12", "--size", "4MiB", "--step-time", "50ms",
+	cmd := exec.CommandContext(ctx, exe, "demo", "single", "--steps", "12", "--size", "4MiB", "--step-time", "50ms",
 		"--kill-min", "3", "--kill-max", "5", "--seed", strconv.FormatUint(seed, 10))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
