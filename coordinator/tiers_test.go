@@ -330,3 +330,63 @@ func TestTierCopiesSurviveCoordinatorRestart(t *testing.T) {
 		t.Fatalf("manifests on pfs: %v", steps)
 	}
 }
+
+// TestAllNodesLostRestoreFromObjectStore: every node of the job loses its
+// memory and its disks; new agents come up under the same names, and an
+// operator's restore brings the newest step back from the object store,
+// bit-identical.
+func TestAllNodesLostRestoreFromObjectStore(t *testing.T) {
+	const job, ws = "lost-all", 2
+	tc := newTierCluster(t, 2, "s3:every=1,keep=2", nil)
+	for step := int64(1); step <= 3; step++ {
+		tc.saveStep(job, ws, step, 0, 1)
+		tc.waitLatest(job, step)
+		tc.waitStarted(job, step, []string{"s3"})
+		tc.waitTiers(job)
+	}
+	for _, a := range tc.agents {
+		a.Stop()
+	}
+	s3 := tc.storeOf(0, "s3")
+	var clients []*sdk.Client
+	for i := range 2 {
+		cfg := agenttest.Config(t) // new memory, no NVMe
+		cfg.Node, cfg.CoordinatorAddr = fmt.Sprintf("node-%d", i), tc.addr
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		cfg.Stores = map[string]tiers.Store{"s3": s3}
+		startAgent(t, cfg)
+		c, err := sdk.Dial(ctxT(t), cfg.Socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		clients = append(clients, c)
+	}
+	var plan *coordpb.PlanRestoreResponse
+	deadline := time.Now().Add(10 * time.Second)
+	for { // the new agents' empty inventories take the lost memory copies out of the index
+		var err error
+		plan, err = tc.api.PlanRestore(ctxT(t), &coordpb.PlanRestoreRequest{Job: job, Step: -1, DryRun: true})
+		if err == nil && len(plan.Ranks[0].Sources) == 1 && len(plan.Ranks[1].Sources) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("plan after every node lost its memory: %v %v", plan, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	plan, err := tc.api.PlanRestore(ctxT(t), &coordpb.PlanRestoreRequest{Job: job, Step: -1, RequestedBy: "test"})
+	if err != nil || !plan.Ok || plan.Step != 3 {
+		t.Fatalf("restore from the object store: %v %v", plan, err)
+	}
+	for r := range uint32(ws) {
+		if plan.Ranks[r].Used != "s3:-" {
+			t.Fatalf("rank %d restored from %q, want the object store", r, plan.Ranks[r].Used)
+		}
+		s, _ := clients[r].Session(job, r, ws)
+		got, err := s.RestoreStep(ctxT(t), 3)
+		if err != nil || !bytes.Equal(got.Tensors[0].Data, rankData(3, r)) {
+			t.Fatalf("rank %d after the restore from S3: %v", r, err)
+		}
+	}
+}
