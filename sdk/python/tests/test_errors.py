@@ -143,3 +143,23 @@ def test_load_shard_of_a_corrupt_copy(client, tmp_path):
 def test_latest_consistent_needs_a_coordinator(client):
     with pytest.raises(rewind.BusyError, match="without a coordinator"):
         client.latest_consistent()
+
+
+def test_gang_broken_is_its_own_error():
+    """An agent's Aborted answer (the coordinator is recovering the job
+    after losing a node) is GangBrokenError, carrying the step to restore,
+    so a training loop can exit and be restarted rather than retry."""
+    import grpc
+
+    from rewind.errors import from_rpc
+
+    class Aborted(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.ABORTED
+
+        def details(self):
+            return "gang broken: job j: node n3 down; restoring step 41: exit, and the job restarts from it"
+
+    e = from_rpc("save step 42", Aborted())
+    assert isinstance(e, rewind.GangBrokenError) and isinstance(e, rewind.RewindError)
+    assert "restoring step 41" in str(e)
