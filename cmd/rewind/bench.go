@@ -21,8 +21,11 @@ func runBench(ctx context.Context, args []string) error {
 	if len(args) > 0 && args[0] == "tiers" {
 		return benchTiers(ctx, args[1:])
 	}
+	if len(args) > 0 && args[0] == "recovery" {
+		return benchRecovery(ctx, args[1:])
+	}
 	if len(args) == 0 || args[0] != "save" {
-		return fmt.Errorf("usage: rewind bench save|coordinator|tiers [flags]")
+		return fmt.Errorf("usage: rewind bench save|coordinator|tiers|recovery [flags]")
 	}
 	fs := flag.NewFlagSet("bench save", flag.ContinueOnError)
 	sizes := fs.String("sizes", "1GiB,4GiB", "comma-separated state sizes per rank")
@@ -84,5 +87,32 @@ func benchCoordinator(ctx context.Context, args []string) error {
 	fmt.Println("latency: from the sending of a step's last report (the last rank's commit) to the answer that the step is consistent (synced)")
 	rs, err := bench.Coordinator(ctx, cfg)
 	bench.PrintCoordinator(os.Stdout, rs)
+	return err
+}
+
+func benchRecovery(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("bench recovery", flag.ContinueOnError)
+	size := fs.String("size", "1GiB", "state per rank")
+	runs := fs.Int("runs", 3, "runs, each on a fresh cluster (the medians are printed)")
+	dir := fs.String("dir", os.TempDir(), "parent of the coordinator's temporary store and the agents' logs")
+	shmDir := fs.String("shm-dir", "/dev/shm", "tmpfs to put the agents' shared memory in")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	b, err := units.ParseBytes(*size)
+	if err != nil {
+		return err
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cfg := bench.RecoveryConfig{Binary: bin, Size: b, Runs: *runs, DataDir: *dir, ShmDir: *shmDir, Out: os.Stdout}
+	fmt.Printf("rewind bench recovery: a coordinator and 3 agent processes (rack-a, rack-b, rack-a) on loopback, failure detection on;\n"+
+		"a job of 2 ranks saves %s per rank per step, replicated to 1 peer; a node running a rank is SIGKILLed and its shared memory removed;\n"+
+		"its rank is restored onto the spare from the peer's memory. %d runs; shared memory needed: %s\n",
+		shm.Bytes(b), cfg.Runs, shm.Bytes(bench.RecoveryShmNeeded(b)))
+	res, err := bench.Recovery(ctx, cfg)
+	bench.PrintRecovery(os.Stdout, res)
 	return err
 }

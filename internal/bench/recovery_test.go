@@ -1,0 +1,61 @@
+package bench
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// rewindBinary builds the rewind binary, whose agent subcommand the
+// recovery benchmark runs as processes.
+func rewindBinary(t *testing.T) string {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("the recovery benchmark runs agents as processes of the rewind binary; `go` is not on PATH to build it")
+	}
+	bin := filepath.Join(t.TempDir(), "rewind")
+	out, err := exec.Command(goTool, "build", "-o", bin, "rewind.dev/rewind/cmd/rewind").CombinedOutput()
+	if err != nil {
+		t.Fatalf("building the rewind binary: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// The recovery benchmark's plumbing: a small state, one run; the event
+// arrives and every figure is positive. Its figures come from `make bench`.
+func TestRecoveryBenchRuns(t *testing.T) {
+	shmDir, err := os.MkdirTemp("/dev/shm", "rewind-test-")
+	if err != nil {
+		t.Skipf("the agents need /dev/shm: %v", err)
+	}
+	defer os.RemoveAll(shmDir)
+	bin := rewindBinary(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var log strings.Builder
+	res, err := Recovery(ctx, RecoveryConfig{Binary: bin, Size: 8 << 20, Runs: 1, Steps: 2, DataDir: t.TempDir(), ShmDir: shmDir, Out: &log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := res.Runs[0]
+	if r.Killed == "" || r.Step != 2 || r.Detection <= 0 || r.Planning <= 0 || r.Movement <= 0 || r.Total < r.Detection ||
+		r.PeerBytes < 8<<20 || r.Sources["shm:peer"] != 1 || r.Peer <= 0 || r.TCP <= 0 || r.TCPShm <= 0 || r.GRPCRead <= 0 || res.Ratio <= 0 {
+		t.Fatalf("run %+v", r)
+	}
+	var b strings.Builder
+	PrintRecovery(&b, res)
+	t.Logf("%s\n%s", log.String(), b.String())
+	for _, want := range []string{"kill to restored", "peer restore / loopback TCP", "< 2 s"} {
+		if !strings.Contains(b.String(), want) {
+			t.Fatalf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+	if left, _ := os.ReadDir(shmDir); len(left) > 0 {
+		t.Fatalf("shared memory left behind: %v", left)
+	}
+}
