@@ -50,7 +50,7 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 	r := a.rank(job, rank, true)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	s, err := a.pickSlot(ctx, r, size)
+	s, err := a.pickSlot(ctx, r, size, !place)
 	if err != nil {
 		return PrepareResult{}, err
 	}
@@ -110,13 +110,22 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 // pickSlot picks the slot for a save; the caller holds r.mu. A slot whose
 // segment is being verified is taken once the pass ends: the pass maps the
 // file, which must not shrink under it.
-func (a *Agent) pickSlot(ctx context.Context, r *lockedRank, size int64) (*slot, error) {
+//
+// A replica (of a rank that runs elsewhere) may replace the newest replica
+// the node holds, which is not yet the job's consistent step, and gets one
+// slot more: it arrives at every commit, up to two steps ahead of the
+// consistent step that must stay.
+func (a *Agent) pickSlot(ctx context.Context, r *lockedRank, size int64, replica bool) (*slot, error) {
+	max := a.cfg.SlotsPerRank
+	if replica {
+		max++
+	}
 	pinDeadline := a.cfg.Clock.Now().Add(a.cfg.PinWait)
 	for {
 		a.expireLeases(r)
 		pin := a.rep.pinned(r.job)
-		s := r.pick(size, a.cfg.SlotsPerRank, pin)
-		if s == nil && r.pick(size, a.cfg.SlotsPerRank, -1) != nil {
+		s := r.pick(size, max, pin, replica)
+		if s == nil && r.pick(size, max, -1, replica) != nil {
 			// Only the job's consistent-step pin holds the slot back. In
 			// synchronous training the other ranks have committed the
 			// next step already and their reports are on the way: ask

@@ -72,6 +72,12 @@ func (a *Agent) CopyFromPeer(ctx context.Context, ps PeerShard, lim *tiers.Limit
 // copyFromPeer is CopyFromPeer; place says the rank will run here (a
 // restore), not that this node keeps a replica.
 func (a *Agent) copyFromPeer(ctx context.Context, ps PeerShard, lim *tiers.Limiter, place bool) (int64, error) {
+	if err := validateRank(ps.Job, ps.Rank, ps.WorldSize); err != nil {
+		return 0, err
+	}
+	r := a.rank(ps.Job, ps.Rank, true)
+	r.copyMu.Lock()
+	defer r.copyMu.Unlock()
 	if sh, release, err := a.pin(ps.Job, ps.Rank, ps.Step); err == nil {
 		release()
 		if sh.HeaderSum == ps.HeaderSum {

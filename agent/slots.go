@@ -79,8 +79,11 @@ func (r *rankState) find(step int64) *slot {
 // read. Preference: an unused slot of the right size (warm), any unused
 // slot, a new slot while fewer than max exist, the oldest committed slot
 // that is not the latest, then a new slot beside those being read.
-func (r *rankState) pick(size int64, max int, pinned int64) *slot {
+func (r *rankState) pick(size int64, max int, pinned int64, replica bool) *slot {
 	latest := r.latest()
+	if replica {
+		latest = nil // see pickSlot
+	}
 	var unused, oldest *slot
 	held := 0
 	for _, s := range r.slots {

@@ -222,9 +222,13 @@ func (t *transfers) do(ctx context.Context, st tiers.Store, o *coordpb.TransferO
 // between attempts the tier shows degraded with the error.
 func (t *transfers) retry(ctx context.Context, o *coordpb.TransferOrder, h *tierHealth, f func(context.Context) error) error {
 	backoff := t.a.cfg.TransferBackoff
+	attempts := t.a.cfg.TransferAttempts
+	if o.Kind == "replicate" {
+		attempts = 1 // the rank's next commit brings a newer replica sooner than a retry
+	}
 	for attempt := 1; ; attempt++ {
 		err := f(ctx)
-		if err == nil || attempt >= t.a.cfg.TransferAttempts || !retryable(err) || ctx.Err() != nil {
+		if err == nil || attempt >= attempts || !retryable(err) || ctx.Err() != nil {
 			return err
 		}
 		t.setHealth(h, err)

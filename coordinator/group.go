@@ -126,6 +126,11 @@ func (c *Coordinator) applyGroup(group []*pendingReport) {
 	if len(ch.Consistent) > 0 {
 		c.tiers.poke() // a newly consistent step may be due on a tier
 	}
+	for _, p := range group {
+		if p.err == nil {
+			c.tiers.noteCommits(p.recs)
+		}
+	}
 }
 
 // reportCount keys the report counter: a shard state and whether it was

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"cmp"
+	"context"
 	"maps"
 	"slices"
 	"time"
@@ -61,8 +62,8 @@ func (t *tierer) replicate(j *Job) {
 				}
 			}
 		}
-		if src == nil {
-			continue
+		if src == nil || t.rankRepl[rankKey{j.ID, rank}] != 0 {
+			continue // no copy, or its commit is being replicated
 		}
 		srcNode := t.c.state.Nodes[src.Node]
 		if srcNode == nil || srcNode.Addr == "" {
@@ -135,4 +136,111 @@ func (t *tierer) replicaDone(job string, id uint64, ev *coordpb.TierEvent) {
 	if r.failed == 0 {
 		t.c.log.Debug("step replicated", "job", job, "step", r.step)
 	}
+}
+
+// Replication at commit: the scan above replicates a step once it is
+// consistent, one step of a job at a time, so under load the newest
+// replica trails the newest step. Each primary commit (a rank's shard on
+// the node it runs on) is therefore also replicated as it is reported,
+// one shard of a rank at a time: while a rank's replication runs, only its
+// newest commit waits, and older ones are skipped. The scan remains for
+// what this misses (a full queue, a peer that was not connected).
+
+// commitRec is a primary commit to replicate.
+type commitRec struct {
+	job       string
+	rank, ws  uint32
+	step      int64
+	node, sum string
+	size      uint64
+}
+
+type rankKey struct {
+	job  string
+	rank uint32
+}
+
+// noteCommits queues the primary shared-memory commits of applied records
+// for replication; it never blocks (the caller holds the index lock).
+func (t *tierer) noteCommits(recs []Record) {
+	for _, r := range recs {
+		if r.State != "committed" || r.tier() != "shm" {
+			continue
+		}
+		select {
+		case t.commits <- commitRec{job: r.Job, rank: r.Rank, ws: r.WorldSize, step: r.Step, node: r.Node, sum: r.Sum, size: r.Size}:
+		default: // the scan replicates the step once it is consistent
+		}
+	}
+}
+
+// replicateCommits runs until ctx ends, replicating queued commits.
+func (t *tierer) replicateCommits(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case cr := <-t.commits:
+			t.mu.Lock()
+			k := rankKey{cr.job, cr.rank}
+			if t.rankRepl[k] != 0 {
+				t.rankNext[k] = cr // newer than what waited: replace it
+			} else {
+				t.replicateCommit(cr)
+			}
+			t.mu.Unlock()
+		}
+	}
+}
+
+// replicateCommit orders the replicas of one primary commit; the caller
+// holds t.mu.
+func (t *tierer) replicateCommit(cr commitRec) {
+	t.c.mu.Lock()
+	defer t.c.mu.Unlock()
+	j := t.c.state.Jobs[cr.job]
+	src := t.c.state.Nodes[cr.node]
+	if j == nil || j.Placement[cr.rank] != cr.node || src == nil || src.Addr == "" || t.closed {
+		return // a replica's own commit, or an unknown node
+	}
+	have := map[string]bool{}
+	if st := j.Steps[cr.step]; st != nil {
+		for _, cp := range st.Copies[cr.rank] {
+			if cp.Tier == "shm" && cp.Sum == cr.sum {
+				have[cp.Node] = true
+			}
+		}
+	}
+	for _, peer := range t.peersOf(cr.node, t.replicas(cr.job)) {
+		if have[peer] {
+			continue
+		}
+		o := &coordpb.TransferOrder{Kind: "replicate", Job: cr.job, Step: cr.step, Rank: cr.rank, WorldSize: cr.ws,
+			SourceNode: cr.node, SourceAddr: src.Addr, SizeBytes: cr.size, HeaderChecksum: cr.sum}
+		t.send(peer, o)
+		t.rankRepl[rankKey{cr.job, cr.rank}]++
+		t.commitOrders[o.Id] = rankKey{cr.job, cr.rank}
+	}
+}
+
+// commitReplicaDone records the end of a commit's replica order and starts
+// the rank's waiting commit, if any; the caller holds t.mu.
+func (t *tierer) commitReplicaDone(id uint64, ev *coordpb.TierEvent) bool {
+	k, ok := t.commitOrders[id]
+	if !ok {
+		return false
+	}
+	delete(t.commitOrders, id)
+	if !ev.Ok {
+		t.c.log.Debug("replica of a commit failed", "job", k.job, "rank", k.rank, "step", ev.Step, "err", ev.Error)
+	}
+	if t.rankRepl[k]--; t.rankRepl[k] > 0 {
+		return true
+	}
+	delete(t.rankRepl, k)
+	if next, ok := t.rankNext[k]; ok {
+		delete(t.rankNext, k)
+		t.replicateCommit(next)
+	}
+	return true
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"rewind.dev/rewind/agent"
+	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/coordinator"
 	"rewind.dev/rewind/internal/agenttest"
@@ -166,10 +167,18 @@ func TestRestoreFallsBackFromACorruptReplica(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	// node-2 is node-0's nearest peer (same rack): flip a byte of its replica.
-	shards, err := cl.clients[2].List(ctxT(t), job)
-	if err != nil || len(shards) != 1 {
-		t.Fatalf("node-2's replica: %v %v", shards, err)
+	// node-2 is node-0's nearest peer (same rack): once its background
+	// verification has passed, flip a byte of its replica.
+	var shards []*agentpb.Shard
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var err error
+		shards, err = cl.clients[2].List(ctxT(t), job)
+		if err == nil && len(shards) == 1 && shards[0].Verified {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node-2's replica, verified: %v %v", shards, err)
+		}
 	}
 	flipByte(t, shards[0].Path, -10)
 	// node-0 loses its memory and comes back empty.

@@ -56,6 +56,7 @@ func (c *Coordinator) Run(ctx context.Context, ready func(grpcAddr, metricsAddr 
 		}
 	}()
 	go c.tiers.run(ctx)
+	go c.tiers.replicateCommits(ctx)
 	if c.cfg.Gossip != nil {
 		leave, err := c.startMembership(ctx, l.Addr().String())
 		if err != nil {

@@ -23,7 +23,9 @@ func (t *tierer) handle(node string, ev *coordpb.TierEvent) {
 	if o.Kind == "replicate" {
 		t.m.transfers.WithLabelValues("shm", o.Kind, okResult(ev.Ok)).Inc()
 		t.m.bytes.WithLabelValues("shm").Add(float64(ev.Bytes))
-		t.replicaDone(o.Job, ev.Order, ev)
+		if !t.commitReplicaDone(ev.Order, ev) {
+			t.replicaDone(o.Job, ev.Order, ev)
+		}
 		return
 	}
 	tc := t.copies[tierKey{o.Job, o.Step, o.Tier}]

@@ -94,6 +94,11 @@ type tierer struct {
 	health   map[string][]*coordpb.TierHealth // node -> its tiers
 	skipped  map[string]bool                  // job/tier warned about a missing tier
 
+	commits      chan commitRec        // primary commits to replicate (replicate.go)
+	rankRepl     map[rankKey]int       // replica orders in flight per rank
+	rankNext     map[rankKey]commitRec // per rank, the newest commit waiting for them
+	commitOrders map[uint64]rankKey    // replica order -> its rank
+
 	jobReplicas map[string]int          // per job; absent: the default
 	replicated  map[string]int64        // job -> newest step replicated
 	repl        map[string]*replication // job -> replication in flight
@@ -124,6 +129,7 @@ func newTierer(c *Coordinator) *tierer {
 	return &tierer{c: c, wake: make(chan struct{}, 1), subs: map[string]*subscriber{}, copies: map[tierKey]*tierCopy{}, orders: map[uint64]*order{},
 		policies: map[string]tiers.Policy{}, last: map[string]time.Time{}, lastStep: map[string]int64{},
 		health: map[string][]*coordpb.TierHealth{}, skipped: map[string]bool{},
+		commits: make(chan commitRec, 1<<16), rankRepl: map[rankKey]int{}, rankNext: map[rankKey]commitRec{}, commitOrders: map[uint64]rankKey{},
 		jobReplicas: map[string]int{}, replicated: map[string]int64{}, repl: map[string]*replication{}}
 }
 

@@ -30,6 +30,7 @@ func runDemo(ctx context.Context, args []string) error {
 	fs.Int64Var(&cfg.KillMax, "kill-max", cfg.KillMax, "... to kill-max")
 	fs.StringVar(&cfg.ShmDir, "shm-dir", cfg.ShmDir, "tmpfs in which the demo makes the nodes' shared-memory roots")
 	fs.BoolVar(&cfg.NoMinIO, "no-minio", false, "leave out the object-store tier even when bin/minio is built")
+	fs.BoolVar(&cfg.KeepLogs, "keep-logs", false, "leave the coordinator's and agents' logs behind, for inspection")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: rewind demo [flags]      a local cluster; a node dies and the job recovers\n       rewind demo single [flags]  one agent and one trainer, killed in turn")
 		fs.PrintDefaults()

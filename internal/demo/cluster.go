@@ -44,6 +44,7 @@ type ClusterConfig struct {
 	KillMin, KillMax int64
 	ShmDir           string
 	NoMinIO          bool // leave the object store out even when built
+	KeepLogs         bool // leave the coordinator's and agents' logs (and tier directories) behind
 	Out              io.Writer
 }
 
@@ -303,7 +304,12 @@ func (d *cluster) cleanup() {
 		d.minio.Close()
 	}
 	var removed []string
-	for _, dir := range []string{d.shmBase, d.tmp} {
+	dirs := []string{d.shmBase, d.tmp}
+	if d.cfg.KeepLogs {
+		d.tl.log("demo", "logs kept in %s", d.tmp)
+		dirs = dirs[:1]
+	}
+	for _, dir := range dirs {
 		if dir != "" && os.RemoveAll(dir) == nil {
 			removed = append(removed, dir)
 		}
