@@ -1,0 +1,88 @@
+package kube
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"rewind.dev/rewind/tiers"
+)
+
+// Annotations read on an MPIJob.
+const (
+	AnnCheckpoint  = "rewind.dev/checkpoint"
+	AnnReplicas    = "rewind.dev/replicas"
+	AnnPolicy      = "rewind.dev/policy"
+	AnnRestoreStep = "rewind.dev/restore-step"
+)
+
+// Annotations the controller writes.
+const (
+	AnnRestoringStep = "rewind.dev/restoring-step"
+	AnnRegangID      = "rewind.dev/regang-id"
+	AnnRestoreResult = "rewind.dev/restore-result"
+)
+
+// TaintUnhealthy is the taint key put on a node declared dead.
+const TaintUnhealthy = "rewind.dev/unhealthy"
+
+// maxReplicas bounds rewind.dev/replicas: more copies than this is a typo.
+const maxReplicas = 16
+
+// jobSpec is what a managed MPIJob's annotations ask for.
+type jobSpec struct {
+	replicas *uint32
+	policy   string
+	// restore is set when an operator asked for a restore; restoreStep < 0
+	// is the newest restorable step.
+	restore     bool
+	restoreStep int64
+}
+
+// annotationError names the annotation that is wrong and why.
+type annotationError struct {
+	Key, Value, Problem string
+}
+
+func (e *annotationError) Error() string {
+	return fmt.Sprintf("kube: annotation %s=%q: %s", e.Key, e.Value, e.Problem)
+}
+
+// managed reports whether the annotations ask rewind to manage the job.
+func managed(ann map[string]string) bool {
+	return ann[AnnCheckpoint] == "enabled"
+}
+
+// parseSpec reads a managed job's annotations; the first bad one is an
+// *annotationError.
+func parseSpec(ann map[string]string) (jobSpec, error) {
+	var s jobSpec
+	if v, ok := ann[AnnReplicas]; ok {
+		n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32)
+		if err != nil {
+			return s, &annotationError{AnnReplicas, v, "not a whole number of copies"}
+		}
+		if n > maxReplicas {
+			return s, &annotationError{AnnReplicas, v, fmt.Sprintf("at most %d copies", maxReplicas)}
+		}
+		r := uint32(n)
+		s.replicas = &r
+	}
+	if v, ok := ann[AnnPolicy]; ok {
+		if _, err := tiers.ParsePolicy(v); err != nil {
+			return s, &annotationError{AnnPolicy, v, err.Error()}
+		}
+		s.policy = v
+	}
+	if v, ok := ann[AnnRestoreStep]; ok {
+		s.restore, s.restoreStep = true, -1
+		if t := strings.TrimSpace(v); t != "latest" {
+			n, err := strconv.ParseInt(t, 10, 64)
+			if err != nil || n < 0 {
+				return s, &annotationError{AnnRestoreStep, v, `not a step number (or "latest")`}
+			}
+			s.restoreStep = n
+		}
+	}
+	return s, nil
+}

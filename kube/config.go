@@ -1,0 +1,53 @@
+package kube
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"k8s.io/utils/clock"
+)
+
+// Config configures the controller.
+type Config struct {
+	// NodeGrace is how long a Node's Ready condition must stay False or
+	// Unknown before its jobs are recovered elsewhere.
+	NodeGrace time.Duration
+	// Workers is the number of goroutines processing the work queue.
+	Workers int
+	// Resync is the informers' resync period.
+	Resync time.Duration
+	// Clock decides the grace; tests pass a fake one.
+	Clock clock.WithTicker
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns the configuration a coordinator runs with.
+func DefaultConfig() Config {
+	return Config{
+		NodeGrace: 40 * time.Second, // the kubelet's default node-monitor-grace-period: a node is Unknown after 40s of silence; a further 40s rules out a blip
+		Workers:   2,                // the work is API calls, one per event; two keep a slow call from blocking the rest
+		Resync:    10 * time.Minute, // a safety net only: every change arrives as an event
+		Clock:     clock.RealClock{},
+		Logger:    slog.Default(),
+	}
+}
+
+// Validate reports a configuration the controller cannot run with.
+func (c Config) Validate() error {
+	var errs []error
+	if c.NodeGrace < 0 {
+		errs = append(errs, fmt.Errorf("kube: node grace %v is negative", c.NodeGrace))
+	}
+	if c.Workers < 1 {
+		errs = append(errs, fmt.Errorf("kube: %d workers: need at least 1", c.Workers))
+	}
+	if c.Clock == nil {
+		errs = append(errs, errors.New("kube: no clock"))
+	}
+	if c.Logger == nil {
+		errs = append(errs, errors.New("kube: no logger"))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,231 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+)
+
+// Event reasons, on the MPIJob unless said otherwise.
+const (
+	ReasonInvalidAnnotation = "InvalidAnnotation"
+	ReasonInvalidSpec       = "InvalidSpec"
+	ReasonRegistered        = "Registered"
+	ReasonRegang            = "Regang"
+	ReasonRestored          = "Restored"
+	ReasonRestoreFailed     = "RestoreFailed"
+	ReasonNodeDown          = "NodeDown" // on the Node
+)
+
+// Controller watches MPIJobs, their pods and the nodes, and keeps the
+// coordinator's view of managed jobs in step with them. Run it once; only
+// the leader runs it (LeaderElect).
+type Controller struct {
+	cfg      Config
+	log      *slog.Logger
+	kube     kubernetes.Interface
+	coord    Coordinator
+	recorder record.EventRecorder
+	driver   *MPIJobDriver
+
+	kubeInformers informers.SharedInformerFactory
+	dynInformers  dynamicinformer.DynamicSharedInformerFactory
+	jobs          cache.GenericLister
+	pods          corelisters.PodLister
+	nodes         corelisters.NodeLister
+	synced        []cache.InformerSynced
+
+	queue workqueue.TypedRateLimitingInterface[item]
+
+	mu         sync.Mutex
+	registered map[string]string             // job → the last RegisterJob sent, as text
+	reported   map[string]string             // job → the last problem reported by Event
+	followers  map[string]context.CancelFunc // job → stops following its recoveries
+	downed     map[string]string             // node not Ready since → nodeDeclared, nodeTainted
+}
+
+// item is a unit of work: a node or an MPIJob (namespace/name).
+type item struct {
+	node bool
+	key  string
+}
+
+// Informers returns the informer factories the controller needs (pods,
+// nodes, MPIJobs of every namespace).
+func Informers(kube kubernetes.Interface, dyn dynamic.Interface, resync time.Duration) (informers.SharedInformerFactory, dynamicinformer.DynamicSharedInformerFactory) {
+	k := informers.NewSharedInformerFactoryWithOptions(kube, resync)
+	return k, dynamicinformer.NewDynamicSharedInformerFactory(dyn, resync)
+}
+
+// New returns a controller using the given informer factories (which Run
+// starts) and recorder (NewRecorder, or a fake in tests).
+func New(cfg Config, kube kubernetes.Interface, dyn dynamic.Interface, coord Coordinator, recorder record.EventRecorder,
+	ki informers.SharedInformerFactory, di dynamicinformer.DynamicSharedInformerFactory) (*Controller, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	c := &Controller{
+		cfg: cfg, log: cfg.Logger, kube: kube, coord: coord, recorder: recorder,
+		driver:        &MPIJobDriver{Kube: kube, Dyn: dyn, Recorder: recorder, Log: cfg.Logger},
+		kubeInformers: ki, dynInformers: di,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[item](),
+			workqueue.TypedRateLimitingQueueConfig[item]{Name: "rewind", Clock: cfg.Clock}),
+		registered: map[string]string{}, reported: map[string]string{},
+		followers: map[string]context.CancelFunc{}, downed: map[string]string{},
+	}
+	ji := di.ForResource(MPIJobs).Informer()
+	pi := ki.Core().V1().Pods().Informer()
+	ni := ki.Core().V1().Nodes().Informer()
+	c.jobs = di.ForResource(MPIJobs).Lister()
+	c.pods = ki.Core().V1().Pods().Lister()
+	c.nodes = ki.Core().V1().Nodes().Lister()
+	c.synced = []cache.InformerSynced{ji.HasSynced, pi.HasSynced, ni.HasSynced}
+	handlers := []struct {
+		inf cache.SharedIndexInformer
+		key func(any) (item, bool)
+	}{{ji, jobItem}, {pi, podItem}, {ni, nodeItem}}
+	for _, h := range handlers {
+		key := h.key
+		add := func(obj any) {
+			if it, ok := key(obj); ok {
+				c.queue.Add(it)
+			}
+		}
+		if _, err := h.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc: add, UpdateFunc: func(_, obj any) { add(obj) }, DeleteFunc: add,
+		}); err != nil {
+			return nil, fmt.Errorf("kube: %w", err)
+		}
+	}
+	return c, nil
+}
+
+func jobItem(obj any) (item, bool) {
+	k, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+	return item{key: k}, err == nil
+}
+
+func nodeItem(obj any) (item, bool) {
+	k, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+	return item{node: true, key: k}, err == nil
+}
+
+// podItem is the MPIJob that a pod belongs to, by mpi-operator's label.
+func podItem(obj any) (item, bool) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	p, ok := obj.(*corev1.Pod)
+	if !ok || p.Labels[labelJobName] == "" {
+		return item{}, false
+	}
+	return item{key: jobID(p.Namespace, p.Labels[labelJobName])}, true
+}
+
+// Run starts the informers, waits for their caches and processes work
+// until ctx ends.
+func (c *Controller) Run(ctx context.Context) error {
+	defer utilruntime.HandleCrash()
+	defer c.queue.ShutDown()
+	c.kubeInformers.Start(ctx.Done())
+	c.dynInformers.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
+		return errors.New("kube: informer caches did not sync")
+	}
+	c.log.Info("kube controller running", "workers", c.cfg.Workers, "node_grace", c.cfg.NodeGrace)
+	var wg sync.WaitGroup
+	for range c.cfg.Workers {
+		wg.Go(func() { wait.UntilWithContext(ctx, c.runWorker, time.Second) })
+	}
+	<-ctx.Done()
+	c.queue.ShutDown()
+	wg.Wait()
+	c.stopFollowers()
+	return nil
+}
+
+func (c *Controller) runWorker(ctx context.Context) {
+	for c.processNextItem(ctx) {
+	}
+}
+
+func (c *Controller) processNextItem(ctx context.Context) bool {
+	it, shutdown := c.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer c.queue.Done(it)
+	if err := c.sync(ctx, it); err != nil {
+		c.log.Warn("kube: retrying", "node", it.node, "key", it.key, "err", err)
+		c.queue.AddRateLimited(it)
+		return true
+	}
+	c.queue.Forget(it)
+	return true
+}
+
+func (c *Controller) sync(ctx context.Context, it item) error {
+	if it.node {
+		return c.syncNode(ctx, it.key)
+	}
+	return c.syncJob(ctx, it.key)
+}
+
+// jobPods lists the pods mpi-operator made for MPIJob name.
+func (c *Controller) jobPods(namespace, name string) ([]*corev1.Pod, error) {
+	return c.pods.Pods(namespace).List(labels.SelectorFromSet(labels.Set{labelJobName: name}))
+}
+
+// startFollow follows job's recoveries (re-gangs by the driver) until
+// stopFollow or ctx ends; a follow that fails starts over.
+func (c *Controller) startFollow(ctx context.Context, job string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.followers[job]; ok {
+		return
+	}
+	fctx, cancel := context.WithCancel(ctx)
+	c.followers[job] = cancel
+	go wait.UntilWithContext(fctx, func(ctx context.Context) {
+		if err := c.coord.Follow(ctx, job, c.driver); err != nil && ctx.Err() == nil {
+			c.log.Warn("kube: following recoveries", "job", job, "err", err)
+		}
+	}, time.Second)
+}
+
+func (c *Controller) stopFollow(job string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cancel, ok := c.followers[job]; ok {
+		cancel()
+		delete(c.followers, job)
+	}
+}
+
+func (c *Controller) stopFollowers() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for job, cancel := range c.followers {
+		cancel()
+		delete(c.followers, job)
+	}
+}
+
+func isNotFound(err error) bool { return apierrors.IsNotFound(err) }

@@ -1,0 +1,46 @@
+// Package kube is rewind's Kubernetes controller: it runs inside the
+// coordinator and makes the coordinator manage Kubeflow MPIJobs
+// (kubeflow.org/v2beta1) that ask for it by annotation, re-gangs them when
+// a node fails, and runs the restores operators ask for on the MPIJob.
+//
+// # Annotations on an MPIJob
+//
+//	rewind.dev/checkpoint: "enabled"   the job is managed (anything else: not)
+//	rewind.dev/replicas: "1"           copies of each shard in other nodes' memory
+//	rewind.dev/policy: "nvme:every=10,keep=2;s3:every=30m,keep=3"
+//	rewind.dev/restore-step: "1200"    operator restore: restore this step and
+//	                                   restart the gang ("latest": the newest
+//	                                   restorable step); removed once handled
+//
+// The controller writes rewind.dev/restoring-step (the step the gang was
+// restarted to restore), rewind.dev/regang-id (which recovery did it, so a
+// recovery reported twice restarts the gang once) and
+// rewind.dev/restore-result (how the last operator restore ended).
+//
+// # Ranks
+//
+// The job's id at the coordinator is NAMESPACE/NAME. Its world size is
+// Worker replicas × slotsPerWorker: mpi-operator writes a hostfile with
+// slotsPerWorker slots per worker in worker-index order and Open MPI maps
+// ranks by slot, so rank r runs in worker r / slotsPerWorker (its local
+// rank is r % slotsPerWorker), and its node is that worker pod's node.
+// Jobs that run ranks on the launcher (runLauncherAsWorker) are not
+// supported.
+//
+// # Node faults
+//
+// A Node whose Ready condition has been False or Unknown for longer than
+// Config.NodeGrace is declared dead at the coordinator (NodeDown), then
+// tainted rewind.dev/unhealthy:NoSchedule so no gang is placed there again,
+// with an Event on the Node. The taint is the record that the fault was
+// handled: a fault seen twice, or by a new leader, is handled once. An
+// operator removes the taint once the node is repaired.
+//
+// # Re-gang
+//
+// MPIJobDriver restarts a gang after the coordinator recovered it (see
+// driver.go for the mechanism and why).
+//
+// Only the leader (LeaderElect, a coordination.k8s.io Lease) runs the
+// controller.
+package kube

@@ -1,0 +1,185 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/tools/cache"
+
+	"rewind.dev/rewind/api/coordpb"
+)
+
+// syncJob brings the coordinator in step with MPIJob key: registers it
+// (world size, placement, policy, replicas) when managed, follows its
+// recoveries, and runs the restore an operator asked for.
+func (c *Controller) syncJob(ctx context.Context, key string) error {
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil // not a key we made: nothing to retry
+	}
+	obj, err := c.jobs.ByNamespace(ns).Get(name)
+	if isNotFound(err) {
+		c.forgetJob(key)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok || !managed(u.GetAnnotations()) {
+		c.forgetJob(key)
+		return nil
+	}
+	spec, err := parseSpec(u.GetAnnotations())
+	var ae *annotationError
+	if errors.As(err, &ae) {
+		c.report(u, ReasonInvalidAnnotation, fmt.Sprintf("annotation %s=%q: %s; the job is left as it was", ae.Key, ae.Value, ae.Problem))
+		return nil
+	}
+	shape, err := shapeOf(u)
+	if err != nil {
+		c.report(u, ReasonInvalidSpec, err.Error())
+		return nil
+	}
+	c.clearReport(key)
+	pods, err := c.jobPods(ns, name)
+	if err != nil {
+		return err
+	}
+	if err := c.register(ctx, u, spec, shape, pods); err != nil {
+		return err
+	}
+	c.startFollow(ctx, key)
+	if spec.restore {
+		return c.operatorRestore(ctx, u, spec)
+	}
+	return nil
+}
+
+// register sends the job to the coordinator when what it would send
+// changed since the last time.
+func (c *Controller) register(ctx context.Context, u *unstructured.Unstructured, spec jobSpec, shape mpiShape, pods []*corev1.Pod) error {
+	id := jobID(u.GetNamespace(), u.GetName())
+	placement, complete := placementOf(shape, pods)
+	req := &coordpb.RegisterJobRequest{
+		Job: id, WorldSize: uint32(shape.worldSize()), Placement: placement,
+		Policy: spec.policy, Replicas: spec.replicas,
+	}
+	sig := registration(req)
+	c.mu.Lock()
+	prev, known := c.registered[id]
+	c.mu.Unlock()
+	if prev == sig {
+		return nil
+	}
+	if err := c.coord.RegisterJob(ctx, req); err != nil {
+		return fmt.Errorf("kube: registering %s: %w", id, err)
+	}
+	c.mu.Lock()
+	c.registered[id] = sig
+	c.mu.Unlock()
+	c.log.Info("kube: job registered", "job", id, "world_size", req.WorldSize, "placed", len(placement), "policy", spec.policy)
+	if !known {
+		c.recorder.Eventf(u, corev1.EventTypeNormal, ReasonRegistered,
+			"rewind manages this job: %d ranks (%d workers × %d slots)", req.WorldSize, shape.workers, shape.slotsPerWorker)
+	}
+	if !complete {
+		c.log.Info("kube: job not fully placed yet", "job", id, "placed", len(placement), "world_size", req.WorldSize)
+	}
+	return nil
+}
+
+// registration is req as comparable text.
+func registration(req *coordpb.RegisterJobRequest) string {
+	s := fmt.Sprintf("%d|%s|", req.WorldSize, req.Policy)
+	if req.Replicas != nil {
+		s += strconv.FormatUint(uint64(*req.Replicas), 10)
+	}
+	for _, r := range slices.Sorted(maps.Keys(req.Placement)) {
+		s += fmt.Sprintf("|%d=%s", r, req.Placement[r])
+	}
+	return s
+}
+
+// operatorRestore runs the restore asked by rewind.dev/restore-step, then
+// restarts the gang to resume from it. The annotation is removed either
+// way (rewind.dev/restore-result says how it went): a failed restore is
+// not retried until an operator asks again.
+func (c *Controller) operatorRestore(ctx context.Context, u *unstructured.Unstructured, spec jobSpec) error {
+	id := jobID(u.GetNamespace(), u.GetName())
+	// The lister may lag: read the MPIJob fresh, so a restore already
+	// handled is not run again and the annotation patch below applies.
+	u, err := c.driver.Dyn.Resource(MPIJobs).Namespace(u.GetNamespace()).Get(ctx, u.GetName(), metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	if _, ok := u.GetAnnotations()[AnnRestoreStep]; !ok {
+		return nil
+	}
+	who := requester(u)
+	res, err := c.coord.Restore(ctx, id, spec.restoreStep, who)
+	if err != nil {
+		msg := fmt.Sprintf("restore of step %s asked by %s failed: %v", stepText(spec.restoreStep), who, err)
+		c.log.Warn("kube: operator restore failed", "job", id, "step", spec.restoreStep, "requested_by", who, "err", err)
+		c.recorder.Event(u, corev1.EventTypeWarning, ReasonRestoreFailed, msg)
+		return c.driver.annotate(ctx, u, map[string]any{AnnRestoreStep: nil, AnnRestoreResult: "failed: " + msg})
+	}
+	c.log.Info("kube: operator restore", "job", id, "step", res.Step, "requested_by", who, "ranks", len(res.Ranks))
+	c.recorder.Eventf(u, corev1.EventTypeNormal, ReasonRestored, "step %d restored onto %d ranks, asked by %s; restarting the gang", res.Step, len(res.Ranks), who)
+	ann := map[string]any{AnnRestoreStep: nil, AnnRestoreResult: fmt.Sprintf("restored step %d (asked by %s)", res.Step, who)}
+	return c.driver.restart(ctx, u, res.Step, "restore-"+u.GetResourceVersion(), "operator restore asked by "+who, ann)
+}
+
+func stepText(step int64) string {
+	if step < 0 {
+		return "latest"
+	}
+	return strconv.FormatInt(step, 10)
+}
+
+// requester names who set rewind.dev/restore-step: the field manager that
+// owns it (kubectl, a pipeline), as far as the API server tells.
+func requester(u *unstructured.Unstructured) string {
+	for _, mf := range u.GetManagedFields() {
+		if mf.FieldsV1 != nil && strings.Contains(string(mf.FieldsV1.Raw), `"f:`+AnnRestoreStep+`"`) {
+			return mf.Manager
+		}
+	}
+	return "annotation " + AnnRestoreStep
+}
+
+// report records problem as a Warning Event on the job, once per problem.
+func (c *Controller) report(u *unstructured.Unstructured, reason, problem string) {
+	key := jobID(u.GetNamespace(), u.GetName())
+	c.mu.Lock()
+	seen := c.reported[key] == problem
+	c.reported[key] = problem
+	c.mu.Unlock()
+	if !seen {
+		c.log.Warn("kube: job left as it was", "job", key, "reason", reason, "problem", problem)
+		c.recorder.Event(u, corev1.EventTypeWarning, reason, problem)
+	}
+}
+
+func (c *Controller) clearReport(key string) {
+	c.mu.Lock()
+	delete(c.reported, key)
+	c.mu.Unlock()
+}
+
+// forgetJob stops managing a job that is gone or no longer annotated.
+func (c *Controller) forgetJob(key string) {
+	c.stopFollow(key)
+	c.mu.Lock()
+	delete(c.registered, key)
+	delete(c.reported, key)
+	c.mu.Unlock()
+}

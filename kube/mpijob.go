@@ -1,0 +1,79 @@
+package kube
+
+import (
+	"fmt"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// MPIJobs is the resource the controller watches: mpi-operator's v2beta1
+// MPIJob, read as unstructured objects (the operator's Go module is not a
+// dependency).
+var MPIJobs = schema.GroupVersionResource{Group: "kubeflow.org", Version: "v2beta1", Resource: "mpijobs"}
+
+// Labels mpi-operator (v2) puts on the pods of an MPIJob.
+const (
+	labelJobName      = "training.kubeflow.org/job-name"
+	labelJobRole      = "training.kubeflow.org/job-role" // "launcher" or "worker"
+	labelReplicaIndex = "training.kubeflow.org/replica-index"
+	roleWorker        = "worker"
+	roleLauncher      = "launcher"
+	launcherSuffix    = "-launcher" // the launcher's batch/v1 Job is NAME-launcher
+)
+
+// jobID is the id of an MPIJob's job at the coordinator.
+func jobID(namespace, name string) string { return namespace + "/" + name }
+
+// mpiShape is the part of an MPIJob's spec that decides its ranks.
+type mpiShape struct {
+	workers        int64
+	slotsPerWorker int64
+}
+
+func (s mpiShape) worldSize() int64 { return s.workers * s.slotsPerWorker }
+
+// shapeOf reads spec.mpiReplicaSpecs.Worker.replicas and
+// spec.slotsPerWorker (default 1, as mpi-operator's defaulting).
+func shapeOf(u *unstructured.Unstructured) (mpiShape, error) {
+	w, found, err := unstructured.NestedInt64(u.Object, "spec", "mpiReplicaSpecs", "Worker", "replicas")
+	if err != nil || !found || w < 1 {
+		return mpiShape{}, fmt.Errorf("kube: MPIJob %s/%s: spec.mpiReplicaSpecs.Worker.replicas missing or below 1", u.GetNamespace(), u.GetName())
+	}
+	s, found, err := unstructured.NestedInt64(u.Object, "spec", "slotsPerWorker")
+	if err != nil {
+		return mpiShape{}, fmt.Errorf("kube: MPIJob %s/%s: spec.slotsPerWorker: %w", u.GetNamespace(), u.GetName(), err)
+	}
+	if !found {
+		s = 1
+	}
+	if s < 1 {
+		return mpiShape{}, fmt.Errorf("kube: MPIJob %s/%s: spec.slotsPerWorker %d below 1", u.GetNamespace(), u.GetName(), s)
+	}
+	return mpiShape{workers: w, slotsPerWorker: s}, nil
+}
+
+// placementOf maps every rank of a worker pod that is scheduled (and not
+// on its way out) to the pod's node: rank = worker index × slotsPerWorker
+// + local rank. complete says whether every rank has a node.
+func placementOf(shape mpiShape, pods []*corev1.Pod) (placement map[uint32]string, complete bool) {
+	placement = map[uint32]string{}
+	for _, p := range pods {
+		if p.Labels[labelJobRole] != roleWorker || p.Spec.NodeName == "" || p.DeletionTimestamp != nil {
+			continue
+		}
+		if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
+			continue
+		}
+		i, err := strconv.ParseInt(p.Labels[labelReplicaIndex], 10, 64)
+		if err != nil || i < 0 || i >= shape.workers {
+			continue
+		}
+		for l := range shape.slotsPerWorker {
+			placement[uint32(i*shape.slotsPerWorker+l)] = p.Spec.NodeName
+		}
+	}
+	return placement, int64(len(placement)) == shape.worldSize()
+}
