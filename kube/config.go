@@ -19,7 +19,7 @@ type Config struct {
 	// Resync is the informers' resync period.
 	Resync time.Duration
 	// Clock decides the grace; tests pass a fake one.
-	Clock clock.WithTicker
+	Clock  clock.WithTicker
 	Logger *slog.Logger
 }
 

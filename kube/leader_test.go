@@ -1,0 +1,91 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	kubefake "k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+// Leader failover on a fake clientset: A leads and acts; A's lease
+// renewals start failing (A cut off from the API server); A stops acting
+// within its renew deadline and LeaderElect tells it so; B takes the lease
+// once it expires and acts. client-go's elector runs on real time (no
+// injectable clock), so this test uses a lease of two seconds and waits on channels, bounded by a timeout.
+func TestLeaderFailover(t *testing.T) {
+	kube := kubefake.NewClientset()
+	aCut := make(chan struct{})
+	kube.PrependReactor("update", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		l := a.(k8stesting.UpdateAction).GetObject().(*coordinationv1.Lease)
+		select {
+		case <-aCut:
+			if l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == "a" {
+				return true, nil, errors.New("connection refused")
+			}
+		default:
+		}
+		return false, nil, nil
+	})
+	lc := LeaderConfig{Namespace: "rewind", Name: "coord", LeaseDuration: 2 * time.Second,
+		RenewDeadline: time.Second, RetryPeriod: 100 * time.Millisecond} // the Lease counts whole seconds
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	type replica struct {
+		acting, stopped chan struct{}
+		done            chan error
+	}
+	start := func(id string) *replica {
+		r := &replica{acting: make(chan struct{}), stopped: make(chan struct{}), done: make(chan error, 1)}
+		l := lc
+		l.Identity = id
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		go func() {
+			r.done <- LeaderElect(ctx, kube, l, log, func(ctx context.Context) error {
+				close(r.acting)
+				<-ctx.Done()
+				close(r.stopped)
+				return nil
+			})
+		}()
+		return r
+	}
+	wait := func(ch <-chan struct{}, what string) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+	a := start("a")
+	wait(a.acting, "a to lead")
+	b := start("b")
+	select {
+	case <-b.acting:
+		t.Fatal("b acts while a holds the lease")
+	case <-time.After(lc.LeaseDuration + 5*lc.RetryPeriod):
+	}
+	close(aCut)
+	wait(a.stopped, "a to stop acting")
+	select {
+	case <-b.acting:
+		t.Fatal("b acted before a stopped") // a stops at its renew deadline, before the lease expires
+	default:
+	}
+	select {
+	case err := <-a.done:
+		if !errors.Is(err, ErrLostLeadership) {
+			t.Fatalf("a's LeaderElect = %v, want ErrLostLeadership", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a's LeaderElect did not return")
+	}
+	wait(b.acting, "b to take over")
+}

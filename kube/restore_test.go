@@ -1,0 +1,96 @@
+package kube
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"rewind.dev/rewind/api/coordpb"
+)
+
+// rewind.dev/restore-step restores that step and restarts the gang to
+// resume from it; the annotation is removed and the result recorded, so a
+// second look (a stale cache, a new leader) restores nothing again.
+func TestOperatorRestoreByAnnotation(t *testing.T) {
+	type testcase struct {
+		value    string
+		wantCall string // the coordinator's Restore call
+		wantStep string // rewind.dev/restoring-step afterwards
+	}
+	run := func(t *testing.T, tc testcase) {
+		ann := map[string]string{AnnCheckpoint: "enabled", AnnRestoreStep: tc.value}
+		h := newHarness(t, newMPIJob("ml", "train", 2, 1, ann), newLauncherJob("ml", "train"),
+			newPod("ml", "train", roleWorker, 0, "n1"), newPod("ml", "train", roleWorker, 1, "n2"),
+			newPod("ml", "train", roleLauncher, 0, "n1"))
+		h.syncJob("ml/train")
+		h.syncJob("ml/train") // the cache still shows the annotation
+		_, _, restores := h.coord.snapshot()
+		if len(restores) != 1 || !strings.HasPrefix(restores[0], tc.wantCall) {
+			t.Fatalf("restores %q, want one %q", restores, tc.wantCall)
+		}
+		got := h.mpiJob("ml", "train").GetAnnotations()
+		if _, ok := got[AnnRestoreStep]; ok {
+			t.Fatalf("%s still set: %v", AnnRestoreStep, got)
+		}
+		if got[AnnRestoringStep] != tc.wantStep || !strings.Contains(got[AnnRestoreResult], "restored step "+tc.wantStep) {
+			t.Fatalf("annotations %v, want %s=%s and the result", got, AnnRestoringStep, tc.wantStep)
+		}
+		if pods := h.podNames("ml"); len(pods) != 0 {
+			t.Fatalf("pods %v left: the gang was not restarted", pods)
+		}
+		ev := h.events()
+		if !hasEvent(ev, "Normal "+ReasonRestored, "step "+tc.wantStep, "kind=MPIJob") || !hasEvent(ev, "Normal "+ReasonRegang, "operator restore") {
+			t.Fatalf("events %q, want Restored and Regang", ev)
+		}
+	}
+	for name, tc := range map[string]testcase{
+		"step":   {value: "5", wantCall: "ml/train 5 ", wantStep: "5"},
+		"latest": {value: "latest", wantCall: "ml/train -1 ", wantStep: "42"},
+	} {
+		t.Run(name, func(t *testing.T) { run(t, tc) })
+	}
+}
+
+// A restore the coordinator cannot run is reported; the gang keeps
+// running and the annotation is removed (asking again retries).
+func TestOperatorRestoreFails(t *testing.T) {
+	ann := map[string]string{AnnCheckpoint: "enabled", AnnRestoreStep: "9"}
+	h := newHarness(t, newMPIJob("ml", "train", 1, 1, ann), newPod("ml", "train", roleWorker, 0, "n1"))
+	h.coord.restoreErr = errors.New("step 9 is not consistent")
+	h.syncJob("ml/train")
+	if ev := h.events(); !hasEvent(ev, "Warning "+ReasonRestoreFailed, "step 9", "not consistent") {
+		t.Fatalf("events %q, want RestoreFailed", ev)
+	}
+	got := h.mpiJob("ml", "train").GetAnnotations()
+	if _, ok := got[AnnRestoreStep]; ok || !strings.HasPrefix(got[AnnRestoreResult], "failed") || got[AnnRestoringStep] != "" {
+		t.Fatalf("annotations %v", got)
+	}
+	if pods := h.podNames("ml"); !slices.Equal(pods, []string{"train-worker-0"}) {
+		t.Fatalf("pods %v, want the gang untouched", pods)
+	}
+}
+
+// The driver refuses a job id that is not NAMESPACE/NAME and restarts a
+// gang once per recovery id.
+func TestDriverRegang(t *testing.T) {
+	h := newHarness(t, newMPIJob("ml", "train", 1, 1, map[string]string{AnnCheckpoint: "enabled"}),
+		newPod("ml", "train", roleWorker, 0, "n1"))
+	d := h.c.driver
+	if err := d.Regang(h.ctx, &coordpb.JobEvent{Job: "train", Step: 3}); err == nil {
+		t.Fatal("regang of a job id without a namespace succeeded")
+	}
+	ev := &coordpb.JobEvent{Job: "ml/train", Kind: "regang", Ok: true, Step: 3, DetectedUnixNano: 99}
+	for range 2 {
+		if err := d.Regang(h.ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := h.mpiJob("ml", "train").GetAnnotations()
+	if got[AnnRestoringStep] != "3" || got[AnnRegangID] != "recovery-99" {
+		t.Fatalf("annotations %v", got)
+	}
+	if n := len(h.events()); n != 1 {
+		t.Fatalf("%d events, want 1 Regang", n)
+	}
+}
