@@ -26,6 +26,8 @@ func runCoordinator(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.LeaveGrace, "leave-grace", cfg.LeaveGrace, "how long an agent that left gracefully has to come back before its jobs are recovered")
 	var gf gossipFlags
 	gf.register(fs, ":7947", "")
+	var kf kubeFlags
+	kf.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -43,5 +45,5 @@ func runCoordinator(ctx context.Context, args []string) error {
 		return err
 	}
 	defer c.Close()
-	return c.Run(ctx, nil)
+	return runWithKube(ctx, c, &kf, cfg.Logger)
 }
