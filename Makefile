@@ -13,6 +13,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 
 include sdk/python/python.mk
 include tiers/tiers.mk
+include kube.mk
 
 all: build
 
@@ -23,8 +24,8 @@ build:
 demo: build
 	$(BIN)/rewind demo
 
-## test: every test: Go (race detector on) and the Python SDK's pytest suite.
-test: lint test-go test-python
+## test: every test: Go (race detector on), the Python SDK's pytest suite, the Helm chart.
+test: lint test-go test-python test-helm
 
 test-go: minio
 	$(GO) test -race -count=1 -timeout 15m ./...

@@ -1,0 +1,28 @@
+package kube
+
+// Permission is an API call the controller makes: the RBAC rule the
+// chart (deploy/helm/rewind) must grant, and no more. TestChartRBAC
+// checks the rendered chart against Permissions.
+type Permission struct {
+	Group, Resource string
+	Verbs           []string
+	Namespaced      bool // granted in the release namespace only (a Role)
+}
+
+// Permissions lists every call, by who makes it.
+var Permissions = []Permission{
+	// The MPIJob informer (list, watch); the driver's fresh read (get) and
+	// its annotation merge patches (patch).
+	{Group: "kubeflow.org", Resource: "mpijobs", Verbs: []string{"get", "list", "watch", "patch"}},
+	// The pod informer (list, watch); the driver's list of a job's pods and
+	// their deletion.
+	{Group: "", Resource: "pods", Verbs: []string{"list", "watch", "delete"}},
+	// The driver deletes the launcher's Job.
+	{Group: "batch", Resource: "jobs", Verbs: []string{"delete"}},
+	// The node informer; the taint's JSON patch.
+	{Group: "", Resource: "nodes", Verbs: []string{"list", "watch", "patch"}},
+	// The event recorder creates Events and patches repeated ones.
+	{Group: "", Resource: "events", Verbs: []string{"create", "patch"}},
+	// Leader election (resourcelock.LeaseLock: get, create, update).
+	{Group: "coordination.k8s.io", Resource: "leases", Verbs: []string{"get", "create", "update"}, Namespaced: true},
+}

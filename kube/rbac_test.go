@@ -1,0 +1,76 @@
+package kube
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/util/yaml"
+)
+
+// TestChartRBAC checks the chart as rendered by `make test-helm` (the file
+// named by $REWIND_CHART_RENDERED): its ClusterRole and Role grant exactly
+// Permissions, the calls this package makes, nothing more and nothing
+// missing.
+func TestChartRBAC(t *testing.T) {
+	path := os.Getenv("REWIND_CHART_RENDERED")
+	if path == "" {
+		t.Skip("REWIND_CHART_RENDERED not set: run make test-helm")
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{} // "cluster|namespaced group/resource" → verbs
+	dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	for {
+		var r struct {
+			Kind  string              `json:"kind"`
+			Rules []rbacv1.PolicyRule `json:"rules"`
+		}
+		if err := dec.Decode(&r); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if r.Kind != "ClusterRole" && r.Kind != "Role" {
+			continue
+		}
+		for _, rule := range r.Rules {
+			if len(rule.NonResourceURLs)+len(rule.ResourceNames) > 0 {
+				t.Errorf("%s rule %v: unexpected nonResourceURLs or resourceNames", r.Kind, rule)
+			}
+			for _, g := range rule.APIGroups {
+				for _, res := range rule.Resources {
+					k := r.Kind + " " + g + "/" + res
+					got[k] = append(got[k], rule.Verbs...)
+				}
+			}
+		}
+	}
+	want := map[string][]string{}
+	for _, p := range Permissions {
+		kind := "ClusterRole"
+		if p.Namespaced {
+			kind = "Role"
+		}
+		want[kind+" "+p.Group+"/"+p.Resource] = p.Verbs
+	}
+	for _, k := range slices.Sorted(maps.Keys(got)) {
+		g, w := slices.Sorted(slices.Values(got[k])), slices.Sorted(slices.Values(want[k]))
+		if !slices.Equal(g, w) {
+			t.Errorf("%s: chart grants %s, the controller calls %s", k, strings.Join(g, ","), strings.Join(w, ","))
+		}
+	}
+	for k := range want {
+		if _, ok := got[k]; !ok {
+			t.Errorf("%s: the controller calls %v, the chart grants nothing", k, want[k])
+		}
+	}
+}
