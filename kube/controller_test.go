@@ -11,6 +11,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynfake "k8s.io/client-go/dynamic/fake"
+	kubefake "k8s.io/client-go/kubernetes/fake"
 )
 
 // An annotated MPIJob is registered with its ranks placed on its worker
@@ -225,5 +228,29 @@ func TestNodeFaultRestartsGangOnce(t *testing.T) {
 	}
 	if deletes != 4 { // the launcher Job, the launcher pod, two workers
 		t.Fatalf("%d deletions, want 4 (one restart)", deletes)
+	}
+}
+
+// Run wires informers, handlers and the queue: with the informers started
+// on the fake clientsets, an annotated MPIJob is registered and followed.
+func TestRunRegistersFromInformers(t *testing.T) {
+	ann := map[string]string{AnnCheckpoint: "enabled"}
+	h := newHarness(t)
+	h.kube = kubefake.NewClientset(newPod("ml", "train", roleWorker, 0, "n1"))
+	h.dyn = dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{MPIJobs: "MPIJobList"}, newMPIJob("ml", "train", 1, 1, ann))
+	c := h.newController()
+	done := make(chan error, 1)
+	go func() { done <- c.Run(h.ctx) }()
+	select {
+	case job := <-h.coord.follows:
+		if job != "ml/train" {
+			t.Fatalf("following %s", job)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the running controller did not pick up the annotated MPIJob")
+	}
+	if reg, _, _ := h.coord.snapshot(); len(reg) != 1 || reg[0].Placement[0] != "n1" {
+		t.Fatalf("registered %v, want rank 0 on n1", reg)
 	}
 }
