@@ -21,6 +21,8 @@ const (
 	AnnRestoringStep = "rewind.dev/restoring-step"
 	AnnRegangID      = "rewind.dev/regang-id"
 	AnnRestoreResult = "rewind.dev/restore-result"
+	AnnRegangAt      = "rewind.dev/regang-at"     // when the gang was restarted (RFC 3339)
+	AnnPlacedID      = "rewind.dev/placed-regang" // the regang whose shards are on the new pods' nodes
 )
 
 // TaintUnhealthy is the taint key put on a node declared dead.

@@ -31,6 +31,7 @@ const (
 	ReasonRegang            = "Regang"
 	ReasonRestored          = "Restored"
 	ReasonRestoreFailed     = "RestoreFailed"
+	ReasonShardsPlaced      = "ShardsPlaced"
 	ReasonNodeDown          = "NodeDown" // on the Node
 )
 
@@ -83,7 +84,7 @@ func New(cfg Config, kube kubernetes.Interface, dyn dynamic.Interface, coord Coo
 	}
 	c := &Controller{
 		cfg: cfg, log: cfg.Logger, kube: kube, coord: coord, recorder: recorder,
-		driver:        &MPIJobDriver{Kube: kube, Dyn: dyn, Recorder: recorder, Log: cfg.Logger},
+		driver:        &MPIJobDriver{Kube: kube, Dyn: dyn, Recorder: recorder, Log: cfg.Logger, Clock: cfg.Clock},
 		kubeInformers: ki, dynInformers: di,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[item](),
 			workqueue.TypedRateLimitingQueueConfig[item]{Name: "rewind", Clock: cfg.Clock}),

@@ -13,9 +13,11 @@
 //	                                   restorable step); removed once handled
 //
 // The controller writes rewind.dev/restoring-step (the step the gang was
-// restarted to restore), rewind.dev/regang-id (which recovery did it, so a
-// recovery reported twice restarts the gang once) and
-// rewind.dev/restore-result (how the last operator restore ended).
+// restarted to restore), rewind.dev/regang-id and rewind.dev/regang-at
+// (which recovery did it and when, so a recovery reported twice restarts
+// the gang once), rewind.dev/placed-regang (that step was restored onto
+// the nodes the recreated pods landed on) and rewind.dev/restore-result
+// (how the last operator restore ended).
 //
 // # Ranks
 //

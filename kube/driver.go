@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
 
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/regang"
@@ -44,6 +46,8 @@ type MPIJobDriver struct {
 	Dyn      dynamic.Interface
 	Recorder record.EventRecorder
 	Log      *slog.Logger
+	// Clock stamps rewind.dev/regang-at; nil is the real clock.
+	Clock clock.PassiveClock
 }
 
 var _ regang.Driver = (*MPIJobDriver)(nil)
@@ -81,6 +85,11 @@ func (d *MPIJobDriver) restart(ctx context.Context, u *unstructured.Unstructured
 	}
 	ann[AnnRestoringStep] = strconv.FormatInt(step, 10)
 	ann[AnnRegangID] = id
+	now := time.Now()
+	if d.Clock != nil {
+		now = d.Clock.Now()
+	}
+	ann[AnnRegangAt] = now.UTC().Format(time.RFC3339)
 	if err := d.annotate(ctx, u, ann); err != nil {
 		return err
 	}

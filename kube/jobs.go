@@ -54,10 +54,14 @@ func (c *Controller) syncJob(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
+	pods = sinceRegang(u, pods)
 	if err := c.register(ctx, u, spec, shape, pods); err != nil {
 		return err
 	}
 	c.startFollow(ctx, key)
+	if err := c.placeShards(ctx, u, shape, pods); err != nil {
+		return err
+	}
 	if spec.restore {
 		return c.operatorRestore(ctx, u, spec)
 	}
