@@ -2,10 +2,12 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -88,6 +90,7 @@ func (a *Agent) copyFromPeer(ctx context.Context, ps PeerShard, lim *tiers.Limit
 	if err != nil {
 		return 0, err
 	}
+	t0 := time.Now()
 	prep, err := a.prepare(ctx, ps.Job, ps.Rank, ps.WorldSize, ps.Step, ps.Size, place)
 	if err != nil {
 		return 0, err
@@ -101,14 +104,23 @@ func (a *Agent) copyFromPeer(ctx context.Context, ps PeerShard, lim *tiers.Limit
 	if err != nil {
 		return 0, err
 	}
-	err = a.receive(ctx, peer, ps, m.Data, lim)
+	t1 := time.Now()
+	err = a.receiveData(ctx, ps, m.Data, lim)
+	if errors.Is(err, errDataPath) { // an older peer: gRPC
+		a.log.Debug("peer data path unavailable; copying over gRPC", "peer", ps.Node, "err", err)
+		err = a.receive(ctx, peer, ps, m.Data, lim)
+	}
 	m.Close()
 	if err != nil {
 		return 0, fmt.Errorf("agent: copy of job %s rank %d step %d from %s: %w", ps.Job, ps.Rank, ps.Step, ps.Node, err)
 	}
+	t2 := time.Now()
 	if _, err := a.Commit(ctx, ps.Job, ps.Rank, prep.Slot, prep.Token, ps.Step, ps.HeaderSum); err != nil {
 		return 0, err
 	}
+	a.log.Info("shard copied from a peer", "job", ps.Job, "rank", ps.Rank, "step", ps.Step, "peer", ps.Node, "bytes", ps.Size,
+		"prepare_ms", t1.Sub(t0).Milliseconds(), "receive_and_check_ms", t2.Sub(t1).Milliseconds(),
+		"commit_ms", time.Since(t2).Milliseconds(), "restore", place)
 	return ps.Size, nil
 }
 
@@ -142,6 +154,12 @@ func (a *Agent) receive(ctx context.Context, peer agentpb.AgentClient, ps PeerSh
 	if got != int64(len(dst)) {
 		return fmt.Errorf("%w: %d of %d bytes received", shm.ErrCorrupt, got, len(dst))
 	}
+	return a.checkReceived(ps, dst)
+}
+
+// checkReceived checks a shard copied from a peer: its header, that it is
+// the shard asked for, and every tensor checksum.
+func (a *Agent) checkReceived(ps PeerShard, dst []byte) error {
 	h, err := shm.DecodeBytes(dst)
 	if err != nil {
 		return err

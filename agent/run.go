@@ -45,7 +45,8 @@ func (a *Agent) Run(ctx context.Context, ready func(Addrs)) error {
 			return fmt.Errorf("agent: listen %s: %w", a.cfg.ListenAddr, err)
 		}
 		addrs.TCP = tcp.Addr().String()
-		go func() { errc <- srv.Serve(tcp) }()
+		mux := newMuxListener(tcp, a) // gRPC, and the peer data path (peerdata.go)
+		go func() { errc <- srv.Serve(mux) }()
 	}
 	var metrics *metricsrv.Server
 	if a.cfg.MetricsAddr != "" {
