@@ -309,7 +309,7 @@ func PrintRecovery(w io.Writer, res RecoveryResult) {
 	fmt.Fprintf(w, "%-36s %10s %8s %4s\n", "peer restore", gbps2(res.Peer), "", "")
 	fmt.Fprintf(w, "%-36s %10s %8s %4s\n", "loopback TCP", gbps2(res.TCP), "", "")
 	fmt.Fprintf(w, "%-36s %10s %8s %4s\n", "loopback TCP into a fresh tmpfs file", gbps2(res.TCPShm), "", "")
-	fmt.Fprintf(w, "%-36s %10s %8s %4s\n", "gRPC Read alone (the restore's path)", gbps2(res.GRPCRead), "", "")
+	fmt.Fprintf(w, "%-36s %10s %8s %4s\n", "gRPC Read alone (the fallback path)", gbps2(res.GRPCRead), "", "")
 	fmt.Fprintf(w, "%-36s %10.2f %8s %4s\n", "peer restore / loopback TCP", res.Ratio, ">= 0.7", met(res.Met))
 }
 
