@@ -12,41 +12,83 @@ import (
 // restore the step the error names.
 var ErrGangBroken = errors.New("gang broken")
 
-// gang holds the jobs whose gang is broken, until the coordinator says
-// the recovery is done.
+// gang holds the jobs whose gang is broken. From the abort on, a rank may
+// save again only once it has restored the step the recovery names: a
+// process of the old gang that is still alive (its driver has not killed
+// it yet) never does, so it can never commit a step of the old timeline,
+// while the restarted rank, which restores first, goes on.
 type gang struct {
 	mu     sync.Mutex
-	broken map[string]brokenGang
+	broken map[string]*brokenGang
 }
 
 type brokenGang struct {
-	step   int64
-	reason string
+	step     int64
+	reason   string
+	resumed  bool            // the recovery is done
+	restored map[uint32]bool // ranks that restored step since the abort
 }
 
 func (g *gang) abort(job string, step int64, reason string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.broken == nil {
-		g.broken = map[string]brokenGang{}
+		g.broken = map[string]*brokenGang{}
 	}
-	g.broken[job] = brokenGang{step: step, reason: reason}
+	g.broken[job] = &brokenGang{step: step, reason: reason, restored: map[uint32]bool{}}
 }
 
-func (g *gang) resume(job string) {
+func (g *gang) resume(job string, step int64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	delete(g.broken, job)
+	if b := g.broken[job]; b != nil && b.step == step {
+		b.resumed = true
+	}
 }
 
-// check returns ErrGangBroken, with what the rank should do, for a job
-// being recovered.
-func (g *gang) check(job string) error {
+// opened notes that rank opened step of job for a restore.
+func (g *gang) opened(job string, rank uint32, step int64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	b, ok := g.broken[job]
-	if !ok {
+	if b := g.broken[job]; b != nil && b.step == step {
+		b.restored[rank] = true
+	}
+}
+
+// check returns ErrGangBroken, with what the rank should do, for a rank of
+// a job being recovered that has not restored the recovery's step; rank
+// < 0 asks for the job (a rank's question about the job's state), which is
+// answered again once the recovery is done.
+func (g *gang) check(job string, rank int64) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	b := g.broken[job]
+	if b == nil || rank >= 0 && b.restored[uint32(rank)] || rank < 0 && b.resumed {
 		return nil
 	}
-	return fmt.Errorf("%w: job %s: %s; restoring step %d: exit, and the job restarts from it", ErrGangBroken, job, b.reason, b.step)
+	state := "restoring"
+	if b.resumed {
+		state = "restored"
+	}
+	return fmt.Errorf("%w: job %s: %s; %s step %d: exit, and the job restarts from it", ErrGangBroken, job, b.reason, state, b.step)
+}
+
+// discardAfter deletes the job's shards of steps after step, on this node:
+// the job resumes from step, and no rank continues those (a later save of
+// the same step number must not find them, nor a slot be held by them).
+func (a *Agent) discardAfter(job string, step int64) {
+	n := 0
+	for _, sh := range a.List(job) {
+		if sh.State != stateCommitted || sh.Step <= step {
+			continue
+		}
+		if _, _, err := a.Delete(job, sh.Rank, false, sh.Step); err != nil {
+			a.log.Warn("discarding a step after the one the job resumes from", "job", job, "rank", sh.Rank, "step", sh.Step, "err", err)
+			continue
+		}
+		n++
+	}
+	if n > 0 {
+		a.log.Info("discarded steps after the one the job resumes from", "job", job, "step", step, "shards", n)
+	}
 }

@@ -21,7 +21,7 @@ type server struct {
 }
 
 func (s *server) Prepare(ctx context.Context, req *agentpb.PrepareRequest) (*agentpb.PrepareResponse, error) {
-	if err := s.a.gang.check(req.Job); err != nil {
+	if err := s.a.gang.check(req.Job, int64(req.Rank)); err != nil {
 		return nil, err
 	}
 	if req.SizeBytes > maxShardBytes {
@@ -35,7 +35,7 @@ func (s *server) Prepare(ctx context.Context, req *agentpb.PrepareRequest) (*age
 }
 
 func (s *server) Commit(ctx context.Context, req *agentpb.CommitRequest) (*agentpb.CommitResponse, error) {
-	if err := s.a.gang.check(req.Job); err != nil {
+	if err := s.a.gang.check(req.Job, int64(req.Rank)); err != nil {
 		return nil, err
 	}
 	seq, err := s.a.Commit(ctx, req.Job, req.Rank, req.Slot, req.Token, req.Step, req.HeaderChecksum)
@@ -50,6 +50,7 @@ func (s *server) Open(ctx context.Context, req *agentpb.OpenRequest) (*agentpb.O
 	if err != nil {
 		return nil, err
 	}
+	s.a.gang.opened(req.Job, req.Rank, sh.Step)
 	return &agentpb.OpenResponse{Shard: sh.proto(), Lease: lease}, nil
 }
 
@@ -216,7 +217,7 @@ func (s *server) Consistent(ctx context.Context, req *agentpb.ConsistentRequest)
 	if err := validateRank(req.Job, 0, 0); err != nil {
 		return nil, err
 	}
-	if err := s.a.gang.check(req.Job); err != nil {
+	if err := s.a.gang.check(req.Job, -1); err != nil {
 		return nil, err
 	}
 	if s.a.rep == nil {

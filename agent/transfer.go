@@ -115,9 +115,11 @@ func (t *transfers) enqueue(o *coordpb.TransferOrder) {
 	case "abort":
 		t.a.gang.abort(o.Job, o.Step, o.Reason)
 		t.a.log.Warn("job's gang broken: its ranks' calls fail until the recovery is done", "job", o.Job, "restoring", o.Step, "reason", o.Reason)
+		t.a.discardAfter(o.Job, o.Step)
 		return
 	case "resume":
-		t.a.gang.resume(o.Job)
+		t.a.discardAfter(o.Job, o.Step) // anything committed since the abort
+		t.a.gang.resume(o.Job, o.Step)
 		t.a.log.Info("job recovered: its ranks may save again", "job", o.Job, "step", o.Step)
 		return
 	}

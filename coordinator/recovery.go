@@ -267,13 +267,19 @@ func (c *Coordinator) isDown(node string) bool {
 // agent still saying the gang is broken.
 func (c *Coordinator) gangOrders(job, kind string, step int64, reason string) {
 	c.mu.Lock()
-	nodes := map[string]bool{}
+	nodes := map[string]bool{} // where its ranks run, and where copies of its shards live
 	if j := c.state.Jobs[job]; j != nil {
 		for _, n := range j.Placement {
-			if _, down := c.down[n]; !down {
+			nodes[n] = true
+		}
+		for n := range c.state.Nodes {
+			if c.state.JobsOn(n)[job] {
 				nodes[n] = true
 			}
 		}
+	}
+	for n := range c.down {
+		delete(nodes, n)
 	}
 	c.mu.Unlock()
 	t := c.tiers
