@@ -26,8 +26,8 @@ var commands = []command{
 	{"delete", "delete a step's copies (JOB STEP [--force])", runDelete},
 	{"tiers", "show each agent's durable tiers: transfers, throughput, failures", runTiers},
 	{"policy", "show or set a job's tier policy (JOB [POLICY])", runPolicy},
-	{"bench", "measure performance (bench save)", runBench},
-	{"demo", "run a local agent and a training job, kill it, resume it", runDemo},
+	{"bench", "measure performance (bench save|coordinator|tiers|recovery)", runBench},
+	{"demo", "run a local cluster and a training job; a node dies and the job recovers", runDemo},
 	{"demo-train", "", runDemoTrain}, // the demo's training process
 }
 
