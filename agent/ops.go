@@ -54,7 +54,11 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 	if err != nil {
 		return PrepareResult{}, err
 	}
-	if err := a.reserveBudget(job, rank, s.Size, size); err != nil {
+	err = a.reserveBudget(job, rank, s.Size, size)
+	if errors.Is(err, ErrBudget) && place && a.evictReplicas(size-s.Size, r) > 0 {
+		err = a.reserveBudget(job, rank, s.Size, size) // the node's own save goes before replicas
+	}
+	if err != nil {
 		if s.State == stateFree && s.Size == 0 { // a new slot: it never was
 			r.slots = slices.DeleteFunc(r.slots, func(x *slot) bool { return x == s })
 		}
@@ -65,7 +69,7 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 	// Record the slot as being written before its file changes, so that an
 	// agent restarted mid-save never takes the old bytes for a checkpoint.
 	s.State, s.Step, s.Seq, s.token, s.HeaderSum, s.Problem, s.verified = stateWriting, step, 0, newToken(), "", "", false
-	s.WorldSize, s.CommittedAt = worldSize, 0
+	s.WorldSize, s.CommittedAt, s.Replica = worldSize, 0, !place
 	if err := a.persist(&r.rankState); err != nil {
 		*s = prev
 		a.releaseBudget(prev.Size, size)

@@ -36,6 +36,9 @@ type slot struct {
 	HeaderSum   string    `json:"header_checksum,omitempty"`
 	CommittedAt int64     `json:"committed_unix_nano,omitempty"`
 	Problem     string    `json:"problem,omitempty"`
+	// Replica: the segment holds a copy of a rank that runs on another
+	// node; under budget pressure it gives way to the node's own saves.
+	Replica bool `json:"replica,omitempty"`
 
 	verified bool
 	token    uint64 // owner of a writing slot

@@ -16,6 +16,7 @@ import (
 	"rewind.dev/rewind/coordinator"
 	"rewind.dev/rewind/internal/agenttest"
 	"rewind.dev/rewind/sdk"
+	"rewind.dev/rewind/shm"
 )
 
 // replicaNodes returns, per rank of step, the nodes holding it in memory.
@@ -233,5 +234,52 @@ func flipByte(t *testing.T, path string, off int64) {
 	b[0] ^= 0x04
 	if _, err := f.WriteAt(b, off); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestReplicasGiveWayToSaves: node-0's budget fits four segments. Rank 1
+// (on node-1) saves first, and its replicas fill three of them on node-0;
+// then rank 0 saves on node-0 and needs two: the replicas give way (never
+// the newest one), and no save of the node's own fails for a replica's
+// sake.
+func TestReplicasGiveWayToSaves(t *testing.T) {
+	const job, ws = "budget", 2
+	l, err := shm.NewLayout(shm.ShardMeta{Job: job, Rank: 0, WorldSize: ws, Step: 1},
+		[]shm.TensorSpec{{Name: "w", DType: shm.U8, Shape: []int64{4096}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := &cluster{t: t, dataDir: t.TempDir()}
+	cl.addr, cl.stop = startCoordinator(t, cl.dataDir, "127.0.0.1:0", func(c *coordinator.Config) { c.Replicas = 1 })
+	cl.dial()
+	for i, d := range []string{"rack-a", "rack-b"} {
+		cl.addAgent(func(cfg *agent.Config) {
+			cfg.Node, cfg.FailureDomain, cfg.BudgetBytes = fmt.Sprintf("node-%d", i), d, uint64(4*l.Size)
+		})
+	}
+	for step := int64(1); step <= 3; step++ {
+		cl.saveStep(job, ws, step, 1)
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			st, err := cl.api.InspectStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: step})
+			if err == nil && len(st.Step.Copies) == 2 { // rank 1 on node-1 and its replica
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no replica of rank 1 step %d on node-0: %v %v", step, st, err)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	st, err := cl.clients[0].Status(ctxT(t))
+	if err != nil || st.UsedBytes < uint64(3*l.Size) {
+		t.Fatalf("node-0 holds %d bytes of replicas, want three segments (%d): %v", st.GetUsedBytes(), 3*l.Size, err)
+	}
+	for step := int64(1); step <= 3; step++ {
+		cl.saveStep(job, ws, step, 0) // fails the test on any save error
+	}
+	cl.waitLatest(job, 3)
+	if got := cl.replicaNodes(job, 3)[1]; len(got) != 2 {
+		t.Fatalf("rank 1's newest replica gave way: copies of step 3 on %v", got)
 	}
 }
