@@ -37,6 +37,7 @@ type Agent struct {
 	tr        *transfers // nil without a coordinator
 	peers     peers      // connections to other agents
 	gang      gang       // jobs being recovered
+	warm      warm       // a segment made ready ahead of need
 	advertise string
 }
 

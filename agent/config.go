@@ -64,6 +64,12 @@ type Config struct {
 	Gossip     *membership.Config
 	GossipJoin []string
 
+	// WarmSegment, when positive, keeps one segment of this many bytes
+	// allocated and mapped ahead of need, for a restore onto this node
+	// (a spare that takes over a dead node's rank) to write into without
+	// first allocating and faulting in a new one; 0 turns it off.
+	WarmSegment int64
+
 	// Stores are the durable tiers ("nvme", "pfs", "s3") this agent
 	// writes when the coordinator orders it and restores from.
 	Stores map[string]tiers.Store

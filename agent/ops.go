@@ -28,13 +28,16 @@ const maxShardBytes = 16 << 40
 // holding the rank's latest committed step is never chosen, so a save that
 // fails or dies half-way cannot damage it.
 func (a *Agent) Prepare(ctx context.Context, job string, rank, worldSize uint32, step int64, size int64) (PrepareResult, error) {
-	return a.prepare(ctx, job, rank, worldSize, step, size, true)
+	return a.prepare(ctx, job, rank, worldSize, step, size, true, false)
 }
 
 // prepare is Prepare; place says the rank runs on this node (a save, a
 // restore), as opposed to this node keeping a replica of another node's
 // shard, which must not move the rank's placement.
-func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32, step int64, size int64, place bool) (PrepareResult, error) {
+//
+// warm lets a new slot adopt the node's warm segment (warm.go): the caller
+// fills it through warmMapping.
+func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32, step int64, size int64, place, warm bool) (PrepareResult, error) {
 	if err := validateRank(job, rank, worldSize); err != nil {
 		return PrepareResult{}, err
 	}
@@ -53,6 +56,9 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 	s, err := a.pickSlot(ctx, r, size, !place)
 	if err != nil {
 		return PrepareResult{}, err
+	}
+	if warm && s.State == stateFree && s.Size == 0 {
+		a.adoptWarm(a.paths.Segment(job, rank, s.Index), size)
 	}
 	err = a.reserveBudget(job, rank, s.Size, size)
 	if errors.Is(err, ErrBudget) && place && a.evictReplicas(size-s.Size, r) > 0 {

@@ -27,6 +27,9 @@ func (a *Agent) reindex() error {
 	}
 	var shards, corrupt int
 	for _, j := range jobs {
+		if j.Name() == warmName {
+			continue // the warm segment (warm.go): made again by Run
+		}
 		if !j.IsDir() || shm.ValidateJob(j.Name()) != nil {
 			a.log.Warn("re-index: ignoring unexpected entry under shm root", "name", j.Name())
 			continue

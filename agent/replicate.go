@@ -91,24 +91,28 @@ func (a *Agent) copyFromPeer(ctx context.Context, ps PeerShard, lim *tiers.Limit
 		return 0, err
 	}
 	t0 := time.Now()
-	prep, err := a.prepare(ctx, ps.Job, ps.Rank, ps.WorldSize, ps.Step, ps.Size, place)
+	prep, err := a.prepare(ctx, ps.Job, ps.Rank, ps.WorldSize, ps.Step, ps.Size, place, place)
 	if err != nil {
 		return 0, err
 	}
-	f, err := a.cfg.FS.OpenFile(prep.Path, os.O_RDWR, 0)
-	if err != nil {
-		return 0, fmt.Errorf("agent: copy of job %s rank %d step %d from %s: %w", ps.Job, ps.Rank, ps.Step, ps.Node, err)
+	m := a.warmMapping(prep.Path) // a warm segment adopted: mapped already
+	if m == nil {
+		f, err := a.cfg.FS.OpenFile(prep.Path, os.O_RDWR, 0)
+		if err != nil {
+			return 0, fmt.Errorf("agent: copy of job %s rank %d step %d from %s: %w", ps.Job, ps.Rank, ps.Step, ps.Node, err)
+		}
+		m, err = shm.Map(f, prep.Size, true)
+		f.Close()
+		if err != nil {
+			return 0, err
+		}
 	}
-	m, err := shm.Map(f, prep.Size, true)
-	f.Close()
-	if err != nil {
-		return 0, err
-	}
+	dst := m.Data[:prep.Size]
 	t1 := time.Now()
-	err = a.receiveData(ctx, ps, m.Data, lim)
+	err = a.receiveData(ctx, ps, dst, lim)
 	if errors.Is(err, errDataPath) { // an older peer: gRPC
 		a.log.Debug("peer data path unavailable; copying over gRPC", "peer", ps.Node, "err", err)
-		err = a.receive(ctx, peer, ps, m.Data, lim)
+		err = a.receive(ctx, peer, ps, dst, lim)
 	}
 	m.Close()
 	if err != nil {

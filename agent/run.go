@@ -57,6 +57,7 @@ func (a *Agent) Run(ctx context.Context, ready func(Addrs)) error {
 		addrs.Metrics = metrics.Addr
 	}
 	defer a.peers.close()
+	go a.fillWarm()
 	vctx, stopVerifier := context.WithCancel(ctx)
 	verifierDone := make(chan struct{})
 	go func() { a.runVerifier(vctx); close(verifierDone) }()

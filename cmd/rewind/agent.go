@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"log/slog"
 	"os"
 	"strings"
@@ -27,6 +28,7 @@ func runAgent(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.SlotsPerRank, "slots", cfg.SlotsPerRank, "segments per rank (at least 2)")
 	fs.BoolVar(&cfg.VerifyAfterCommit, "verify-after-commit", cfg.VerifyAfterCommit, "re-read every committed shard in the background")
 	fs.IntVar(&cfg.TransferWorkers, "transfer-workers", cfg.TransferWorkers, "tier transfers running at once on the node")
+	warmSize := fs.String("warm-segment", "0", "keep a segment of this size allocated and mapped for a restore onto this node (a spare), e.g. 8GiB; 0: none")
 	var tf tierFlags
 	tf.register(fs)
 	var gf gossipFlags
@@ -45,6 +47,11 @@ func runAgent(ctx context.Context, args []string) error {
 		}
 		cfg.GossipJoin = gf.seeds(cfg.CoordinatorAddr)
 	}
+	w, err := units.ParseBytes(*warmSize)
+	if err != nil {
+		return fmt.Errorf("--warm-segment: %w", err)
+	}
+	cfg.WarmSegment = int64(w)
 	b, err := units.ParseBytes(*budget)
 	if err != nil {
 		return err

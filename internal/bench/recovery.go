@@ -79,7 +79,7 @@ const shardOverhead = 8 << 20
 // slots on its node, two replica slots on a peer, and the restored copy.
 func RecoveryShmNeeded(size uint64) uint64 {
 	shard := size + shardOverhead
-	return shard * uint64(recoveryRanks*2+recoveryRanks*2+1)
+	return shard * uint64(recoveryRanks*2+recoveryRanks*2+2) // own slots, replicas, the restore, the spare's warm segment
 }
 
 // Recovery measures recovery from a node's death: a coordinator and three

@@ -139,7 +139,11 @@ func (cl *recCluster) startAgent(ctx context.Context, node, domain, coordAddr, g
 		return err
 	}
 	defer logf.Close() // the child has its own descriptor
-	n.cmd = exec.Command(cl.cfg.Binary, "agent", "--node", node, "--failure-domain", domain,
+	warm := "0"
+	if node == "node-2" { // the spare takes over the dead node's rank: a segment waits for it
+		warm = fmt.Sprint(cl.cfg.Size + 16<<20)
+	}
+	n.cmd = exec.Command(cl.cfg.Binary, "agent", "--warm-segment", warm, "--node", node, "--failure-domain", domain,
 		"--shm-root", filepath.Join(n.dir, "shm"), "--socket", n.socket, "--listen", listen, "--advertise", listen,
 		"--metrics", "", "--coordinator", coordAddr, "--gossip", "127.0.0.1:0", "--gossip-join", gossipSeed, "--log-level", "warn")
 	n.cmd.Stdout, n.cmd.Stderr = logf, logf

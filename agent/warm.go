@@ -1,0 +1,99 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"sync"
+
+	"rewind.dev/rewind/shm"
+)
+
+// A warm segment is shared memory allocated, zeroed and mapped ahead of
+// need (Config.WarmSegment). A node that takes over a rank from a dead one
+// would otherwise pay for all of that inside the restore, which costs more
+// than moving the bytes: the first save or restore of a rank on the node
+// adopts the warm segment instead (renamed into the rank's slot, truncated
+// to the shard's size), and a new one is made in the background.
+type warm struct {
+	mu   sync.Mutex
+	m    *shm.Mapping // nil while none is ready
+	path string       // where it lies while ready
+	// adopted maps a slot path to the mapping of the warm segment renamed
+	// there, for the copy about to fill it.
+	adopted map[string]*shm.Mapping
+}
+
+const warmName = ".warm"
+
+// fillWarm makes the warm segment, if configured and none is ready.
+func (a *Agent) fillWarm() {
+	size := a.cfg.WarmSegment
+	if size <= 0 {
+		return
+	}
+	a.warm.mu.Lock()
+	defer a.warm.mu.Unlock()
+	if a.warm.m != nil {
+		return
+	}
+	path := filepath.Join(a.cfg.ShmRoot, warmName)
+	if err := a.reserveBudget(warmName, 0, 0, size); err != nil {
+		a.log.Warn("no warm segment: the budget has no room for it", "bytes", size, "err", err)
+		return
+	}
+	if _, err := a.segs.Reserve(path, size); err != nil {
+		a.releaseBudget(0, size)
+		a.log.Warn("no warm segment", "err", err)
+		return
+	}
+	f, err := a.cfg.FS.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		a.releaseBudget(0, size)
+		return
+	}
+	m, err := shm.Map(f, size, true)
+	f.Close()
+	if err != nil {
+		a.releaseBudget(0, size)
+		a.log.Warn("no warm segment", "err", err)
+		return
+	}
+	a.warm.m, a.warm.path = m, path
+	a.log.Info("warm segment ready", "bytes", size)
+}
+
+// adoptWarm renames the warm segment to path for a new slot of size bytes,
+// if one is ready and large enough; the slot's budget is then reserved as
+// for any new segment. The caller holds the rank's lock.
+func (a *Agent) adoptWarm(path string, size int64) bool {
+	a.warm.mu.Lock()
+	defer a.warm.mu.Unlock()
+	if a.warm.m == nil || size > int64(len(a.warm.m.Data)) {
+		return false
+	}
+	if err := a.cfg.FS.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return false
+	}
+	if err := a.cfg.FS.Rename(a.warm.path, path); err != nil {
+		a.log.Warn("adopting the warm segment", "err", err)
+		return false
+	}
+	a.adjustUsed(-int64(len(a.warm.m.Data)))
+	if a.warm.adopted == nil {
+		a.warm.adopted = map[string]*shm.Mapping{}
+	}
+	a.warm.adopted[path] = a.warm.m
+	a.warm.m = nil
+	go a.fillWarm()
+	return true
+}
+
+// warmMapping returns, once, the mapping of a warm segment adopted at
+// path (the first size bytes are the slot), or nil.
+func (a *Agent) warmMapping(path string) *shm.Mapping {
+	a.warm.mu.Lock()
+	defer a.warm.mu.Unlock()
+	m := a.warm.adopted[path]
+	delete(a.warm.adopted, path)
+	return m
+}
