@@ -112,7 +112,7 @@ func (c *Coordinator) recoverJob(ctx context.Context, job, node, reason string, 
 	lock := c.jobLock(job)
 	lock.Lock()
 	defer lock.Unlock()
-	ev := &coordpb.JobEvent{Job: job, Kind: "regang", Reason: fmt.Sprintf("node %s down: %s", node, reason),
+	ev := &coordpb.JobEvent{Job: job, Kind: "regang", Reason: fmt.Sprintf("node %s down: %s", node, reason), Node: node,
 		DetectedUnixNano: detected.UnixNano(), Sources: map[string]uint32{}}
 	fail := func(err error) {
 		ev.Kind, ev.Error = "failed", err.Error()

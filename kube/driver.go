@@ -64,6 +64,7 @@ func (d *MPIJobDriver) Regang(ctx context.Context, ev *coordpb.JobEvent) error {
 	if err != nil {
 		return fmt.Errorf("kube: regang of %s: %w", ev.Job, err)
 	}
+	d.taintDead(ctx, ev.Node)
 	id := "recovery-" + strconv.FormatInt(ev.DetectedUnixNano, 10)
 	why := "recovery"
 	if ev.Reason != "" {
@@ -142,4 +143,27 @@ func (d *MPIJobDriver) deleteGang(ctx context.Context, ns, name string) (int, er
 		}
 	}
 	return n, nil
+}
+
+// taintDead taints the node whose death started a recovery (failure
+// detection saw it before, or without, its Ready condition going False),
+// so the scheduler does not place the new gang there; a node that is gone
+// or tainted already is left alone.
+func (d *MPIJobDriver) taintDead(ctx context.Context, node string) {
+	if node == "" {
+		return
+	}
+	n, err := d.Kube.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil || hasTaint(n, TaintUnhealthy) {
+		return
+	}
+	now := time.Now()
+	if d.Clock != nil {
+		now = d.Clock.Now()
+	}
+	if err := taintNode(ctx, d.Kube, n, now); err != nil {
+		d.Log.Warn("kube: tainting the dead node", "node", node, "err", err)
+		return
+	}
+	d.Recorder.Eventf(n, corev1.EventTypeWarning, ReasonNodeDown, "tainted %s: declared dead by rewind's failure detection", TaintUnhealthy)
 }

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 )
 
 // syncNode declares a node dead once its Ready condition has been False
@@ -83,7 +85,16 @@ func hasTaint(n *corev1.Node, key string) bool {
 // patch that fails if the node changed since it was read (a retry
 // re-reads it).
 func (c *Controller) taint(ctx context.Context, n *corev1.Node) error {
-	now := metav1.NewTime(c.cfg.Clock.Now())
+	if err := taintNode(ctx, c.kube, n, c.cfg.Clock.Now()); err != nil {
+		return err
+	}
+	c.setDowned(n.Name, nodeTainted)
+	return nil
+}
+
+// taintNode adds rewind.dev/unhealthy:NoSchedule to n.
+func taintNode(ctx context.Context, kube kubernetes.Interface, n *corev1.Node, at time.Time) error {
+	now := metav1.NewTime(at)
 	t := corev1.Taint{Key: TaintUnhealthy, Effect: corev1.TaintEffectNoSchedule, TimeAdded: &now}
 	var ops []map[string]any
 	if n.ResourceVersion != "" {
@@ -98,10 +109,9 @@ func (c *Controller) taint(ctx context.Context, n *corev1.Node) error {
 	if err != nil {
 		return err
 	}
-	if _, err := c.kube.CoreV1().Nodes().Patch(ctx, n.Name, types.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
+	if _, err := kube.CoreV1().Nodes().Patch(ctx, n.Name, types.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
 		return fmt.Errorf("kube: tainting node %s: %w", n.Name, err)
 	}
-	c.setDowned(n.Name, nodeTainted)
 	return nil
 }
 

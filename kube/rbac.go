@@ -19,8 +19,9 @@ var Permissions = []Permission{
 	{Group: "", Resource: "pods", Verbs: []string{"list", "watch", "delete"}},
 	// The driver deletes the launcher's Job.
 	{Group: "batch", Resource: "jobs", Verbs: []string{"delete"}},
-	// The node informer; the taint's JSON patch.
-	{Group: "", Resource: "nodes", Verbs: []string{"list", "watch", "patch"}},
+	// The node informer; the driver's read of a node failure detection
+	// declared dead; the taint's JSON patch.
+	{Group: "", Resource: "nodes", Verbs: []string{"get", "list", "watch", "patch"}},
 	// The event recorder creates Events and patches repeated ones.
 	{Group: "", Resource: "events", Verbs: []string{"create", "patch"}},
 	// Leader election (resourcelock.LeaseLock: get, create, update).

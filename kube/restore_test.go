@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"rewind.dev/rewind/api/coordpb"
 )
 
@@ -75,12 +78,14 @@ func TestOperatorRestoreFails(t *testing.T) {
 // gang once per recovery id.
 func TestDriverRegang(t *testing.T) {
 	h := newHarness(t, newMPIJob("ml", "train", 1, 1, map[string]string{AnnCheckpoint: "enabled"}),
-		newPod("ml", "train", roleWorker, 0, "n1"))
+		newPod("ml", "train", roleWorker, 0, "n1"), newNode("n1", corev1.ConditionTrue, t0))
 	d := h.c.driver
 	if err := d.Regang(h.ctx, &coordpb.JobEvent{Job: "train", Step: 3}); err == nil {
 		t.Fatal("regang of a job id without a namespace succeeded")
 	}
-	ev := &coordpb.JobEvent{Job: "ml/train", Kind: "regang", Ok: true, Step: 3, DetectedUnixNano: 99}
+	// Failure detection declared n1 dead while its Ready condition is
+	// still True: the driver taints it, so the new gang goes elsewhere.
+	ev := &coordpb.JobEvent{Job: "ml/train", Kind: "regang", Ok: true, Step: 3, DetectedUnixNano: 99, Node: "n1"}
 	for range 2 {
 		if err := d.Regang(h.ctx, ev); err != nil {
 			t.Fatal(err)
@@ -90,7 +95,11 @@ func TestDriverRegang(t *testing.T) {
 	if got[AnnRestoringStep] != "3" || got[AnnRegangID] != "recovery-99" {
 		t.Fatalf("annotations %v", got)
 	}
-	if n := len(h.events()); n != 1 {
-		t.Fatalf("%d events, want 1 Regang", n)
+	if ev := h.events(); len(ev) != 2 || !hasEvent(ev, "Normal Regang") || !hasEvent(ev, "Warning "+ReasonNodeDown, "declared dead") {
+		t.Fatalf("events %v, want one Regang and one NodeDown", ev)
+	}
+	n, err := h.kube.CoreV1().Nodes().Get(h.ctx, "n1", metav1.GetOptions{})
+	if err != nil || !hasTaint(n, TaintUnhealthy) {
+		t.Fatalf("node n1 after the regang: %v %v", n.Spec.Taints, err)
 	}
 }

@@ -2714,7 +2714,10 @@ type JobEvent struct {
 	RestoredUnixNano int64  `protobuf:"varint,10,opt,name=restored_unix_nano,json=restoredUnixNano,proto3" json:"restored_unix_nano,omitempty"`
 	Bytes            uint64 `protobuf:"varint,11,opt,name=bytes,proto3" json:"bytes,omitempty"`
 	// How many ranks each kind of source served ("shm:peer", "s3", ...).
-	Sources       map[string]uint32 `protobuf:"bytes,12,rep,name=sources,proto3" json:"sources,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Sources map[string]uint32 `protobuf:"bytes,12,rep,name=sources,proto3" json:"sources,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// The node whose death started the recovery (a Kubernetes driver
+	// taints it so the new gang is not placed there).
+	Node          string `protobuf:"bytes,13,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2831,6 +2834,13 @@ func (x *JobEvent) GetSources() map[string]uint32 {
 		return x.Sources
 	}
 	return nil
+}
+
+func (x *JobEvent) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
 }
 
 var File_coordinator_proto protoreflect.FileDescriptor
@@ -3053,7 +3063,7 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x10NodeDownResponse\x12\x12\n" +
 	"\x04jobs\x18\x01 \x03(\tR\x04jobs\"#\n" +
 	"\x0fWatchJobRequest\x12\x10\n" +
-	"\x03job\x18\x01 \x01(\tR\x03job\"\xb0\x04\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\"\xc4\x04\n" +
 	"\bJobEvent\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x12\n" +
@@ -3067,7 +3077,8 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x12restored_unix_nano\x18\n" +
 	" \x01(\x03R\x10restoredUnixNano\x12\x14\n" +
 	"\x05bytes\x18\v \x01(\x04R\x05bytes\x12F\n" +
-	"\asources\x18\f \x03(\v2,.rewind.coordinator.v1.JobEvent.SourcesEntryR\asources\x1a<\n" +
+	"\asources\x18\f \x03(\v2,.rewind.coordinator.v1.JobEvent.SourcesEntryR\asources\x12\x12\n" +
+	"\x04node\x18\r \x01(\tR\x04node\x1a<\n" +
 	"\x0ePlacementEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
