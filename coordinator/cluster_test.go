@@ -37,6 +37,13 @@ type cluster struct {
 
 func startCoordinator(t *testing.T, dataDir, addr string, mods ...func(*coordinator.Config)) (string, func()) {
 	t.Helper()
+	_, got, stop := runCoordinator(t, dataDir, addr, mods...)
+	return got, stop
+}
+
+// runCoordinator is startCoordinator, also returning the coordinator.
+func runCoordinator(t *testing.T, dataDir, addr string, mods ...func(*coordinator.Config)) (*coordinator.Coordinator, string, func()) {
+	t.Helper()
 	cfg := coordinator.DefaultConfig()
 	cfg.ListenAddr, cfg.MetricsAddr, cfg.DataDir = addr, "", dataDir
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -63,7 +70,7 @@ func startCoordinator(t *testing.T, dataDir, addr string, mods ...func(*coordina
 		}
 	}
 	t.Cleanup(stop)
-	return got, stop
+	return c, got, stop
 }
 
 func newCluster(t *testing.T, nodes int) *cluster {

@@ -85,21 +85,9 @@ func (cl *cluster) spawnAgent(node, domain, gossipSeed string) (*exec.Cmd, strin
 // gossipCoordinator starts a coordinator that runs failure detection.
 func gossipCoordinator(t *testing.T, faults *membership.FaultNetwork) (*cluster, string) {
 	cl := &cluster{t: t, dataDir: t.TempDir()}
-	cfg := coordinator.DefaultConfig()
-	cfg.ListenAddr, cfg.MetricsAddr, cfg.DataDir = "127.0.0.1:0", "", cl.dataDir
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	g := gossipConfig(faults)
-	cfg.Gossip, cfg.Replicas = &g, 1
-	c, err := coordinator.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
-	done := make(chan struct{})
-	go func() { c.Run(ctx, func(a, _ string) { ready <- a }); close(done) }()
-	cl.addr = <-ready
-	t.Cleanup(func() { cancel(); <-done; c.Close() })
+	c, addr, _ := runCoordinator(t, cl.dataDir, "127.0.0.1:0", func(cfg *coordinator.Config) { cfg.Gossip, cfg.Replicas = &g, 1 })
+	cl.addr = addr
 	cl.dial()
 	return cl, c.GossipAddr()
 }

@@ -15,9 +15,11 @@ import (
 	"rewind.dev/rewind/shm"
 )
 
-// recoveryCluster: node-0 (rack-a) runs rank 0, node-1 (rack-b) rank 1,
-// node-2 (rack-a) is a spare; every shard has one replica.
-func recoveryCluster(t *testing.T, replicas int) *cluster {
+// rackCluster is a coordinator keeping replicas copies of every shard and
+// three agents: node-0 and node-2 in rack-a, node-1 in rack-b. The
+// recovery tests run rank 0 on node-0, rank 1 on node-1 and keep node-2
+// spare.
+func rackCluster(t *testing.T, replicas int) *cluster {
 	cl := &cluster{t: t, dataDir: t.TempDir()}
 	cl.addr, cl.stop = startCoordinator(t, cl.dataDir, "127.0.0.1:0", func(c *coordinator.Config) { c.Replicas = replicas })
 	cl.dial()
@@ -68,7 +70,7 @@ func nextEvent(t *testing.T, ch <-chan *coordpb.JobEvent) *coordpb.JobEvent {
 // ranks; the shards are in place, bit-identical; saves go on.
 func TestRecoveryAfterANodeDies(t *testing.T) {
 	const job, ws = "recover", 2
-	cl := recoveryCluster(t, 1)
+	cl := rackCluster(t, 1)
 	for step := int64(1); step <= 3; step++ {
 		cl.saveStep(job, ws, step, 0, 1)
 		cl.waitLatest(job, step)
@@ -115,7 +117,7 @@ func TestRecoveryAfterANodeDies(t *testing.T) {
 // ranks still alive stay told that the gang is broken.
 func TestRecoveryImpossible(t *testing.T) {
 	const job, ws = "lost", 2
-	cl := recoveryCluster(t, 0)
+	cl := rackCluster(t, 0)
 	cl.saveStep(job, ws, 1, 0, 1)
 	cl.waitLatest(job, 1)
 	events := cl.watch(job)
@@ -134,7 +136,7 @@ func TestRecoveryImpossible(t *testing.T) {
 // it is.
 func TestGangBrokenWhileRecovering(t *testing.T) {
 	const job, ws = "abort", 2
-	cl := recoveryCluster(t, 1)
+	cl := rackCluster(t, 1)
 	cl.saveStep(job, ws, 1, 0, 1)
 	cl.waitLatest(job, 1)
 	waitReplicas(t, cl, job, 1, ws, 2)

@@ -41,13 +41,7 @@ func (cl *cluster) replicaNodes(job string, step int64) map[uint32][]string {
 // bit-identical.
 func TestPeerReplication(t *testing.T) {
 	const job, ws = "repl", 3
-	cl := &cluster{t: t, dataDir: t.TempDir()}
-	cl.addr, cl.stop = startCoordinator(t, cl.dataDir, "127.0.0.1:0", func(c *coordinator.Config) { c.Replicas = 1 })
-	cl.dial()
-	domains := []string{"rack-a", "rack-b", "rack-a"}
-	for i, d := range domains {
-		cl.addAgent(func(cfg *agent.Config) { cfg.Node, cfg.FailureDomain = fmt.Sprintf("node-%d", i), d })
-	}
+	cl := rackCluster(t, 1)
 	// node-0 and node-2 (rack-a) replicate to node-1, the only node of
 	// rack-b; node-1 to the next node after it, node-2.
 	want := map[uint32]string{0: "node-1", 1: "node-2", 2: "node-1"}
@@ -120,21 +114,10 @@ func sumOf(t *testing.T, cl *cluster, job string, step int64, rank uint32) strin
 // peer's in its failure domain, a peer's elsewhere, then the tiers.
 func TestRestorePlanOrder(t *testing.T) {
 	const job, ws = "order", 1
-	cl := &cluster{t: t, dataDir: t.TempDir()}
-	cl.addr, cl.stop = startCoordinator(t, cl.dataDir, "127.0.0.1:0", func(c *coordinator.Config) { c.Replicas = 2 })
-	cl.dial()
-	for i, d := range []string{"rack-a", "rack-b", "rack-a"} {
-		cl.addAgent(func(cfg *agent.Config) { cfg.Node, cfg.FailureDomain = fmt.Sprintf("node-%d", i), d })
-	}
+	cl := rackCluster(t, 2)
 	cl.saveStep(job, ws, 1, 0)
 	cl.waitLatest(job, 1)
-	deadline := time.Now().Add(10 * time.Second)
-	for len(cl.replicaNodes(job, 1)[0]) < 3 {
-		if time.Now().After(deadline) {
-			t.Fatalf("replicas of rank 0: %v, want on all three nodes", cl.replicaNodes(job, 1))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitReplicas(t, cl, job, 1, ws, 3)
 	plan, err := cl.api.PlanRestore(ctxT(t), &coordpb.PlanRestoreRequest{Job: job, Step: 1, DryRun: true})
 	if err != nil {
 		t.Fatal(err)
@@ -153,21 +136,10 @@ func TestRestorePlanOrder(t *testing.T) {
 // corrupt, and falls back to the next peer, bit-identical.
 func TestRestoreFallsBackFromACorruptReplica(t *testing.T) {
 	const job, ws = "fallback", 1
-	cl := &cluster{t: t, dataDir: t.TempDir()}
-	cl.addr, cl.stop = startCoordinator(t, cl.dataDir, "127.0.0.1:0", func(c *coordinator.Config) { c.Replicas = 2 })
-	cl.dial()
-	for i, d := range []string{"rack-a", "rack-b", "rack-a"} {
-		cl.addAgent(func(cfg *agent.Config) { cfg.Node, cfg.FailureDomain = fmt.Sprintf("node-%d", i), d })
-	}
+	cl := rackCluster(t, 2)
 	cl.saveStep(job, ws, 1, 0)
 	cl.waitLatest(job, 1)
-	deadline := time.Now().Add(10 * time.Second)
-	for len(cl.replicaNodes(job, 1)[0]) < 3 {
-		if time.Now().After(deadline) {
-			t.Fatalf("replicas: %v", cl.replicaNodes(job, 1))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitReplicas(t, cl, job, 1, ws, 3)
 	// node-2 is node-0's nearest peer (same rack): once its background
 	// verification has passed, flip a byte of its replica.
 	var shards []*agentpb.Shard
@@ -188,7 +160,7 @@ func TestRestoreFallsBackFromACorruptReplica(t *testing.T) {
 	cfg.Node, cfg.FailureDomain, cfg.CoordinatorAddr = "node-0", "rack-a", cl.addr
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	startAgent(t, cfg)
-	deadline = time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for len(cl.replicaNodes(job, 1)[0]) != 2 { // the new node-0 registered: its old copy left the index
 		if time.Now().After(deadline) {
 			t.Fatalf("copies after node-0 came back empty: %v", cl.replicaNodes(job, 1))
