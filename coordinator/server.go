@@ -58,10 +58,13 @@ func (s *server) Register(ctx context.Context, req *coordpb.RegisterRequest) (*c
 }
 
 func (s *server) RegisterJob(ctx context.Context, req *coordpb.RegisterJobRequest) (*coordpb.RegisterJobResponse, error) {
+	var policy *tiers.Policy // refused before the job is touched; none keeps the job's
 	if req.Policy != "" {
-		if _, err := tiers.ParsePolicy(req.Policy); err != nil {
+		p, err := tiers.ParsePolicy(req.Policy)
+		if err != nil {
 			return nil, toStatus(fmt.Errorf("%w: coordinator: job %s: %w", ErrInvalid, req.Job, err))
 		}
+		policy = &p
 	}
 	var re bool
 	_, err := s.c.apply(func(ch *Changes) error {
@@ -69,8 +72,8 @@ func (s *server) RegisterJob(ctx context.Context, req *coordpb.RegisterJobReques
 		re, err = s.c.state.RegisterJob(req.Job, req.WorldSize, req.Placement, ch)
 		return err
 	})
-	if err == nil {
-		err = s.c.tiers.setPolicy(req.Job, req.Policy)
+	if err == nil && policy != nil {
+		err = s.c.tiers.setPolicy(req.Job, *policy)
 	}
 	if err == nil && req.Replicas != nil {
 		err = s.c.tiers.setReplicas(req.Job, int(*req.Replicas))

@@ -128,15 +128,8 @@ func (t *tierer) load() error {
 	return nil
 }
 
-// setPolicy sets a job's policy from its text form; empty keeps it.
-func (t *tierer) setPolicy(job, text string) error {
-	if text == "" {
-		return nil
-	}
-	p, err := tiers.ParsePolicy(text)
-	if err != nil {
-		return fmt.Errorf("%w: coordinator: job %s: %w", ErrInvalid, job, err)
-	}
+// setPolicy sets a job's policy.
+func (t *tierer) setPolicy(job string, p tiers.Policy) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if old, ok := t.policies[job]; ok && old.String() == p.String() {
