@@ -3,7 +3,6 @@ package agent
 import (
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 )
 
@@ -92,52 +91,4 @@ func (a *Agent) discardAfter(job string, step int64) {
 	if n > 0 {
 		a.log.Info("discarded steps after the one the job resumes from", "job", job, "step", step, "shards", n)
 	}
-}
-
-// evictReplicas frees replica segments for a save of the node's own that
-// does not fit the budget, until need bytes are free or none is left to
-// give: never a replica rank's newest copy, nor the job's consistent step,
-// nor a segment being read or verified. skip is the rank being prepared
-// (its lock is held); a rank busy elsewhere is passed over. It returns the
-// bytes freed.
-func (a *Agent) evictReplicas(need int64, skip *lockedRank) int64 {
-	a.mu.Lock()
-	ranks := make([]*lockedRank, 0, len(a.ranks))
-	for _, r := range a.ranks {
-		ranks = append(ranks, r)
-	}
-	a.mu.Unlock()
-	var freed int64
-	for _, r := range ranks {
-		if freed >= need {
-			break
-		}
-		if r == skip || !r.mu.TryLock() {
-			continue
-		}
-		latest, pin := r.latest(), a.rep.pinned(r.job)
-		keep := r.slots[:0]
-		for _, s := range r.slots {
-			if freed >= need || !s.Replica || s == latest || s.readers > 0 || s.verifying != nil || s.State == stateCommitted && s.Step == pin {
-				keep = append(keep, s)
-				continue
-			}
-			if err := a.cfg.FS.Remove(a.paths.Segment(r.job, r.rank, s.Index)); err != nil && !os.IsNotExist(err) {
-				keep = append(keep, s)
-				continue
-			}
-			if s.State == stateCommitted {
-				a.rep.shard(r.job, r.rank, s.WorldSize, s.Step, s.Size, s.HeaderSum, "deleted")
-			}
-			freed += s.Size
-			a.adjustUsed(-s.Size)
-			a.log.Warn("replica evicted for a save of this node's own", "job", r.job, "rank", r.rank, "step", s.Step, "bytes", s.Size)
-		}
-		r.slots = keep
-		if err := a.persist(&r.rankState); err != nil {
-			a.log.Error("persisting slots after evicting replicas", "err", err)
-		}
-		r.mu.Unlock()
-	}
-	return freed
 }
