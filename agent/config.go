@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"rewind.dev/rewind/faultinject"
 	"rewind.dev/rewind/internal/clock"
 	"rewind.dev/rewind/membership"
 	"rewind.dev/rewind/shm"
@@ -84,6 +85,11 @@ type Config struct {
 	TransferAttempts int
 	TransferBackoff  time.Duration
 
+	// Faults, when set, fires the armed fault points of this agent and
+	// wraps FS (faultinject); nil in production unless the daemon runs
+	// with --fault-injection.
+	Faults *faultinject.Injector
+
 	FS       shm.FS
 	Clock    clock.Clock
 	Logger   *slog.Logger
@@ -151,6 +157,7 @@ func (c *Config) Validate() error {
 	if c.FS == nil {
 		c.FS = shm.OSFS
 	}
+	c.FS = c.Faults.FS(c.FS, "shm")
 	if c.Clock == nil {
 		c.Clock = clock.Real
 	}

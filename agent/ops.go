@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"rewind.dev/rewind/faultinject"
 	"rewind.dev/rewind/shm"
 )
 
@@ -202,6 +203,9 @@ func (a *Agent) Commit(ctx context.Context, job string, rank, slotIdx uint32, to
 		return 0, fmt.Errorf("%w: agent: slot %d of job %s rank %d is not being written for step %d by this caller (a later save took it over?)",
 			ErrBusy, slotIdx, job, rank, step)
 	}
+	if err := a.cfg.Faults.Check(ctx, faultinject.AgentShardCopied); err != nil {
+		return 0, fmt.Errorf("agent: commit of job %s rank %d step %d: %w", job, rank, step, err)
+	}
 	path := a.paths.Segment(job, rank, slotIdx)
 	h, raw, err := a.readHeader(path)
 	if err != nil {
@@ -224,6 +228,7 @@ func (a *Agent) Commit(ctx context.Context, job string, rank, slotIdx uint32, to
 		*s = prev // still being written by the same caller, who may retry
 		return 0, err
 	}
+	a.cfg.Faults.Eval(ctx, faultinject.AgentCommittedUnsent)
 	a.rep.shard(job, rank, s.WorldSize, step, s.Size, headerSum, "committed")
 	a.metrics.saves.WithLabelValues("ok").Inc()
 	a.metrics.committedBytes.Add(float64(s.Size))

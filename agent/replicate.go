@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"rewind.dev/rewind/api/agentpb"
+	"rewind.dev/rewind/faultinject"
 	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
 )
@@ -122,6 +123,13 @@ func (a *Agent) copyFromPeer(ctx context.Context, ps PeerShard, lim *tiers.Limit
 	if _, err := a.Commit(ctx, ps.Job, ps.Rank, prep.Slot, prep.Token, ps.Step, ps.HeaderSum); err != nil {
 		return 0, err
 	}
+	if !place {
+		if f := a.cfg.Faults.Eval(ctx, faultinject.AgentReplicaStored); f.Kind == faultinject.KindCorrupt {
+			a.corruptSegment(prep.Path, prep.Size, f)
+		} else if err := f.Err(); err != nil {
+			return 0, fmt.Errorf("agent: replica of job %s rank %d step %d: %w", ps.Job, ps.Rank, ps.Step, err)
+		}
+	}
 	a.log.Info("shard copied from a peer", "job", ps.Job, "rank", ps.Rank, "step", ps.Step, "peer", ps.Node, "bytes", ps.Size,
 		"prepare_ms", t1.Sub(t0).Milliseconds(), "receive_and_check_ms", t2.Sub(t1).Milliseconds(),
 		"commit_ms", time.Since(t2).Milliseconds(), "restore", place)
@@ -166,6 +174,13 @@ func (a *Agent) receive(ctx context.Context, peer agentpb.AgentClient, ps PeerSh
 func (a *Agent) checkReceived(ps PeerShard, dst []byte) error {
 	h, err := shm.DecodeBytes(dst)
 	if err != nil {
+		return err
+	}
+	if f := a.cfg.Faults.Eval(context.Background(), faultinject.AgentReplicaReceived); f.Kind == faultinject.KindCorrupt {
+		if off, err := corruptShard(dst, f); err == nil {
+			a.log.Warn("fault: flipped a bit of a shard received from a peer", "node", ps.Node, "offset", off)
+		}
+	} else if err := f.Err(); err != nil {
 		return err
 	}
 	if sum := shm.HeaderSum(dst[:h.DataStart]); sum != ps.HeaderSum {
@@ -215,6 +230,9 @@ func (a *Agent) FetchFrom(ctx context.Context, ps PeerShard, sources []Source) (
 }
 
 func (a *Agent) fetchSource(ctx context.Context, ps PeerShard, src Source) (int64, error) {
+	if err := a.cfg.Faults.Check(ctx, faultinject.AgentRestoreFetched); err != nil {
+		return 0, fmt.Errorf("agent: source %s: %w", src, err)
+	}
 	switch {
 	case src.Tier == "shm" && src.Node == a.cfg.Node:
 		sh, release, err := a.pin(ps.Job, ps.Rank, ps.Step)

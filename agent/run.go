@@ -50,7 +50,7 @@ func (a *Agent) Run(ctx context.Context, ready func(Addrs)) error {
 	}
 	var metrics *metricsrv.Server
 	if a.cfg.MetricsAddr != "" {
-		if metrics, err = metricsrv.Start(a.cfg.MetricsAddr, a.cfg.Registry, errc); err != nil {
+		if metrics, err = metricsrv.Start(a.cfg.MetricsAddr, a.cfg.Registry, errc, metricsrv.FaultRoutes(a.cfg.Faults)...); err != nil {
 			srv.Stop()
 			return fmt.Errorf("agent: %w", err)
 		}

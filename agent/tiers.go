@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"rewind.dev/rewind/faultinject"
 	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
 )
@@ -47,6 +48,9 @@ func (a *Agent) push(ctx context.Context, st tiers.Store, job string, rank uint3
 		defer done(sh.Size)
 	}
 	if err := st.Put(ctx, tiers.ShardName(job, step, rank), src, sh.Size); err != nil {
+		return tiers.ShardEntry{}, fmt.Errorf("agent: push of job %s rank %d step %d to %s: %w", job, rank, step, st, err)
+	}
+	if err := a.cfg.Faults.Check(ctx, faultinject.AgentTierUploaded); err != nil {
 		return tiers.ShardEntry{}, fmt.Errorf("agent: push of job %s rank %d step %d to %s: %w", job, rank, step, st, err)
 	}
 	return tiers.ShardEntry{Rank: rank, Size: sh.Size, HeaderChecksum: sh.HeaderSum}, nil

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/faultinject"
 	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
 )
@@ -199,7 +200,10 @@ func (t *transfers) do(ctx context.Context, st tiers.Store, o *coordpb.TransferO
 		if tiers.TierNodeLocal(o.Tier) {
 			m.Here = slices.Sorted(slices.Values(o.Ranks))
 		}
-		return 0, tiers.WriteManifest(ctx, st, m)
+		if err := tiers.WriteManifest(ctx, st, m); err != nil {
+			return 0, err
+		}
+		return 0, t.a.cfg.Faults.Check(ctx, faultinject.AgentTierManifest)
 	case "replicate":
 		return t.a.CopyFromPeer(ctx, PeerShard{Job: o.Job, Rank: o.Rank, WorldSize: o.WorldSize, Step: o.Step,
 			Size: int64(o.SizeBytes), HeaderSum: o.HeaderChecksum, Node: o.SourceNode, Addr: o.SourceAddr}, t.lim)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"rewind.dev/rewind/faultinject"
 	"rewind.dev/rewind/internal/clock"
 	"rewind.dev/rewind/membership"
 	"rewind.dev/rewind/tiers"
@@ -39,6 +40,10 @@ type Config struct {
 	// this coordinator reaches a majority of the cluster; without a
 	// majority, no node is declared dead from here.
 	Quorum func() bool
+
+	// Faults, when set, fires the armed fault points of the coordinator
+	// (faultinject); nil unless the daemon runs with --fault-injection.
+	Faults *faultinject.Injector
 
 	Clock    clock.Clock
 	Logger   *slog.Logger

@@ -1,7 +1,11 @@
 package coordinator
 
 import (
+	"context"
+	"fmt"
+
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/faultinject"
 )
 
 // Reports are applied in groups, as LevelDB's and pebble's writers commit:
@@ -112,7 +116,11 @@ func (c *Coordinator) applyGroup(group []*pendingReport) {
 		p.consistent = ch.Consistent[from:len(ch.Consistent):len(ch.Consistent)]
 	}
 	c.metrics.countReports(counts)
-	if err := c.persist(&ch); err != nil {
+	err := c.faultBeforeConsistent(&ch)
+	if err == nil {
+		err = c.persist(&ch)
+	}
+	if err != nil {
 		for _, p := range group {
 			p.err, p.consistent = err, nil
 		}
@@ -179,4 +187,16 @@ func (c *Coordinator) pinsLocked(node string, recs []Record) []*coordpb.Pin {
 		add(r.Job)
 	}
 	return pins
+}
+
+// faultBeforeConsistent fires coordinator/before-consistent when the
+// changes about to be stored make a step consistent.
+func (c *Coordinator) faultBeforeConsistent(ch *Changes) error {
+	if len(ch.Consistent) == 0 {
+		return nil
+	}
+	if err := c.cfg.Faults.Check(context.Background(), faultinject.CoordBeforeConsistent); err != nil {
+		return fmt.Errorf("coordinator: recording step %d of %s consistent: %w", ch.Consistent[0].Step, ch.Consistent[0].Job, err)
+	}
+	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/faultinject"
 )
 
 // Recovery: a node is declared dead (failure detection, or an operator).
@@ -151,6 +152,10 @@ func (c *Coordinator) recoverJob(ctx context.Context, job, node, reason string, 
 	}
 	if len(problems) > 0 {
 		fail(fmt.Errorf("coordinator: restore of %s step %d: %s", job, plan.Step, strings.Join(problems, "; ")))
+		return
+	}
+	if err := c.cfg.Faults.Check(ctx, faultinject.CoordBeforeRegang); err != nil {
+		fail(fmt.Errorf("coordinator: recovery of %s step %d: %w", job, plan.Step, err))
 		return
 	}
 	ev.Ok = true

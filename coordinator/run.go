@@ -37,7 +37,7 @@ func (c *Coordinator) Run(ctx context.Context, ready func(grpcAddr, metricsAddr 
 	var metrics *metricsrv.Server
 	var metricsAddr string
 	if c.cfg.MetricsAddr != "" {
-		if metrics, err = metricsrv.Start(c.cfg.MetricsAddr, c.cfg.Registry, errc); err != nil {
+		if metrics, err = metricsrv.Start(c.cfg.MetricsAddr, c.cfg.Registry, errc, metricsrv.FaultRoutes(c.cfg.Faults)...); err != nil {
 			srv.Stop()
 			return fmt.Errorf("coordinator: %w", err)
 		}

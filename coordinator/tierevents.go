@@ -1,11 +1,13 @@
 package coordinator
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"slices"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/faultinject"
 	"rewind.dev/rewind/tiers"
 )
 
@@ -113,6 +115,10 @@ func (t *tierer) manifested(tc *tierCopy, node string, ev *coordpb.TierEvent) {
 			t.persist(tc)
 			return
 		}
+	}
+	if err := t.c.cfg.Faults.Check(context.Background(), faultinject.CoordBeforeTierRecord); err != nil {
+		t.fail(tc, "recording the copy: "+err.Error())
+		return
 	}
 	tc.State, tc.Finished = tcDurable, t.c.cfg.Clock.Now()
 	t.persist(tc)

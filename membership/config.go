@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"rewind.dev/rewind/faultinject"
 	"rewind.dev/rewind/internal/clock"
 )
 
@@ -61,6 +62,10 @@ type Config struct {
 	// Faults, when set, routes this member's traffic through a fault
 	// network that tests cut and slow down. Nil in production.
 	Faults *FaultNetwork
+	// Injector, when set, fires gossip/send on everything this member
+	// sends (faultinject): drop loses it, reset refuses a stream, sleep
+	// delays it. The daemons set it with --fault-injection.
+	Injector *faultinject.Injector
 
 	Clock    clock.Clock
 	Logger   *slog.Logger

@@ -1,6 +1,7 @@
 package membership
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"rewind.dev/rewind/faultinject"
 )
 
 // transport is memberlist's NetTransport (UDP packets, TCP streams) with
@@ -23,6 +25,7 @@ type transport struct {
 	name    string
 	inner   *memberlist.NetTransport
 	faults  *FaultNetwork // nil: no faults
+	inj     *faultinject.Injector
 	streams chan net.Conn
 	done    chan struct{}
 	once    sync.Once
@@ -45,6 +48,7 @@ func newTransport(cfg *Config, logger *log.Logger) (*transport, error) {
 		name:    cfg.Name,
 		inner:   inner,
 		faults:  cfg.Faults,
+		inj:     cfg.Injector,
 		streams: make(chan net.Conn),
 		done:    make(chan struct{}),
 	}
@@ -80,6 +84,9 @@ func (t *transport) WriteTo(b []byte, addr string) (time.Time, error) {
 	if err := t.closedErr(); err != nil {
 		return time.Time{}, err
 	}
+	if f := t.inj.Eval(context.Background(), faultinject.GossipSend); f.Kind == faultinject.KindDrop || f.Kind == faultinject.KindReset {
+		return time.Now(), nil // lost
+	}
 	if t.faults == nil {
 		return t.inner.WriteTo(b, addr)
 	}
@@ -110,6 +117,9 @@ func (t *transport) PacketCh() <-chan *memberlist.Packet { return t.inner.Packet
 func (t *transport) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
 	if err := t.closedErr(); err != nil {
 		return nil, err
+	}
+	if f := t.inj.Eval(context.Background(), faultinject.GossipSend); f.Kind == faultinject.KindDrop || f.Kind == faultinject.KindReset {
+		return nil, fmt.Errorf("dialing %s: %w", addr, &faultinject.Error{Point: f.Point, Err: ErrLinkCut})
 	}
 	if t.faults == nil {
 		return t.inner.DialTimeout(addr, timeout)

@@ -5,6 +5,8 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+
+	"rewind.dev/rewind/shm"
 )
 
 // TierNodeLocal reports whether a tier's store is private to one node (a
@@ -21,6 +23,12 @@ func TierNodeLocal(tier string) bool { return tier == "nvme" }
 // The store is checked for reachability by its first use, not here, so an
 // agent starts while an object store is down (its tier shows degraded).
 func Open(tier, rawURL string, s3 S3Config) (Store, error) {
+	return OpenFS(tier, rawURL, s3, nil)
+}
+
+// OpenFS is Open with the file system of a file:// tier (nil: the
+// operating system's), which fault injection wraps.
+func OpenFS(tier, rawURL string, s3 S3Config, fsys shm.FS) (Store, error) {
 	if !slices.Contains(tierNames, tier) {
 		return nil, fmt.Errorf("tiers: unknown tier %q: want one of %s", tier, strings.Join(tierNames, ", "))
 	}
@@ -37,6 +45,7 @@ func Open(tier, rawURL string, s3 S3Config) (Store, error) {
 		if TierNodeLocal(tier) {
 			opts = NVMeOptions()
 		}
+		opts.FS = fsys
 		return NewFileStore(u.Path, opts)
 	case "s3":
 		s3.URL = rawURL

@@ -33,11 +33,22 @@ func runAgent(ctx context.Context, args []string) error {
 	tf.register(fs)
 	var gf gossipFlags
 	gf.register(fs, ":7946", "failure-detection members to join, host:port,... (default: the coordinator's host, port 7947)")
+	var ff faultFlags
+	ff.register(fs)
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(strings.ToUpper(*logLevel))); err != nil {
+		return err
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	var err error
+	if cfg.Faults, err = ff.injector(cfg.Logger); err != nil {
+		return err
+	}
+	tf.faults = cfg.Faults
 	if cfg.Stores, cfg.TransferBandwidth, err = tf.stores(); err != nil {
 		return err
 	}
@@ -46,6 +57,9 @@ func runAgent(ctx context.Context, args []string) error {
 			return err
 		}
 		cfg.GossipJoin = gf.seeds(cfg.CoordinatorAddr)
+		if cfg.Gossip != nil {
+			cfg.Gossip.Injector = cfg.Faults
+		}
 	}
 	w, err := units.ParseBytes(*warmSize)
 	if err != nil {
@@ -57,11 +71,6 @@ func runAgent(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg.BudgetBytes = b
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(strings.ToUpper(*logLevel))); err != nil {
-		return err
-	}
-	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	a, err := agent.New(cfg)
 	if err != nil {
 		return err

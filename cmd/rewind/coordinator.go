@@ -28,17 +28,23 @@ func runCoordinator(ctx context.Context, args []string) error {
 	gf.register(fs, ":7947", "")
 	var kf kubeFlags
 	kf.register(fs)
+	var ff faultFlags
+	ff.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	g, err := gf.config()
 	if err != nil {
 		return err
 	}
+	if cfg.Faults, err = ff.injector(cfg.Logger); err != nil {
+		return err
+	}
 	cfg.Gossip = g
-	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if g != nil {
 		g.Name = "coordinator"
+		g.Injector = cfg.Faults
 	}
 	c, err := coordinator.New(cfg)
 	if err != nil {

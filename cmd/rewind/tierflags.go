@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"strings"
 
+	"rewind.dev/rewind/faultinject"
 	"rewind.dev/rewind/internal/units"
+	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
 )
 
@@ -18,6 +20,7 @@ type tierFlags struct {
 	urls      map[string]string
 	s3        tiers.S3Config
 	bandwidth string
+	faults    *faultinject.Injector // nil: fault injection off
 }
 
 func (t *tierFlags) register(fs *flag.FlagSet) {
@@ -49,7 +52,11 @@ func (t *tierFlags) stores() (map[string]tiers.Store, int64, error) {
 	}
 	out := map[string]tiers.Store{}
 	for name, url := range t.urls {
-		st, err := tiers.Open(name, url, t.s3)
+		s3 := t.s3
+		if t.faults != nil {
+			s3.Transport = t.faults.Transport(s3.Transport)
+		}
+		st, err := tiers.OpenFS(name, url, s3, t.faults.FS(shm.OSFS, "tier"))
 		if err != nil {
 			return nil, 0, fmt.Errorf("--tier %s: %w", name, err)
 		}

@@ -10,6 +10,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"rewind.dev/rewind/faultinject"
 )
 
 // Server serves /metrics until Close.
@@ -19,10 +21,16 @@ type Server struct {
 	srv  *http.Server
 }
 
-// Start listens on addr and serves reg's metrics at /metrics; a failure of
-// the server after it started is sent to errc. reg that is not a Gatherer
-// serves the default registry.
-func Start(addr string, reg prometheus.Registerer, errc chan<- error) (*Server, error) {
+// Route is a handler served beside /metrics (a debug endpoint).
+type Route struct {
+	Path    string
+	Handler http.Handler
+}
+
+// Start listens on addr and serves reg's metrics at /metrics, and routes;
+// a failure of the server after it started is sent to errc. reg that is
+// not a Gatherer serves the default registry.
+func Start(addr string, reg prometheus.Registerer, errc chan<- error, routes ...Route) (*Server, error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s for metrics: %w", addr, err)
@@ -33,6 +41,9 @@ func Start(addr string, reg prometheus.Registerer, errc chan<- error) (*Server, 
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	for _, r := range routes {
+		mux.Handle(r.Path, r.Handler)
+	}
 	s := &Server{Addr: l.Addr().String(), srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}}
 	go func() {
 		if err := s.srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
@@ -47,4 +58,13 @@ func (s *Server) Close() {
 	if s != nil {
 		_ = s.srv.Close()
 	}
+}
+
+// FaultRoutes serves the fault injector's admin endpoint
+// (faultinject.HandlerPath) when fault injection is on; none otherwise.
+func FaultRoutes(in *faultinject.Injector) []Route {
+	if in == nil {
+		return nil
+	}
+	return []Route{{Path: faultinject.HandlerPath, Handler: in.Handler()}}
 }
