@@ -93,12 +93,12 @@ func TestChainCountsAndErrors(t *testing.T) {
 func TestPercentReplaysBySeed(t *testing.T) {
 	run := func(seed uint64) string {
 		in := New(nil, seed)
-		if err := in.Set("agent/restore-fetched=30%corrupt"); err != nil {
+		if err := in.Set("agent/replica-received=30%corrupt"); err != nil {
 			t.Fatal(err)
 		}
 		var b strings.Builder
 		for range 200 {
-			if in.Eval(context.Background(), AgentRestoreFetched).Fired() {
+			if in.Eval(context.Background(), AgentReplicaReceived).Fired() {
 				b.WriteByte('x')
 			} else {
 				b.WriteByte('.')
