@@ -27,8 +27,14 @@ demo: build
 ## test: every test: Go (race detector on), the Python SDK's pytest suite, the Helm chart.
 test: lint test-go test-python test-helm
 
+# Every process of the run records the fault points it fired under
+# $(FAULT_HITS); the last step fails if a point of faultinject's table was
+# fired by no test.
+FAULT_HITS := $(BIN)/fault-hits
 test-go: minio
-	$(GO) test -race -count=1 -timeout 15m ./...
+	rm -rf $(FAULT_HITS) && mkdir -p $(FAULT_HITS)
+	REWIND_FAULT_HITS=$(FAULT_HITS) $(GO) test -race -count=1 -timeout 15m ./...
+	REWIND_FAULT_COVERAGE=$(FAULT_HITS) $(GO) test -count=1 -run TestEveryPointFired ./faultinject
 
 ## lint: formatting and go vet.
 lint:
