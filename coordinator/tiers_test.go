@@ -33,14 +33,14 @@ type tierCluster struct {
 	storeOf func(node int, tier string) tiers.Store
 }
 
-func newTierCluster(t *testing.T, nodes int, policy string, mod func(node int, cfg *agent.Config)) *tierCluster {
+func newTierCluster(t *testing.T, nodes int, policy string, mod func(node int, cfg *agent.Config), coordMods ...func(*coordinator.Config)) *tierCluster {
 	p, err := tiers.ParsePolicy(policy)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tc := &tierCluster{cluster: &cluster{t: t, dataDir: filepath.Join(t.TempDir(), "coord")}, minio: miniotest.Start(t),
 		pfs: filepath.Join(t.TempDir(), "pfs")}
-	tc.addr, tc.stop = startCoordinator(t, tc.dataDir, "127.0.0.1:0", func(c *coordinator.Config) { c.Policy = p })
+	tc.addr, tc.stop = startCoordinator(t, tc.dataDir, "127.0.0.1:0", append([]func(*coordinator.Config){func(c *coordinator.Config) { c.Policy = p }}, coordMods...)...)
 	tc.dial()
 	tc.storeOf = func(node int, tier string) tiers.Store {
 		var st tiers.Store

@@ -15,9 +15,17 @@ type NoSpaceError struct {
 	Free   uint64 // bytes free on the file system
 	Mount  string // the root the segment lives under
 	FSSize uint64
+	Cause  error // the allocation's own error, when it failed although the space looked free
 }
 
+func (e *NoSpaceError) Unwrap() error { return e.Cause }
+
 func (e *NoSpaceError) Error() string {
+	if e.Free >= e.Asked && e.Cause != nil {
+		return fmt.Sprintf("shm: segment %s needs %s more and %s looks free on %s (%s in all), but reserving it failed: %v; "+
+			"a memory limit of the container or pod, or another writer, holds the space",
+			e.Path, Bytes(e.Asked), Bytes(e.Free), e.Mount, Bytes(e.FSSize), e.Cause)
+	}
 	return fmt.Sprintf("shm: segment %s needs %s more but only %s is free on %s (%s in all); enlarge it (docker run --shm-size, an emptyDir with medium Memory and a sizeLimit) or lower the checkpoint size",
 		e.Path, Bytes(e.Asked), Bytes(e.Free), e.Mount, Bytes(e.FSSize))
 }
@@ -84,6 +92,7 @@ func (s *Segments) Reserve(path string, size int64) (resized bool, err error) {
 			if st, serr := s.FS.Statfs(s.Paths.Root); serr == nil {
 				nospace.Free, nospace.FSSize = st.Free, st.Size
 			}
+			nospace.Cause = err
 			return false, nospace
 		}
 		return false, fmt.Errorf("shm: allocating %s for segment %s: %w", Bytes(uint64(size)), path, err)
