@@ -151,6 +151,9 @@ func (t *transport) forwardStreams() {
 			if t.faults != nil {
 				conn = &faultConn{Conn: conn, net: t.faults, local: t.name}
 			}
+			if t.inj != nil {
+				conn = &injectedConn{Conn: conn, inj: t.inj}
+			}
 			select {
 			case t.streams <- conn:
 			case <-t.done:
@@ -161,6 +164,23 @@ func (t *transport) forwardStreams() {
 			return
 		}
 	}
+}
+
+// injectedConn is a stream this member accepted: gossip/send fires on
+// what it writes there too (an ack to a TCP ping, a push/pull answer), or
+// a member whose sends are all dropped would still answer the others'
+// TCP pings and reconnects, and never be declared dead.
+type injectedConn struct {
+	net.Conn
+	inj *faultinject.Injector
+}
+
+func (c *injectedConn) Write(b []byte) (int, error) {
+	if f := c.inj.Eval(context.Background(), faultinject.GossipSend); f.Kind == faultinject.KindDrop || f.Kind == faultinject.KindReset {
+		c.Conn.Close()
+		return 0, fmt.Errorf("writing to %s: %w", c.RemoteAddr(), &faultinject.Error{Point: f.Point, Err: ErrLinkCut})
+	}
+	return c.Conn.Write(b)
 }
 
 // errTransportClosed is returned by openLocal after Shutdown.
