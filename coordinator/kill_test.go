@@ -9,18 +9,14 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/coordinator"
-	"rewind.dev/rewind/internal/agenttest"
+	"rewind.dev/rewind/faultinject"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
 )
@@ -41,6 +37,11 @@ func childCoordinator() int {
 	cfg := coordinator.DefaultConfig()
 	cfg.ListenAddr, cfg.MetricsAddr, cfg.DataDir = os.Getenv("REWIND_TEST_ADDR"), "", os.Getenv("REWIND_TEST_DATA")
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	var err error
+	if cfg.Faults, err = childFaults(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	c, err := coordinator.New(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -55,16 +56,78 @@ func childCoordinator() int {
 	return 0
 }
 
-func spawnCoordinator(t *testing.T, addr, dataDir string) *exec.Cmd {
+// childFaults is the injector of a child process: armed from
+// REWIND_FAULTS, seeded by REWIND_FAULT_SEED; nil when no spec is set.
+func childFaults() (*faultinject.Injector, error) {
+	if os.Getenv(faultinject.EnvSpec) == "" {
+		return nil, nil
+	}
+	seed, _ := strconv.ParseUint(os.Getenv("REWIND_FAULT_SEED"), 10, 64)
+	return faultinject.FromEnv(nil, seed)
+}
+
+// coordProc is a coordinator process of a test; env is added to its
+// environment (a fault spec). It notices when the process exits by itself.
+// Each start gets its own fault seed, derived from faultSeed, so a
+// restarted coordinator does not crash again at the same hit; after
+// maxCrashes exits of its own it runs without env.
+type coordProc struct {
+	t         *testing.T
+	addr      string
+	env       []string
+	faultSeed uint64
+	starts    uint64
+	cmd       *exec.Cmd
+	exited    chan struct{}
+	crashes   int // exits of its own, at a fault point
+}
+
+const maxCrashes = 3
+
+func spawnCoordinator(t *testing.T, addr, dataDir string, faultSeed uint64, env ...string) *coordProc {
 	t.Helper()
+	p := &coordProc{t: t, addr: addr, env: env, faultSeed: faultSeed}
+	p.start(dataDir)
+	t.Cleanup(p.kill)
+	return p
+}
+
+func (p *coordProc) start(dataDir string) {
+	p.t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "REWIND_TEST_ROLE=coordinator", "REWIND_TEST_ADDR="+addr, "REWIND_TEST_DATA="+dataDir)
+	cmd.Env = append(os.Environ(), "REWIND_TEST_ROLE=coordinator", "REWIND_TEST_ADDR="+p.addr, "REWIND_TEST_DATA="+dataDir)
+	if p.crashes < maxCrashes && len(p.env) > 0 {
+		cmd.Env = append(cmd.Env, p.env...)
+		cmd.Env = append(cmd.Env, "REWIND_FAULT_SEED="+strconv.FormatUint(p.faultSeed+p.starts, 10))
+	}
+	p.starts++
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		p.t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	return cmd
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	p.cmd, p.exited = cmd, exited
+}
+
+// kill SIGKILLs the process and waits for it.
+func (p *coordProc) kill() {
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.exited
+}
+
+// restartIfCrashed restarts the process on dataDir if it exited by itself
+// (a fault point's exit), and reports whether it did.
+func (p *coordProc) restartIfCrashed(dataDir string) bool {
+	select {
+	case <-p.exited:
+	default:
+		return false
+	}
+	p.crashes++
+	p.t.Logf("the coordinator exited at a fault point (crash %d); restarting it on its store", p.crashes)
+	p.start(dataDir)
+	return true
 }
 
 func seed(t *testing.T) uint64 {
@@ -77,98 +140,6 @@ func seed(t *testing.T) uint64 {
 	}
 	t.Logf("seed %d (replay with REWIND_SEED=%d)", s, s)
 	return s
-}
-
-// TestRandomizedCoordinatorKills: agents save steps of a job in a random
-// (seeded) order, ranks at most one step apart as in synchronous training,
-// while the coordinator process is SIGKILLed at random points and restarted
-// on the same store or an empty one. After each restart the latest
-// consistent step must come back at least as new as before the kill, and
-// every step ever called consistent must have been committed by every rank
-// and be restorable on every rank.
-func TestRandomizedCoordinatorKills(t *testing.T) {
-	rng := rand.New(rand.NewPCG(seed(t), 0))
-	const nodes, ranks, steps, kills = 3, 5, 24, 4
-	addr := agenttest.FreePort(t)
-	dataDir := filepath.Join(t.TempDir(), "store")
-	coord := spawnCoordinator(t, addr, dataDir)
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	api := coordpb.NewCoordinatorClient(conn)
-	waitUp(t, api)
-
-	sessions := make([]*sdk.Session, ranks)
-	for n := range nodes {
-		cfg := agenttest.Config(t)
-		cfg.Node, cfg.CoordinatorAddr = fmt.Sprintf("node-%d", n), addr
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-		startAgent(t, cfg)
-		c, err := sdk.Dial(context.Background(), cfg.Socket)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		for r := n; r < ranks; r += nodes {
-			if sessions[r], err = c.Session("rand", uint32(r), ranks); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	next := make([]int64, ranks) // next step each rank saves
-	committed := map[[2]int64]bool{}
-	killAt := map[int]bool{}
-	for len(killAt) < kills {
-		killAt[1+rng.IntN(ranks*steps-2)] = true
-	}
-	for i := 0; ; i++ {
-		r, ok := pickRank(rng, next, steps)
-		if !ok {
-			break
-		}
-		if err := sessions[r].Save(ctxT(t), next[r], tinyState(r, next[r]), nil); err != nil {
-			t.Fatalf("save %d of rank %d: %v", next[r], r, err)
-		}
-		committed[[2]int64{int64(r), next[r]}] = true
-		next[r]++
-		if killAt[i] {
-			// Let the agents' reports land, then kill: what the
-			// coordinator had said must not be lost.
-			slowest := next[0]
-			for _, n := range next {
-				slowest = min(slowest, n)
-			}
-			waitLatestAtLeast(t, api, "rand", slowest-1)
-			before := latestOf(t, api, "rand", -1)
-			coord.Process.Signal(syscall.SIGKILL)
-			coord.Wait()
-			dir := dataDir
-			if rng.IntN(2) == 0 {
-				dir = filepath.Join(t.TempDir(), fmt.Sprintf("empty-%d", i))
-			}
-			t.Logf("save #%d: killed the coordinator at latest consistent step %d; restarting on %s store", i, before, map[bool]string{true: "the same", false: "an empty"}[dir == dataDir])
-			coord = spawnCoordinator(t, addr, dir)
-			if got := waitLatestAtLeast(t, api, "rand", before); got < before {
-				t.Fatalf("after the restart the latest consistent step is %d, older than %d before the kill", got, before)
-			}
-		}
-		checkConsistent(t, api, committed, ranks)
-	}
-	final := waitLatestAtLeast(t, api, "rand", steps-1)
-	if final != steps-1 {
-		t.Fatalf("final latest consistent step %d, want %d", final, steps-1)
-	}
-	for r, s := range sessions {
-		got, err := s.RestoreStep(ctxT(t), final)
-		if err != nil {
-			t.Fatalf("rank %d cannot restore the latest consistent step %d: %v", r, final, err)
-		}
-		if string(got.Tensors[0].Data) != string(tinyState(r, final)[0].Data) {
-			t.Fatalf("rank %d step %d restored the wrong bytes", r, final)
-		}
-	}
 }
 
 // pickRank picks a rank that may save next: ranks run at most one step
@@ -203,11 +174,16 @@ func latestOf(t *testing.T, api coordpb.CoordinatorClient, job string, def int64
 	return resp.Step
 }
 
-func waitLatestAtLeast(t *testing.T, api coordpb.CoordinatorClient, job string, want int64) int64 {
+// waitLatestAtLeast waits for job's latest consistent step to reach want;
+// each poll calls each of also (a restart of a crashed coordinator).
+func waitLatestAtLeast(t *testing.T, api coordpb.CoordinatorClient, job string, want int64, also ...func()) int64 {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	got := int64(-1)
 	for time.Now().Before(deadline) {
+		for _, f := range also {
+			f()
+		}
 		if got = latestOf(t, api, job, -1); got >= want {
 			return got
 		}
