@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"unsafe"
 
 	"rewind.dev/rewind/shm"
 )
@@ -97,11 +98,23 @@ func (f *faultyFile) WriteAt(p []byte, off int64) (int, error) {
 		if len(p) == 0 {
 			break
 		}
-		q := append([]byte(nil), p...)
+		q := alignedCopy(p) // the file may be open with O_DIRECT
 		Flip(q, fault)
 		return f.File.WriteAt(q, off)
 	}
 	return f.File.WriteAt(p, off)
+}
+
+// alignedCopy copies p into a buffer aligned for O_DIRECT.
+func alignedCopy(p []byte) []byte {
+	buf := make([]byte, len(p)+tornAlign)
+	off := 0
+	if r := int(uintptr(unsafe.Pointer(&buf[0])) % tornAlign); r != 0 {
+		off = tornAlign - r
+	}
+	q := buf[off : off+len(p)]
+	copy(q, p)
+	return q
 }
 
 // Flip flips one bit of one byte of b, chosen by the fault's draw, and

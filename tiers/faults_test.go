@@ -336,6 +336,13 @@ func TestFileStoreInjectedLyingManifestWrites(t *testing.T) {
 		if in.Hits()[faultinject.FSTierWrite] != 1 {
 			t.Fatalf("seed %d: the manifest write was not corrupted", seed)
 		}
+		if _, err := ReadManifest(ctx, st, job, step); err != nil {
+			if !errors.Is(err, shm.ErrCorrupt) {
+				t.Fatalf("seed %d: ReadManifest refused a corrupted manifest with %v, not an ErrCorrupt", seed, err)
+			}
+			refused++
+			continue
+		}
 		got, _, err := restoreStep(st, job, step)
 		switch {
 		case err == nil && !bytes.Equal(got, shard):
@@ -345,7 +352,7 @@ func TestFileStoreInjectedLyingManifestWrites(t *testing.T) {
 		case errors.Is(err, shm.ErrCorrupt):
 			shardRefused++
 		default:
-			refused++
+			t.Fatalf("seed %d: the restore failed with %v, not an ErrCorrupt", seed, err)
 		}
 	}
 	t.Logf("64 manifests with a flipped bit: %d refused by ReadManifest, %d led to the shard being refused, %d read with a harmless flip",

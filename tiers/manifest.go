@@ -132,7 +132,7 @@ func ReadManifest(ctx context.Context, st Store, job string, step int64) (*Manif
 		return nil, err
 	}
 	if n > maxManifestBytes {
-		return nil, fmt.Errorf("tiers: %s: manifest %s is %d bytes", st, name, n)
+		return nil, fmt.Errorf("%w: tiers: %s: manifest %s is %d bytes", shm.ErrCorrupt, st, name, n)
 	}
 	buf := &memWriter{b: make([]byte, n)}
 	if _, err := st.Get(ctx, name, buf); err != nil {
@@ -142,12 +142,15 @@ func ReadManifest(ctx context.Context, st Store, job string, step int64) (*Manif
 	dec := json.NewDecoder(bytes.NewReader(buf.b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&m); err != nil {
-		return nil, fmt.Errorf("tiers: %s: manifest %s: %w", st, name, err)
+		return nil, fmt.Errorf("%w: tiers: %s: manifest %s: %v", shm.ErrCorrupt, st, name, err)
 	}
 	if m.Job != job || m.Step != step {
-		return nil, fmt.Errorf("tiers: %s: manifest %s describes %s step %d", st, name, m.Job, m.Step)
+		return nil, fmt.Errorf("%w: tiers: %s: manifest %s describes %s step %d", shm.ErrCorrupt, st, name, m.Job, m.Step)
 	}
-	return &m, m.Validate()
+	if err := m.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %v", shm.ErrCorrupt, err)
+	}
+	return &m, nil
 }
 
 // Steps lists the steps of a job that have a manifest on the tier, oldest

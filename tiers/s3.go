@@ -16,6 +16,7 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+	"rewind.dev/rewind/shm"
 )
 
 // S3Store is a Store in an S3-compatible object store (MinIO, AWS S3),
@@ -395,7 +396,7 @@ func (s *S3Store) getOnce(ctx context.Context, name, key string, dst io.WriterAt
 	if want := fullObjectCRC32C(info); want != "" {
 		got, err := s3CombineCRC(crcs, sizes)
 		if err == nil && got != want {
-			err = fmt.Errorf("checksum mismatch: the server stored CRC32C %s, the bytes read have %s", want, got)
+			err = fmt.Errorf("%w: checksum mismatch: the server stored CRC32C %s, the bytes read have %s", shm.ErrCorrupt, want, got)
 		}
 		if err != nil {
 			return 0, &S3Error{Op: "get", Endpoint: s.endpoint, Bucket: s.bucket, Key: key, Err: err}

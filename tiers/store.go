@@ -18,7 +18,11 @@ type Store interface {
 	// Put stores size bytes read from src (with ReadAt, possibly from
 	// several goroutines at once) as name. The object is visible only once
 	// Put returns nil, and then whole: a failed or cancelled Put leaves
-	// any earlier object of that name as it was, and no partial one.
+	// any earlier object of that name as it was, and no partial one. One
+	// exception: a file store whose directory fsync fails after the
+	// rename returns that error with the new object in place, whole but
+	// not known durable (names are per step, so no earlier object of the
+	// same name is a different checkpoint).
 	Put(ctx context.Context, name string, src io.ReaderAt, size int64) error
 	// Get writes the whole object into dst (with WriteAt, possibly from
 	// several goroutines at once) and returns its size. dst must accept
