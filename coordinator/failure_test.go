@@ -28,9 +28,16 @@ func childAgent() int {
 	cfg := agent.DefaultConfig()
 	cfg.Node, cfg.FailureDomain, cfg.ShmRoot, cfg.Socket = f[0], f[1], f[2], f[3]
 	cfg.ListenAddr, cfg.AdvertiseAddr, cfg.CoordinatorAddr, cfg.MetricsAddr = f[4], f[4], f[5], ""
-	g := gossipConfig(nil)
-	cfg.Gossip, cfg.GossipJoin = &g, []string{f[6]}
+	if f[6] != "" {
+		g := gossipConfig(nil)
+		cfg.Gossip, cfg.GossipJoin = &g, []string{f[6]}
+	}
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	var err error
+	if cfg.Faults, err = childFaults(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	a, err := agent.New(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -53,20 +60,15 @@ func gossipConfig(faults *membership.FaultNetwork) membership.Config {
 	return g
 }
 
-// spawnAgent starts an agent process of the cluster; it returns the
-// process and the agent's shm root.
-func (cl *cluster) spawnAgent(node, domain, gossipSeed string) (*exec.Cmd, string) {
+// spawnAgent starts an agent process of the cluster (without failure
+// detection when gossipSeed is empty), env added to its environment; it
+// returns the process and the agent's shm root.
+func (cl *cluster) spawnAgent(node, domain, gossipSeed string, env ...string) (*exec.Cmd, string) {
 	t := cl.t
 	cfg := agenttest.Config(t)
 	listen := agenttest.FreePort(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "REWIND_TEST_ROLE=agent",
-		"REWIND_TEST_AGENT="+strings.Join([]string{node, domain, cfg.ShmRoot, cfg.Socket, listen, cl.addr, gossipSeed}, ","))
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	args := "REWIND_TEST_AGENT=" + strings.Join([]string{node, domain, cfg.ShmRoot, cfg.Socket, listen, cl.addr, gossipSeed}, ",")
+	cmd := cl.startAgentProcess(args, env...)
 	var c *sdk.Client
 	var err error
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
@@ -80,6 +82,19 @@ func (cl *cluster) spawnAgent(node, domain, gossipSeed string) (*exec.Cmd, strin
 	t.Cleanup(func() { c.Close() })
 	cl.clients = append(cl.clients, c)
 	return cmd, cfg.ShmRoot
+}
+
+// startAgentProcess starts the test binary as an agent configured by args
+// (REWIND_TEST_AGENT=...), env added to its environment.
+func (cl *cluster) startAgentProcess(args string, env ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), "REWIND_TEST_ROLE=agent", args), env...)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		cl.t.Fatal(err)
+	}
+	cl.t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return cmd
 }
 
 // gossipCoordinator starts a coordinator that runs failure detection.

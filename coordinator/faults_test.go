@@ -311,3 +311,45 @@ func TestFaultTierTransfers(t *testing.T) {
 		}
 	}
 }
+
+// TestFaultAgentCrashBeforeReport: the agent process exits right after it
+// recorded a commit and before it told the coordinator. The save's caller
+// sees an error, but the shard is committed on the node: the restarted
+// agent re-indexes shared memory and re-sends its inventory, and the step
+// becomes consistent and restores bit-identical.
+func TestFaultAgentCrashBeforeReport(t *testing.T) {
+	const job = "unreported"
+	cl := &cluster{t: t}
+	cl.addr, cl.stop = startCoordinator(t, t.TempDir(), "127.0.0.1:0")
+	cl.dial()
+	cmd, _ := cl.spawnAgent("node-0", "rack-a", "", faultinject.EnvSpec+"=agent/committed-unreported=1*exit(137)")
+	args := cmd.Env[len(cmd.Env)-2]
+	s, err := cl.clients[0].Session(job, 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Save(ctxT(t), 1, u8(rankData(1, 0)), nil); err == nil {
+		t.Fatal("a save whose agent died during the commit returned no error")
+	}
+	if err := cmd.Wait(); err == nil || cmd.ProcessState.ExitCode() != 137 {
+		t.Fatalf("the agent exited with %v, want status 137 from the fault point", err)
+	}
+	if _, err := cl.api.Latest(ctxT(t), &coordpb.LatestRequest{Job: job}); err == nil {
+		t.Fatal("the coordinator knows a latest step although the only commit was never reported")
+	}
+	cl.startAgentProcess(args) // the same node, shm root and socket; no faults
+	c, err := sdk.Dial(ctxT(t), strings.Split(strings.TrimPrefix(args, "REWIND_TEST_AGENT="), ",")[3])
+	for deadline := time.Now().Add(10 * time.Second); err != nil && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		c, err = sdk.Dial(ctxT(t), strings.Split(strings.TrimPrefix(args, "REWIND_TEST_AGENT="), ",")[3])
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cl.waitLatest(job, 1)
+	s2, _ := c.Session(job, 0, 1)
+	got, err := s2.Restore(ctxT(t))
+	if err != nil || got.Step != 1 || !bytes.Equal(got.Tensors[0].Data, rankData(1, 0)) {
+		t.Fatalf("restore after the agent's restart: %v %v", got, err)
+	}
+}
