@@ -115,28 +115,43 @@ func (c *Coordinator) recoverJob(ctx context.Context, job, node, reason string, 
 	defer lock.Unlock()
 	ev := &coordpb.JobEvent{Job: job, Kind: "regang", Reason: fmt.Sprintf("node %s down: %s", node, reason), Node: node,
 		DetectedUnixNano: detected.UnixNano(), Sources: map[string]uint32{}}
-	fail := func(err error) {
-		ev.Kind, ev.Error = "failed", err.Error()
-		c.log.Error("job recovery failed", "job", job, "node", node, "err", err)
-		c.watchers.publish(ev)
-	}
 	placement, err := c.replace(job)
 	if err != nil {
-		fail(err)
+		c.failRegang(ev, err)
 		return
 	}
 	plan, err := c.plan(job, -1, placement)
 	if err != nil {
-		fail(err)
+		c.failRegang(ev, err)
 		return
+	}
+	c.regang(ctx, plan, placement, ev)
+}
+
+// failRegang tells the job's watchers that its re-gang failed, and why.
+func (c *Coordinator) failRegang(ev *coordpb.JobEvent, err error) {
+	ev.Kind, ev.Error = "failed", err.Error()
+	c.log.Error("job re-gang failed", "job", ev.Job, "node", ev.Node, "reason", ev.Reason, "err", err)
+	c.watchers.publish(ev)
+}
+
+// regang moves the job onto placement at the plan's step, restores every
+// rank's shard onto its node, and then tells the job's watchers (ev) to
+// restart its ranks there; the ranks still running are told their gang is
+// broken until then. It reports whether the job was re-ganged. The
+// caller holds the job's lock.
+func (c *Coordinator) regang(ctx context.Context, plan *coordpb.PlanRestoreResponse, placement map[uint32]string, ev *coordpb.JobEvent) bool {
+	job := plan.Job
+	if ev.Sources == nil {
+		ev.Sources = map[string]uint32{}
 	}
 	ev.Step, ev.Placement, ev.PlannedUnixNano = plan.Step, placement, c.cfg.Clock.Now().UnixNano()
 	c.gangOrders(job, "abort", plan.Step, ev.Reason)
 	if err := c.moveJob(ctx, job, plan.Step, placement); err != nil {
-		fail(err)
-		return
+		c.failRegang(ev, err)
+		return false
 	}
-	c.Restore(ctx, plan, "recovery ("+ev.Reason+")")
+	c.Restore(ctx, plan, ev.Reason)
 	ev.RestoredUnixNano = c.cfg.Clock.Now().UnixNano()
 	var problems []string
 	for _, rp := range plan.Ranks {
@@ -151,19 +166,20 @@ func (c *Coordinator) recoverJob(ctx context.Context, job, node, reason string, 
 		}
 	}
 	if len(problems) > 0 {
-		fail(fmt.Errorf("coordinator: restore of %s step %d: %s", job, plan.Step, strings.Join(problems, "; ")))
-		return
+		c.failRegang(ev, fmt.Errorf("coordinator: restore of %s step %d: %s", job, plan.Step, strings.Join(problems, "; ")))
+		return false
 	}
 	if err := c.cfg.Faults.Check(ctx, faultinject.CoordBeforeRegang); err != nil {
-		fail(fmt.Errorf("coordinator: recovery of %s step %d: %w", job, plan.Step, err))
-		return
+		c.failRegang(ev, fmt.Errorf("coordinator: re-gang of %s step %d: %w", job, plan.Step, err))
+		return false
 	}
 	ev.Ok = true
 	c.gangOrders(job, "resume", plan.Step, "")
-	c.log.Info("job recovered", "job", job, "step", plan.Step, "node", node,
+	c.log.Info("job re-ganged", "job", job, "step", plan.Step, "node", ev.Node, "reason", ev.Reason,
 		"plan_ms", (ev.PlannedUnixNano-ev.DetectedUnixNano)/1e6, "restore_ms", (ev.RestoredUnixNano-ev.PlannedUnixNano)/1e6,
 		"bytes", ev.Bytes, "sources", fmt.Sprint(ev.Sources))
 	c.watchers.publish(ev)
+	return true
 }
 
 func (c *Coordinator) jobLock(job string) *sync.Mutex {

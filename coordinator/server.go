@@ -222,13 +222,20 @@ func (s *server) VerifyStep(ctx context.Context, req *coordpb.StepRequest) (*coo
 }
 
 func (s *server) PlanRestore(ctx context.Context, req *coordpb.PlanRestoreRequest) (*coordpb.PlanRestoreResponse, error) {
-	plan, err := s.c.PlanRestore(req.Job, req.Step)
-	if err != nil {
-		return nil, toStatus(err)
-	}
 	who := req.RequestedBy
 	if who == "" {
 		who = "unknown"
+	}
+	if req.Restart {
+		plan, err := s.c.RestartJob(ctx, req.Job, req.Step, who, req.Force, req.DryRun)
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		return plan, nil
+	}
+	plan, err := s.c.PlanRestore(req.Job, req.Step)
+	if err != nil {
+		return nil, toStatus(err)
 	}
 	s.c.log.Info("restore plan", "job", req.Job, "step", plan.Step, "dry_run", req.DryRun, "requested_by", who, "ranks", len(plan.Ranks))
 	if !req.DryRun {

@@ -20,6 +20,10 @@ type Coordinator interface {
 	// Restore restores step (< 0: the newest restorable one) of job onto
 	// the job's placement: each rank's node fetches its shard.
 	Restore(ctx context.Context, job string, step int64, requestedBy string) (*coordpb.PlanRestoreResponse, error)
+	// Restart is Restore, then the job restarts at the step: its later
+	// steps are deleted and its followers get a regang event (Follow),
+	// which restarts the gang.
+	Restart(ctx context.Context, job string, step int64, requestedBy string) (*coordpb.PlanRestoreResponse, error)
 	// Follow hands job's recoveries to d, in order, until ctx ends.
 	Follow(ctx context.Context, job string, d regang.Driver) error
 }
@@ -50,6 +54,19 @@ func (g GRPCCoordinator) Restore(ctx context.Context, job string, step int64, re
 		return nil, err
 	}
 	if !res.Ok {
+		return res, fmt.Errorf("kube: restore of %s step %d did not complete on every rank", job, res.Step)
+	}
+	return res, nil
+}
+
+func (g GRPCCoordinator) Restart(ctx context.Context, job string, step int64, requestedBy string) (*coordpb.PlanRestoreResponse, error) {
+	// The annotation is the operator's explicit ask: going back to an
+	// older step (deleting later ones) is what it means.
+	res, err := g.API.PlanRestore(ctx, &coordpb.PlanRestoreRequest{Job: job, Step: step, RequestedBy: requestedBy, Restart: true, Force: true})
+	if err != nil {
+		return nil, err
+	}
+	if !res.Ok || !res.Restarted {
 		return res, fmt.Errorf("kube: restore of %s step %d did not complete on every rank", job, res.Step)
 	}
 	return res, nil

@@ -67,7 +67,10 @@ func (d *MPIJobDriver) Regang(ctx context.Context, ev *coordpb.JobEvent) error {
 	d.taintDead(ctx, ev.Node)
 	id := "recovery-" + strconv.FormatInt(ev.DetectedUnixNano, 10)
 	why := "recovery"
-	if ev.Reason != "" {
+	switch {
+	case ev.Node == "" && ev.Reason != "": // an operator's restore
+		why = ev.Reason
+	case ev.Reason != "":
 		why += ": " + ev.Reason
 	}
 	return d.restart(ctx, u, ev.Step, id, why, nil)
@@ -116,6 +119,20 @@ func (d *MPIJobDriver) annotate(ctx context.Context, u *unstructured.Unstructure
 	_, err = d.Dyn.Resource(MPIJobs).Namespace(u.GetNamespace()).Patch(ctx, u.GetName(), types.MergePatchType, patch, metav1.PatchOptions{})
 	if err != nil {
 		return fmt.Errorf("kube: annotating MPIJob %s/%s: %w", u.GetNamespace(), u.GetName(), err)
+	}
+	return nil
+}
+
+// setResult records an operator restore's result on the MPIJob, whatever
+// changed since it was read (the re-gang annotates it too).
+func (d *MPIJobDriver) setResult(ctx context.Context, u *unstructured.Unstructured, result string) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{AnnRestoreResult: result}}})
+	if err != nil {
+		return err
+	}
+	_, err = d.Dyn.Resource(MPIJobs).Namespace(u.GetNamespace()).Patch(ctx, u.GetName(), types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		return fmt.Errorf("kube: recording the restore result on MPIJob %s/%s: %w", u.GetNamespace(), u.GetName(), err)
 	}
 	return nil
 }

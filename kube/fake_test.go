@@ -100,6 +100,32 @@ func (f *fakeCoord) Restore(_ context.Context, job string, step int64, who strin
 	return &coordpb.PlanRestoreResponse{Job: job, Step: step, Executed: true, Ok: true, Ranks: []*coordpb.RankPlan{{Rank: 0}, {Rank: 1}}}, nil
 }
 
+// Restart is Restore, then, as the coordinator does, a regang event for
+// the job's follower (waiting for one to follow).
+func (f *fakeCoord) Restart(ctx context.Context, job string, step int64, who string) (*coordpb.PlanRestoreResponse, error) {
+	res, err := f.Restore(ctx, job, step, who)
+	if err != nil {
+		return nil, err
+	}
+	step = res.Step
+	var d regang.Driver
+	for deadline := time.Now().Add(5 * time.Second); d == nil && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		f.mu.Lock()
+		d = f.followers[job]
+		f.mu.Unlock()
+	}
+	if d == nil {
+		return nil, fmt.Errorf("fake: nobody follows %s", job)
+	}
+	ev := &coordpb.JobEvent{Job: job, Kind: "regang", Ok: true, Step: step, DetectedUnixNano: 1000 + step,
+		Reason: fmt.Sprintf("operator restore of step %d asked by %s", step, who)}
+	if err := d.Regang(ctx, ev); err != nil {
+		return nil, err
+	}
+	return &coordpb.PlanRestoreResponse{Job: job, Step: step, Executed: true, Ok: true, Restarted: true,
+		Ranks: []*coordpb.RankPlan{{Rank: 0}, {Rank: 1}}}, nil
+}
+
 func (f *fakeCoord) Follow(ctx context.Context, job string, d regang.Driver) error {
 	f.mu.Lock()
 	f.followers[job] = d

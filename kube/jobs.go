@@ -113,10 +113,13 @@ func registration(req *coordpb.RegisterJobRequest) string {
 	return s
 }
 
-// operatorRestore runs the restore asked by rewind.dev/restore-step, then
-// restarts the gang to resume from it. The annotation is removed either
-// way (rewind.dev/restore-result says how it went): a failed restore is
-// not retried until an operator asks again.
+// operatorRestore runs the restore asked by rewind.dev/restore-step: the
+// coordinator restores the step and restarts the job at it, and its
+// regang event restarts the gang through the driver, as a recovery's does
+// (Follow). The annotation is removed first, so that the restore runs
+// once however often the job is synced; rewind.dev/restore-result says
+// how it went. A failed restore is not retried until an operator asks
+// again.
 func (c *Controller) operatorRestore(ctx context.Context, u *unstructured.Unstructured, spec jobSpec) error {
 	id := jobID(u.GetNamespace(), u.GetName())
 	// The lister may lag: read the MPIJob fresh, so a restore already
@@ -129,17 +132,21 @@ func (c *Controller) operatorRestore(ctx context.Context, u *unstructured.Unstru
 		return nil
 	}
 	who := requester(u)
-	res, err := c.coord.Restore(ctx, id, spec.restoreStep, who)
+	claim := map[string]any{AnnRestoreStep: nil, AnnRestoreResult: fmt.Sprintf("restoring step %s (asked by %s)", stepText(spec.restoreStep), who)}
+	if err := c.driver.annotate(ctx, u, claim); err != nil {
+		return err // changed meanwhile: the next sync reads it again
+	}
+	res, err := c.coord.Restart(ctx, id, spec.restoreStep, who)
 	if err != nil {
 		msg := fmt.Sprintf("restore of step %s asked by %s failed: %v", stepText(spec.restoreStep), who, err)
 		c.log.Warn("kube: operator restore failed", "job", id, "step", spec.restoreStep, "requested_by", who, "err", err)
 		c.recorder.Event(u, corev1.EventTypeWarning, ReasonRestoreFailed, msg)
-		return c.driver.annotate(ctx, u, map[string]any{AnnRestoreStep: nil, AnnRestoreResult: "failed: " + msg})
+		return c.driver.setResult(ctx, u, "failed: "+msg)
 	}
-	c.log.Info("kube: operator restore", "job", id, "step", res.Step, "requested_by", who, "ranks", len(res.Ranks))
-	c.recorder.Eventf(u, corev1.EventTypeNormal, ReasonRestored, "step %d restored onto %d ranks, asked by %s; restarting the gang", res.Step, len(res.Ranks), who)
-	ann := map[string]any{AnnRestoreStep: nil, AnnRestoreResult: fmt.Sprintf("restored step %d (asked by %s)", res.Step, who)}
-	return c.driver.restart(ctx, u, res.Step, "restore-"+u.GetResourceVersion(), "operator restore asked by "+who, ann)
+	c.log.Info("kube: operator restore", "job", id, "step", res.Step, "requested_by", who, "ranks", len(res.Ranks), "deleted_steps", res.DroppedSteps)
+	c.recorder.Eventf(u, corev1.EventTypeNormal, ReasonRestored, "step %d restored onto %d ranks, asked by %s; the gang restarts at it (later steps deleted: %v)",
+		res.Step, len(res.Ranks), who, res.DroppedSteps)
+	return c.driver.setResult(ctx, u, fmt.Sprintf("restored step %d (asked by %s)", res.Step, who))
 }
 
 func stepText(step int64) string {

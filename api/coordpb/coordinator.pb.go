@@ -1462,9 +1462,18 @@ type PlanRestoreRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Job   string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
 	// < 0: the latest consistent step.
-	Step          int64  `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
-	DryRun        bool   `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
-	RequestedBy   string `protobuf:"bytes,4,opt,name=requested_by,json=requestedBy,proto3" json:"requested_by,omitempty"`
+	Step        int64  `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
+	DryRun      bool   `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	RequestedBy string `protobuf:"bytes,4,opt,name=requested_by,json=requestedBy,proto3" json:"requested_by,omitempty"`
+	// Restart the job's ranks at the step once it is restored: the job
+	// resumes from it (its later steps are deleted, the ranks still running
+	// are told their gang is broken) and its watchers get a regang event,
+	// so that whatever runs the ranks restarts them. With dry_run, the plan
+	// says which steps a restart would delete.
+	Restart bool `protobuf:"varint,5,opt,name=restart,proto3" json:"restart,omitempty"`
+	// Let a restart delete later consistent steps (going back in time);
+	// without it such a restart is refused and nothing changes.
+	Force         bool `protobuf:"varint,6,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1525,6 +1534,20 @@ func (x *PlanRestoreRequest) GetRequestedBy() string {
 		return x.RequestedBy
 	}
 	return ""
+}
+
+func (x *PlanRestoreRequest) GetRestart() bool {
+	if x != nil {
+		return x.Restart
+	}
+	return false
+}
+
+func (x *PlanRestoreRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
 }
 
 type RankPlan struct {
@@ -1637,9 +1660,14 @@ type PlanRestoreResponse struct {
 	// Set when the restore ran (not a dry run): every rank's shard is in
 	// the shared memory of the node it runs on, or ok is false and the
 	// ranks say why.
-	Executed      bool  `protobuf:"varint,4,opt,name=executed,proto3" json:"executed,omitempty"`
-	Ok            bool  `protobuf:"varint,5,opt,name=ok,proto3" json:"ok,omitempty"`
-	Nanos         int64 `protobuf:"varint,6,opt,name=nanos,proto3" json:"nanos,omitempty"`
+	Executed bool  `protobuf:"varint,4,opt,name=executed,proto3" json:"executed,omitempty"`
+	Ok       bool  `protobuf:"varint,5,opt,name=ok,proto3" json:"ok,omitempty"`
+	Nanos    int64 `protobuf:"varint,6,opt,name=nanos,proto3" json:"nanos,omitempty"`
+	// With restart: the steps after the restored one that the restart
+	// deletes (a dry run) or deleted; restarted is set once the job's
+	// watchers were told to restart its ranks.
+	DroppedSteps  []int64 `protobuf:"varint,7,rep,packed,name=dropped_steps,json=droppedSteps,proto3" json:"dropped_steps,omitempty"`
+	Restarted     bool    `protobuf:"varint,8,opt,name=restarted,proto3" json:"restarted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1714,6 +1742,20 @@ func (x *PlanRestoreResponse) GetNanos() int64 {
 		return x.Nanos
 	}
 	return 0
+}
+
+func (x *PlanRestoreResponse) GetDroppedSteps() []int64 {
+	if x != nil {
+		return x.DroppedSteps
+	}
+	return nil
+}
+
+func (x *PlanRestoreResponse) GetRestarted() bool {
+	if x != nil {
+		return x.Restarted
+	}
+	return false
 }
 
 type DeleteStepRequest struct {
@@ -2963,12 +3005,14 @@ const file_coordinator_proto_rawDesc = "" +
 	"\aproblem\x18\x03 \x01(\tR\aproblem\"^\n" +
 	"\x12VerifyStepResponse\x128\n" +
 	"\x06checks\x18\x01 \x03(\v2 .rewind.coordinator.v1.CopyCheckR\x06checks\x12\x0e\n" +
-	"\x02ok\x18\x02 \x01(\bR\x02ok\"v\n" +
+	"\x02ok\x18\x02 \x01(\bR\x02ok\"\xa6\x01\n" +
 	"\x12PlanRestoreRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x17\n" +
 	"\adry_run\x18\x03 \x01(\bR\x06dryRun\x12!\n" +
-	"\frequested_by\x18\x04 \x01(\tR\vrequestedBy\"\xe4\x01\n" +
+	"\frequested_by\x18\x04 \x01(\tR\vrequestedBy\x12\x18\n" +
+	"\arestart\x18\x05 \x01(\bR\arestart\x12\x14\n" +
+	"\x05force\x18\x06 \x01(\bR\x05force\"\xe4\x01\n" +
 	"\bRankPlan\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x1f\n" +
 	"\vtarget_node\x18\x02 \x01(\tR\n" +
@@ -2978,14 +3022,16 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x06failed\x18\x05 \x03(\tR\x06failed\x12\x14\n" +
 	"\x05bytes\x18\x06 \x01(\x04R\x05bytes\x12\x14\n" +
 	"\x05nanos\x18\a \x01(\x03R\x05nanos\x12\x14\n" +
-	"\x05error\x18\b \x01(\tR\x05error\"\xb4\x01\n" +
+	"\x05error\x18\b \x01(\tR\x05error\"\xf7\x01\n" +
 	"\x13PlanRestoreResponse\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x125\n" +
 	"\x05ranks\x18\x03 \x03(\v2\x1f.rewind.coordinator.v1.RankPlanR\x05ranks\x12\x1a\n" +
 	"\bexecuted\x18\x04 \x01(\bR\bexecuted\x12\x0e\n" +
 	"\x02ok\x18\x05 \x01(\bR\x02ok\x12\x14\n" +
-	"\x05nanos\x18\x06 \x01(\x03R\x05nanos\"O\n" +
+	"\x05nanos\x18\x06 \x01(\x03R\x05nanos\x12#\n" +
+	"\rdropped_steps\x18\a \x03(\x03R\fdroppedSteps\x12\x1c\n" +
+	"\trestarted\x18\b \x01(\bR\trestarted\"O\n" +
 	"\x11DeleteStepRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x14\n" +

@@ -200,15 +200,21 @@ func runVerify(ctx context.Context, args []string) error {
 }
 
 func runRestore(ctx context.Context, args []string) error {
-	o := newOpFlags("restore", "restore [flags] JOB [--step S] [--dry-run]")
-	step := o.fs.Int64("step", -1, "step to restore (default: the latest consistent step)")
-	dry := o.fs.Bool("dry-run", false, "print the plan without acting")
+	o := newOpFlags("restore", "restore [flags] JOB|--job JOB [--step S] [--dry-run] [--force] [--no-restart]")
+	step := o.fs.Int64("step", -1, "step to restore (default: the newest restorable step)")
+	dry := o.fs.Bool("dry-run", false, "print the plan (and the steps a restart would delete) without acting")
+	job := o.fs.String("job", "", "the job (NAMESPACE/NAME for an MPIJob); or give it as the argument")
+	force := o.fs.Bool("force", false, "let the restart delete the job's later consistent steps (go back in time)")
+	noRestart := o.fs.Bool("no-restart", false, "only put every rank's shard in its node's memory; leave the running ranks alone")
 	if err := o.parse(args); err != nil {
 		return err
 	}
-	if o.fs.NArg() != 1 {
+	switch {
+	case *job == "" && o.fs.NArg() == 1:
+		*job = o.fs.Arg(0)
+	case *job == "" || o.fs.NArg() != 0:
 		o.fs.Usage()
-		return errors.New("need JOB")
+		return errors.New("need one JOB, as the argument or --job")
 	}
 	c, ctx, done, err := o.dial(ctx)
 	if err != nil {
@@ -219,19 +225,49 @@ func runRestore(ctx context.Context, args []string) error {
 	if u, err := user.Current(); err == nil {
 		who = u.Username
 	}
-	plan, err := c.PlanRestore(ctx, &coordpb.PlanRestoreRequest{Job: o.fs.Arg(0), Step: *step, DryRun: *dry, RequestedBy: who + " via rewind restore"})
+	plan, err := c.PlanRestore(ctx, &coordpb.PlanRestoreRequest{Job: *job, Step: *step, DryRun: *dry, RequestedBy: who + " via rewind restore",
+		Restart: !*noRestart, Force: *force})
 	if err != nil {
 		return err
 	}
 	if *o.asJSON {
 		return printJSON(plan)
 	}
-	if !plan.Executed {
-		fmt.Printf("restore plan for job %s: step %d, %d ranks (dry run: nothing moved)\n\n", plan.Job, plan.Step, len(plan.Ranks))
-	} else {
-		fmt.Printf("restored job %s: step %d, %d ranks in %s: %s\n\n", plan.Job, plan.Step, len(plan.Ranks),
-			time.Duration(plan.Nanos).Round(time.Millisecond), map[bool]string{true: "ok", false: "FAILED"}[plan.Ok])
+	printRestoreHead(plan, !*noRestart)
+	if err := printRestorePlan(plan); err != nil {
+		return err
 	}
+	if plan.Executed && !plan.Ok {
+		return errors.New("some ranks could not be restored")
+	}
+	return nil
+}
+
+// printRestoreHead says what a restore did or would do.
+func printRestoreHead(plan *coordpb.PlanRestoreResponse, restart bool) {
+	dropped := "no later step"
+	if len(plan.DroppedSteps) > 0 {
+		dropped = fmt.Sprintf("later steps %v", plan.DroppedSteps)
+	}
+	switch {
+	case !plan.Executed && restart:
+		fmt.Printf("restore plan for job %s: step %d, %d ranks; a restart would delete %s (dry run: nothing moved)\n\n",
+			plan.Job, plan.Step, len(plan.Ranks), dropped)
+	case !plan.Executed:
+		fmt.Printf("restore plan for job %s: step %d, %d ranks (dry run: nothing moved)\n\n", plan.Job, plan.Step, len(plan.Ranks))
+	default:
+		fmt.Printf("restored job %s: step %d, %d ranks in %s: %s\n", plan.Job, plan.Step, len(plan.Ranks),
+			time.Duration(plan.Nanos).Round(time.Millisecond), map[bool]string{true: "ok", false: "FAILED"}[plan.Ok])
+		if plan.Restarted {
+			fmt.Printf("the job's ranks are restarting at step %d; deleted %s\n", plan.Step, dropped)
+		}
+		fmt.Println()
+	}
+}
+
+// printRestorePlan prints the plan's ranks, their sources and, once run,
+// what served each.
+func printRestorePlan(plan *coordpb.PlanRestoreResponse) error {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	if plan.Executed {
 		fmt.Fprintln(tw, "RANK\tRUNS ON\tFROM\tTIME\tFAILED BEFORE")
@@ -253,13 +289,7 @@ func runRestore(ctx context.Context, args []string) error {
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", r.Rank, orDash(r.TargetNode), from, time.Duration(r.Nanos).Round(time.Millisecond), orDash(strings.Join(r.Failed, "; ")))
 	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	if plan.Executed && !plan.Ok {
-		return errors.New("some ranks could not be restored")
-	}
-	return nil
+	return tw.Flush()
 }
 
 func orDash(s string) string {

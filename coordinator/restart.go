@@ -1,0 +1,74 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+
+	"rewind.dev/rewind/api/coordpb"
+)
+
+// An operator's restore that restarts the job (PlanRestore with restart)
+// is a re-gang that no node failure started: the job resumes from the
+// chosen step on its own placement, through the same steps as a recovery
+// (regang): the ranks still running are told their gang is broken, the
+// steps after the chosen one are deleted (no rank continues them, and a
+// later save of the same number must not mix with them), every rank's
+// shard is restored onto its node, and the job's watchers get a regang
+// event, so that whatever runs the ranks (regang.Local, the MPIJob driver,
+// a node supervisor) restarts them at the step.
+
+// RestartJob restores step of job (the newest restorable one when step <
+// 0) and restarts the job's ranks at it. A restart that would delete a
+// later consistent step — going back in time — is refused unless force.
+// dryRun plans without acting. The plan says which steps were (or would
+// be) deleted.
+func (c *Coordinator) RestartJob(ctx context.Context, job string, step int64, who string, force, dryRun bool) (*coordpb.PlanRestoreResponse, error) {
+	lock := c.jobLock(job)
+	lock.Lock()
+	defer lock.Unlock()
+	plan, err := c.plan(job, step, nil)
+	if err != nil {
+		return nil, err
+	}
+	later, consistent, placement := c.laterSteps(job, plan.Step)
+	plan.DroppedSteps = later
+	if len(consistent) > 0 && !force {
+		return nil, fmt.Errorf("%w: coordinator: restarting job %s at step %d would delete its later consistent steps %v; "+
+			"ask again with force (rewind restore --force) to go back to step %d", ErrRefused, job, plan.Step, consistent, plan.Step)
+	}
+	if dryRun {
+		return plan, nil
+	}
+	c.log.Warn("job restart asked", "job", job, "step", plan.Step, "requested_by", who, "deleting_steps", later)
+	ev := &coordpb.JobEvent{Job: job, Kind: "regang", Reason: fmt.Sprintf("operator restore of step %d asked by %s", plan.Step, who),
+		DetectedUnixNano: c.cfg.Clock.Now().UnixNano()}
+	plan.Restarted = c.regang(ctx, plan, placement, ev)
+	if !plan.Restarted && (!plan.Executed || plan.Ok) {
+		// Failed before the restore, or after it: the ranks' results do
+		// not say why.
+		return nil, fmt.Errorf("coordinator: restart of job %s at step %d: %s", job, plan.Step, ev.Error)
+	}
+	return plan, nil // a failed restore: the ranks say why
+}
+
+// laterSteps returns the job's steps after step, those of them that are
+// consistent, and the job's placement.
+func (c *Coordinator) laterSteps(job string, step int64) (later, consistent []int64, placement map[uint32]string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	j := c.state.Jobs[job]
+	if j == nil {
+		return nil, nil, nil
+	}
+	for _, s := range slices.Sorted(maps.Keys(j.Steps)) {
+		if s > step {
+			later = append(later, s)
+			if j.Steps[s].State == Consistent {
+				consistent = append(consistent, s)
+			}
+		}
+	}
+	return later, consistent, maps.Clone(j.Placement)
+}
