@@ -14,6 +14,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 include sdk/python/python.mk
 include tiers/tiers.mk
 include kube.mk
+include deploy/compose/chaos.mk
 
 all: build
 
@@ -24,8 +25,8 @@ build:
 demo: build
 	$(BIN)/rewind demo
 
-## test: every test: Go (race detector on), the Python SDK's pytest suite, the Helm chart.
-test: lint test-go test-python test-helm
+## test: every test: Go (race detector on), the Python SDK's pytest suite, the Helm chart, the chaos smoke run (when a Docker engine answers).
+test: lint test-go test-python test-helm chaos-smoke
 
 # Every process of the run records the fault points it fired under
 # $(FAULT_HITS); the last step fails if a point of faultinject's table was

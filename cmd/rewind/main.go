@@ -29,6 +29,9 @@ var commands = []command{
 	{"bench", "measure performance (bench save|coordinator|tiers|recovery)", runBench},
 	{"demo", "run a local cluster and a training job; a node dies and the job recovers", runDemo},
 	{"demo-train", "", runDemoTrain}, // the demo's training process
+	{"node", "run a node of the compose cluster: the agent and the job's ranks placed on it", runNode},
+	{"chaos", "run fault scenarios against the compose cluster (deploy/compose)", runChaos},
+	{"chaos-tool", "", runChaosTool}, // the chaos runner's helper inside the cluster's containers
 }
 
 func main() {

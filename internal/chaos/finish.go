@@ -1,0 +1,153 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/internal/units"
+	"rewind.dev/rewind/tiers"
+)
+
+// finish gathers the final evidence (the coordinator's view, every node's
+// report), runs the checks and makes the scenario's row.
+func (s *session) finish(ctx context.Context, playErr error) (Row, []Check) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	var checks []Check
+	if playErr != nil {
+		checks = append(checks, Check{Name: "the scenario ran to the end", Detail: playErr.Error()})
+	}
+	if s.c.API != nil {
+		if final, err := s.waitSnap(ctx, "answer from the coordinator", 30*time.Second, func(*Snapshot) bool { return true }); err == nil {
+			s.ev.Final = final
+		} else {
+			checks = append(checks, Check{Name: "the coordinator answers at the end", Detail: err.Error()})
+		}
+	}
+	for _, n := range nodeServices {
+		stdout, _, err := s.c.Logs(ctx, n)
+		if err != nil {
+			checks = append(checks, Check{Name: "the nodes' reports can be read", Detail: err.Error()})
+			continue
+		}
+		s.ev.Lines = append(s.ev.Lines, ParseLogs(n, stdout)...)
+	}
+	size, err := units.ParseBytes(s.cfg.Size)
+	if err != nil {
+		checks = append(checks, Check{Name: "the state size parses", Detail: err.Error()})
+	}
+	s.ev.Size, s.ev.Keep = int64(size), keepOf(s.ev.Final)
+	var restored uint64
+	if len(s.ev.Faults) > 0 && s.ev.Final != nil {
+		var digests Check
+		digests, restored = checkDigests(&s.ev, newReferences(s.ev.Size))
+		checks = append(checks, checkResumed(&s.ev), digests, checkDurableKept(&s.ev), checkNewestRestorable(&s.ev), checkTierCopiesWhole(&s.ev))
+		if s.staleNode != "" {
+			checks = append(checks, checkStaleQuiet(&s.ev, s.staleNode))
+		}
+		checks = append(checks, s.verifyNewest(ctx, "s3"))
+	} else if playErr == nil {
+		checks = append(checks, Check{Name: "a fault was injected", Detail: "the scenario injected none"})
+	}
+	checks = append(checks, s.extra...)
+	for _, c := range checks {
+		s.logf("%s %s: %s", mark(c.OK), c.Name, c.Detail)
+	}
+	return s.row(checks, restored), checks
+}
+
+func mark(ok bool) string {
+	if ok {
+		return "✓"
+	}
+	return "✗"
+}
+
+// row makes the scenario's line of the table.
+func (s *session) row(checks []Check, restored uint64) Row {
+	r := Row{Scenario: s.name, Result: "PASS"}
+	failed := 0
+	for _, c := range checks {
+		if !c.OK {
+			failed++
+		}
+	}
+	if failed > 0 {
+		r.Result = fmt.Sprintf("FAIL (%d of %d checks)", failed, len(checks))
+	}
+	detected := append([]time.Duration(nil), s.detected...)
+	for k, i := range s.ev.lostFaults() {
+		if k < len(s.ev.Recoveries) {
+			detected = append(detected, time.Unix(0, s.ev.Recoveries[k].DetectedUnixNano).Sub(s.ev.Faults[i].At))
+		}
+	}
+	recovered := append(resumedAfter(&s.ev), s.recovered...)
+	r.Detected, r.Recovered = seconds(detected...), seconds(recovered...)
+	r.StepsLost = counts(stepsLost(&s.ev)...)
+	r.Bytes = bytesCell(restored + s.verified)
+	return r
+}
+
+// keepOf returns each tier's retention from the job's policy (2, the
+// compose file's, when it cannot be read).
+func keepOf(snap *Snapshot) map[string]int {
+	keep := map[string]int{"nvme": 2, "s3": 2}
+	if snap == nil || snap.Job == nil || snap.Job.Policy == "" {
+		return keep
+	}
+	p, err := tiers.ParsePolicy(snap.Job.Policy)
+	if err != nil {
+		return keep
+	}
+	for _, t := range p.Tiers {
+		keep[t.Tier] = t.Keep
+	}
+	return keep
+}
+
+// verifyNewest has the coordinator re-read every copy of the newest step
+// durable on tier (VerifyStep: each holder checks every checksum). The
+// copies on tier must all verify; the others count when they do. Copies
+// on nodes a fault hit are left out: they may be gone for good.
+func (s *session) verifyNewest(ctx context.Context, tier string) Check {
+	c := Check{Name: "the newest step durable on " + tier + " re-reads clean"}
+	step := newest(s.ev.Final.Durable(tier))
+	if step < 0 {
+		c.Detail = "no step is durable on " + tier
+		return c
+	}
+	hit := map[string]bool{}
+	for _, f := range s.ev.Faults {
+		hit[f.Node] = true
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	resp, err := s.c.API.VerifyStep(cctx, &coordpb.StepRequest{Job: s.cfg.Job, Step: step})
+	if err != nil {
+		c.Detail = fmt.Sprintf("step %d: %v", step, err)
+		return c
+	}
+	var n int
+	var bytes uint64
+	for _, ch := range resp.Checks {
+		if ch.Copy == nil || hit[ch.Copy.Node] {
+			continue
+		}
+		switch {
+		case ch.Ok:
+			n++
+			bytes += ch.Copy.SizeBytes
+		case ch.Copy.Tier == tier:
+			c.Detail = fmt.Sprintf("step %d: rank %d on %s: %s", step, ch.Copy.Rank, tier, ch.Problem)
+			return c
+		}
+		// A copy in memory or on NVMe may be gone by now: the job trains
+		// on, and slots and retention recycle them.
+	}
+	s.verified += bytes
+	c.OK = n > 0
+	c.Detail = fmt.Sprintf("step %d: %d copies (%s) verified", step, n, bytesCell(bytes))
+	return c
+}
