@@ -46,7 +46,7 @@ func (s *server) Commit(ctx context.Context, req *agentpb.CommitRequest) (*agent
 }
 
 func (s *server) Open(ctx context.Context, req *agentpb.OpenRequest) (*agentpb.OpenResponse, error) {
-	sh, lease, err := s.a.Open(req.Job, req.Rank, req.Step, req.Latest)
+	sh, lease, err := s.a.openOrPull(ctx, req.Job, req.Rank, req.Step, req.Latest)
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package coordinator_test
 
 import (
 	"bytes"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/sdk"
 )
 
 // TestOperatorRestartGoesBack: an operator restores step 3 of a job whose
@@ -66,5 +68,33 @@ func TestOperatorRestartGoesBack(t *testing.T) {
 	v, err := cl.api.VerifyStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: 4})
 	if err != nil || !v.Ok {
 		t.Fatalf("the new step 4: %v %v", v, err)
+	}
+}
+
+// TestRankPullsItsShardOnDemand: a rank starts on a node whose memory
+// does not hold its shard (Kubernetes put its new pod there before any
+// restore did): its restore asks the agent, the agent asks the
+// coordinator where the shard lives and fetches it, verified. A step that
+// is not restorable stays a clear not-found.
+func TestRankPullsItsShardOnDemand(t *testing.T) {
+	const job, ws = "pull", 2
+	cl := newCluster(t, 3) // rank 0 on node-0, rank 1 on node-1, node-2 holds nothing
+	cl.saveStep(job, ws, 1, 0, 1)
+	cl.waitLatest(job, 1)
+	s, err := cl.clients[2].Session(job, 1, ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got, err := s.Restore(ctxT(t))
+	if err != nil || got.Step != 1 || !bytes.Equal(got.Tensors[0].Data, rankData(1, 1)) {
+		t.Fatalf("rank 1 restoring on node-2, which did not hold its shard: %v %v", got, err)
+	}
+	shards, err := cl.clients[2].List(ctxT(t), job)
+	if err != nil || len(shards) != 1 || shards[0].Rank != 1 || shards[0].Step != 1 {
+		t.Fatalf("node-2's memory after the pull: %v %v", shards, err)
+	}
+	if _, err := s.RestoreStep(ctxT(t), 7); !errors.Is(err, sdk.ErrNotFound) || !strings.Contains(err.Error(), "step 7") {
+		t.Fatalf("restore of a step that does not exist: %v", err)
 	}
 }

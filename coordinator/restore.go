@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -149,4 +150,41 @@ func (c *Coordinator) live(cp *Copy) bool {
 	}
 	_, down := c.down[cp.Node]
 	return !down
+}
+
+// RankSources returns where rank's shard of step (the newest restorable
+// step when step < 0) can come from for the rank running on node: its live
+// copies, cheapest first for that node, with each node's agent address.
+func (c *Coordinator) RankSources(job string, step int64, rank uint32, node string) (*coordpb.RankSourcesResponse, error) {
+	c.mu.Lock()
+	j := c.state.Jobs[job]
+	if j == nil {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, job)
+	}
+	if rank >= j.WorldSize {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("%w: coordinator: job %s has %d ranks, not rank %d", ErrInvalid, job, j.WorldSize, rank)
+	}
+	placement := maps.Clone(j.Placement)
+	placement[rank] = node
+	addrs := map[string]string{}
+	for _, n := range c.state.Nodes {
+		addrs[n.Name] = n.Addr
+	}
+	c.mu.Unlock()
+	plan, err := c.plan(job, step, placement)
+	if err != nil {
+		return nil, err
+	}
+	rp := plan.Ranks[rank]
+	if len(rp.Sources) == 0 {
+		return nil, fmt.Errorf("%w: coordinator: job %s step %d rank %d has no live copy", ErrNotFound, job, plan.Step, rank)
+	}
+	resp := &coordpb.RankSourcesResponse{WorldSize: uint32(len(plan.Ranks)), SizeBytes: rp.Sources[0].SizeBytes,
+		HeaderChecksum: rp.Sources[0].HeaderChecksum}
+	for _, s := range rp.Sources {
+		resp.Sources = append(resp.Sources, &coordpb.RankSource{Tier: s.Tier, Node: s.Node, Addr: addrs[s.Node]})
+	}
+	return resp, nil
 }

@@ -251,3 +251,11 @@ func (s *server) DeleteStep(ctx context.Context, req *coordpb.DeleteStepRequest)
 	}
 	return &coordpb.DeleteStepResponse{CopiesDeleted: uint32(n)}, nil
 }
+
+func (s *server) RankSources(ctx context.Context, req *coordpb.RankSourcesRequest) (*coordpb.RankSourcesResponse, error) {
+	resp, err := s.c.RankSources(req.Job, req.Step, req.Rank, req.Node)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return resp, nil
+}

@@ -32,6 +32,7 @@ const (
 	Coordinator_InspectStep_FullMethodName  = "/rewind.coordinator.v1.Coordinator/InspectStep"
 	Coordinator_VerifyStep_FullMethodName   = "/rewind.coordinator.v1.Coordinator/VerifyStep"
 	Coordinator_PlanRestore_FullMethodName  = "/rewind.coordinator.v1.Coordinator/PlanRestore"
+	Coordinator_RankSources_FullMethodName  = "/rewind.coordinator.v1.Coordinator/RankSources"
 	Coordinator_DeleteStep_FullMethodName   = "/rewind.coordinator.v1.Coordinator/DeleteStep"
 	Coordinator_Transfers_FullMethodName    = "/rewind.coordinator.v1.Coordinator/Transfers"
 	Coordinator_TierReport_FullMethodName   = "/rewind.coordinator.v1.Coordinator/TierReport"
@@ -67,6 +68,13 @@ type CoordinatorClient interface {
 	VerifyStep(ctx context.Context, in *StepRequest, opts ...grpc.CallOption) (*VerifyStepResponse, error)
 	// PlanRestore returns, for each rank, the copies to restore from in order.
 	PlanRestore(ctx context.Context, in *PlanRestoreRequest, opts ...grpc.CallOption) (*PlanRestoreResponse, error)
+	// RankSources returns where one rank's shard of a consistent step can
+	// come from for the rank running on node: its live copies, cheapest
+	// first, with each node's agent address. An agent asks when a rank
+	// restores a step its node's memory does not hold (the rank started
+	// before a restore placed its shard, or on a node none chose), and
+	// fetches the shard itself.
+	RankSources(ctx context.Context, in *RankSourcesRequest, opts ...grpc.CallOption) (*RankSourcesResponse, error)
 	// DeleteStep removes a step's copies; the latest consistent step only
 	// with force.
 	DeleteStep(ctx context.Context, in *DeleteStepRequest, opts ...grpc.CallOption) (*DeleteStepResponse, error)
@@ -200,6 +208,16 @@ func (c *coordinatorClient) PlanRestore(ctx context.Context, in *PlanRestoreRequ
 	return out, nil
 }
 
+func (c *coordinatorClient) RankSources(ctx context.Context, in *RankSourcesRequest, opts ...grpc.CallOption) (*RankSourcesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RankSourcesResponse)
+	err := c.cc.Invoke(ctx, Coordinator_RankSources_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *coordinatorClient) DeleteStep(ctx context.Context, in *DeleteStepRequest, opts ...grpc.CallOption) (*DeleteStepResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DeleteStepResponse)
@@ -305,6 +323,13 @@ type CoordinatorServer interface {
 	VerifyStep(context.Context, *StepRequest) (*VerifyStepResponse, error)
 	// PlanRestore returns, for each rank, the copies to restore from in order.
 	PlanRestore(context.Context, *PlanRestoreRequest) (*PlanRestoreResponse, error)
+	// RankSources returns where one rank's shard of a consistent step can
+	// come from for the rank running on node: its live copies, cheapest
+	// first, with each node's agent address. An agent asks when a rank
+	// restores a step its node's memory does not hold (the rank started
+	// before a restore placed its shard, or on a node none chose), and
+	// fetches the shard itself.
+	RankSources(context.Context, *RankSourcesRequest) (*RankSourcesResponse, error)
 	// DeleteStep removes a step's copies; the latest consistent step only
 	// with force.
 	DeleteStep(context.Context, *DeleteStepRequest) (*DeleteStepResponse, error)
@@ -364,6 +389,9 @@ func (UnimplementedCoordinatorServer) VerifyStep(context.Context, *StepRequest) 
 }
 func (UnimplementedCoordinatorServer) PlanRestore(context.Context, *PlanRestoreRequest) (*PlanRestoreResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PlanRestore not implemented")
+}
+func (UnimplementedCoordinatorServer) RankSources(context.Context, *RankSourcesRequest) (*RankSourcesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RankSources not implemented")
 }
 func (UnimplementedCoordinatorServer) DeleteStep(context.Context, *DeleteStepRequest) (*DeleteStepResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteStep not implemented")
@@ -573,6 +601,24 @@ func _Coordinator_PlanRestore_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Coordinator_RankSources_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RankSourcesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServer).RankSources(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Coordinator_RankSources_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServer).RankSources(ctx, req.(*RankSourcesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Coordinator_DeleteStep_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(DeleteStepRequest)
 	if err := dec(in); err != nil {
@@ -709,6 +755,10 @@ var Coordinator_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "PlanRestore",
 			Handler:    _Coordinator_PlanRestore_Handler,
+		},
+		{
+			MethodName: "RankSources",
+			Handler:    _Coordinator_RankSources_Handler,
 		},
 		{
 			MethodName: "DeleteStep",
