@@ -25,7 +25,9 @@ func newFixture(t *testing.T) *fixture {
 	return f
 }
 
-func (f *fixture) at(sec float64) time.Time { return f.t0.Add(time.Duration(sec * float64(time.Second))) }
+func (f *fixture) at(sec float64) time.Time {
+	return f.t0.Add(time.Duration(sec * float64(time.Second)))
+}
 
 func (f *fixture) digest(rank uint32, step int64) string {
 	d, err := f.ref.digest(rank, step)
