@@ -22,5 +22,5 @@ test-helm:
 	$(HELM) template rewind $(CHART) --namespace rewind > $(BIN)/rewind-chart.yaml; \
 	$(HELM) template rewind $(CHART) --namespace rewind \
 		--set coordinator.persistence.storageClass=fast,agent.socketGroup=1000,coordinator.policy=nvme:every=10 > /dev/null; \
-	REWIND_CHART_RENDERED=$(BIN)/rewind-chart.yaml $(GO) test -count=1 -run '^TestChartRBAC$$' ./kube; \
+	REWIND_CHART_RENDERED=$(BIN)/rewind-chart.yaml $(GO) test -count=1 -run '^TestChart(RBAC|CoordinatorReadiness)$$' ./kube; \
 	echo "test-helm: chart lints, renders, and grants only what the controller calls"

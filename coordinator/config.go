@@ -41,6 +41,10 @@ type Config struct {
 	// majority, no node is declared dead from here.
 	Quorum func() bool
 
+	// Leading, when set, says whether this replica holds the leader
+	// lease: only the leader serves (leader.go). Nil: always serving.
+	Leading func() bool
+
 	// Faults, when set, fires the armed fault points of the coordinator
 	// (faultinject); nil unless the daemon runs with --fault-injection.
 	Faults *faultinject.Injector

@@ -30,14 +30,16 @@ func (c *Coordinator) Run(ctx context.Context, ready func(grpcAddr, metricsAddr 
 		// peer answers: two more packets, and two more wake-ups on each
 		// side, per report. A fixed window, larger than any report or
 		// inventory needs in flight, has none.
-		grpc.StaticStreamWindowSize(staticWindow), grpc.StaticConnWindowSize(staticWindow))
+		grpc.StaticStreamWindowSize(staticWindow), grpc.StaticConnWindowSize(staticWindow),
+		grpc.ChainUnaryInterceptor(c.unaryLeader), grpc.ChainStreamInterceptor(c.streamLeader))
 	coordpb.RegisterCoordinatorServer(srv, &server{c: c})
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(l) }()
 	var metrics *metricsrv.Server
 	var metricsAddr string
 	if c.cfg.MetricsAddr != "" {
-		if metrics, err = metricsrv.Start(c.cfg.MetricsAddr, c.cfg.Registry, errc, metricsrv.FaultRoutes(c.cfg.Faults)...); err != nil {
+		if metrics, err = metricsrv.Start(c.cfg.MetricsAddr, c.cfg.Registry, errc,
+			append(metricsrv.FaultRoutes(c.cfg.Faults), c.readyz())...); err != nil {
 			srv.Stop()
 			return fmt.Errorf("coordinator: %w", err)
 		}

@@ -22,6 +22,9 @@ type LeaderConfig struct {
 	LeaseDuration   time.Duration
 	RenewDeadline   time.Duration
 	RetryPeriod     time.Duration
+	// OnLeading, when set, is told when this replica starts and stops
+	// leading (the coordinator serves only while it leads).
+	OnLeading func(leading bool)
 }
 
 // DefaultLeaderConfig returns the election settings of a coordinator.
@@ -63,10 +66,16 @@ func LeaderElect(ctx context.Context, kube kubernetes.Interface, lc LeaderConfig
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(ctx context.Context) {
 				led.Store(true)
+				if lc.OnLeading != nil {
+					lc.OnLeading(true)
+				}
 				log.Info("kube: leading", "lease", lc.Namespace+"/"+lc.Name, "identity", lc.Identity)
 				ran <- run(ctx)
 			},
 			OnStoppedLeading: func() {
+				if lc.OnLeading != nil {
+					lc.OnLeading(false)
+				}
 				log.Info("kube: not leading", "lease", lc.Namespace+"/"+lc.Name, "identity", lc.Identity)
 			},
 			OnNewLeader: func(id string) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -39,11 +40,13 @@ func TestLeaderFailover(t *testing.T) {
 	type replica struct {
 		acting, stopped chan struct{}
 		done            chan error
+		leading         atomic.Bool // what OnLeading said last: the coordinator serves only then
 	}
 	start := func(id string) *replica {
 		r := &replica{acting: make(chan struct{}), stopped: make(chan struct{}), done: make(chan error, 1)}
 		l := lc
 		l.Identity = id
+		l.OnLeading = r.leading.Store
 		ctx, cancel := context.WithCancel(context.Background())
 		t.Cleanup(cancel)
 		go func() {
@@ -72,6 +75,9 @@ func TestLeaderFailover(t *testing.T) {
 		t.Fatal("b acts while a holds the lease")
 	case <-time.After(lc.LeaseDuration + 5*lc.RetryPeriod):
 	}
+	if !a.leading.Load() || b.leading.Load() {
+		t.Fatalf("leading: a %v, b %v; want only a", a.leading.Load(), b.leading.Load())
+	}
 	close(aCut)
 	wait(a.stopped, "a to stop acting")
 	select {
@@ -87,5 +93,11 @@ func TestLeaderFailover(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("a's LeaderElect did not return")
 	}
+	if a.leading.Load() {
+		t.Fatal("a still says it leads after losing the lease")
+	}
 	wait(b.acting, "b to take over")
+	if !b.leading.Load() {
+		t.Fatal("b acts but does not say it leads")
+	}
 }

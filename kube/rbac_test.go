@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/util/yaml"
 )
@@ -73,4 +74,40 @@ func TestChartRBAC(t *testing.T) {
 			t.Errorf("%s: the controller calls %v, the chart grants nothing", k, want[k])
 		}
 	}
+}
+
+// TestChartCoordinatorReadiness checks the rendered chart (make test-helm):
+// the coordinator is ready only while it leads (/readyz on its metrics
+// port), so that its Service routes to the leader alone.
+func TestChartCoordinatorReadiness(t *testing.T) {
+	path := os.Getenv("REWIND_CHART_RENDERED")
+	if path == "" {
+		t.Skip("REWIND_CHART_RENDERED not set: run make test-helm")
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	for {
+		var d appsv1.Deployment
+		if err := dec.Decode(&d); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if d.Kind != "Deployment" || !strings.HasSuffix(d.Name, "-coordinator") {
+			continue
+		}
+		c := d.Spec.Template.Spec.Containers[0]
+		p := c.ReadinessProbe
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" || p.HTTPGet.Port.String() != "metrics" {
+			t.Fatalf("coordinator readiness probe %+v: want httpGet /readyz on the metrics port", p)
+		}
+		if !slices.Contains(c.Args, "--kube") {
+			t.Fatalf("coordinator args %v: without --kube there is no election and /readyz is always ready", c.Args)
+		}
+		return
+	}
+	t.Fatal("no coordinator Deployment in the rendered chart")
 }

@@ -42,6 +42,7 @@ func runCoordinator(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg.Gossip = g
+	cfg.Leading = kf.leadingFunc()
 	if g != nil {
 		g.Name = "coordinator"
 		g.Injector = cfg.Faults

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -21,6 +22,17 @@ type kubeFlags struct {
 	kubeconfig string
 	cfg        kube.Config
 	lease      kube.LeaderConfig
+	leading    atomic.Bool // this replica holds the lease
+}
+
+// leadingFunc is the coordinator's Config.Leading: with --kube, whether
+// this replica leads; nil (always serving) without.
+func (k *kubeFlags) leadingFunc() func() bool {
+	if !k.on {
+		return nil
+	}
+	k.lease.OnLeading = k.leading.Store
+	return k.leading.Load
 }
 
 func (k *kubeFlags) register(fs *flag.FlagSet) {
