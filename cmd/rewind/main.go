@@ -22,7 +22,7 @@ var commands = []command{
 	{"ls", "list jobs and checkpoints (of the coordinator, or of one agent with --socket)", runLs},
 	{"inspect", "print a step (JOB STEP) or a shard file's header", runInspect},
 	{"verify", "re-read and check every copy of a step (JOB STEP)", runVerify},
-	{"restore", "restore a job from the nearest copies, or print the plan (JOB [--step S] [--dry-run])", runRestore},
+	{"restore", "restore a job from the nearest copies and restart it there, or print the plan (JOB [--step S] [--dry-run] [--force] [--no-restart])", runRestore},
 	{"delete", "delete a step's copies (JOB STEP [--force])", runDelete},
 	{"tiers", "show each agent's durable tiers: transfers, throughput, failures", runTiers},
 	{"policy", "show or set a job's tier policy (JOB [POLICY])", runPolicy},
