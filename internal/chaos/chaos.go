@@ -174,6 +174,9 @@ func runScenario(ctx context.Context, cfg *Config, c *Cluster, sc scenario) (Row
 		if err = s.warmUp(ctx); err == nil {
 			err = sc.play(ctx, s)
 		}
+		if err == nil {
+			err = s.settle(ctx)
+		}
 		stopWatch()
 		<-done
 	}

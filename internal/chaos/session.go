@@ -31,6 +31,7 @@ type session struct {
 	// staleNode is a node the job was recovered without and that came
 	// back (thawed, reconnected): its old ranks must commit nothing.
 	staleNode string
+	extraSeen int // recoveries beyond the lost nodes already noted
 }
 
 func (s *session) logf(format string, args ...any) {
@@ -72,6 +73,7 @@ func (s *session) watch(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		_ = regang.Follow(ctx, s.c.API, s.cfg.Job, nopDriver{}, func(ev *coordpb.JobEvent) {
+			s.logf("recovery event: %s, step %d, ok %v: %s%s", ev.Kind, ev.Step, ev.Ok, ev.Reason, ev.Error)
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			if ev.Ok && ev.Kind == "regang" {
@@ -206,6 +208,24 @@ func (s *session) waitRecovery(ctx context.Context, n int, timeout time.Duration
 func (s *session) trainOn(ctx context.Context, from, k int64) error {
 	_, err := s.waitSnap(ctx, fmt.Sprintf("step %d consistent", from+k), 90*time.Second, func(sn *Snapshot) bool {
 		return sn.LatestConsistent() >= from+k
+	})
+	return err
+}
+
+// settle waits until the job has trained Progress steps past its last
+// recovery (one may come after the scenario's own waits: a node wrongly
+// declared dead while the cluster is still busy healing).
+func (s *session) settle(ctx context.Context) error {
+	_, err := s.waitSnap(ctx, fmt.Sprintf("%d steps trained past the last recovery", progressSteps), 90*time.Second, func(sn *Snapshot) bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		n := len(s.ev.Recoveries)
+		if n > len(s.ev.lostFaults()) && n > s.extraSeen {
+			s.extraSeen = n
+			ev := s.ev.Recoveries[n-1]
+			s.logf("note: %d recoveries for %d lost nodes; the last: step %d, %s", n, len(s.ev.lostFaults()), ev.Step, ev.Reason)
+		}
+		return n == 0 || sn.LatestConsistent() >= s.ev.Recoveries[n-1].Step+progressSteps
 	})
 	return err
 }
