@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"bytes"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -100,5 +101,35 @@ func TestScenarioSelection(t *testing.T) {
 	x, y, z := a.Uint64(), b.Uint64(), c.Uint64()
 	if x != y || x == z {
 		t.Fatalf("streams: %d %d %d", x, y, z)
+	}
+}
+
+// TestREADMETable: the table the top README quotes parses and names
+// every scenario, in order.
+func TestREADMETable(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(b)
+	i := strings.Index(text, "| scenario ")
+	if i < 0 {
+		t.Fatal("README quotes no chaos table")
+	}
+	text = text[i:]
+	if j := strings.Index(text, "\n\n"); j > 0 {
+		text = text[:j]
+	}
+	rows, err := ParseTable(text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != len(scenarios) {
+		t.Fatalf("README table has %d rows, there are %d scenarios", len(rows), len(scenarios))
+	}
+	for k, r := range rows {
+		if r.Scenario != scenarios[k].name || r.Result != "PASS" {
+			t.Errorf("README row %d: %s %s, want %s PASS", k, r.Scenario, r.Result, scenarios[k].name)
+		}
 	}
 }
