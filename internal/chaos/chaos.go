@@ -35,8 +35,10 @@ type Config struct {
 	Scenarios []string // names to run; empty: all (or the smoke set)
 	Smoke     bool     // only the smoke scenarios
 	Keep      bool     // leave the last cluster running, for inspection
-	// ScenarioTimeout bounds one scenario, cluster start included.
+	// ScenarioTimeout bounds one scenario, cluster start included;
+	// Timeout the whole run (scenarios not started by then are not run).
 	ScenarioTimeout time.Duration
+	Timeout         time.Duration
 	Out             io.Writer
 }
 
@@ -49,7 +51,8 @@ func DefaultConfig() Config {
 		WorldSize:       3,
 		Size:            "4MiB",                 // a save, a replica and an upload each take milliseconds on 2 cores
 		StepTime:        250 * time.Millisecond, // four steps a second: faults land between and inside saves
-		ScenarioTimeout: 6 * time.Minute,        // a scenario takes about a minute; the bound catches a hang
+		ScenarioTimeout: 4 * time.Minute,        // a scenario takes under a minute; the bound catches a hang
+		Timeout:         24 * time.Minute,       // with the last scenario's checks and the cleanup, within half an hour
 		Out:             os.Stdout,
 	}
 }
@@ -123,16 +126,20 @@ func Run(ctx context.Context, cfg Config) error {
 	var rows []Row
 	var failed []string
 	start := time.Now()
+	runCtx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
 	for _, sc := range list {
-		row, checks := runScenario(ctx, &cfg, c, sc)
+		if runCtx.Err() != nil {
+			rows = append(rows, Row{sc.name, "-", "-", "-", "-", "NOT RUN"})
+			failed = append(failed, fmt.Sprintf("%s: not run (the run's bound of %v: %v)", sc.name, cfg.Timeout, runCtx.Err()))
+			continue
+		}
+		row, checks := runScenario(runCtx, &cfg, c, sc)
 		rows = append(rows, row)
 		for _, ch := range checks {
 			if !ch.OK {
 				failed = append(failed, fmt.Sprintf("%s: %s: %s", sc.name, ch.Name, ch.Detail))
 			}
-		}
-		if ctx.Err() != nil {
-			break
 		}
 	}
 	if !cfg.Keep {
