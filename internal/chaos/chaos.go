@@ -142,7 +142,10 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 		}
 	}
-	if !cfg.Keep {
+	if cfg.Keep {
+		fmt.Fprintf(cfg.Out, "\nthe last cluster is left running (project %s): coordinator gRPC on 127.0.0.1:%d, metrics on 127.0.0.1:%d, nodes' metrics on %v\n",
+			cfg.Project, c.Ports.Coord, c.Ports.CoordMetrics, c.Ports.Nodes)
+	} else {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Minute)
 		if err := c.Down(dctx); err != nil {
 			fmt.Fprintf(cfg.Out, "removing the cluster: %v\n", err)

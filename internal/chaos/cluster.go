@@ -159,15 +159,19 @@ func (c *Cluster) Exec(ctx context.Context, svc string, args ...string) ([]byte,
 }
 
 // Running reports whether a container is running, and when it last
-// stopped.
-func (c *Cluster) Running(ctx context.Context, svc string) (bool, time.Time, error) {
-	out, err := c.docker(ctx, 20*time.Second, "inspect", "-f", "{{.State.Running}} {{.State.FinishedAt}}", c.id(svc))
+// stopped with which exit status.
+func (c *Cluster) Running(ctx context.Context, svc string) (running bool, finished time.Time, code int, err error) {
+	out, err := c.docker(ctx, 20*time.Second, "inspect", "-f", "{{.State.Running}} {{.State.FinishedAt}} {{.State.ExitCode}}", c.id(svc))
 	if err != nil {
-		return false, time.Time{}, err
+		return false, time.Time{}, 0, err
 	}
-	running, finished, _ := strings.Cut(strings.TrimSpace(string(out)), " ")
-	at, _ := time.Parse(time.RFC3339Nano, finished)
-	return running == "true", at, nil
+	f := strings.Fields(string(out))
+	if len(f) != 3 {
+		return false, time.Time{}, 0, fmt.Errorf("chaos: docker inspect %s: %q", svc, out)
+	}
+	finished, _ = time.Parse(time.RFC3339Nano, f[1])
+	code, _ = strconv.Atoi(f[2])
+	return f[0] == "true", finished, code, nil
 }
 
 // Logs returns a container's standard output and standard error, with

@@ -109,16 +109,18 @@ func playNVMeFull(ctx context.Context, s *session) error {
 	})
 }
 
-// waitExit waits until a service's container has stopped and returns
-// when it did.
+// waitExit waits until a service's container has stopped with exit
+// status 137 (a fault point's exit(137)) and returns when it did.
 func (s *session) waitExit(ctx context.Context, svc string, timeout time.Duration) (time.Time, error) {
 	deadline := time.Now().Add(timeout)
 	for {
-		running, at, err := s.c.Running(ctx, svc)
-		if err == nil && !running {
+		running, at, code, err := s.c.Running(ctx, svc)
+		switch {
+		case err == nil && !running && code == 137:
 			return at, nil
-		}
-		if time.Now().After(deadline) {
+		case err == nil && !running:
+			return at, fmt.Errorf("chaos: %s exited with status %d, not at the fault point's exit(137)", svc, code)
+		case time.Now().After(deadline):
 			return time.Time{}, fmt.Errorf("chaos: %s still running after %v (%v)", svc, timeout, err)
 		}
 		if !sleepCtx(ctx, 100*time.Millisecond) {
