@@ -171,7 +171,7 @@ func (t *tierer) deleted(tc *tierCopy, node string, ev *coordpb.TierEvent) {
 		}
 	}
 	if tc.State == tcDeleting {
-		delete(t.copies, tc.key())
+		t.forget(tc)
 		if err := t.c.store.deleteTierCopy(tc); err != nil {
 			t.c.log.Error("removing a tier copy's record", "copy", tc.String(), "err", err)
 		}
@@ -183,10 +183,10 @@ func (t *tierer) deleted(tc *tierCopy, node string, ev *coordpb.TierEvent) {
 
 // prune forgets failed copies older than a durable one of the same tier.
 func (t *tierer) prune(durable *tierCopy) {
-	for k, tc := range t.copies {
+	for _, tc := range t.copies {
 		if tc.Job == durable.Job && tc.Tier == durable.Tier && tc.State == tcFailed && tc.Step < durable.Step &&
 			len(t.pendingOrders(tc)) == 0 {
-			delete(t.copies, k)
+			t.forget(tc)
 			_ = t.c.store.deleteTierCopy(tc)
 		}
 	}
@@ -257,6 +257,9 @@ func (t *tierer) index(tc *tierCopy, state string) error {
 	_, err := t.c.apply(func(ch *Changes) error {
 		var errs []error
 		for _, s := range tc.Shards {
+			if tc.copyNode(s.Rank) == "" {
+				continue // a rediscovered node-local copy whose other nodes have not been listed
+			}
 			rec := Record{Job: tc.Job, Step: tc.Step, Rank: s.Rank, WorldSize: tc.WorldSize, Node: tc.copyNode(s.Rank),
 				Tier: tc.Tier, Size: uint64(s.Size), Sum: s.HeaderChecksum, State: state}
 			if err := t.c.state.Apply(rec, ch); err != nil {
@@ -292,6 +295,7 @@ func (t *tierer) reader(tier, node string) string {
 func (t *tierer) deleteStep(job string, step int64) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.stepDeleted(job, step)
 	n := 0
 	for _, tier := range []string{"nvme", "pfs", "s3"} {
 		tc := t.copies[tierKey{job, step, tier}]

@@ -53,6 +53,10 @@ type tierCopy struct {
 	Error     string             `json:"error,omitempty"`
 	Started   time.Time          `json:"started"`
 	Finished  time.Time          `json:"finished"`
+	// Rediscovered: rebuilt from manifests found on the tier, not made by
+	// this index (rediscover.go); a node-local copy gains the nodes whose
+	// manifests are found later.
+	Rediscovered bool `json:"rediscovered,omitempty"`
 }
 
 type tierKey struct {
@@ -102,6 +106,8 @@ type tierer struct {
 	jobReplicas map[string]int          // per job; absent: the default
 	replicated  map[string]int64        // job -> newest step replicated
 	repl        map[string]*replication // job -> replication in flight
+
+	rd *rediscovery // tier copies rebuilt from the tiers' manifests (rediscover.go)
 }
 
 // order is a transfer order and the node it is for.
@@ -130,7 +136,7 @@ func newTierer(c *Coordinator) *tierer {
 		policies: map[string]tiers.Policy{}, last: map[string]time.Time{}, lastStep: map[string]int64{},
 		health: map[string][]*coordpb.TierHealth{}, skipped: map[string]bool{},
 		commits: make(chan commitRec, 1<<16), rankRepl: map[rankKey]int{}, rankNext: map[rankKey]commitRec{}, commitOrders: map[uint64]rankKey{},
-		jobReplicas: map[string]int{}, replicated: map[string]int64{}, repl: map[string]*replication{}}
+		jobReplicas: map[string]int{}, replicated: map[string]int64{}, repl: map[string]*replication{}, rd: newRediscovery()}
 }
 
 // policy returns a job's tier policy.
@@ -195,7 +201,7 @@ func (t *tierer) scan() {
 	t.c.mu.Unlock()
 	for _, d := range todo {
 		for _, tp := range t.policy(d.job).Tiers {
-			if !t.due(d.job, tp, d.step, now) || !t.reachable(d.job, tp.Tier, d.holder) {
+			if !t.due(d.job, tp, d.step, now) || !t.reachable(d.job, tp.Tier, d.holder) || !t.listed(d.job, d.step, tp.Tier, d.holder) {
 				continue
 			}
 			t.start(&tierCopy{Job: d.job, Step: d.step, Tier: tp.Tier, State: tcCopying, WorldSize: d.ws,

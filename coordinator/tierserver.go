@@ -18,6 +18,7 @@ type tierMetrics struct {
 	bytes          *prometheus.CounterVec
 	skipped        *prometheus.CounterVec
 	replicaSeconds prometheus.Histogram
+	rediscovered   *prometheus.CounterVec
 }
 
 func (t *tierer) registerMetrics(reg prometheus.Registerer) {
@@ -34,6 +35,7 @@ func (t *tierer) registerMetrics(reg prometheus.Registerer) {
 			Name: "rewind_coordinator_tier_skipped_total",
 			Help: "Times a tier copy that came due waited because a node holding shards could not write the tier (not connected, or without the tier).",
 		}, []string{"tier"}),
+		rediscovered: newRediscoveredCounter(),
 	}
 	t.m.replicaSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "rewind_coordinator_replication_seconds",
@@ -52,7 +54,7 @@ func (t *tierer) registerMetrics(reg prometheus.Registerer) {
 		Name: "rewind_coordinator_tier_inflight_bytes",
 		Help: "Bytes of running transfers not yet moved, over all nodes.",
 	}, []string{"tier"})
-	reg.MustRegister(t.m.transfers, t.m.bytes, t.m.skipped, t.m.replicaSeconds, &gaugeRefresher{t: t, copies: copies, degraded: degraded, inflight: inflight})
+	reg.MustRegister(t.m.transfers, t.m.bytes, t.m.skipped, t.m.replicaSeconds, t.m.rediscovered, &gaugeRefresher{t: t, copies: copies, degraded: degraded, inflight: inflight})
 }
 
 // gaugeRefresher computes the tier gauges when they are scraped.
@@ -170,6 +172,7 @@ func (t *tierer) policyText(job string) string {
 
 // run scans for due steps until ctx ends.
 func (t *tierer) run(ctx context.Context) {
+	go t.rediscover(ctx)
 	tick := time.NewTicker(scanEvery)
 	defer tick.Stop()
 	for {
@@ -211,6 +214,7 @@ func (t *tierer) subscribe(node string, tierNames []string) *subscriber {
 	t.subs[node] = s
 	t.c.log.Info("agent subscribed to tier transfers", "node", node, "tiers", tierNames)
 	s.poke()
+	t.rd.poke() // its tiers may hold copies this index does not know
 	return s
 }
 

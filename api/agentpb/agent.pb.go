@@ -24,6 +24,379 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type TierCopiesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Tier names ("nvme", "pfs", "s3") to list; empty: all of the agent's.
+	Tiers []string `protobuf:"bytes,1,rep,name=tiers,proto3" json:"tiers,omitempty"`
+	// Bound on the manifests listed per tier; 0: the agent's default
+	// (65,536). A listing that reaches it stops there, truncated.
+	MaxManifests uint32 `protobuf:"varint,2,opt,name=max_manifests,json=maxManifests,proto3" json:"max_manifests,omitempty"`
+	// Bound on the steps listed per job and tier, newest first; 0: the
+	// agent's default (1,024).
+	MaxStepsPerJob uint32 `protobuf:"varint,3,opt,name=max_steps_per_job,json=maxStepsPerJob,proto3" json:"max_steps_per_job,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *TierCopiesRequest) Reset() {
+	*x = TierCopiesRequest{}
+	mi := &file_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TierCopiesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TierCopiesRequest) ProtoMessage() {}
+
+func (x *TierCopiesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TierCopiesRequest.ProtoReflect.Descriptor instead.
+func (*TierCopiesRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *TierCopiesRequest) GetTiers() []string {
+	if x != nil {
+		return x.Tiers
+	}
+	return nil
+}
+
+func (x *TierCopiesRequest) GetMaxManifests() uint32 {
+	if x != nil {
+		return x.MaxManifests
+	}
+	return 0
+}
+
+func (x *TierCopiesRequest) GetMaxStepsPerJob() uint32 {
+	if x != nil {
+		return x.MaxStepsPerJob
+	}
+	return 0
+}
+
+type TierCopiesPage struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Manifests []*TierManifest        `protobuf:"bytes,1,rep,name=manifests,proto3" json:"manifests,omitempty"`
+	// On the last page only: how the listing of each tier asked for went.
+	Listings      []*TierListing `protobuf:"bytes,2,rep,name=listings,proto3" json:"listings,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TierCopiesPage) Reset() {
+	*x = TierCopiesPage{}
+	mi := &file_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TierCopiesPage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TierCopiesPage) ProtoMessage() {}
+
+func (x *TierCopiesPage) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TierCopiesPage.ProtoReflect.Descriptor instead.
+func (*TierCopiesPage) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *TierCopiesPage) GetManifests() []*TierManifest {
+	if x != nil {
+		return x.Manifests
+	}
+	return nil
+}
+
+func (x *TierCopiesPage) GetListings() []*TierListing {
+	if x != nil {
+		return x.Listings
+	}
+	return nil
+}
+
+// TierManifest is one step's manifest on one of the agent's tiers.
+type TierManifest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Tier      string                 `protobuf:"bytes,1,opt,name=tier,proto3" json:"tier,omitempty"`
+	Job       string                 `protobuf:"bytes,2,opt,name=job,proto3" json:"job,omitempty"`
+	Step      int64                  `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`
+	WorldSize uint32                 `protobuf:"varint,4,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
+	// Every rank's shard of the step, in rank order.
+	Shards []*TierShard `protobuf:"bytes,5,rep,name=shards,proto3" json:"shards,omitempty"`
+	// The ranks whose shards this store holds (a node-local tier holds the
+	// ranks that ran on its node); empty: every rank.
+	RanksHere       []uint32 `protobuf:"varint,6,rep,packed,name=ranks_here,json=ranksHere,proto3" json:"ranks_here,omitempty"`
+	WrittenUnixNano int64    `protobuf:"varint,7,opt,name=written_unix_nano,json=writtenUnixNano,proto3" json:"written_unix_nano,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *TierManifest) Reset() {
+	*x = TierManifest{}
+	mi := &file_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TierManifest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TierManifest) ProtoMessage() {}
+
+func (x *TierManifest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TierManifest.ProtoReflect.Descriptor instead.
+func (*TierManifest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *TierManifest) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
+func (x *TierManifest) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *TierManifest) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *TierManifest) GetWorldSize() uint32 {
+	if x != nil {
+		return x.WorldSize
+	}
+	return 0
+}
+
+func (x *TierManifest) GetShards() []*TierShard {
+	if x != nil {
+		return x.Shards
+	}
+	return nil
+}
+
+func (x *TierManifest) GetRanksHere() []uint32 {
+	if x != nil {
+		return x.RanksHere
+	}
+	return nil
+}
+
+func (x *TierManifest) GetWrittenUnixNano() int64 {
+	if x != nil {
+		return x.WrittenUnixNano
+	}
+	return 0
+}
+
+type TierShard struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Rank           uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	SizeBytes      uint64                 `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	HeaderChecksum string                 `protobuf:"bytes,3,opt,name=header_checksum,json=headerChecksum,proto3" json:"header_checksum,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *TierShard) Reset() {
+	*x = TierShard{}
+	mi := &file_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TierShard) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TierShard) ProtoMessage() {}
+
+func (x *TierShard) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TierShard.ProtoReflect.Descriptor instead.
+func (*TierShard) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *TierShard) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *TierShard) GetSizeBytes() uint64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *TierShard) GetHeaderChecksum() string {
+	if x != nil {
+		return x.HeaderChecksum
+	}
+	return ""
+}
+
+type TierListing struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Tier  string                 `protobuf:"bytes,1,opt,name=tier,proto3" json:"tier,omitempty"`
+	// The store, without credentials (file:///..., s3://bucket/prefix at endpoint).
+	Store string `protobuf:"bytes,2,opt,name=store,proto3" json:"store,omitempty"`
+	Jobs  uint32 `protobuf:"varint,3,opt,name=jobs,proto3" json:"jobs,omitempty"`
+	// Manifests sent.
+	Manifests uint32 `protobuf:"varint,4,opt,name=manifests,proto3" json:"manifests,omitempty"`
+	// Manifests skipped because they do not decode or validate (corrupt).
+	Skipped uint32 `protobuf:"varint,5,opt,name=skipped,proto3" json:"skipped,omitempty"`
+	// The listing stopped at max_manifests; steps past it were not listed.
+	Truncated bool `protobuf:"varint,6,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	// Set when the tier could not be listed whole (the store failed, a
+	// manifest could not be read): the manifests sent are good, but the
+	// caller should ask again later.
+	Error         string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TierListing) Reset() {
+	*x = TierListing{}
+	mi := &file_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TierListing) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TierListing) ProtoMessage() {}
+
+func (x *TierListing) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TierListing.ProtoReflect.Descriptor instead.
+func (*TierListing) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *TierListing) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
+func (x *TierListing) GetStore() string {
+	if x != nil {
+		return x.Store
+	}
+	return ""
+}
+
+func (x *TierListing) GetJobs() uint32 {
+	if x != nil {
+		return x.Jobs
+	}
+	return 0
+}
+
+func (x *TierListing) GetManifests() uint32 {
+	if x != nil {
+		return x.Manifests
+	}
+	return 0
+}
+
+func (x *TierListing) GetSkipped() uint32 {
+	if x != nil {
+		return x.Skipped
+	}
+	return 0
+}
+
+func (x *TierListing) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
+func (x *TierListing) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type FetchRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Job   string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
@@ -46,7 +419,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_agent_proto_msgTypes[0]
+	mi := &file_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -58,7 +431,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[0]
+	mi := &file_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -71,7 +444,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{0}
+	return file_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *FetchRequest) GetJob() string {
@@ -144,7 +517,7 @@ type FetchSource struct {
 
 func (x *FetchSource) Reset() {
 	*x = FetchSource{}
-	mi := &file_agent_proto_msgTypes[1]
+	mi := &file_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -156,7 +529,7 @@ func (x *FetchSource) String() string {
 func (*FetchSource) ProtoMessage() {}
 
 func (x *FetchSource) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[1]
+	mi := &file_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -169,7 +542,7 @@ func (x *FetchSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchSource.ProtoReflect.Descriptor instead.
 func (*FetchSource) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{1}
+	return file_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *FetchSource) GetTier() string {
@@ -203,7 +576,7 @@ type FetchAttempt struct {
 
 func (x *FetchAttempt) Reset() {
 	*x = FetchAttempt{}
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -215,7 +588,7 @@ func (x *FetchAttempt) String() string {
 func (*FetchAttempt) ProtoMessage() {}
 
 func (x *FetchAttempt) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -228,7 +601,7 @@ func (x *FetchAttempt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchAttempt.ProtoReflect.Descriptor instead.
 func (*FetchAttempt) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{2}
+	return file_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *FetchAttempt) GetTier() string {
@@ -258,7 +631,7 @@ type FetchResponse struct {
 
 func (x *FetchResponse) Reset() {
 	*x = FetchResponse{}
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -270,7 +643,7 @@ func (x *FetchResponse) String() string {
 func (*FetchResponse) ProtoMessage() {}
 
 func (x *FetchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -283,7 +656,7 @@ func (x *FetchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchResponse.ProtoReflect.Descriptor instead.
 func (*FetchResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *FetchResponse) GetStep() int64 {
@@ -323,7 +696,7 @@ type ConsistentRequest struct {
 
 func (x *ConsistentRequest) Reset() {
 	*x = ConsistentRequest{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -335,7 +708,7 @@ func (x *ConsistentRequest) String() string {
 func (*ConsistentRequest) ProtoMessage() {}
 
 func (x *ConsistentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -348,7 +721,7 @@ func (x *ConsistentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsistentRequest.ProtoReflect.Descriptor instead.
 func (*ConsistentRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ConsistentRequest) GetJob() string {
@@ -369,7 +742,7 @@ type ConsistentResponse struct {
 
 func (x *ConsistentResponse) Reset() {
 	*x = ConsistentResponse{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -381,7 +754,7 @@ func (x *ConsistentResponse) String() string {
 func (*ConsistentResponse) ProtoMessage() {}
 
 func (x *ConsistentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -394,7 +767,7 @@ func (x *ConsistentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsistentResponse.ProtoReflect.Descriptor instead.
 func (*ConsistentResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ConsistentResponse) GetStep() int64 {
@@ -425,7 +798,7 @@ type PrepareRequest struct {
 
 func (x *PrepareRequest) Reset() {
 	*x = PrepareRequest{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -437,7 +810,7 @@ func (x *PrepareRequest) String() string {
 func (*PrepareRequest) ProtoMessage() {}
 
 func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -450,7 +823,7 @@ func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRequest.ProtoReflect.Descriptor instead.
 func (*PrepareRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PrepareRequest) GetJob() string {
@@ -504,7 +877,7 @@ type PrepareResponse struct {
 
 func (x *PrepareResponse) Reset() {
 	*x = PrepareResponse{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -516,7 +889,7 @@ func (x *PrepareResponse) String() string {
 func (*PrepareResponse) ProtoMessage() {}
 
 func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -529,7 +902,7 @@ func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareResponse.ProtoReflect.Descriptor instead.
 func (*PrepareResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PrepareResponse) GetSlot() uint32 {
@@ -582,7 +955,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -594,7 +967,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -607,7 +980,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CommitRequest) GetJob() string {
@@ -662,7 +1035,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -674,7 +1047,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -687,7 +1060,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CommitResponse) GetStep() int64 {
@@ -717,7 +1090,7 @@ type OpenRequest struct {
 
 func (x *OpenRequest) Reset() {
 	*x = OpenRequest{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -729,7 +1102,7 @@ func (x *OpenRequest) String() string {
 func (*OpenRequest) ProtoMessage() {}
 
 func (x *OpenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -742,7 +1115,7 @@ func (x *OpenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
 func (*OpenRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *OpenRequest) GetJob() string {
@@ -783,7 +1156,7 @@ type OpenResponse struct {
 
 func (x *OpenResponse) Reset() {
 	*x = OpenResponse{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -795,7 +1168,7 @@ func (x *OpenResponse) String() string {
 func (*OpenResponse) ProtoMessage() {}
 
 func (x *OpenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -808,7 +1181,7 @@ func (x *OpenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenResponse.ProtoReflect.Descriptor instead.
 func (*OpenResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *OpenResponse) GetShard() *Shard {
@@ -834,7 +1207,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -846,7 +1219,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -859,7 +1232,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReleaseRequest) GetLease() uint64 {
@@ -877,7 +1250,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -889,7 +1262,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -902,7 +1275,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 type ReadRequest struct {
@@ -916,7 +1289,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -928,7 +1301,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -941,7 +1314,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReadRequest) GetJob() string {
@@ -978,7 +1351,7 @@ type ReadChunk struct {
 
 func (x *ReadChunk) Reset() {
 	*x = ReadChunk{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -990,7 +1363,7 @@ func (x *ReadChunk) String() string {
 func (*ReadChunk) ProtoMessage() {}
 
 func (x *ReadChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1003,7 +1376,7 @@ func (x *ReadChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadChunk.ProtoReflect.Descriptor instead.
 func (*ReadChunk) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReadChunk) GetOffset() uint64 {
@@ -1037,7 +1410,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1049,7 +1422,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1062,7 +1435,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListRequest) GetJob() string {
@@ -1081,7 +1454,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1093,7 +1466,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1106,7 +1479,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListResponse) GetShards() []*Shard {
@@ -1142,7 +1515,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1154,7 +1527,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1167,7 +1540,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Shard) GetJob() string {
@@ -1284,7 +1657,7 @@ type VerifyRequest struct {
 
 func (x *VerifyRequest) Reset() {
 	*x = VerifyRequest{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1296,7 +1669,7 @@ func (x *VerifyRequest) String() string {
 func (*VerifyRequest) ProtoMessage() {}
 
 func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1309,7 +1682,7 @@ func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyRequest.ProtoReflect.Descriptor instead.
 func (*VerifyRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *VerifyRequest) GetJob() string {
@@ -1358,7 +1731,7 @@ type VerifyResponse struct {
 
 func (x *VerifyResponse) Reset() {
 	*x = VerifyResponse{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1370,7 +1743,7 @@ func (x *VerifyResponse) String() string {
 func (*VerifyResponse) ProtoMessage() {}
 
 func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1383,7 +1756,7 @@ func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyResponse.ProtoReflect.Descriptor instead.
 func (*VerifyResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *VerifyResponse) GetOk() bool {
@@ -1420,7 +1793,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1432,7 +1805,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1445,7 +1818,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DeleteRequest) GetJob() string {
@@ -1486,7 +1859,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1498,7 +1871,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1511,7 +1884,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DeleteResponse) GetDeleted() uint32 {
@@ -1536,7 +1909,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1548,7 +1921,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1561,7 +1934,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 type StatusResponse struct {
@@ -1582,7 +1955,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1594,7 +1967,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1607,7 +1980,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -1684,7 +2057,37 @@ var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
 	"\n" +
-	"\vagent.proto\x12\x0frewind.agent.v1\"\xfd\x01\n" +
+	"\vagent.proto\x12\x0frewind.agent.v1\"y\n" +
+	"\x11TierCopiesRequest\x12\x14\n" +
+	"\x05tiers\x18\x01 \x03(\tR\x05tiers\x12#\n" +
+	"\rmax_manifests\x18\x02 \x01(\rR\fmaxManifests\x12)\n" +
+	"\x11max_steps_per_job\x18\x03 \x01(\rR\x0emaxStepsPerJob\"\x87\x01\n" +
+	"\x0eTierCopiesPage\x12;\n" +
+	"\tmanifests\x18\x01 \x03(\v2\x1d.rewind.agent.v1.TierManifestR\tmanifests\x128\n" +
+	"\blistings\x18\x02 \x03(\v2\x1c.rewind.agent.v1.TierListingR\blistings\"\xe6\x01\n" +
+	"\fTierManifest\x12\x12\n" +
+	"\x04tier\x18\x01 \x01(\tR\x04tier\x12\x10\n" +
+	"\x03job\x18\x02 \x01(\tR\x03job\x12\x12\n" +
+	"\x04step\x18\x03 \x01(\x03R\x04step\x12\x1d\n" +
+	"\n" +
+	"world_size\x18\x04 \x01(\rR\tworldSize\x122\n" +
+	"\x06shards\x18\x05 \x03(\v2\x1a.rewind.agent.v1.TierShardR\x06shards\x12\x1d\n" +
+	"\n" +
+	"ranks_here\x18\x06 \x03(\rR\tranksHere\x12*\n" +
+	"\x11written_unix_nano\x18\a \x01(\x03R\x0fwrittenUnixNano\"g\n" +
+	"\tTierShard\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x02 \x01(\x04R\tsizeBytes\x12'\n" +
+	"\x0fheader_checksum\x18\x03 \x01(\tR\x0eheaderChecksum\"\xb7\x01\n" +
+	"\vTierListing\x12\x12\n" +
+	"\x04tier\x18\x01 \x01(\tR\x04tier\x12\x14\n" +
+	"\x05store\x18\x02 \x01(\tR\x05store\x12\x12\n" +
+	"\x04jobs\x18\x03 \x01(\rR\x04jobs\x12\x1c\n" +
+	"\tmanifests\x18\x04 \x01(\rR\tmanifests\x12\x18\n" +
+	"\askipped\x18\x05 \x01(\rR\askipped\x12\x1c\n" +
+	"\ttruncated\x18\x06 \x01(\bR\ttruncated\x12\x14\n" +
+	"\x05error\x18\a \x01(\tR\x05error\"\xfd\x01\n" +
 	"\fFetchRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\rR\x04rank\x12\x12\n" +
@@ -1815,7 +2218,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x0eslots_per_rank\x18\b \x01(\rR\fslotsPerRank\x12\x18\n" +
 	"\aversion\x18\t \x01(\tR\aversion\x12\x14\n" +
 	"\x05tiers\x18\n" +
-	" \x03(\tR\x05tiers2\x8e\a\n" +
+	" \x03(\tR\x05tiers2\xe3\a\n" +
 	"\x05Agent\x12L\n" +
 	"\aPrepare\x12\x1f.rewind.agent.v1.PrepareRequest\x1a .rewind.agent.v1.PrepareResponse\x12I\n" +
 	"\x06Commit\x12\x1e.rewind.agent.v1.CommitRequest\x1a\x1f.rewind.agent.v1.CommitResponse\x12C\n" +
@@ -1829,7 +2232,9 @@ const file_agent_proto_rawDesc = "" +
 	"\x06Status\x12\x1e.rewind.agent.v1.StatusRequest\x1a\x1f.rewind.agent.v1.StatusResponse\x12U\n" +
 	"\n" +
 	"Consistent\x12\".rewind.agent.v1.ConsistentRequest\x1a#.rewind.agent.v1.ConsistentResponse\x12F\n" +
-	"\x05Fetch\x12\x1d.rewind.agent.v1.FetchRequest\x1a\x1e.rewind.agent.v1.FetchResponseB\x1fZ\x1drewind.dev/rewind/api/agentpbb\x06proto3"
+	"\x05Fetch\x12\x1d.rewind.agent.v1.FetchRequest\x1a\x1e.rewind.agent.v1.FetchResponse\x12S\n" +
+	"\n" +
+	"TierCopies\x12\".rewind.agent.v1.TierCopiesRequest\x1a\x1f.rewind.agent.v1.TierCopiesPage0\x01B\x1fZ\x1drewind.dev/rewind/api/agentpbb\x06proto3"
 
 var (
 	file_agent_proto_rawDescOnce sync.Once
@@ -1843,69 +2248,79 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_agent_proto_goTypes = []any{
-	(*FetchRequest)(nil),       // 0: rewind.agent.v1.FetchRequest
-	(*FetchSource)(nil),        // 1: rewind.agent.v1.FetchSource
-	(*FetchAttempt)(nil),       // 2: rewind.agent.v1.FetchAttempt
-	(*FetchResponse)(nil),      // 3: rewind.agent.v1.FetchResponse
-	(*ConsistentRequest)(nil),  // 4: rewind.agent.v1.ConsistentRequest
-	(*ConsistentResponse)(nil), // 5: rewind.agent.v1.ConsistentResponse
-	(*PrepareRequest)(nil),     // 6: rewind.agent.v1.PrepareRequest
-	(*PrepareResponse)(nil),    // 7: rewind.agent.v1.PrepareResponse
-	(*CommitRequest)(nil),      // 8: rewind.agent.v1.CommitRequest
-	(*CommitResponse)(nil),     // 9: rewind.agent.v1.CommitResponse
-	(*OpenRequest)(nil),        // 10: rewind.agent.v1.OpenRequest
-	(*OpenResponse)(nil),       // 11: rewind.agent.v1.OpenResponse
-	(*ReleaseRequest)(nil),     // 12: rewind.agent.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),    // 13: rewind.agent.v1.ReleaseResponse
-	(*ReadRequest)(nil),        // 14: rewind.agent.v1.ReadRequest
-	(*ReadChunk)(nil),          // 15: rewind.agent.v1.ReadChunk
-	(*ListRequest)(nil),        // 16: rewind.agent.v1.ListRequest
-	(*ListResponse)(nil),       // 17: rewind.agent.v1.ListResponse
-	(*Shard)(nil),              // 18: rewind.agent.v1.Shard
-	(*VerifyRequest)(nil),      // 19: rewind.agent.v1.VerifyRequest
-	(*VerifyResponse)(nil),     // 20: rewind.agent.v1.VerifyResponse
-	(*DeleteRequest)(nil),      // 21: rewind.agent.v1.DeleteRequest
-	(*DeleteResponse)(nil),     // 22: rewind.agent.v1.DeleteResponse
-	(*StatusRequest)(nil),      // 23: rewind.agent.v1.StatusRequest
-	(*StatusResponse)(nil),     // 24: rewind.agent.v1.StatusResponse
+	(*TierCopiesRequest)(nil),  // 0: rewind.agent.v1.TierCopiesRequest
+	(*TierCopiesPage)(nil),     // 1: rewind.agent.v1.TierCopiesPage
+	(*TierManifest)(nil),       // 2: rewind.agent.v1.TierManifest
+	(*TierShard)(nil),          // 3: rewind.agent.v1.TierShard
+	(*TierListing)(nil),        // 4: rewind.agent.v1.TierListing
+	(*FetchRequest)(nil),       // 5: rewind.agent.v1.FetchRequest
+	(*FetchSource)(nil),        // 6: rewind.agent.v1.FetchSource
+	(*FetchAttempt)(nil),       // 7: rewind.agent.v1.FetchAttempt
+	(*FetchResponse)(nil),      // 8: rewind.agent.v1.FetchResponse
+	(*ConsistentRequest)(nil),  // 9: rewind.agent.v1.ConsistentRequest
+	(*ConsistentResponse)(nil), // 10: rewind.agent.v1.ConsistentResponse
+	(*PrepareRequest)(nil),     // 11: rewind.agent.v1.PrepareRequest
+	(*PrepareResponse)(nil),    // 12: rewind.agent.v1.PrepareResponse
+	(*CommitRequest)(nil),      // 13: rewind.agent.v1.CommitRequest
+	(*CommitResponse)(nil),     // 14: rewind.agent.v1.CommitResponse
+	(*OpenRequest)(nil),        // 15: rewind.agent.v1.OpenRequest
+	(*OpenResponse)(nil),       // 16: rewind.agent.v1.OpenResponse
+	(*ReleaseRequest)(nil),     // 17: rewind.agent.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),    // 18: rewind.agent.v1.ReleaseResponse
+	(*ReadRequest)(nil),        // 19: rewind.agent.v1.ReadRequest
+	(*ReadChunk)(nil),          // 20: rewind.agent.v1.ReadChunk
+	(*ListRequest)(nil),        // 21: rewind.agent.v1.ListRequest
+	(*ListResponse)(nil),       // 22: rewind.agent.v1.ListResponse
+	(*Shard)(nil),              // 23: rewind.agent.v1.Shard
+	(*VerifyRequest)(nil),      // 24: rewind.agent.v1.VerifyRequest
+	(*VerifyResponse)(nil),     // 25: rewind.agent.v1.VerifyResponse
+	(*DeleteRequest)(nil),      // 26: rewind.agent.v1.DeleteRequest
+	(*DeleteResponse)(nil),     // 27: rewind.agent.v1.DeleteResponse
+	(*StatusRequest)(nil),      // 28: rewind.agent.v1.StatusRequest
+	(*StatusResponse)(nil),     // 29: rewind.agent.v1.StatusResponse
 }
 var file_agent_proto_depIdxs = []int32{
-	1,  // 0: rewind.agent.v1.FetchRequest.sources:type_name -> rewind.agent.v1.FetchSource
-	2,  // 1: rewind.agent.v1.FetchResponse.failed:type_name -> rewind.agent.v1.FetchAttempt
-	18, // 2: rewind.agent.v1.OpenResponse.shard:type_name -> rewind.agent.v1.Shard
-	18, // 3: rewind.agent.v1.ReadChunk.shard:type_name -> rewind.agent.v1.Shard
-	18, // 4: rewind.agent.v1.ListResponse.shards:type_name -> rewind.agent.v1.Shard
-	6,  // 5: rewind.agent.v1.Agent.Prepare:input_type -> rewind.agent.v1.PrepareRequest
-	8,  // 6: rewind.agent.v1.Agent.Commit:input_type -> rewind.agent.v1.CommitRequest
-	10, // 7: rewind.agent.v1.Agent.Open:input_type -> rewind.agent.v1.OpenRequest
-	12, // 8: rewind.agent.v1.Agent.Release:input_type -> rewind.agent.v1.ReleaseRequest
-	14, // 9: rewind.agent.v1.Agent.Read:input_type -> rewind.agent.v1.ReadRequest
-	16, // 10: rewind.agent.v1.Agent.List:input_type -> rewind.agent.v1.ListRequest
-	19, // 11: rewind.agent.v1.Agent.Verify:input_type -> rewind.agent.v1.VerifyRequest
-	19, // 12: rewind.agent.v1.Agent.ReportCorrupt:input_type -> rewind.agent.v1.VerifyRequest
-	21, // 13: rewind.agent.v1.Agent.Delete:input_type -> rewind.agent.v1.DeleteRequest
-	23, // 14: rewind.agent.v1.Agent.Status:input_type -> rewind.agent.v1.StatusRequest
-	4,  // 15: rewind.agent.v1.Agent.Consistent:input_type -> rewind.agent.v1.ConsistentRequest
-	0,  // 16: rewind.agent.v1.Agent.Fetch:input_type -> rewind.agent.v1.FetchRequest
-	7,  // 17: rewind.agent.v1.Agent.Prepare:output_type -> rewind.agent.v1.PrepareResponse
-	9,  // 18: rewind.agent.v1.Agent.Commit:output_type -> rewind.agent.v1.CommitResponse
-	11, // 19: rewind.agent.v1.Agent.Open:output_type -> rewind.agent.v1.OpenResponse
-	13, // 20: rewind.agent.v1.Agent.Release:output_type -> rewind.agent.v1.ReleaseResponse
-	15, // 21: rewind.agent.v1.Agent.Read:output_type -> rewind.agent.v1.ReadChunk
-	17, // 22: rewind.agent.v1.Agent.List:output_type -> rewind.agent.v1.ListResponse
-	20, // 23: rewind.agent.v1.Agent.Verify:output_type -> rewind.agent.v1.VerifyResponse
-	20, // 24: rewind.agent.v1.Agent.ReportCorrupt:output_type -> rewind.agent.v1.VerifyResponse
-	22, // 25: rewind.agent.v1.Agent.Delete:output_type -> rewind.agent.v1.DeleteResponse
-	24, // 26: rewind.agent.v1.Agent.Status:output_type -> rewind.agent.v1.StatusResponse
-	5,  // 27: rewind.agent.v1.Agent.Consistent:output_type -> rewind.agent.v1.ConsistentResponse
-	3,  // 28: rewind.agent.v1.Agent.Fetch:output_type -> rewind.agent.v1.FetchResponse
-	17, // [17:29] is the sub-list for method output_type
-	5,  // [5:17] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	2,  // 0: rewind.agent.v1.TierCopiesPage.manifests:type_name -> rewind.agent.v1.TierManifest
+	4,  // 1: rewind.agent.v1.TierCopiesPage.listings:type_name -> rewind.agent.v1.TierListing
+	3,  // 2: rewind.agent.v1.TierManifest.shards:type_name -> rewind.agent.v1.TierShard
+	6,  // 3: rewind.agent.v1.FetchRequest.sources:type_name -> rewind.agent.v1.FetchSource
+	7,  // 4: rewind.agent.v1.FetchResponse.failed:type_name -> rewind.agent.v1.FetchAttempt
+	23, // 5: rewind.agent.v1.OpenResponse.shard:type_name -> rewind.agent.v1.Shard
+	23, // 6: rewind.agent.v1.ReadChunk.shard:type_name -> rewind.agent.v1.Shard
+	23, // 7: rewind.agent.v1.ListResponse.shards:type_name -> rewind.agent.v1.Shard
+	11, // 8: rewind.agent.v1.Agent.Prepare:input_type -> rewind.agent.v1.PrepareRequest
+	13, // 9: rewind.agent.v1.Agent.Commit:input_type -> rewind.agent.v1.CommitRequest
+	15, // 10: rewind.agent.v1.Agent.Open:input_type -> rewind.agent.v1.OpenRequest
+	17, // 11: rewind.agent.v1.Agent.Release:input_type -> rewind.agent.v1.ReleaseRequest
+	19, // 12: rewind.agent.v1.Agent.Read:input_type -> rewind.agent.v1.ReadRequest
+	21, // 13: rewind.agent.v1.Agent.List:input_type -> rewind.agent.v1.ListRequest
+	24, // 14: rewind.agent.v1.Agent.Verify:input_type -> rewind.agent.v1.VerifyRequest
+	24, // 15: rewind.agent.v1.Agent.ReportCorrupt:input_type -> rewind.agent.v1.VerifyRequest
+	26, // 16: rewind.agent.v1.Agent.Delete:input_type -> rewind.agent.v1.DeleteRequest
+	28, // 17: rewind.agent.v1.Agent.Status:input_type -> rewind.agent.v1.StatusRequest
+	9,  // 18: rewind.agent.v1.Agent.Consistent:input_type -> rewind.agent.v1.ConsistentRequest
+	5,  // 19: rewind.agent.v1.Agent.Fetch:input_type -> rewind.agent.v1.FetchRequest
+	0,  // 20: rewind.agent.v1.Agent.TierCopies:input_type -> rewind.agent.v1.TierCopiesRequest
+	12, // 21: rewind.agent.v1.Agent.Prepare:output_type -> rewind.agent.v1.PrepareResponse
+	14, // 22: rewind.agent.v1.Agent.Commit:output_type -> rewind.agent.v1.CommitResponse
+	16, // 23: rewind.agent.v1.Agent.Open:output_type -> rewind.agent.v1.OpenResponse
+	18, // 24: rewind.agent.v1.Agent.Release:output_type -> rewind.agent.v1.ReleaseResponse
+	20, // 25: rewind.agent.v1.Agent.Read:output_type -> rewind.agent.v1.ReadChunk
+	22, // 26: rewind.agent.v1.Agent.List:output_type -> rewind.agent.v1.ListResponse
+	25, // 27: rewind.agent.v1.Agent.Verify:output_type -> rewind.agent.v1.VerifyResponse
+	25, // 28: rewind.agent.v1.Agent.ReportCorrupt:output_type -> rewind.agent.v1.VerifyResponse
+	27, // 29: rewind.agent.v1.Agent.Delete:output_type -> rewind.agent.v1.DeleteResponse
+	29, // 30: rewind.agent.v1.Agent.Status:output_type -> rewind.agent.v1.StatusResponse
+	10, // 31: rewind.agent.v1.Agent.Consistent:output_type -> rewind.agent.v1.ConsistentResponse
+	8,  // 32: rewind.agent.v1.Agent.Fetch:output_type -> rewind.agent.v1.FetchResponse
+	1,  // 33: rewind.agent.v1.Agent.TierCopies:output_type -> rewind.agent.v1.TierCopiesPage
+	21, // [21:34] is the sub-list for method output_type
+	8,  // [8:21] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -1919,7 +2334,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

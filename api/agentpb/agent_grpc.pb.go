@@ -34,6 +34,7 @@ const (
 	Agent_Status_FullMethodName        = "/rewind.agent.v1.Agent/Status"
 	Agent_Consistent_FullMethodName    = "/rewind.agent.v1.Agent/Consistent"
 	Agent_Fetch_FullMethodName         = "/rewind.agent.v1.Agent/Fetch"
+	Agent_TierCopies_FullMethodName    = "/rewind.agent.v1.Agent/TierCopies"
 )
 
 // AgentClient is the client API for Agent service.
@@ -71,6 +72,13 @@ type AgentClient interface {
 	// tiers into shared memory, trying the tiers in the order given and
 	// falling back to the next on any error or checksum mismatch.
 	Fetch(ctx context.Context, in *FetchRequest, opts ...grpc.CallOption) (*FetchResponse, error)
+	// TierCopies lists the step copies the agent's durable tiers hold, as
+	// their manifests describe them, for a coordinator rebuilding its index
+	// (one started on an empty or lost store). Pages of manifests stream in
+	// job order, each job's newest steps first; a last page says, per tier,
+	// how the listing went. A manifest that does not read or validate is
+	// skipped (and logged by the agent), never sent.
+	TierCopies(ctx context.Context, in *TierCopiesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TierCopiesPage], error)
 }
 
 type agentClient struct {
@@ -210,6 +218,25 @@ func (c *agentClient) Fetch(ctx context.Context, in *FetchRequest, opts ...grpc.
 	return out, nil
 }
 
+func (c *agentClient) TierCopies(ctx context.Context, in *TierCopiesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TierCopiesPage], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[1], Agent_TierCopies_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[TierCopiesRequest, TierCopiesPage]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_TierCopiesClient = grpc.ServerStreamingClient[TierCopiesPage]
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -245,6 +272,13 @@ type AgentServer interface {
 	// tiers into shared memory, trying the tiers in the order given and
 	// falling back to the next on any error or checksum mismatch.
 	Fetch(context.Context, *FetchRequest) (*FetchResponse, error)
+	// TierCopies lists the step copies the agent's durable tiers hold, as
+	// their manifests describe them, for a coordinator rebuilding its index
+	// (one started on an empty or lost store). Pages of manifests stream in
+	// job order, each job's newest steps first; a last page says, per tier,
+	// how the listing went. A manifest that does not read or validate is
+	// skipped (and logged by the agent), never sent.
+	TierCopies(*TierCopiesRequest, grpc.ServerStreamingServer[TierCopiesPage]) error
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -290,6 +324,9 @@ func (UnimplementedAgentServer) Consistent(context.Context, *ConsistentRequest) 
 }
 func (UnimplementedAgentServer) Fetch(context.Context, *FetchRequest) (*FetchResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Fetch not implemented")
+}
+func (UnimplementedAgentServer) TierCopies(*TierCopiesRequest, grpc.ServerStreamingServer[TierCopiesPage]) error {
+	return status.Error(codes.Unimplemented, "method TierCopies not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -521,6 +558,17 @@ func _Agent_Fetch_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_TierCopies_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(TierCopiesRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AgentServer).TierCopies(m, &grpc.GenericServerStream[TierCopiesRequest, TierCopiesPage]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_TierCopiesServer = grpc.ServerStreamingServer[TierCopiesPage]
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -577,6 +625,11 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Read",
 			Handler:       _Agent_Read_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "TierCopies",
+			Handler:       _Agent_TierCopies_Handler,
 			ServerStreams: true,
 		},
 	},

@@ -74,6 +74,11 @@ class AgentStub(object):
                 request_serializer=agent__pb2.FetchRequest.SerializeToString,
                 response_deserializer=agent__pb2.FetchResponse.FromString,
                 )
+        self.TierCopies = channel.unary_stream(
+                '/rewind.agent.v1.Agent/TierCopies',
+                request_serializer=agent__pb2.TierCopiesRequest.SerializeToString,
+                response_deserializer=agent__pb2.TierCopiesPage.FromString,
+                )
 
 
 class AgentServicer(object):
@@ -170,6 +175,18 @@ class AgentServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TierCopies(self, request, context):
+        """TierCopies lists the step copies the agent's durable tiers hold, as
+        their manifests describe them, for a coordinator rebuilding its index
+        (one started on an empty or lost store). Pages of manifests stream in
+        job order, each job's newest steps first; a last page says, per tier,
+        how the listing went. A manifest that does not read or validate is
+        skipped (and logged by the agent), never sent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -232,6 +249,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Fetch,
                     request_deserializer=agent__pb2.FetchRequest.FromString,
                     response_serializer=agent__pb2.FetchResponse.SerializeToString,
+            ),
+            'TierCopies': grpc.unary_stream_rpc_method_handler(
+                    servicer.TierCopies,
+                    request_deserializer=agent__pb2.TierCopiesRequest.FromString,
+                    response_serializer=agent__pb2.TierCopiesPage.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -444,5 +466,22 @@ class Agent(object):
         return grpc.experimental.unary_unary(request, target, '/rewind.agent.v1.Agent/Fetch',
             agent__pb2.FetchRequest.SerializeToString,
             agent__pb2.FetchResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def TierCopies(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/rewind.agent.v1.Agent/TierCopies',
+            agent__pb2.TierCopiesRequest.SerializeToString,
+            agent__pb2.TierCopiesPage.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
