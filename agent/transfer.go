@@ -60,7 +60,16 @@ func newTransfers(a *Agent) *transfers {
 		queue: make(chan *coordpb.TransferOrder, maxQueuedTransfers), peerQ: make(chan *coordpb.TransferOrder, maxQueuedTransfers), health: map[string]*tierHealth{}, wake: make(chan struct{}, 1)}
 	for _, n := range tierOrder(a.cfg.Stores) {
 		t.names = append(t.names, n)
-		t.health[n] = &tierHealth{store: a.cfg.Stores[n].String()}
+		h := &tierHealth{store: a.cfg.Stores[n].String()}
+		t.health[n] = h
+		if w, ok := a.cfg.Stores[n].(tiers.RetryWatcher); ok {
+			// A store that retries inside one call (S3, for minutes)
+			// shows degraded from its first retry, not once it gives up;
+			// the transfer's success clears it (finish).
+			w.WatchRetries(func(op, name string, attempt int, err error) {
+				t.setHealth(h, fmt.Errorf("retrying %s of %s (attempt %d): %w", op, name, attempt, err))
+			})
+		}
 	}
 	return t
 }

@@ -81,7 +81,7 @@ func NewS3Store(cfg S3Config) (*S3Store, error) {
 		scheme = "https"
 	}
 	s := &S3Store{cfg: cfg, core: core, bucket: bucket, prefix: prefix, endpoint: scheme + "://" + host}
-	s.retrier = s3Retrier{cfg: &s.cfg, sleep: s3Sleep}
+	s.retrier.cfg, s.retrier.sleep = &s.cfg, s3Sleep
 	return s, nil
 }
 

@@ -63,6 +63,9 @@ func s3AssertStored(t *testing.T, s *S3Store, srv *miniotest.Server, name string
 // object is bit-identical.
 func TestS3InjectedTransientFailuresRetried(t *testing.T) {
 	s, srv, in, retries := newFaultyS3(t, nil)
+	var watched atomic.Int64 // what an agent shows as a degraded tier (RetryWatcher)
+	var w RetryWatcher = s
+	w.WatchRetries(func(op, name string, attempt int, err error) { watched.Add(1) })
 	single := int64(1<<20 + 3)
 	multi := int64(s3MinPartSize + 4099) // two parts
 	type testcase struct {
@@ -103,6 +106,9 @@ func TestS3InjectedTransientFailuresRetried(t *testing.T) {
 			}
 			if r := retries.Load() - before; r < int64(tc.fires) {
 				t.Fatalf("%d requests retried, want at least %d", r, tc.fires)
+			}
+			if watched.Load() != retries.Load() {
+				t.Fatalf("the retry watcher heard of %d retries, OnRetry of %d", watched.Load(), retries.Load())
 			}
 			t.Logf("Put of %d bytes under %s took %v", tc.size, tc.spec, time.Since(start).Round(time.Millisecond))
 			s3AssertStored(t, s, srv, obj, want)

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -117,9 +118,25 @@ func s3Retryable(ctx context.Context, err error) bool {
 
 // s3Retrier runs one request with bounded, jittered exponential backoff.
 type s3Retrier struct {
-	cfg   *S3Config
-	sleep func(ctx context.Context, d time.Duration) error // time.Sleep honouring ctx; tests replace it
+	cfg     *S3Config
+	sleep   func(ctx context.Context, d time.Duration) error // time.Sleep honouring ctx; tests replace it
+	watcher atomic.Pointer[RetryFunc]                        // WatchRetries
 }
+
+// RetryFunc is told of a request that failed and is about to be retried.
+type RetryFunc func(op, name string, attempt int, err error)
+
+// RetryWatcher is a store that retries failed requests inside one call
+// (the object store, for up to RetryTimeout): WatchRetries has it tell f
+// of each retry, so that the caller can show the tier degraded while a
+// call is still going on. f is called from the calling goroutine of the
+// store's method and must not block.
+type RetryWatcher interface {
+	WatchRetries(f RetryFunc)
+}
+
+// WatchRetries implements RetryWatcher.
+func (s *S3Store) WatchRetries(f RetryFunc) { s.retrier.watcher.Store(&f) }
 
 func s3Sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
@@ -168,6 +185,9 @@ func (r *s3Retrier) do(ctx context.Context, op, name string, f func(ctx context.
 		}
 		if r.cfg.OnRetry != nil {
 			r.cfg.OnRetry(op, name, attempt, err)
+		}
+		if w := r.watcher.Load(); w != nil {
+			(*w)(op, name, attempt, err)
 		}
 		r.cfg.Logger.Warn("tiers: s3 request failed, retrying", "op", op, "name", name,
 			"attempt", attempt, "wait", wait, "err", err)
