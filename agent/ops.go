@@ -147,7 +147,8 @@ func (a *Agent) pickSlot(ctx context.Context, r *lockedRank, size int64, replica
 			if fresh != pin {
 				continue
 			}
-			if a.cfg.Clock.Now().Before(pinDeadline) && ctx.Err() == nil {
+			s = a.abandonedLatest(ctx, r, size, max, pin)
+			if s == nil && a.cfg.Clock.Now().Before(pinDeadline) && ctx.Err() == nil {
 				r.mu.Unlock()
 				time.Sleep(10 * time.Millisecond)
 				r.mu.Lock()
@@ -171,6 +172,36 @@ func (a *Agent) pickSlot(ctx context.Context, r *lockedRank, size int64, replica
 			return nil, fmt.Errorf("agent: waiting for a verification of job %s rank %d: %w", r.job, r.rank, ctx.Err())
 		}
 	}
+}
+
+// abandonedLatest returns a slot for a save when only the rank's latest
+// checkpoint and the job's consistent step hold them all, and the
+// coordinator says that latest step is abandoned: some rank moved past it
+// without committing it (its save failed), so it can never become
+// consistent nor be restored, and keeping it would leave every later step
+// of the job without this rank's shard. The caller holds r's lock; it is
+// released during the call to the coordinator.
+func (a *Agent) abandonedLatest(ctx context.Context, r *lockedRank, size int64, max int, pin int64) *slot {
+	latest := r.latest()
+	if latest == nil || latest.Step <= pin {
+		return nil
+	}
+	step := latest.Step
+	r.mu.Unlock()
+	abandoned := a.rep.abandoned(ctx, r.job, step)
+	r.mu.Lock()
+	if !abandoned {
+		return nil
+	}
+	if l := r.latest(); l == nil || l.Step != step {
+		return nil // changed meanwhile: the caller looks again
+	}
+	s := r.pick(size, max, pin, true) // the latest slot may go
+	if s != nil {
+		a.log.Warn("the rank's latest checkpoint was abandoned by the job (a rank moved on without it): its slot is reused",
+			"job", r.job, "rank", r.rank, "step", step, "consistent", pin)
+	}
+	return s
 }
 
 // releaseBudget undoes reserveBudget for a segment that did not grow.

@@ -402,3 +402,19 @@ func (a *Agent) inventory() ([]*coordpb.ShardRecord, []*coordpb.RegisterJobReque
 	}
 	return recs, jobs
 }
+
+// abandoned asks the coordinator whether step of job is abandoned (a rank
+// moved past it without committing it); false when it cannot tell.
+func (r *reporter) abandoned(ctx context.Context, job string, step int64) bool {
+	if r == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	resp, err := r.c.InspectStep(ctx, &coordpb.StepRequest{Job: job, Step: step})
+	if err != nil {
+		r.a.log.Warn("cannot ask the coordinator about a step", "job", job, "step", step, "err", err)
+		return false
+	}
+	return resp.Step.GetState() == "abandoned"
+}
