@@ -10,6 +10,8 @@ MINIO_VERSION := v0.0.0-20260212201848-7aac2a2c5b7c
 minio: $(BIN)/minio
 
 # A file target: built only when bin/minio is missing. After changing
-# MINIO_VERSION, run `rm bin/minio && make minio`.
+# MINIO_VERSION, run `rm bin/minio && make minio`. Statically linked
+# (CGO_ENABLED=0), so that the chaos cluster's FROM-scratch image takes the
+# same binary and a clean machine builds MinIO once, not twice.
 $(BIN)/minio:
-	GOBIN=$(BIN) $(GO) install github.com/minio/minio@$(MINIO_VERSION)
+	CGO_ENABLED=0 GOBIN=$(BIN) $(GO) install github.com/minio/minio@$(MINIO_VERSION)
