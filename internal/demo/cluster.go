@@ -45,6 +45,10 @@ type ClusterConfig struct {
 	ShmDir           string
 	NoMinIO          bool // leave the object store out even when built
 	KeepLogs         bool // leave the coordinator's and agents' logs (and tier directories) behind
+	// Faults, when set, is a faultinject spec armed in every agent
+	// (started with --fault-injection; each seeded from Seed): the
+	// randomized tests' metamorphic mode.
+	Faults string
 	Out              io.Writer
 }
 
@@ -258,10 +262,17 @@ func (d *cluster) startAgent(ctx context.Context, i int) error {
 		return err
 	}
 	defer log.Close()
+	if d.cfg.Faults != "" {
+		args = append(args, "--fault-injection")
+	}
 	cmd := exec.Command(d.exe, args...)
 	cmd.Stdout, cmd.Stderr, cmd.SysProcAttr = log, log, sysProcAttr()
+	cmd.Env = os.Environ()
 	if d.minio != nil {
-		cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID="+d.minio.AccessKey, "AWS_SECRET_ACCESS_KEY="+d.minio.SecretKey)
+		cmd.Env = append(cmd.Env, "AWS_ACCESS_KEY_ID="+d.minio.AccessKey, "AWS_SECRET_ACCESS_KEY="+d.minio.SecretKey)
+	}
+	if d.cfg.Faults != "" {
+		cmd.Env = append(cmd.Env, "REWIND_FAULTS="+d.cfg.Faults, fmt.Sprintf("REWIND_FAULT_SEED=%d", d.cfg.Seed+uint64(len(d.nodes))))
 	}
 	if n.agent, err = startCmd(n.name, cmd); err != nil {
 		return err

@@ -65,7 +65,11 @@ func (d *cluster) killAndRecover(ctx context.Context, k int, from int64) (*coord
 		}
 	}
 	victim := alive[d.rng.IntN(len(alive))]
-	if err := d.waitConsistent(ctx, killAt); err != nil {
+	// The latest consistent step may pass killAt (a step some rank failed
+	// to save never completes, and the next one does): judge against
+	// what it was.
+	killAt, err := d.waitConsistent(ctx, killAt)
+	if err != nil {
 		return nil, err
 	}
 	if err := sleepCtx(ctx, time.Duration(d.rng.Int64N(int64(d.cfg.StepTime)+1))); err != nil {
@@ -145,19 +149,19 @@ func (d *cluster) readRank(rank uint32, who string, ro *rankOut) {
 }
 
 // waitConsistent waits until the job's latest consistent step reaches step.
-func (d *cluster) waitConsistent(ctx context.Context, step int64) error {
+func (d *cluster) waitConsistent(ctx context.Context, step int64) (int64, error) {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		resp, err := d.api.Latest(ctx, &coordpb.LatestRequest{Job: jobName})
 		if err == nil && resp.Step >= step {
 			d.tl.log("coord", "step %d consistent: every rank has committed it", resp.Step)
-			return nil
+			return resp.Step, nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("demo: the job did not reach step %d within a minute (%v)", step, err)
+			return 0, fmt.Errorf("demo: the job did not reach step %d within a minute (%v)", step, err)
 		}
 		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
-			return err
+			return 0, err
 		}
 	}
 }

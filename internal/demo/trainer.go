@@ -200,5 +200,5 @@ func lockstep(ctx context.Context, sess *sdk.Session, cfg TrainConfig, saved int
 // become consistent (a few report round trips), so that ranks stay in step
 // while saves succeed.
 func lockstepWait(cfg TrainConfig) time.Duration {
-	return max(5*time.Second, 20*cfg.StepTime)
+	return max(time.Second, 10*cfg.StepTime)
 }
