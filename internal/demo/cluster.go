@@ -49,7 +49,7 @@ type ClusterConfig struct {
 	// (started with --fault-injection; each seeded from Seed): the
 	// randomized tests' metamorphic mode.
 	Faults string
-	Out              io.Writer
+	Out    io.Writer
 }
 
 // DefaultClusterConfig returns what `make demo` runs.
