@@ -52,7 +52,7 @@ verify: generate lint
 ## bench: the performance figures in the README.
 bench: build minio
 	$(BIN)/rewind bench save --sizes 1GiB,4GiB --runs 5
-	$(BIN)/rewind bench coordinator --ranks 1024,8192 --steps 30
+	$(BIN)/rewind bench coordinator --ranks 1024,8192 --steps 200
 	$(BIN)/rewind bench tiers --size 1GiB --cpu-size 4GiB --runs 3 --bandwidth 500MB
 	$(BIN)/rewind bench recovery --size 1GiB --runs 3
 
