@@ -10,12 +10,14 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -69,9 +71,16 @@ type item struct {
 }
 
 // Informers returns the informer factories the controller needs (pods,
-// nodes, MPIJobs of every namespace).
+// nodes, MPIJobs of every namespace). Its pod informer watches only the
+// pods of MPIJobs (those labelled training.kubeflow.org/job-name), not
+// every pod of the cluster.
 func Informers(kube kubernetes.Interface, dyn dynamic.Interface, resync time.Duration) (informers.SharedInformerFactory, dynamicinformer.DynamicSharedInformerFactory) {
 	k := informers.NewSharedInformerFactoryWithOptions(kube, resync)
+	k.InformerFor(&corev1.Pod{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return coreinformers.NewFilteredPodInformer(c, metav1.NamespaceAll, resync,
+			cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc},
+			func(o *metav1.ListOptions) { o.LabelSelector = labelJobName })
+	})
 	return k, dynamicinformer.NewDynamicSharedInformerFactory(dyn, resync)
 }
 

@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"context"
 	"errors"
 	"maps"
 	"slices"
@@ -8,8 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynfake "k8s.io/client-go/dynamic/fake"
@@ -252,5 +256,43 @@ func TestRunRegistersFromInformers(t *testing.T) {
 	}
 	if reg, _, _ := h.coord.snapshot(); len(reg) != 1 || reg[0].Placement[0] != "n1" {
 		t.Fatalf("registered %v, want rank 0 on n1", reg)
+	}
+}
+
+// A node deleted outright (never NotReady first) is declared down at
+// once, and once; a node the coordinator never knew is left alone.
+func TestNodeDeletedIsDown(t *testing.T) {
+	h := newHarness(t)
+	h.syncNode("gone") // not in the cache: deleted
+	h.syncNode("gone") // seen again: nothing more
+	if _, downs, _ := h.coord.snapshot(); !slices.Equal(downs, []string{"gone"}) {
+		t.Fatalf("NodeDown calls %v, want the deleted node once", downs)
+	}
+	h.coord.mu.Lock()
+	h.coord.nodeErr = status.Error(codes.NotFound, "coordinator: no node \"stranger\"")
+	h.coord.mu.Unlock()
+	if err := h.c.syncNode(h.ctx, "stranger"); err != nil {
+		t.Fatalf("a deleted node the coordinator never knew: %v", err)
+	}
+}
+
+// The pod informer lists only MPIJobs' pods (mpi-operator's job-name
+// label), not every pod of the cluster.
+func TestPodInformerWatchesOnlyMPIJobPods(t *testing.T) {
+	kube := kubefake.NewClientset(newPod("ml", "train", roleWorker, 0, "n1"),
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "nginx"}})
+	ki, _ := Informers(kube, nil, 0)
+	pods := ki.Core().V1().Pods().Lister()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ki.Start(ctx.Done())
+	for typ, ok := range ki.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			t.Fatalf("%v did not sync", typ)
+		}
+	}
+	got, err := pods.List(labels.Everything())
+	if err != nil || len(got) != 1 || got[0].Namespace != "ml" {
+		t.Fatalf("pods in the cache: %v %v, want only the MPIJob's worker", got, err)
 	}
 }

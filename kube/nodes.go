@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -22,7 +24,7 @@ import (
 func (c *Controller) syncNode(ctx context.Context, name string) error {
 	n, err := c.nodes.Get(name)
 	if isNotFound(err) {
-		return nil
+		return c.nodeDeleted(ctx, name)
 	}
 	if err != nil {
 		return err
@@ -61,6 +63,30 @@ func (c *Controller) syncNode(ctx context.Context, name string) error {
 	c.recorder.Eventf(n, corev1.EventTypeWarning, ReasonNodeDown, "%s: rewind recovers its jobs elsewhere (%s) and taints it %s:NoSchedule",
 		reason, strings.Join(jobs, ", "), TaintUnhealthy)
 	return c.taint(ctx, n)
+}
+
+// nodeDeleted declares a node that left the cluster outright (deleted,
+// not NotReady first: a cloud instance gone, an operator's kubectl delete)
+// down at once: there is no grace to wait for, and nothing to taint. A
+// node the coordinator never knew (no agent ran there) is no concern.
+func (c *Controller) nodeDeleted(ctx context.Context, name string) error {
+	c.mu.Lock()
+	state := c.downed[name]
+	c.mu.Unlock()
+	if state != "" {
+		return nil
+	}
+	reason := fmt.Sprintf("node %s deleted from the cluster", name)
+	jobs, err := c.coord.NodeDown(ctx, name, reason)
+	if status.Code(err) == codes.NotFound {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("kube: declaring deleted node %s down: %w", name, err)
+	}
+	c.setDowned(name, nodeTainted) // handled: there is no Node left to taint
+	c.log.Warn("kube: node declared down", "node", name, "reason", reason, "jobs", jobs)
+	return nil
 }
 
 func readyCondition(n *corev1.Node) *corev1.NodeCondition {
