@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -42,7 +41,9 @@ func (a *Agent) push(ctx context.Context, st tiers.Store, job string, rank uint3
 		return tiers.ShardEntry{}, err
 	}
 	defer m.Close()
-	var src io.ReaderAt = bytes.NewReader(m.Data)
+	// The segment is mapped: a store that can write straight from it
+	// (tiers.SliceReaderAt) does, with no copy.
+	var src io.ReaderAt = tiers.BytesReaderAt(m.Data)
 	if wrap != nil {
 		src = wrap(sh.Size, src)
 		defer done(sh.Size)

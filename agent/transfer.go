@@ -392,3 +392,17 @@ func (c *countingReader) ReadAt(p []byte, off int64) (int, error) {
 	c.n.Add(int64(n))
 	return n, err
 }
+
+// SliceAt passes a store's request for the bytes in place on, counting
+// them (tiers.SliceReaderAt).
+func (c *countingReader) SliceAt(off int64, n int) ([]byte, error) {
+	s, ok := c.r.(tiers.SliceReaderAt)
+	if !ok {
+		return nil, tiers.ErrNoSlice
+	}
+	b, err := s.SliceAt(off, n)
+	if err == nil {
+		c.n.Add(int64(n))
+	}
+	return b, err
+}

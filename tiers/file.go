@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -175,6 +176,14 @@ func (s *FileStore) write(ctx context.Context, f shm.File, src io.ReaderAt, size
 		}
 		off := i * chunk
 		l := min(chunk, size-off)
+		if direct {
+			if b, ok, err := directSlice(src, off, l); err != nil {
+				return err
+			} else if ok {
+				_, err := f.WriteAt(b, off) // straight from the source's memory
+				return err
+			}
+		}
 		if _, err := src.ReadAt(buf[:l], off); err != nil && !(errors.Is(err, io.EOF) && off+l == size) {
 			return fmt.Errorf("reading source at %d: %w", off, err)
 		}
@@ -187,6 +196,28 @@ func (s *FileStore) write(ctx context.Context, f shm.File, src io.ReaderAt, size
 		_, err := f.WriteAt(buf[:w], off)
 		return err
 	})
+}
+
+// directSlice returns [off, off+n) of src in place when src can hand it
+// out and O_DIRECT can write it as it is: page-aligned in memory and a
+// whole number of pages long (the last chunk of an odd size is copied
+// and padded instead).
+func directSlice(src io.ReaderAt, off, n int64) ([]byte, bool, error) {
+	page := int64(unix.Getpagesize())
+	if n%page != 0 {
+		return nil, false, nil
+	}
+	b, err := sliceAt(src, off, int(n))
+	if errors.Is(err, ErrNoSlice) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("reading source at %d: %w", off, err)
+	}
+	if uintptr(unsafe.Pointer(unsafe.SliceData(b)))%uintptr(page) != 0 {
+		return nil, false, nil
+	}
+	return b, true, nil
 }
 
 func (s *FileStore) syncDir(dir string) error {

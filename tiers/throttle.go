@@ -143,6 +143,18 @@ func LimitReaderAt(ctx context.Context, r io.ReaderAt, l *Limiter) io.ReaderAt {
 	return &limitedReaderAt{ctx: ctx, r: r, l: l}
 }
 
+// SliceAt hands out the source's bytes in place, after waiting for them
+// as ReadAt does; ErrNoSlice when the source cannot.
+func (r *limitedReaderAt) SliceAt(off int64, n int) ([]byte, error) {
+	if _, ok := r.r.(SliceReaderAt); !ok {
+		return nil, ErrNoSlice
+	}
+	if err := r.l.Wait(r.ctx, n); err != nil {
+		return nil, err
+	}
+	return sliceAt(r.r, off, n)
+}
+
 // LimitWriterAt returns w with every WriteAt first waiting on l for len(p)
 // bytes; a WriteAt after ctx ended returns ctx.Err() and writes nothing.
 // With a nil l it returns w itself. Safe for concurrent use when w is.

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -61,7 +60,7 @@ func FileTier(ctx context.Context, cfg FileTierConfig) (FileTierResult, error) {
 		dd = append(dd, t)
 		name := fmt.Sprintf("job/step-%d/rank-0.safetensors", run)
 		t0 := time.Now()
-		if err := st.Put(ctx, name, bytes.NewReader(src), cfg.Size); err != nil {
+		if err := st.Put(ctx, name, tiers.BytesReaderAt(src), cfg.Size); err != nil { // as the agent puts a mapped segment
 			return res, err
 		}
 		put = append(put, time.Since(t0).Seconds())

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"fmt"
@@ -101,7 +100,7 @@ func cpuSlowdown(ctx context.Context, sp *spinner, st tiers.Store, seg []byte, l
 			return res, err
 		}
 		name := fmt.Sprintf("bench-cpu/step-%d/rank-0.safetensors", run)
-		src := tiers.LimitReaderAt(ctx, bytes.NewReader(seg), tiers.NewLimiter(limit, nil))
+		src := tiers.LimitReaderAt(ctx, tiers.BytesReaderAt(seg), tiers.NewLimiter(limit, nil)) // as the agent puts it
 		with, err := sp.measure(ctx, 0, func() error { return st.Put(ctx, name, src, int64(len(seg))) })
 		if err != nil {
 			return res, err

@@ -1,0 +1,58 @@
+package tiers
+
+import (
+	"errors"
+	"fmt"
+	"io"
+)
+
+// A SliceReaderAt is a source whose bytes are in memory already (a mapped
+// shared-memory segment): SliceAt hands out [off, off+n) in place, valid
+// until the call it was given to returns. A FileStore writing with
+// O_DIRECT writes such slices straight to the disk, with no copy into
+// buffers of its own: the transfer then costs training almost no CPU
+// time nor memory bandwidth beside the disk's own DMA. ErrNoSlice (from a
+// wrapper whose source cannot) means: copy with ReadAt instead.
+type SliceReaderAt interface {
+	io.ReaderAt
+	SliceAt(off int64, n int) ([]byte, error)
+}
+
+// ErrNoSlice is SliceAt's answer when the bytes are not in memory to hand
+// out: the caller copies them with ReadAt.
+var ErrNoSlice = errors.New("tiers: source cannot hand out its bytes in place")
+
+// BytesReaderAt returns a SliceReaderAt over b.
+func BytesReaderAt(b []byte) SliceReaderAt { return bytesReaderAt(b) }
+
+type bytesReaderAt []byte
+
+func (b bytesReaderAt) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, fmt.Errorf("tiers: read at negative offset %d", off)
+	}
+	if off >= int64(len(b)) {
+		return 0, io.EOF
+	}
+	n := copy(p, b[off:])
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+func (b bytesReaderAt) SliceAt(off int64, n int) ([]byte, error) {
+	if off < 0 || n < 0 || off+int64(n) > int64(len(b)) {
+		return nil, fmt.Errorf("tiers: slice [%d, %d) outside %d bytes", off, off+int64(n), len(b))
+	}
+	return b[off : off+int64(n) : off+int64(n)], nil
+}
+
+// sliceAt asks src for [off, off+n) in place; ErrNoSlice when it cannot.
+func sliceAt(src io.ReaderAt, off int64, n int) ([]byte, error) {
+	s, ok := src.(SliceReaderAt)
+	if !ok {
+		return nil, ErrNoSlice
+	}
+	return s.SliceAt(off, n)
+}
