@@ -1,6 +1,7 @@
 package tiers
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/binary"
@@ -213,14 +214,34 @@ func (s *S3Store) Put(ctx context.Context, name string, src io.ReaderAt, size in
 	return s.putMultipart(ctx, name, key, src, size)
 }
 
+// s3Source prepares [off, off+l) of src for an upload: its CRC32C, and a
+// function giving a fresh body for each attempt. A source that can hand
+// its bytes out in place (a mapped segment, SliceReaderAt) is read once,
+// straight from its memory; any other is read through ReadAt, once for
+// the CRC and once per attempt.
+func s3Source(src io.ReaderAt, off, l int64) (uint32, func() io.Reader, error) {
+	b, err := sliceAt(src, off, int(l))
+	switch {
+	case err == nil:
+		return crc32.Checksum(b, s3Castagnoli), func() io.Reader { return bytes.NewReader(b) }, nil
+	case !errors.Is(err, ErrNoSlice):
+		return 0, nil, &s3SourceError{fmt.Errorf("reading source at offset %d: %w", off, err)}
+	}
+	c, err := s3CRC(src, off, l)
+	if err != nil {
+		return 0, nil, err
+	}
+	return c, func() io.Reader { return io.NewSectionReader(src, off, l) }, nil
+}
+
 func (s *S3Store) putSingle(ctx context.Context, name, key string, src io.ReaderAt, size int64) error {
-	c, err := s3CRC(src, 0, size)
+	c, body, err := s3Source(src, 0, size)
 	if err != nil {
 		return &S3Error{Op: "put", Endpoint: s.endpoint, Bucket: s.bucket, Key: key, Err: err}
 	}
 	sum := s3CRCString(c)
 	return s.retry(ctx, "put", name, key, func(ctx context.Context) error {
-		b := &s3Body{r: io.NewSectionReader(src, 0, size)}
+		b := &s3Body{r: body()}
 		_, err := s.core.PutObject(ctx, s.bucket, key, b, size, "", "", minio.PutObjectOptions{
 			UserMetadata:         map[string]string{amzChecksumCRC32C: sum},
 			DisableContentSha256: true, // the CRC32C guards the payload; a SHA-256 per chunk would cost more CPU than the transfer
@@ -299,14 +320,14 @@ func (s *S3Store) putMultipart(ctx context.Context, name, key string, src io.Rea
 
 // putPart uploads one part, returning its CRC32C and ETag.
 func (s *S3Store) putPart(ctx context.Context, name, key, uploadID string, num int, src io.ReaderAt, off, l int64) (uint32, string, error) {
-	c, err := s3CRC(src, off, l)
+	c, body, err := s3Source(src, off, l)
 	if err != nil {
 		return 0, "", &S3Error{Op: "put", Endpoint: s.endpoint, Bucket: s.bucket, Key: key, Err: err}
 	}
 	sum := s3CRCString(c)
 	var etag string
 	err = s.retry(ctx, "put", name, key, func(ctx context.Context) error {
-		b := &s3Body{r: io.NewSectionReader(src, off, l)}
+		b := &s3Body{r: body()}
 		p, err := s.core.PutObjectPart(ctx, s.bucket, key, uploadID, num, b, l, minio.PutObjectPartOptions{
 			CustomHeader:         http.Header{http.CanonicalHeaderKey(amzChecksumCRC32C): {sum}},
 			DisableContentSha256: true,
