@@ -12,7 +12,7 @@ import (
 //
 //	agent/shard-copied           Commit, before anything is recorded
 //	agent/committed-unreported   Commit, recorded but not yet reported
-//	agent/replica-received       checkReceived, before a peer's bytes are checked
+//	agent/replica-received       receiveShard (the first bytes arrived) and checkReceived (all of them), before they are checked
 //	agent/replica-stored         copyFromPeer, a replica committed but not reported
 //	agent/tier-uploaded          push, a shard uploaded before its manifest
 //	agent/tier-manifest-written  transfer, a manifest written before the report

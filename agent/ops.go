@@ -215,6 +215,13 @@ func (a *Agent) releaseBudget(old, size int64) {
 // that its header is whole and names this job, rank and step. Tensor data is
 // verified in the background (VerifyAfterCommit), off the training step.
 func (a *Agent) Commit(ctx context.Context, job string, rank, slotIdx uint32, token uint64, step int64, headerSum string) (uint64, error) {
+	return a.commit(ctx, job, rank, slotIdx, token, step, headerSum, false)
+}
+
+// commit is Commit; verified says the caller checked every checksum of the
+// slot's bytes as it wrote them (a copy from a peer), so the background
+// pass would only read them again.
+func (a *Agent) commit(ctx context.Context, job string, rank, slotIdx uint32, token uint64, step int64, headerSum string, verified bool) (uint64, error) {
 	if err := validateRank(job, rank, 0); err != nil {
 		return 0, err
 	}
@@ -255,6 +262,7 @@ func (a *Agent) Commit(ctx context.Context, job string, rank, slotIdx uint32, to
 	prev := *s
 	s.State, s.Seq, s.HeaderSum = stateCommitted, a.nextSeq(), headerSum
 	s.CommittedAt, s.WorldSize, s.Tensors, s.token = a.cfg.Clock.Now().UnixNano(), h.Meta.WorldSize, uint32(len(h.Tensors)), 0
+	s.verified = verified
 	if err := a.persist(&r.rankState); err != nil {
 		*s = prev // still being written by the same caller, who may retry
 		return 0, err
@@ -263,7 +271,7 @@ func (a *Agent) Commit(ctx context.Context, job string, rank, slotIdx uint32, to
 	a.rep.shard(job, rank, s.WorldSize, step, s.Size, headerSum, "committed")
 	a.metrics.saves.WithLabelValues("ok").Inc()
 	a.metrics.committedBytes.Add(float64(s.Size))
-	if a.cfg.VerifyAfterCommit && a.verifyQ != nil {
+	if a.cfg.VerifyAfterCommit && a.verifyQ != nil && !verified {
 		select {
 		case a.verifyQ <- verifyJob{r: r, s: s, seq: s.Seq}:
 		default: // the verifier is behind; the shard is verified when next read
@@ -276,6 +284,13 @@ func (a *Agent) Commit(ctx context.Context, job string, rank, slotIdx uint32, to
 // is not reused until release is called, however long that takes. The shard
 // is verified first, exactly the slot pinned.
 func (a *Agent) pin(job string, rank uint32, step int64) (*shardInfo, func(), error) {
+	return a.pinFor(job, rank, step, true)
+}
+
+// pinFor is pin; without verify the shard's bytes are not checked, for a
+// reader that checks every one of them itself before anything is committed
+// or restored from them (the peer data path's receiver).
+func (a *Agent) pinFor(job string, rank uint32, step int64, verify bool) (*shardInfo, func(), error) {
 	if err := validateRank(job, rank, 0); err != nil {
 		return nil, nil, err
 	}
@@ -296,6 +311,9 @@ func (a *Agent) pin(job string, rank uint32, step int64) (*shardInfo, func(), er
 		r.mu.Lock()
 		s.readers--
 		r.mu.Unlock()
+	}
+	if !verify {
+		return info, release, nil
 	}
 	if err := a.verify(r, s); err != nil {
 		release()
@@ -486,124 +504,4 @@ func (a *Agent) Verify(job string, rank uint32, step int64, detail string) (int6
 		a.log.Warn("reader reports corrupt shard", "job", job, "rank", rank, "step", step, "detail", detail)
 	}
 	return s.Size, a.verify(r, s)
-}
-
-// verify checks a slot's bytes without holding the rank's mutex during the
-// pass over the data (a save of the same rank must not wait for it): the
-// slot is pinned as being read meanwhile, and the result is applied only if
-// the slot still holds the same commit.
-func (a *Agent) verify(r *lockedRank, s *slot) error {
-	r.mu.Lock()
-	for s.verifying != nil { // one pass at a time per slot
-		done := s.verifying
-		r.mu.Unlock()
-		<-done
-		r.mu.Lock()
-	}
-	if s.State != stateCommitted && s.State != stateCorrupt {
-		r.mu.Unlock()
-		return fmt.Errorf("%w: agent: job %s rank %d slot %d is no longer committed", ErrNotFound, r.job, r.rank, s.Index)
-	}
-	snap := *s
-	done := make(chan struct{})
-	s.verifying = done
-	r.mu.Unlock()
-
-	start := time.Now()
-	err := a.checkSegment(r.job, r.rank, &snap)
-	a.metrics.verifySeconds.Observe(time.Since(start).Seconds())
-
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	s.verifying = nil
-	close(done)
-	if s.Seq != snap.Seq {
-		return err
-	}
-	if err == nil {
-		if s.State == stateCorrupt {
-			return fmt.Errorf("%w: agent: job %s rank %d step %d was found corrupt earlier: %s", shm.ErrCorrupt, r.job, r.rank, s.Step, s.Problem)
-		}
-		s.verified = true
-		return nil
-	}
-	if !errors.Is(err, shm.ErrCorrupt) {
-		// Not the bytes' fault (too many open files, no memory to map):
-		// the shard keeps its state and the caller sees the error.
-		a.log.Warn("could not verify a shard", "job", r.job, "rank", r.rank, "step", s.Step, "err", err)
-		return err
-	}
-	if s.State != stateCorrupt {
-		a.log.Error("checkpoint corrupt: it will not be served", "job", r.job, "rank", r.rank, "step", s.Step, "err", err)
-		a.metrics.corrupt.Inc()
-		a.rep.shard(r.job, r.rank, s.WorldSize, s.Step, s.Size, s.HeaderSum, "corrupt")
-	}
-	s.State, s.Problem, s.verified = stateCorrupt, err.Error(), false
-	if perr := a.persist(&r.rankState); perr != nil {
-		a.log.Error("recording corrupt shard", "err", perr)
-	}
-	return err
-}
-
-// checkSegment maps a segment read-only and checks header and data.
-func (a *Agent) checkSegment(job string, rank uint32, s *slot) error {
-	path := a.paths.Segment(job, rank, s.Index)
-	f, err := a.cfg.FS.OpenFile(path, os.O_RDONLY, 0)
-	if errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("%w: agent: segment of job %s rank %d step %d is gone: %v", shm.ErrCorrupt, job, rank, s.Step, err)
-	}
-	if err != nil {
-		return fmt.Errorf("agent: opening segment of job %s rank %d step %d: %w", job, rank, s.Step, err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if fi.Size() != s.Size || fi.Size() < 8 {
-		return fmt.Errorf("%w: agent: segment of job %s rank %d step %d is %d bytes, %d were committed", shm.ErrCorrupt, job, rank, s.Step, fi.Size(), s.Size)
-	}
-	m, err := shm.Map(f, fi.Size(), false)
-	if err != nil {
-		return err
-	}
-	defer m.Close()
-	h, err := shm.DecodeBytes(m.Data)
-	if err != nil {
-		return fmt.Errorf("agent: job %s rank %d step %d: %w", job, rank, s.Step, err)
-	}
-	if !h.Rewind || h.Meta.Job != job || h.Meta.Rank != rank || h.Meta.Step != s.Step {
-		return fmt.Errorf("%w: agent: segment of job %s rank %d step %d holds job %q rank %d step %d",
-			shm.ErrCorrupt, job, rank, s.Step, h.Meta.Job, h.Meta.Rank, h.Meta.Step)
-	}
-	if s.HeaderSum != "" && shm.HeaderSum(m.Data[:h.DataStart]) != s.HeaderSum {
-		return fmt.Errorf("%w: agent: header of job %s rank %d step %d changed since commit", shm.ErrCorrupt, job, rank, s.Step)
-	}
-	if err := h.Verify(m.Data, a.cfg.VerifyWorkers); err != nil {
-		return fmt.Errorf("agent: job %s rank %d step %d: %w", job, rank, s.Step, err)
-	}
-	return nil
-}
-
-type verifyJob struct {
-	r   *lockedRank
-	s   *slot
-	seq uint64
-}
-
-// runVerifier verifies committed shards in the background until ctx ends.
-func (a *Agent) runVerifier(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case j := <-a.verifyQ:
-			j.r.mu.Lock()
-			due := j.s.State == stateCommitted && j.s.Seq == j.seq && !j.s.verified
-			j.r.mu.Unlock()
-			if due {
-				_ = a.verify(j.r, j.s)
-			}
-		}
-	}
 }

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"rewind.dev/rewind/faultinject"
 	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
 )
@@ -25,12 +26,15 @@ import (
 // told apart from gRPC by its first four bytes:
 //
 //	request:  "RWND" uint32(len) JSON{job, rank, step}
-//	answer:   byte(0) uint64(size) followed by the shard's bytes, written
-//	          straight from the mapping; or byte(1) uint32(len) message
+//	answer:   byte(0) uint64(size) followed by the shard's bytes; or
+//	          byte(1) uint32(len) message
+//	verdict:  the receiver's byte(0) accepted or byte(1) refused, after
+//	          the whole shard
 //
-// The receiver reads straight into its own mapped segment and checks every
-// checksum before it commits. The holder pins and verifies the shard
-// first, as for a gRPC Read.
+// The receiver reads straight into its own mapped segment, hashes every
+// leaf of the checksum trees as it lands, and commits only when every
+// checksum matches. So the holder pins the shard without verifying it
+// first (a gRPC Read does); it verifies only a shard the receiver refused.
 
 var dataMagic = [4]byte{'R', 'W', 'N', 'D'}
 
@@ -111,52 +115,121 @@ type peekedConn struct {
 
 func (p *peekedConn) Read(b []byte) (int, error) { return p.r.Read(b) }
 
-// serveData answers one data-path request.
+// The receiver's verdict, one byte after the whole shard: accepted, or
+// refused because a checksum did not match. A receiver that predates
+// verdicts closes the connection instead.
+const (
+	verdictAccepted = 0
+	verdictRefused  = 1
+)
+
+// serveData answers one data-path request. The shard goes out unverified:
+// the receiver checks every byte against the header as it arrives and
+// commits or restores nothing unless all of them match (receiveData), so a
+// check here would only read the whole shard once more before its first
+// byte moves. A refusal, or a copy that broke off, has the shard verified
+// here afterwards (pin): a copy rotten in this node's memory is then found
+// and marked corrupt where it lies, as a verified read would have.
 func (a *Agent) serveData(c net.Conn) {
 	defer c.Close()
-	var hdr [8]byte
-	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+	req, err := readDataRequest(c)
+	if err != nil {
+		if errors.Is(err, ErrInvalid) {
+			dataError(c, err)
+		}
 		return
 	}
-	n := binary.BigEndian.Uint32(hdr[4:])
-	if n > 4096 {
-		return
-	}
-	body := make([]byte, n)
-	if _, err := io.ReadFull(c, body); err != nil {
-		return
-	}
-	var req dataRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		dataError(c, fmt.Errorf("%w: agent: data request: %v", ErrInvalid, err))
-		return
-	}
-	sh, release, err := a.pin(req.Job, req.Rank, req.Step)
+	sh, release, err := a.pinFor(req.Job, req.Rank, req.Step, false)
 	if err != nil {
 		dataError(c, err)
 		return
 	}
 	defer release()
+	started, err := a.sendShard(c, sh)
+	if err == nil {
+		err = readVerdict(c)
+	}
+	if started && err != nil { // whose fault? pin verifies, and marks a corrupt copy so
+		_, release, verr := a.pin(req.Job, req.Rank, req.Step)
+		if verr == nil {
+			release()
+		}
+		a.log.Warn("a peer copy was refused or broke off; this node's copy was verified again", "job", req.Job, "rank", req.Rank,
+			"step", req.Step, "err", err, "verify_err", verr)
+	}
+}
+
+func readDataRequest(c net.Conn) (dataRequest, error) {
+	var req dataRequest
+	var hdr [8]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		return req, err
+	}
+	n := binary.BigEndian.Uint32(hdr[4:])
+	if n > 4096 {
+		return req, fmt.Errorf("agent: data request of %d bytes", n)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(c, body); err != nil {
+		return req, err
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		return req, fmt.Errorf("%w: agent: data request: %v", ErrInvalid, err)
+	}
+	return req, nil
+}
+
+// sendBuffer is what the holder reads from the segment file before it
+// writes it to the connection.
+const sendBuffer = 4 << 20
+
+// sendShard writes the answer and the shard's bytes; started says whether
+// any of the shard went out. The bytes are read from the segment file into
+// a buffer that stays in cache and written from there: with shared memory
+// in 4 KiB pages that is faster than writing from a mapping of the segment
+// (no page table of a million entries to fill, no TLB misses), although it
+// copies the bytes once more.
+func (a *Agent) sendShard(c net.Conn, sh *shardInfo) (started bool, err error) {
 	f, err := a.cfg.FS.OpenFile(sh.Path, os.O_RDONLY, 0)
 	if err != nil {
 		dataError(c, err)
-		return
+		return false, err
 	}
 	defer f.Close()
-	m, err := shm.Map(f, sh.Size, false)
-	if err != nil {
-		dataError(c, err)
-		return
-	}
-	defer m.Close()
 	var ok [9]byte
 	binary.BigEndian.PutUint64(ok[1:], uint64(sh.Size))
 	if _, err := c.Write(ok[:]); err != nil {
-		return
+		return false, err
 	}
-	if n, err := c.Write(m.Data); err == nil {
+	buf := make([]byte, min(sendBuffer, sh.Size))
+	for off := int64(0); off < sh.Size; {
+		n := min(int64(len(buf)), sh.Size-off)
+		if _, err := f.ReadAt(buf[:n], off); err != nil {
+			return true, fmt.Errorf("agent: reading %s: %w", sh.Path, err)
+		}
+		if _, err := c.Write(buf[:n]); err != nil {
+			return true, err
+		}
 		a.metrics.readBytes.Add(float64(n))
+		off += n
 	}
+	return true, nil
+}
+
+// readVerdict waits for the receiver's verdict on the shard just sent: nil
+// when it accepted it, or closed without a verdict (an older receiver).
+func readVerdict(c net.Conn) error {
+	_ = c.SetReadDeadline(time.Now().Add(time.Minute))
+	var v [1]byte
+	if _, err := io.ReadFull(c, v[:]); errors.Is(err, io.EOF) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("agent: no verdict from the receiver: %w", err)
+	}
+	if v[0] != verdictAccepted {
+		return fmt.Errorf("%w: the receiver refused the shard", shm.ErrCorrupt)
+	}
+	return nil
 }
 
 func dataError(c net.Conn, err error) {
@@ -171,8 +244,13 @@ func dataError(c net.Conn, err error) {
 // connection that failed before any byte of the shard): gRPC is tried.
 var errDataPath = errors.New("peer data path unavailable")
 
-// receiveData reads the shard from the peer's data path straight into dst
-// and checks it whole.
+// dataChunk is what the receiver reads before it hashes the leaves that
+// arrived (still in cache: the last level holds several chunks) and waits
+// on the bandwidth limit again.
+const dataChunk = 8 << 20
+
+// receiveData reads the shard from the peer's data path straight into dst,
+// checking it as it arrives (receiveShard), and answers with its verdict.
 func (a *Agent) receiveData(ctx context.Context, ps PeerShard, dst []byte, lim *tiers.Limiter) error {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", ps.Addr)
@@ -182,6 +260,24 @@ func (a *Agent) receiveData(ctx context.Context, ps PeerShard, dst []byte, lim *
 	defer c.Close()
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
+	if err := requestShard(c, ps, int64(len(dst))); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	err = a.receiveShard(ctx, c, ps, dst, lim)
+	switch {
+	case err == nil:
+		_, _ = c.Write([]byte{verdictAccepted})
+	case errors.Is(err, shm.ErrCorrupt):
+		_, _ = c.Write([]byte{verdictRefused})
+	}
+	a.log.Debug("shard received over the peer data path", "bytes", len(dst), "receive_and_check_ms", time.Since(t0).Milliseconds(), "err", err)
+	return err
+}
+
+// requestShard asks for the shard and reads the answer up to its first
+// byte: size bytes must follow.
+func requestShard(c net.Conn, ps PeerShard, size int64) error {
 	body, _ := json.Marshal(dataRequest{Job: ps.Job, Rank: ps.Rank, Step: ps.Step})
 	req := append(dataMagic[:], 0, 0, 0, 0)
 	binary.BigEndian.PutUint32(req[4:], uint32(len(body)))
@@ -201,27 +297,98 @@ func (a *Agent) receiveData(ctx context.Context, ps PeerShard, dst []byte, lim *
 		_, _ = io.ReadFull(c, msg)
 		return fmt.Errorf("%s: %s", ps.Node, msg)
 	}
-	var size [8]byte
-	if _, err := io.ReadFull(c, size[:]); err != nil {
+	var got [8]byte
+	if _, err := io.ReadFull(c, got[:]); err != nil {
 		return err
 	}
-	if got := int64(binary.BigEndian.Uint64(size[:])); got != int64(len(dst)) {
-		return fmt.Errorf("%w: the peer's shard is %d bytes, %d expected", shm.ErrCorrupt, got, len(dst))
+	if n := int64(binary.BigEndian.Uint64(got[:])); n != size {
+		return fmt.Errorf("%w: the peer's shard is %d bytes, %d expected", shm.ErrCorrupt, n, size)
 	}
-	t0 := time.Now()
-	const chunk = 8 << 20
-	for off := 0; off < len(dst); off += chunk {
-		end := min(off+chunk, len(dst))
-		if err := lim.Wait(ctx, end-off); err != nil {
+	return nil
+}
+
+// receiveShard reads a shard from r into dst and checks it in the same
+// pass: first the header (the shard asked for, the header checksum the
+// caller names), then each leaf of every tensor's checksum tree as soon as
+// it is in place, while it is still in cache. It returns nil only when
+// every tensor's checksum matches the header, the same guarantee as a
+// verification after the copy, without a second pass over the shard.
+func (a *Agent) receiveShard(ctx context.Context, r io.Reader, ps PeerShard, dst []byte, lim *tiers.Limiter) error {
+	h, err := receiveHeader(r, ps, dst)
+	if err != nil {
+		return err
+	}
+	check := h.NewStreamCheck(dst)
+	check.Arrived(h.DataStart)
+	size := int64(len(dst))
+	if h.DataStart == size { // no tensor bytes: nothing can be damaged in flight
+		if err := a.faultReceived(ctx, ps, h, dst); err != nil {
 			return err
 		}
-		if _, err := io.ReadFull(c, dst[off:end]); err != nil {
-			return fmt.Errorf("after %d of %d bytes: %w", off, len(dst), err)
+	}
+	for off := h.DataStart; off < size; {
+		end := min(off+dataChunk, size)
+		if err := lim.Wait(ctx, int(end-off)); err != nil {
+			return err
+		}
+		if _, err := io.ReadFull(r, dst[off:end]); err != nil {
+			return fmt.Errorf("after %d of %d bytes: %w", off, size, err)
+		}
+		if off == h.DataStart {
+			if err := a.faultReceived(ctx, ps, h, dst[:end]); err != nil {
+				return err
+			}
+		}
+		check.Arrived(end)
+		off = end
+	}
+	return check.Check()
+}
+
+// receiveHeader reads a shard's header into the start of dst and checks
+// that it is the shard asked for, with the header checksum asked for.
+func receiveHeader(r io.Reader, ps PeerShard, dst []byte) (*shm.Header, error) {
+	if len(dst) < 8 {
+		return nil, fmt.Errorf("%w: a %d-byte shard", shm.ErrCorrupt, len(dst))
+	}
+	if _, err := io.ReadFull(r, dst[:8]); err != nil {
+		return nil, err
+	}
+	n := binary.LittleEndian.Uint64(dst[:8])
+	if n > shm.MaxHeaderBytes || n > uint64(len(dst)-8) {
+		return nil, fmt.Errorf("%w: header length %d for a %d-byte shard", shm.ErrCorrupt, n, len(dst))
+	}
+	if _, err := io.ReadFull(r, dst[8:8+n]); err != nil {
+		return nil, err
+	}
+	h, err := shm.DecodeBytes(dst) // reads the header's bytes only
+	if err != nil {
+		return nil, err
+	}
+	if sum := shm.HeaderSum(dst[:h.DataStart]); sum != ps.HeaderSum {
+		return nil, fmt.Errorf("%w: header checksum %s, expected %s", shm.ErrCorrupt, sum, ps.HeaderSum)
+	}
+	if !h.Rewind || h.Meta.Job != ps.Job || h.Meta.Rank != ps.Rank || h.Meta.Step != ps.Step {
+		return nil, fmt.Errorf("%w: received %s rank %d step %d", shm.ErrCorrupt, h.Meta.Job, h.Meta.Rank, h.Meta.Step)
+	}
+	return h, nil
+}
+
+// faultReceived is the fault point agent/replica-received: the first of a
+// shard's bytes arrived from a peer (b is the shard up to where it has)
+// and are not yet checked. A corrupt fault flips a bit of the first
+// tensor's bytes that arrived, before their leaf is hashed.
+func (a *Agent) faultReceived(ctx context.Context, ps PeerShard, h *shm.Header, b []byte) error {
+	f := a.cfg.Faults.Eval(ctx, faultinject.AgentReplicaReceived)
+	if f.Kind != faultinject.KindCorrupt {
+		return f.Err()
+	}
+	for _, t := range h.Tensors {
+		if lo := h.DataStart + t.Begin; t.End > t.Begin && lo < int64(len(b)) {
+			off := lo + int64(faultinject.Flip(b[lo:min(h.DataStart+t.End, int64(len(b)))], f))
+			a.log.Warn("fault: flipped a bit of a shard arriving from a peer", "node", ps.Node, "offset", off)
+			break
 		}
 	}
-	t1 := time.Now()
-	err = a.checkReceived(ps, dst)
-	a.log.Debug("shard received over the peer data path", "bytes", len(dst), "transfer_ms", t1.Sub(t0).Milliseconds(),
-		"check_ms", time.Since(t1).Milliseconds())
-	return err
+	return nil
 }

@@ -91,36 +91,30 @@ func (a *Agent) copyFromPeer(ctx context.Context, ps PeerShard, lim *tiers.Limit
 	if err != nil {
 		return 0, err
 	}
+	if place { // the prepare may adopt the warm segment: the next one is made once this copy is done
+		defer func() { go a.fillWarm() }()
+	}
 	t0 := time.Now()
 	prep, err := a.prepare(ctx, ps.Job, ps.Rank, ps.WorldSize, ps.Step, ps.Size, place, place)
 	if err != nil {
 		return 0, err
 	}
-	m := a.warmMapping(prep.Path) // a warm segment adopted: mapped already
-	if m == nil {
-		f, err := a.cfg.FS.OpenFile(prep.Path, os.O_RDWR, 0)
-		if err != nil {
-			return 0, fmt.Errorf("agent: copy of job %s rank %d step %d from %s: %w", ps.Job, ps.Rank, ps.Step, ps.Node, err)
-		}
-		m, err = shm.Map(f, prep.Size, true)
-		f.Close()
-		if err != nil {
-			return 0, err
-		}
+	dst, unmap, err := a.copyTarget(prep)
+	if err != nil {
+		return 0, fmt.Errorf("agent: copy of job %s rank %d step %d from %s: %w", ps.Job, ps.Rank, ps.Step, ps.Node, err)
 	}
-	dst := m.Data[:prep.Size]
 	t1 := time.Now()
 	err = a.receiveData(ctx, ps, dst, lim)
 	if errors.Is(err, errDataPath) { // an older peer: gRPC
 		a.log.Debug("peer data path unavailable; copying over gRPC", "peer", ps.Node, "err", err)
 		err = a.receive(ctx, peer, ps, dst, lim)
 	}
-	m.Close()
+	unmap()
 	if err != nil {
 		return 0, fmt.Errorf("agent: copy of job %s rank %d step %d from %s: %w", ps.Job, ps.Rank, ps.Step, ps.Node, err)
 	}
 	t2 := time.Now()
-	if _, err := a.Commit(ctx, ps.Job, ps.Rank, prep.Slot, prep.Token, ps.Step, ps.HeaderSum); err != nil {
+	if _, err := a.commit(ctx, ps.Job, ps.Rank, prep.Slot, prep.Token, ps.Step, ps.HeaderSum, true); err != nil {
 		return 0, err
 	}
 	if !place {
@@ -134,6 +128,40 @@ func (a *Agent) copyFromPeer(ctx context.Context, ps PeerShard, lim *tiers.Limit
 		"prepare_ms", t1.Sub(t0).Milliseconds(), "receive_and_check_ms", t2.Sub(t1).Milliseconds(),
 		"commit_ms", time.Since(t2).Milliseconds(), "restore", place)
 	return ps.Size, nil
+}
+
+// copyTarget maps the slot a copy fills: the warm segment adopted for it,
+// mapped and faulted in already, or the slot's segment, mapped
+// lazily and faulted in by another goroutine ahead of the arriving bytes:
+// zeroing a new segment's pages, or filling the page table of any large
+// one, costs about as much as receiving the bytes, and this way the two
+// overlap. unmap stops that and unmaps in the background (the bytes are in
+// the file); it must be called.
+func (a *Agent) copyTarget(prep PrepareResult) (dst []byte, unmap func(), err error) {
+	if m := a.warmMapping(prep.Path); m != nil {
+		return m.Data[:prep.Size], func() { go m.Close() }, nil
+	}
+	f, err := a.cfg.FS.OpenFile(prep.Path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	m, err := shm.MapLazy(f, prep.Size, true)
+	f.Close()
+	if err != nil {
+		return nil, nil, err
+	}
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		m.Prefault(stop)
+	}()
+	return m.Data, func() {
+		close(stop)
+		go func() {
+			<-stopped
+			m.Close()
+		}()
+	}, nil
 }
 
 // receive streams the shard into dst and checks it whole.

@@ -13,11 +13,13 @@ import (
 // would otherwise pay for all of that inside the restore, which costs more
 // than moving the bytes: the first save or restore of a rank on the node
 // adopts the warm segment instead (renamed into the rank's slot, truncated
-// to the shard's size), and a new one is made in the background.
+// to the shard's size), and a new one is made in the background once the
+// copy into it is done.
 type warm struct {
-	mu   sync.Mutex
-	m    *shm.Mapping // nil while none is ready
-	path string       // where it lies while ready
+	mu      sync.Mutex
+	m       *shm.Mapping // nil while none is ready
+	path    string       // where it lies while ready
+	filling bool         // a new one is being made (without mu held)
 	// adopted maps a slot path to the mapping of the warm segment renamed
 	// there, for the copy about to fill it.
 	adopted map[string]*shm.Mapping
@@ -25,46 +27,63 @@ type warm struct {
 
 const warmName = ".warm"
 
-// fillWarm makes the warm segment, if configured and none is ready.
+// fillWarm makes the warm segment, if configured and none is ready or
+// being made. The lock is not held while the memory is allocated and
+// faulted in (up to seconds), so a restore looking for a warm segment
+// meanwhile goes on without one at once.
 func (a *Agent) fillWarm() {
 	size := a.cfg.WarmSegment
 	if size <= 0 {
 		return
 	}
 	a.warm.mu.Lock()
-	defer a.warm.mu.Unlock()
-	if a.warm.m != nil {
+	if a.warm.m != nil || a.warm.filling {
+		a.warm.mu.Unlock()
 		return
 	}
+	a.warm.filling = true
+	a.warm.mu.Unlock()
 	path := filepath.Join(a.cfg.ShmRoot, warmName)
+	m := a.makeWarm(path, size)
+	a.warm.mu.Lock()
+	defer a.warm.mu.Unlock()
+	a.warm.m, a.warm.path, a.warm.filling = m, path, false
+	if m != nil {
+		a.log.Info("warm segment ready", "bytes", size)
+	}
+}
+
+// makeWarm allocates and maps the warm segment at path, or returns nil.
+func (a *Agent) makeWarm(path string, size int64) *shm.Mapping {
 	if err := a.reserveBudget(warmName, 0, 0, size); err != nil {
 		a.log.Warn("no warm segment: the budget has no room for it", "bytes", size, "err", err)
-		return
+		return nil
 	}
 	if _, err := a.segs.Reserve(path, size); err != nil {
 		a.releaseBudget(0, size)
 		a.log.Warn("no warm segment", "err", err)
-		return
+		return nil
 	}
 	f, err := a.cfg.FS.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		a.releaseBudget(0, size)
-		return
+		return nil
 	}
 	m, err := shm.Map(f, size, true)
 	f.Close()
 	if err != nil {
 		a.releaseBudget(0, size)
 		a.log.Warn("no warm segment", "err", err)
-		return
+		return nil
 	}
-	a.warm.m, a.warm.path = m, path
-	a.log.Info("warm segment ready", "bytes", size)
+	return m
 }
 
 // adoptWarm renames the warm segment to path for a new slot of size bytes,
 // if one is ready and large enough; the slot's budget is then reserved as
-// for any new segment. The caller holds the rank's lock.
+// for any new segment. The caller holds the rank's lock, and starts
+// fillWarm once its copy is done: a new warm segment made during the copy
+// would take the memory bandwidth and the CPU the copy needs.
 func (a *Agent) adoptWarm(path string, size int64) bool {
 	a.warm.mu.Lock()
 	defer a.warm.mu.Unlock()
@@ -84,7 +103,6 @@ func (a *Agent) adoptWarm(path string, size int64) bool {
 	}
 	a.warm.adopted[path] = a.warm.m
 	a.warm.m = nil
-	go a.fillWarm()
 	return true
 }
 

@@ -3,6 +3,7 @@ package shm
 import (
 	"encoding/binary"
 	"fmt"
+	"io"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -72,27 +73,86 @@ const parallelMin = 8 << 20
 // Src, in one pass over the bytes, spread over workers goroutines (0 means
 // DefaultWorkers). Callers must not modify any Src or Dst while it runs.
 func CopyAndSum(copies []Copy, workers int) []uint64 {
-	if workers <= 0 {
-		workers = DefaultWorkers()
-	}
-	// Flatten the leaves of every copy into one index space so that one
-	// large tensor is spread over all workers as well as many small ones.
-	starts := make([]int, len(copies)+1)
-	leaves := make([][]uint64, len(copies))
-	var total int64
+	sizes := make([]int64, len(copies))
 	for i, c := range copies {
 		if c.Dst != nil && len(c.Dst) != len(c.Src) {
 			panic(fmt.Sprintf("shm: copy %d: destination is %d bytes, source %d", i, len(c.Dst), len(c.Src)))
 		}
-		n := numLeaves(int64(len(c.Src)))
-		leaves[i] = make([]uint64, n)
-		starts[i+1] = starts[i] + n
-		total += int64(len(c.Src))
+		sizes[i] = int64(len(c.Src))
 	}
-	nunits := starts[len(copies)]
-	do := func(u int) {
-		// Find the copy that owns unit u: binary search over starts.
-		lo, hi := 0, len(copies)
+	return sumLeaves(sizes, workers, func(_, i, j int) uint64 {
+		c := copies[i]
+		src := leaf(c.Src, j)
+		if c.Dst != nil {
+			copy(leaf(c.Dst, j), src)
+		}
+		return xxh3.Hash(src)
+	})
+}
+
+// Section is a range of a file.
+type Section struct {
+	Off, Len int64
+}
+
+// SumAt returns the checksum of each section of r, spread over workers
+// goroutines (0 means DefaultWorkers): each reads a leaf at a time into a
+// buffer of its own, where it is hashed in cache. For a file in shared
+// memory this costs a copy out of the page cache but no mapping, whose
+// page table (one entry per 4 KiB page) costs more to fill and tear down.
+func SumAt(r io.ReaderAt, sections []Section, workers int) ([]uint64, error) {
+	if workers <= 0 {
+		workers = DefaultWorkers()
+	}
+	sizes := make([]int64, len(sections))
+	for i, sec := range sections {
+		sizes[i] = sec.Len
+	}
+	bufs := make([][]byte, workers)
+	var failed atomic.Pointer[error]
+	sums := sumLeaves(sizes, workers, func(w, i, j int) uint64 {
+		if failed.Load() != nil {
+			return 0
+		}
+		if bufs[w] == nil {
+			bufs[w] = make([]byte, LeafSize)
+		}
+		off := int64(j) * LeafSize
+		b := bufs[w][:min(LeafSize, sections[i].Len-off)]
+		if _, err := r.ReadAt(b, sections[i].Off+off); err != nil {
+			err = fmt.Errorf("shm: reading %d bytes at %d: %w", len(b), sections[i].Off+off, err)
+			failed.CompareAndSwap(nil, &err)
+			return 0
+		}
+		return xxh3.Hash(b)
+	})
+	if err := failed.Load(); err != nil {
+		return nil, *err
+	}
+	return sums, nil
+}
+
+// sumLeaves returns the checksum of each of len(sizes) pieces of sizes[i]
+// bytes, hash(w, i, j) giving the hash of leaf j of piece i on worker w
+// (0 <= w < workers): the leaves of every piece are spread over the
+// workers as one index space, so that one large tensor is spread over all
+// of them as well as many small ones.
+func sumLeaves(sizes []int64, workers int, hash func(w, i, j int) uint64) []uint64 {
+	if workers <= 0 {
+		workers = DefaultWorkers()
+	}
+	starts := make([]int, len(sizes)+1)
+	leaves := make([][]uint64, len(sizes))
+	var total int64
+	for i, n := range sizes {
+		leaves[i] = make([]uint64, numLeaves(n))
+		starts[i+1] = starts[i] + len(leaves[i])
+		total += n
+	}
+	nunits := starts[len(sizes)]
+	do := func(w, u int) {
+		// Find the piece that owns unit u: binary search over starts.
+		lo, hi := 0, len(sizes)
 		for lo+1 < hi {
 			mid := (lo + hi) / 2
 			if starts[mid] <= u {
@@ -101,39 +161,34 @@ func CopyAndSum(copies []Copy, workers int) []uint64 {
 				hi = mid
 			}
 		}
-		for starts[lo+1] <= u { // skip empty copies sharing the same start
+		for starts[lo+1] <= u { // skip empty pieces sharing the same start
 			lo++
 		}
 		j := u - starts[lo]
-		c := copies[lo]
-		src := leaf(c.Src, j)
-		if c.Dst != nil {
-			copy(leaf(c.Dst, j), src)
-		}
-		leaves[lo][j] = xxh3.Hash(src)
+		leaves[lo][j] = hash(w, lo, j)
 	}
 	if workers == 1 || total < parallelMin || nunits < 2 {
 		for u := range nunits {
-			do(u)
+			do(0, u)
 		}
 	} else {
 		var next atomic.Int64
 		var wg sync.WaitGroup
-		for range min(workers, nunits) {
+		for w := range min(workers, nunits) {
 			wg.Go(func() {
 				for {
 					u := int(next.Add(1) - 1)
 					if u >= nunits {
 						return
 					}
-					do(u)
+					do(w, u)
 				}
 			})
 		}
 		wg.Wait()
 	}
-	sums := make([]uint64, len(copies))
-	for i := range copies {
+	sums := make([]uint64, len(sizes))
+	for i := range sizes {
 		sums[i] = rootOf(leaves[i])
 	}
 	return sums

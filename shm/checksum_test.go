@@ -194,12 +194,33 @@ func TestBitFlipDetected(t *testing.T) {
 				s.file[at] ^= 1 << bit
 				checkCorruptNamed(t, h.Verify(s.file, workers), tt.Name, fmt.Sprintf("Verify, bit %d of byte %d, workers %d", bit, pos, workers))
 				checkCorruptNamed(t, h.CopyOut(s.file, dst, 5-workers), tt.Name, fmt.Sprintf("CopyOut, bit %d of byte %d, workers %d", bit, pos, 5-workers))
+				checkCorruptNamed(t, h.VerifyAt(bytes.NewReader(s.file), workers), tt.Name, fmt.Sprintf("VerifyAt, bit %d of byte %d, workers %d", bit, pos, workers))
 				s.file[at] ^= 1 << bit
 			}
 		}
 	}
 	if err := h.Verify(s.file, 2); err != nil {
 		t.Fatalf("after restoring every bit, Verify: %v", err)
+	}
+	for _, workers := range []int{1, 2, 3} {
+		if err := h.VerifyAt(bytes.NewReader(s.file), workers); err != nil {
+			t.Fatalf("after restoring every bit, VerifyAt with %d workers: %v", workers, err)
+		}
+	}
+}
+
+// VerifyAt of a file it cannot read whole is an error, not corruption.
+func TestVerifyAtReadError(t *testing.T) {
+	s := buildShard(t, testMeta, []shm.TensorSpec{{Name: "a", DType: shm.U8, Shape: []int64{3*shm.LeafSize + 1}}}, nil)
+	h, err := shm.DecodeBytes(s.file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, workers := range []int{1, 2} {
+		err := h.VerifyAt(bytes.NewReader(s.file[:len(s.file)-1]), workers)
+		if err == nil || errors.Is(err, shm.ErrCorrupt) {
+			t.Errorf("VerifyAt of a short file with %d workers: %v, want a read error", workers, err)
+		}
 	}
 }
 

@@ -216,6 +216,21 @@ func (h *Header) Verify(b []byte, workers int) error {
 	return h.check(CopyAndSum(copies, workers))
 }
 
+// VerifyAt is Verify of the shard in r, h.Size bytes, read with ReadAt
+// rather than mapped (SumAt). An error reading r does not wrap
+// ErrCorrupt.
+func (h *Header) VerifyAt(r io.ReaderAt, workers int) error {
+	secs := make([]Section, len(h.Tensors))
+	for i, t := range h.Tensors {
+		secs[i] = Section{Off: h.DataStart + t.Begin, Len: t.Len()}
+	}
+	sums, err := SumAt(r, secs, workers)
+	if err != nil {
+		return err
+	}
+	return h.check(sums)
+}
+
 // check compares computed sums, in h.Tensors order, with the recorded ones.
 func (h *Header) check(sums []uint64) error {
 	for i, t := range h.Tensors {

@@ -109,3 +109,67 @@ func TestMapRejectsEmpty(t *testing.T) {
 		}
 	}
 }
+
+// Prefault beside a writer, as a copy from a peer runs it: it never
+// changes a byte, whether the writer is ahead of it or behind, in a new
+// segment (pages not yet zeroed) or in one that holds data already; and
+// it stops when told.
+func TestPrefaultBesideWriter(t *testing.T) {
+	const size = 40<<20 + 4096 + 100 // several pieces, the last short
+	root := shmRoot(t)
+	segs := newSegments(shm.OSFS, root)
+	want := make([]byte, size)
+	fill(want, 7)
+	for name, old := range map[string][]byte{"new segment": nil, "segment with data": bytes.Repeat([]byte{0xA5}, size)} {
+		path := segs.Paths.Segment("prefault", 0, 0)
+		os.Remove(path)
+		reserve(t, segs, path, size, true)
+		if old != nil {
+			if err := os.WriteFile(path, old, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		f, err := shm.OSFS.OpenFile(path, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := shm.MapLazy(f, size, true)
+		f.Close()
+		if err != nil {
+			t.Fatalf("%s: MapLazy: %v", name, err)
+		}
+		done, stopped := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(stopped)
+			m.Prefault(done)
+		}()
+		for off := 0; off < size; off += 1 << 20 { // the writer, in pieces
+			copy(m.Data[off:min(off+1<<20, size)], want[off:])
+		}
+		close(done)
+		<-stopped
+		m.Close()
+		if got, _ := os.ReadFile(path); !bytes.Equal(got, want) {
+			t.Errorf("%s: the segment does not hold what was written beside Prefault", name)
+		}
+	}
+	// Told to stop before it starts, it returns at once.
+	path := segs.Paths.Segment("prefault", 0, 1)
+	reserve(t, segs, path, size, true)
+	f, err := shm.OSFS.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m, err := shm.MapLazy(f, size, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	done := make(chan struct{})
+	close(done)
+	m.Prefault(done)
+	if _, err := shm.MapLazy(f, size+4096, true); err == nil {
+		t.Error("MapLazy past the end of the file succeeded")
+	}
+}

@@ -44,6 +44,7 @@ type RecoveryRun struct {
 	TCP       float64 // plain loopback TCP of the same bytes, bytes per second
 	TCPShm    float64 // the same into a fresh tmpfs mapping (first-touch faults included)
 	GRPCRead  float64 // the restore's transfer alone: gRPC Read from the peer into touched memory
+	Load      float64 // the machine's 1-minute load average as the run began (0: unknown)
 }
 
 // RecoveryResult is every run and the medians.
@@ -155,6 +156,7 @@ func checkShm(dir string, size uint64) error {
 // recoveryRun is one run on a fresh cluster, torn down before it returns.
 func recoveryRun(ctx context.Context, cfg RecoveryConfig, src, dst []byte) (RecoveryRun, error) {
 	var r RecoveryRun
+	load := loadAverage()
 	tcp, err := loopbackTCP(ctx, src, 3, func() ([]byte, func(), error) { return dst[:len(src)], func() {}, nil })
 	if err != nil {
 		return r, err
@@ -193,7 +195,7 @@ func recoveryRun(ctx context.Context, cfg RecoveryConfig, src, dst []byte) (Reco
 		return r, fmt.Errorf("bench: recovery restored step %d from %v; want step %d, %d rank(s) from a peer's memory", ev.Step, ev.Sources, step, len(moved))
 	}
 	at := func(ns int64) time.Time { return time.Unix(0, ns) }
-	r = RecoveryRun{Killed: victim, Step: ev.Step, Bytes: ev.Bytes, PeerBytes: peerBytes, Sources: ev.Sources, TCP: tcp, TCPShm: tcpShm, GRPCRead: read,
+	r = RecoveryRun{Killed: victim, Step: ev.Step, Bytes: ev.Bytes, PeerBytes: peerBytes, Sources: ev.Sources, TCP: tcp, TCPShm: tcpShm, GRPCRead: read, Load: load,
 		Detection: at(ev.DetectedUnixNano).Sub(killed),
 		Planning:  at(ev.PlannedUnixNano).Sub(at(ev.DetectedUnixNano)),
 		Movement:  at(ev.RestoredUnixNano).Sub(at(ev.PlannedUnixNano)),
@@ -288,11 +290,11 @@ func PrintRecovery(w io.Writer, res RecoveryResult) {
 	if len(res.Runs) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "%-4s %-7s %5s %10s %9s %10s %10s %11s %-18s %9s %9s %9s %9s %6s\n", "run", "killed", "step", "detection", "planning",
-		"movement", "total", "peer bytes", "sources", "peer", "tcp", "tcp→shm", "grpc", "ratio")
+	fmt.Fprintf(w, "%-4s %-7s %5s %10s %9s %10s %10s %11s %-18s %9s %9s %9s %9s %6s %5s\n", "run", "killed", "step", "detection", "planning",
+		"movement", "total", "peer bytes", "sources", "peer", "tcp", "tcp→shm", "grpc", "ratio", "load")
 	for i, r := range res.Runs {
-		fmt.Fprintf(w, "%-4d %-7s %5d %10s %9s %10s %10s %11s %-18s %9s %9s %9s %9s %6.2f\n", i+1, r.Killed, r.Step, ms(r.Detection), ms(r.Planning),
-			ms(r.Movement), ms(r.Total), shm.Bytes(r.PeerBytes), sources(r.Sources), gbps2(r.Peer), gbps2(r.TCP), gbps2(r.TCPShm), gbps2(r.GRPCRead), r.Peer/r.TCP)
+		fmt.Fprintf(w, "%-4d %-7s %5d %10s %9s %10s %10s %11s %-18s %9s %9s %9s %9s %6.2f %5.2f\n", i+1, r.Killed, r.Step, ms(r.Detection), ms(r.Planning),
+			ms(r.Movement), ms(r.Total), shm.Bytes(r.PeerBytes), sources(r.Sources), gbps2(r.Peer), gbps2(r.TCP), gbps2(r.TCPShm), gbps2(r.GRPCRead), r.Peer/r.TCP, r.Load)
 	}
 	met := func(ok bool) string {
 		if ok {
@@ -300,7 +302,11 @@ func PrintRecovery(w io.Writer, res RecoveryResult) {
 		}
 		return "NO"
 	}
-	fmt.Fprintf(w, "\nmedians of %d runs, %s per rank:\n", len(res.Runs), shm.Bytes(res.Size))
+	lo, hi := res.Runs[0].Load, res.Runs[0].Load
+	for _, r := range res.Runs {
+		lo, hi = min(lo, r.Load), max(hi, r.Load)
+	}
+	fmt.Fprintf(w, "\nmedians of %d runs, %s per rank (1-minute load average as they began: %.2f to %.2f):\n", len(res.Runs), shm.Bytes(res.Size), lo, hi)
 	fmt.Fprintf(w, "%-36s %10s %8s %4s\n", "figure", "median", "target", "met")
 	fmt.Fprintf(w, "%-36s %10s %8s %4s\n", "detection (SIGKILL to declared dead)", ms(res.Detection), "< 2 s", met(res.DetectionMet))
 	fmt.Fprintf(w, "%-36s %10s %8s %4s\n", "planning", ms(res.Planning), "", "")
@@ -311,6 +317,18 @@ func PrintRecovery(w io.Writer, res RecoveryResult) {
 	fmt.Fprintf(w, "%-36s %10s %8s %4s\n", "loopback TCP into a fresh tmpfs file", gbps2(res.TCPShm), "", "")
 	fmt.Fprintf(w, "%-36s %10s %8s %4s\n", "gRPC Read alone (the fallback path)", gbps2(res.GRPCRead), "", "")
 	fmt.Fprintf(w, "%-36s %10.2f %8s %4s\n", "peer restore / loopback TCP", res.Ratio, ">= 0.7", met(res.Met))
+}
+
+// loadAverage is the 1-minute load average (Linux), 0 when unknown: the
+// figures of a run on a shared machine mean little without it.
+func loadAverage() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	var l float64
+	fmt.Sscan(string(b), &l)
+	return l
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", d.Seconds()*1e3) }

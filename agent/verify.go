@@ -1,0 +1,127 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"rewind.dev/rewind/shm"
+)
+
+// verify checks a slot's bytes without holding the rank's mutex during the
+// pass over the data (a save of the same rank must not wait for it): the
+// slot is pinned as being read meanwhile, and the result is applied only if
+// the slot still holds the same commit.
+func (a *Agent) verify(r *lockedRank, s *slot) error {
+	r.mu.Lock()
+	for s.verifying != nil { // one pass at a time per slot
+		done := s.verifying
+		r.mu.Unlock()
+		<-done
+		r.mu.Lock()
+	}
+	if s.State != stateCommitted && s.State != stateCorrupt {
+		r.mu.Unlock()
+		return fmt.Errorf("%w: agent: job %s rank %d slot %d is no longer committed", ErrNotFound, r.job, r.rank, s.Index)
+	}
+	snap := *s
+	done := make(chan struct{})
+	s.verifying = done
+	r.mu.Unlock()
+
+	start := time.Now()
+	err := a.checkSegment(r.job, r.rank, &snap)
+	a.metrics.verifySeconds.Observe(time.Since(start).Seconds())
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s.verifying = nil
+	close(done)
+	if s.Seq != snap.Seq {
+		return err
+	}
+	if err == nil {
+		if s.State == stateCorrupt {
+			return fmt.Errorf("%w: agent: job %s rank %d step %d was found corrupt earlier: %s", shm.ErrCorrupt, r.job, r.rank, s.Step, s.Problem)
+		}
+		s.verified = true
+		return nil
+	}
+	if !errors.Is(err, shm.ErrCorrupt) {
+		// Not the bytes' fault (too many open files, no memory to map):
+		// the shard keeps its state and the caller sees the error.
+		a.log.Warn("could not verify a shard", "job", r.job, "rank", r.rank, "step", s.Step, "err", err)
+		return err
+	}
+	if s.State != stateCorrupt {
+		a.log.Error("checkpoint corrupt: it will not be served", "job", r.job, "rank", r.rank, "step", s.Step, "err", err)
+		a.metrics.corrupt.Inc()
+		a.rep.shard(r.job, r.rank, s.WorldSize, s.Step, s.Size, s.HeaderSum, "corrupt")
+	}
+	s.State, s.Problem, s.verified = stateCorrupt, err.Error(), false
+	if perr := a.persist(&r.rankState); perr != nil {
+		a.log.Error("recording corrupt shard", "err", perr)
+	}
+	return err
+}
+
+// checkSegment reads a segment and checks header and data.
+func (a *Agent) checkSegment(job string, rank uint32, s *slot) error {
+	path := a.paths.Segment(job, rank, s.Index)
+	f, err := a.cfg.FS.OpenFile(path, os.O_RDONLY, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("%w: agent: segment of job %s rank %d step %d is gone: %v", shm.ErrCorrupt, job, rank, s.Step, err)
+	}
+	if err != nil {
+		return fmt.Errorf("agent: opening segment of job %s rank %d step %d: %w", job, rank, s.Step, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if fi.Size() != s.Size || fi.Size() < 8 {
+		return fmt.Errorf("%w: agent: segment of job %s rank %d step %d is %d bytes, %d were committed", shm.ErrCorrupt, job, rank, s.Step, fi.Size(), s.Size)
+	}
+	// Read, not mapped: a mapping's page table costs more than the copy.
+	h, raw, err := shm.ReadHeader(f, fi.Size())
+	if err != nil {
+		return fmt.Errorf("agent: job %s rank %d step %d: %w", job, rank, s.Step, err)
+	}
+	if !h.Rewind || h.Meta.Job != job || h.Meta.Rank != rank || h.Meta.Step != s.Step {
+		return fmt.Errorf("%w: agent: segment of job %s rank %d step %d holds job %q rank %d step %d",
+			shm.ErrCorrupt, job, rank, s.Step, h.Meta.Job, h.Meta.Rank, h.Meta.Step)
+	}
+	if s.HeaderSum != "" && shm.HeaderSum(raw) != s.HeaderSum {
+		return fmt.Errorf("%w: agent: header of job %s rank %d step %d changed since commit", shm.ErrCorrupt, job, rank, s.Step)
+	}
+	if err := h.VerifyAt(f, a.cfg.VerifyWorkers); err != nil {
+		return fmt.Errorf("agent: job %s rank %d step %d: %w", job, rank, s.Step, err)
+	}
+	return nil
+}
+
+type verifyJob struct {
+	r   *lockedRank
+	s   *slot
+	seq uint64
+}
+
+// runVerifier verifies committed shards in the background until ctx ends.
+func (a *Agent) runVerifier(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case j := <-a.verifyQ:
+			j.r.mu.Lock()
+			due := j.s.State == stateCommitted && j.s.Seq == j.seq && !j.s.verified
+			j.r.mu.Unlock()
+			if due {
+				_ = a.verify(j.r, j.s)
+			}
+		}
+	}
+}
