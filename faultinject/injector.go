@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"rewind.dev/rewind/internal/clock"
 )
 
 // EnvSpec is the environment variable a daemon started with
@@ -189,12 +191,7 @@ func (in *Injector) Eval(ctx context.Context, point string) Fault {
 	case KindPanic:
 		panic(fmt.Sprintf("faultinject: panic at %s", point))
 	case KindSleep:
-		t := time.NewTimer(f.Delay)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-		}
+		_ = clock.Sleep(ctx, f.Delay) // a sleep ends early when ctx does
 	}
 	return f
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+	"rewind.dev/rewind/internal/clock"
 	"rewind.dev/rewind/shm"
 )
 
@@ -82,7 +83,7 @@ func NewS3Store(cfg S3Config) (*S3Store, error) {
 		scheme = "https"
 	}
 	s := &S3Store{cfg: cfg, core: core, bucket: bucket, prefix: prefix, endpoint: scheme + "://" + host}
-	s.retrier.cfg, s.retrier.sleep = &s.cfg, s3Sleep
+	s.retrier.cfg, s.retrier.sleep = &s.cfg, clock.Sleep
 	return s, nil
 }
 

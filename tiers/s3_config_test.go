@@ -272,7 +272,7 @@ func TestS3Retrier(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		r := s3Retrier{cfg: &cfg, sleep: func(ctx context.Context, d time.Duration) error {
 			cancel()
-			return s3Sleep(ctx, d)
+			return clock.Sleep(ctx, d)
 		}}
 		_, _, err := r.do(ctx, "put", "x", func(context.Context) error { return transient })
 		if !errors.Is(err, context.Canceled) {

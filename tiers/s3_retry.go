@@ -138,17 +138,6 @@ type RetryWatcher interface {
 // WatchRetries implements RetryWatcher.
 func (s *S3Store) WatchRetries(f RetryFunc) { s.retrier.watcher.Store(&f) }
 
-func s3Sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
-}
-
 // backoff is the wait before retry n (n >= 1): RetryBase doubling up to
 // RetryMax, with the upper half jittered so that parallel parts spread out.
 func (r *s3Retrier) backoff(n int) time.Duration {

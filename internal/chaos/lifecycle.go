@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/internal/clock"
 )
 
 // DockerAnswers reports whether a Docker engine answers (`docker info`),
@@ -124,7 +125,7 @@ func (c *Cluster) waitReady(ctx context.Context, job string, timeout time.Durati
 		if time.Now().After(deadline) {
 			return fmt.Errorf("chaos: the cluster was not ready within %v: %s", timeout, why)
 		}
-		if !sleepCtx(ctx, 500*time.Millisecond) {
+		if clock.Sleep(ctx, 500*time.Millisecond) != nil {
 			return ctx.Err()
 		}
 	}
@@ -177,15 +178,4 @@ func parseHits(body []byte, point string) (uint64, error) {
 		}
 	}
 	return 0, fmt.Errorf("chaos: /debug/faults has no point %s", point)
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/internal/clock"
 )
 
 // newest returns the last of ascending steps, or -1.
@@ -52,7 +53,7 @@ func (s *session) outage(ctx context.Context, i int, tier string, nodes []string
 		// a failure, so a short outage may never show.
 		s.logf("%s tier not shown degraded within the %.0f s outage", tier, hold.Seconds())
 	}
-	if !sleepCtx(ctx, time.Until(f.At.Add(hold))) {
+	if clock.Sleep(ctx, time.Until(f.At.Add(hold))) != nil {
 		return ctx.Err()
 	}
 	// Uploads in flight when the fault struck may still have finished:
@@ -123,7 +124,7 @@ func (s *session) waitExit(ctx context.Context, svc string, timeout time.Duratio
 		case time.Now().After(deadline):
 			return time.Time{}, fmt.Errorf("chaos: %s still running after %v (%v)", svc, timeout, err)
 		}
-		if !sleepCtx(ctx, 100*time.Millisecond) {
+		if clock.Sleep(ctx, 100*time.Millisecond) != nil {
 			return time.Time{}, ctx.Err()
 		}
 	}
@@ -142,7 +143,7 @@ func playCoordinatorKill(ctx context.Context, s *session) error {
 	s.setFaultAt(i, at)
 	s.logf("the coordinator exited at the point, %.0f ms after it was armed", at.Sub(s.ev.Faults[i].Before.At).Seconds()*1000)
 	down := time.Second + time.Duration(s.rng.Int64N(int64(2*time.Second)))
-	sleepCtx(ctx, time.Until(at.Add(down)))
+	_ = clock.Sleep(ctx, time.Until(at.Add(down)))
 	if err := s.heal(ctx, i, "start the coordinator", func(ctx context.Context) error { return s.c.Start(ctx, svcCoordinator) }); err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/internal/clock"
 	"rewind.dev/rewind/regang"
 )
 
@@ -84,7 +85,7 @@ func (s *session) watch(ctx context.Context) {
 		})
 	})
 	wg.Go(func() {
-		for sleepCtx(ctx, 250*time.Millisecond) {
+		for clock.Sleep(ctx, 250*time.Millisecond) == nil {
 			if snap, err := s.snapshot(ctx); err == nil {
 				s.mu.Lock()
 				s.ev.Snapshots = append(s.ev.Snapshots, snap)
@@ -114,7 +115,7 @@ func (s *session) waitSnap(ctx context.Context, what string, timeout time.Durati
 			}
 			return nil, fmt.Errorf("chaos: waited %v for %s (latest consistent step %d)", timeout, what, snap.LatestConsistent())
 		}
-		if !sleepCtx(ctx, 100*time.Millisecond) {
+		if clock.Sleep(ctx, 100*time.Millisecond) != nil {
 			return nil, ctx.Err()
 		}
 	}
@@ -198,7 +199,7 @@ func (s *session) waitRecovery(ctx context.Context, n int, timeout time.Duration
 		case time.Now().After(deadline):
 			return nil, fmt.Errorf("chaos: no recovery %d within %v", n, timeout)
 		}
-		if !sleepCtx(ctx, 100*time.Millisecond) {
+		if clock.Sleep(ctx, 100*time.Millisecond) != nil {
 			return nil, ctx.Err()
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
+	"rewind.dev/rewind/internal/clock"
 	"rewind.dev/rewind/shm"
 )
 
@@ -96,7 +97,7 @@ func MakeBucket(ctx context.Context, endpoint, bucket string, timeout time.Durat
 		if time.Now().After(deadline) {
 			return fmt.Errorf("chaos: creating bucket %s on %s within %v: %w", bucket, endpoint, timeout, err)
 		}
-		if !sleepCtx(ctx, 500*time.Millisecond) {
+		if clock.Sleep(ctx, 500*time.Millisecond) != nil {
 			return ctx.Err()
 		}
 	}

@@ -4,6 +4,7 @@
 package clock
 
 import (
+	"context"
 	"sync"
 	"time"
 )
@@ -41,4 +42,21 @@ func (f *Fake) Step(d time.Duration) {
 	f.mu.Lock()
 	f.now = f.now.Add(d)
 	f.mu.Unlock()
+}
+
+// Sleep waits for d, or until ctx ends, and then returns
+// context.Cause(ctx); it returns nil once d has passed with ctx live. A d
+// of zero or less returns at once.
+func Sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return context.Cause(ctx)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+		return nil
+	}
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"rewind.dev/rewind/internal/clock"
 )
 
 // eventTimeout bounds the wait for any one line of a trainer: a step, a
@@ -72,7 +74,7 @@ func (d *demo) killAfter(ctx context.Context, t *trainer, start Event, at int64,
 		period = last.At.Sub(prev.At)
 	}
 	delay := time.Duration(d.rng.Int64N(int64(max(period, time.Millisecond))))
-	if err := sleepCtx(ctx, delay); err != nil {
+	if err := clock.Sleep(ctx, delay); err != nil {
 		return nil, err
 	}
 	killedAt := time.Now()

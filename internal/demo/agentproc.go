@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"rewind.dev/rewind/internal/clock"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
 )
@@ -72,7 +73,7 @@ func (d *demo) waitAgent(ctx context.Context, p *proc) (*sdk.Client, error) {
 		case time.Now().After(deadline):
 			return nil, fmt.Errorf("demo: no agent answered on %s within %v: %w", d.socket, agentReadyTimeout, err)
 		}
-		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
+		if err := clock.Sleep(ctx, 50*time.Millisecond); err != nil {
 			return nil, err
 		}
 	}

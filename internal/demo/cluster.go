@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/internal/clock"
 	"rewind.dev/rewind/internal/miniotest"
 	"rewind.dev/rewind/regang"
 	"rewind.dev/rewind/sdk"
@@ -238,7 +239,7 @@ func (d *cluster) startCoordinator(ctx context.Context) error {
 		if d.coord.exited() || time.Now().After(deadline) {
 			return fmt.Errorf("demo: the coordinator did not start (%v); its log is %s", err, log.Name())
 		}
-		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
+		if err := clock.Sleep(ctx, 50*time.Millisecond); err != nil {
 			return err
 		}
 	}
@@ -287,7 +288,7 @@ func (d *cluster) startAgent(ctx context.Context, i int) error {
 		if n.agent.exited() || time.Now().After(deadline) {
 			return fmt.Errorf("demo: agent %s did not start (%v); its log is %s", n.name, err, log.Name())
 		}
-		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
+		if err := clock.Sleep(ctx, 50*time.Millisecond); err != nil {
 			return err
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/internal/clock"
 	"rewind.dev/rewind/regang"
 	"rewind.dev/rewind/shm"
 )
@@ -72,7 +73,7 @@ func (d *cluster) killAndRecover(ctx context.Context, k int, from int64) (*coord
 	if err != nil {
 		return nil, err
 	}
-	if err := sleepCtx(ctx, time.Duration(d.rng.Int64N(int64(d.cfg.StepTime)+1))); err != nil {
+	if err := clock.Sleep(ctx, time.Duration(d.rng.Int64N(int64(d.cfg.StepTime)+1))); err != nil {
 		return nil, err
 	}
 	d.showTiers(ctx)
@@ -160,7 +161,7 @@ func (d *cluster) waitConsistent(ctx context.Context, step int64) (int64, error)
 		if time.Now().After(deadline) {
 			return 0, fmt.Errorf("demo: the job did not reach step %d within a minute (%v)", step, err)
 		}
-		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+		if err := clock.Sleep(ctx, 20*time.Millisecond); err != nil {
 			return 0, err
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"time"
 
+	"rewind.dev/rewind/internal/clock"
 	"rewind.dev/rewind/sdk"
 )
 
@@ -93,7 +94,7 @@ func Train(ctx context.Context, cfg TrainConfig) error {
 		}
 		t0 := time.Now()
 		st.Step()
-		if err := sleepCtx(ctx, cfg.StepTime-time.Since(t0)); err != nil {
+		if err := clock.Sleep(ctx, cfg.StepTime-time.Since(t0)); err != nil {
 			return err
 		}
 		compute := time.Since(t0)
@@ -150,20 +151,6 @@ func resume(ctx context.Context, sess *sdk.Session, cfg TrainConfig) (*State, er
 	return st, nil
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
 // lockstep holds a rank of a job of several ranks until the job's latest
 // consistent step is at most one behind the step it has saved, as the
 // collectives of synchronous training do: ranks never drift apart by more
@@ -190,7 +177,7 @@ func lockstep(ctx context.Context, sess *sdk.Session, cfg TrainConfig, saved int
 		if time.Now().After(deadline) {
 			return nil // step saved-1 will not complete: go on
 		}
-		if err := sleepCtx(ctx, 5*time.Millisecond); err != nil {
+		if err := clock.Sleep(ctx, 5*time.Millisecond); err != nil {
 			return err
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/internal/clock"
 	"rewind.dev/rewind/regang"
 	"rewind.dev/rewind/sdk"
 )
@@ -72,7 +73,7 @@ func Run(ctx context.Context, cfg Config) error {
 	wg.Go(func() {
 		_ = regang.Follow(ctx, cfg.API, cfg.Job, s, s.observe)
 	})
-	for sleepCtx(ctx, cfg.Reconcile) {
+	for clock.Sleep(ctx, cfg.Reconcile) == nil {
 		s.reconcile(ctx)
 	}
 	return nil
@@ -113,7 +114,7 @@ func (s *supervisor) waitAgent(ctx context.Context) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("nodeproc: the agent did not answer on %s within %v: %w", s.cfg.Socket, s.cfg.StartTimeout, err)
 		}
-		if !sleepCtx(ctx, 100*time.Millisecond) {
+		if clock.Sleep(ctx, 100*time.Millisecond) != nil {
 			return ctx.Err()
 		}
 	}
@@ -131,7 +132,7 @@ func (s *supervisor) waitJob(ctx context.Context) (*coordpb.Job, error) {
 		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("nodeproc: the coordinator did not answer within %v: %w", s.cfg.StartTimeout, err)
 		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
+		if clock.Sleep(ctx, 200*time.Millisecond) != nil {
 			return nil, ctx.Err()
 		}
 	}
@@ -192,7 +193,7 @@ func (s *supervisor) reap(ctx context.Context) {
 		if err := s.local.Wait(ctx); err != nil && ctx.Err() == nil {
 			s.cfg.Logger.Warn("rank failed", "err", err)
 		}
-		sleepCtx(ctx, 200*time.Millisecond)
+		_ = clock.Sleep(ctx, 200*time.Millisecond)
 	}
 }
 
@@ -221,15 +222,4 @@ func (s *supervisor) observe(ev *coordpb.JobEvent) {
 	}
 	s.out.printf("recovery event: %s, step %d, placement %s, here %v", ev.Kind, ev.Step, strings.Join(parts, " "),
 		slices.Sorted(maps.Keys(regang.OnNode(ev.Placement, s.cfg.Node))))
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
