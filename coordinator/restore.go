@@ -21,11 +21,8 @@ const maxRestoreCalls = 64
 // what served and what failed, and logs who asked.
 func (c *Coordinator) Restore(ctx context.Context, plan *coordpb.PlanRestoreResponse, who string) {
 	start := time.Now()
-	addrs := map[string]string{}
 	c.mu.Lock()
-	for _, n := range c.state.Nodes {
-		addrs[n.Name] = n.Addr
-	}
+	addrs := c.agentAddrsLocked()
 	c.mu.Unlock()
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, maxRestoreCalls)
@@ -168,10 +165,7 @@ func (c *Coordinator) RankSources(job string, step int64, rank uint32, node stri
 	}
 	placement := maps.Clone(j.Placement)
 	placement[rank] = node
-	addrs := map[string]string{}
-	for _, n := range c.state.Nodes {
-		addrs[n.Name] = n.Addr
-	}
+	addrs := c.agentAddrsLocked()
 	c.mu.Unlock()
 	plan, err := c.plan(job, step, placement)
 	if err != nil {
@@ -187,4 +181,14 @@ func (c *Coordinator) RankSources(job string, step int64, rank uint32, node stri
 		resp.Sources = append(resp.Sources, &coordpb.RankSource{Tier: s.Tier, Node: s.Node, Addr: addrs[s.Node]})
 	}
 	return resp, nil
+}
+
+// agentAddrsLocked returns every known node's agent address, by node; the
+// caller holds c.mu.
+func (c *Coordinator) agentAddrsLocked() map[string]string {
+	addrs := make(map[string]string, len(c.state.Nodes))
+	for _, n := range c.state.Nodes {
+		addrs[n.Name] = n.Addr
+	}
+	return addrs
 }
