@@ -110,29 +110,29 @@ func (d *MPIJobDriver) restart(ctx context.Context, u *unstructured.Unstructured
 // annotate merge-patches the MPIJob's annotations (nil removes one), on
 // the condition that it did not change since u was read.
 func (d *MPIJobDriver) annotate(ctx context.Context, u *unstructured.Unstructured, ann map[string]any) error {
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
-		"resourceVersion": u.GetResourceVersion(), "annotations": ann,
-	}})
-	if err != nil {
-		return err
-	}
-	_, err = d.Dyn.Resource(MPIJobs).Namespace(u.GetNamespace()).Patch(ctx, u.GetName(), types.MergePatchType, patch, metav1.PatchOptions{})
-	if err != nil {
-		return fmt.Errorf("kube: annotating MPIJob %s/%s: %w", u.GetNamespace(), u.GetName(), err)
-	}
-	return nil
+	return d.patchAnnotations(ctx, u, ann, u.GetResourceVersion(), "annotating")
 }
 
 // setResult records an operator restore's result on the MPIJob, whatever
 // changed since it was read (the re-gang annotates it too).
 func (d *MPIJobDriver) setResult(ctx context.Context, u *unstructured.Unstructured, result string) error {
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{AnnRestoreResult: result}}})
+	return d.patchAnnotations(ctx, u, map[string]any{AnnRestoreResult: result}, "", "recording the restore result on")
+}
+
+// patchAnnotations merge-patches the MPIJob's annotations, on the
+// condition that its resourceVersion is still rv when rv is set.
+func (d *MPIJobDriver) patchAnnotations(ctx context.Context, u *unstructured.Unstructured, ann map[string]any, rv, doing string) error {
+	meta := map[string]any{"annotations": ann}
+	if rv != "" {
+		meta["resourceVersion"] = rv
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": meta})
 	if err != nil {
 		return err
 	}
 	_, err = d.Dyn.Resource(MPIJobs).Namespace(u.GetNamespace()).Patch(ctx, u.GetName(), types.MergePatchType, patch, metav1.PatchOptions{})
 	if err != nil {
-		return fmt.Errorf("kube: recording the restore result on MPIJob %s/%s: %w", u.GetNamespace(), u.GetName(), err)
+		return fmt.Errorf("kube: %s MPIJob %s/%s: %w", doing, u.GetNamespace(), u.GetName(), err)
 	}
 	return nil
 }
