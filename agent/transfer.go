@@ -396,11 +396,7 @@ func (c *countingReader) ReadAt(p []byte, off int64) (int, error) {
 // SliceAt passes a store's request for the bytes in place on, counting
 // them (tiers.SliceReaderAt).
 func (c *countingReader) SliceAt(off int64, n int) ([]byte, error) {
-	s, ok := c.r.(tiers.SliceReaderAt)
-	if !ok {
-		return nil, tiers.ErrNoSlice
-	}
-	b, err := s.SliceAt(off, n)
+	b, err := tiers.SliceAt(c.r, off, n)
 	if err == nil {
 		c.n.Add(int64(n))
 	}

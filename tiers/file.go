@@ -207,7 +207,7 @@ func directSlice(src io.ReaderAt, off, n int64) ([]byte, bool, error) {
 	if n%page != 0 {
 		return nil, false, nil
 	}
-	b, err := sliceAt(src, off, int(n))
+	b, err := SliceAt(src, off, int(n))
 	if errors.Is(err, ErrNoSlice) {
 		return nil, false, nil
 	}

@@ -221,7 +221,7 @@ func (s *S3Store) Put(ctx context.Context, name string, src io.ReaderAt, size in
 // straight from its memory; any other is read through ReadAt, once for
 // the CRC and once per attempt.
 func s3Source(src io.ReaderAt, off, l int64) (uint32, func() io.Reader, error) {
-	b, err := sliceAt(src, off, int(l))
+	b, err := SliceAt(src, off, int(l))
 	switch {
 	case err == nil:
 		return crc32.Checksum(b, s3Castagnoli), func() io.Reader { return bytes.NewReader(b) }, nil

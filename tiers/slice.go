@@ -48,8 +48,9 @@ func (b bytesReaderAt) SliceAt(off int64, n int) ([]byte, error) {
 	return b[off : off+int64(n) : off+int64(n)], nil
 }
 
-// sliceAt asks src for [off, off+n) in place; ErrNoSlice when it cannot.
-func sliceAt(src io.ReaderAt, off int64, n int) ([]byte, error) {
+// SliceAt asks src for [off, off+n) in place; ErrNoSlice when src is no
+// SliceReaderAt or cannot.
+func SliceAt(src io.ReaderAt, off int64, n int) ([]byte, error) {
 	s, ok := src.(SliceReaderAt)
 	if !ok {
 		return nil, ErrNoSlice

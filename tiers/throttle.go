@@ -152,7 +152,7 @@ func (r *limitedReaderAt) SliceAt(off int64, n int) ([]byte, error) {
 	if err := r.l.Wait(r.ctx, n); err != nil {
 		return nil, err
 	}
-	return sliceAt(r.r, off, n)
+	return SliceAt(r.r, off, n)
 }
 
 // LimitWriterAt returns w with every WriteAt first waiting on l for len(p)
