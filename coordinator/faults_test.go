@@ -111,14 +111,7 @@ func TestFaultCoordinatorFailsToRecordConsistent(t *testing.T) {
 func TestFaultReplicaDamagedInFlight(t *testing.T) {
 	const job, ws = "inflight", 1
 	in := injector(t, "agent/replica-received=1*corrupt")
-	cl := &cluster{t: t}
-	cl.addr, cl.stop = startCoordinator(t, t.TempDir(), "127.0.0.1:0", func(c *coordinator.Config) { c.Replicas = 1 })
-	cl.dial()
-	for i, d := range []string{"rack-a", "rack-b"} {
-		cl.addAgent(func(cfg *agent.Config) {
-			cfg.Node, cfg.FailureDomain, cfg.Faults = []string{"node-0", "node-1"}[i], d, in
-		})
-	}
+	cl := rackClusterWith(t, 2, func(c *coordinator.Config) { c.Replicas = 1 }, func(_ int, cfg *agent.Config) { cfg.Faults = in })
 	cl.saveStep(job, ws, 1, 0)
 	cl.waitLatest(job, 1)
 	eventually(t, 10*time.Second, "the damaged replica was refused", func() bool {
@@ -145,17 +138,11 @@ func TestFaultReplicaDamagedInFlight(t *testing.T) {
 func TestFaultReplicaRotsRestoreFallsBack(t *testing.T) {
 	const job, ws = "rot", 1
 	in := injector(t, "agent/replica-stored=corrupt")
-	cl := &cluster{t: t, dataDir: t.TempDir()}
-	cl.addr, cl.stop = startCoordinator(t, cl.dataDir, "127.0.0.1:0", func(c *coordinator.Config) { c.Replicas = 2 })
-	cl.dial()
-	for i, d := range []string{"rack-a", "rack-b", "rack-a"} {
-		cl.addAgent(func(cfg *agent.Config) {
-			cfg.Node, cfg.FailureDomain = []string{"node-0", "node-1", "node-2"}[i], d
-			if i == 2 {
-				cfg.Faults, cfg.VerifyAfterCommit = in, false
-			}
-		})
-	}
+	cl := rackClusterWith(t, 3, func(c *coordinator.Config) { c.Replicas = 2 }, func(i int, cfg *agent.Config) {
+		if i == 2 {
+			cfg.Faults, cfg.VerifyAfterCommit = in, false
+		}
+	})
 	cl.saveStep(job, ws, 1, 0)
 	cl.waitLatest(job, 1)
 	waitReplicas(t, cl, job, 1, ws, 3)
@@ -182,17 +169,11 @@ func TestFaultReplicaRotsRestoreFallsBack(t *testing.T) {
 func TestFaultRestoreSourceFails(t *testing.T) {
 	const job, ws = "source", 1
 	in := injector(t, "")
-	cl := &cluster{t: t}
-	cl.addr, cl.stop = startCoordinator(t, t.TempDir(), "127.0.0.1:0", func(c *coordinator.Config) { c.Replicas = 1 })
-	cl.dial()
-	for i, d := range []string{"rack-a", "rack-b"} {
-		cl.addAgent(func(cfg *agent.Config) {
-			cfg.Node, cfg.FailureDomain = []string{"node-0", "node-1"}[i], d
-			if i == 0 {
-				cfg.Faults = in
-			}
-		})
-	}
+	cl := rackClusterWith(t, 2, func(c *coordinator.Config) { c.Replicas = 1 }, func(i int, cfg *agent.Config) {
+		if i == 0 {
+			cfg.Faults = in
+		}
+	})
 	cl.saveStep(job, ws, 1, 0)
 	cl.waitLatest(job, 1)
 	waitReplicas(t, cl, job, 1, ws, 2)
@@ -218,12 +199,7 @@ func TestFaultRestoreSourceFails(t *testing.T) {
 func TestFaultRecoveryCutBeforeRegang(t *testing.T) {
 	const job, ws = "cutregang", 2
 	in := injector(t, "coordinator/before-regang=1*error(EIO)")
-	cl := &cluster{t: t, dataDir: t.TempDir()}
-	cl.addr, cl.stop = startCoordinator(t, cl.dataDir, "127.0.0.1:0", func(c *coordinator.Config) { c.Replicas, c.Faults = 1, in })
-	cl.dial()
-	for i, d := range []string{"rack-a", "rack-b", "rack-a"} {
-		cl.addAgent(func(cfg *agent.Config) { cfg.Node, cfg.FailureDomain = []string{"node-0", "node-1", "node-2"}[i], d })
-	}
+	cl := rackClusterWith(t, 3, func(c *coordinator.Config) { c.Replicas, c.Faults = 1, in }, nil)
 	cl.saveStep(job, ws, 1, 0, 1)
 	cl.waitLatest(job, 1)
 	waitReplicas(t, cl, job, 1, ws, 2)

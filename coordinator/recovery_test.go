@@ -20,11 +20,23 @@ import (
 // recovery tests run rank 0 on node-0, rank 1 on node-1 and keep node-2
 // spare.
 func rackCluster(t *testing.T, replicas int) *cluster {
+	return rackClusterWith(t, 3, func(c *coordinator.Config) { c.Replicas = replicas }, nil)
+}
+
+// rackClusterWith is rackCluster of n nodes (node-i in rack-a for even i,
+// rack-b for odd), with the coordinator's configuration and each agent's
+// changed by the mods (a nil agentMod changes none).
+func rackClusterWith(t *testing.T, n int, coordMod func(*coordinator.Config), agentMod func(i int, cfg *agent.Config)) *cluster {
 	cl := &cluster{t: t, dataDir: t.TempDir()}
-	cl.addr, cl.stop = startCoordinator(t, cl.dataDir, "127.0.0.1:0", func(c *coordinator.Config) { c.Replicas = replicas })
+	cl.addr, cl.stop = startCoordinator(t, cl.dataDir, "127.0.0.1:0", coordMod)
 	cl.dial()
-	for i, d := range []string{"rack-a", "rack-b", "rack-a"} {
-		cl.addAgent(func(cfg *agent.Config) { cfg.Node, cfg.FailureDomain = fmt.Sprintf("node-%d", i), d })
+	for i := range n {
+		cl.addAgent(func(cfg *agent.Config) {
+			cfg.Node, cfg.FailureDomain = fmt.Sprintf("node-%d", i), []string{"rack-a", "rack-b"}[i%2]
+			if agentMod != nil {
+				agentMod(i, cfg)
+			}
+		})
 	}
 	return cl
 }
