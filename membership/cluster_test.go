@@ -35,11 +35,21 @@ func testConfig(t *testing.T, name string) Config {
 // until every one sees every other alive.
 func newCluster(t *testing.T, n int) *testCluster {
 	t.Helper()
-	c := &testCluster{t: t, faults: NewFaultNetwork(), members: map[string]*Members{}, recs: map[string]*recorder{}}
+	return startCluster(t, n, NewFaultNetwork(), nil)
+}
+
+// startCluster is newCluster on faults (nil: none), each member's
+// configuration changed by mod when it is set.
+func startCluster(t *testing.T, n int, faults *FaultNetwork, mod func(name string, cfg *Config)) *testCluster {
+	t.Helper()
+	c := &testCluster{t: t, faults: faults, members: map[string]*Members{}, recs: map[string]*recorder{}}
 	for i := range n {
 		name := fmt.Sprintf("m%d", i)
 		cfg := testConfig(t, name)
 		cfg.Faults = c.faults
+		if mod != nil {
+			mod(name, &cfg)
+		}
 		m, err := New(cfg)
 		if err != nil {
 			t.Fatal(err)

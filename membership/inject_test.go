@@ -1,7 +1,6 @@
 package membership
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"slices"
@@ -17,32 +16,11 @@ import (
 // alive. No FaultNetwork: the injector is the only fault.
 func newInjectedCluster(t *testing.T, n int) (*testCluster, map[string]*faultinject.Injector) {
 	t.Helper()
-	c := &testCluster{t: t, members: map[string]*Members{}, recs: map[string]*recorder{}}
 	injs := map[string]*faultinject.Injector{}
-	for i := range n {
-		name := fmt.Sprintf("m%d", i)
-		cfg := testConfig(t, name)
-		injs[name] = faultinject.New(cfg.Logger, uint64(i+1))
+	c := startCluster(t, n, nil, func(name string, cfg *Config) {
+		injs[name] = faultinject.New(cfg.Logger, uint64(len(injs)+1))
 		cfg.Injector = injs[name]
-		m, err := New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.cfg = cfg
-		c.members[name] = m
-		c.recs[name] = record(m)
-		c.names = append(c.names, name)
-		t.Cleanup(func() { m.Shutdown() })
-		if i > 0 {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			_, err := m.Join(ctx, c.members["m0"].Local().Addr)
-			cancel()
-			if err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	c.waitAlive(c.names, c.names, 10*time.Second)
+	})
 	return c, injs
 }
 
