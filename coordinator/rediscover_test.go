@@ -94,20 +94,7 @@ func TestTierCopiesRediscoveredOnEmptyStore(t *testing.T) {
 	const job, ws = "rediscover", 4
 	const policy = "nvme:every=1,keep=2;pfs:every=2,keep=2;s3:every=3,keep=2"
 	tc := newTierCluster(t, 2, policy, nil)
-	p, _ := tiers.ParsePolicy(policy)
-	last := map[string]int64{}
-	for step := int64(1); step <= 6; step++ {
-		tc.saveStep(job, ws, step, 0, 1, 2, 3)
-		tc.waitLatest(job, step)
-		var due []string
-		for _, tp := range p.Tiers {
-			if l, ok := last[tp.Tier]; !ok || step-l >= tp.EverySteps {
-				due, last[tp.Tier] = append(due, tp.Tier), step
-			}
-		}
-		tc.waitStarted(job, step, due)
-		tc.waitTiers(job)
-	}
+	tc.saveByPolicy(job, ws, policy, 6)
 	// nvme: every step, keep 2; pfs: 1,3,5 keep 2; s3: 1,4 keep 2.
 	want := map[string][]int64{"nvme": {5, 6}, "pfs": {3, 5}, "s3": {1, 4}}
 	if got := tc.waitTiers(job); !maps.EqualFunc(got, want, slices.Equal) {

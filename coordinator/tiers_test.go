@@ -78,6 +78,34 @@ func newTierCluster(t *testing.T, nodes int, policy string, mod func(node int, c
 	return tc
 }
 
+// saveByPolicy saves steps 1 to steps of every rank of job (world size
+// ws, rank r on node r%nodes), each waited for until consistent, the
+// copies policy makes due started and every copy settled.
+func (tc *tierCluster) saveByPolicy(job string, ws uint32, policy string, steps int64) {
+	tc.t.Helper()
+	p, err := tiers.ParsePolicy(policy)
+	if err != nil {
+		tc.t.Fatal(err)
+	}
+	ranks := make([]uint32, ws)
+	for r := range ranks {
+		ranks[r] = uint32(r)
+	}
+	last := map[string]int64{}
+	for step := int64(1); step <= steps; step++ {
+		tc.saveStep(job, ws, step, ranks...)
+		tc.waitLatest(job, step)
+		var due []string
+		for _, tp := range p.Tiers {
+			if l, ok := last[tp.Tier]; !ok || step-l >= tp.EverySteps {
+				due, last[tp.Tier] = append(due, tp.Tier), step
+			}
+		}
+		tc.waitStarted(job, step, due)
+		tc.waitTiers(job)
+	}
+}
+
 // rankData is what rank r saves at step: the cluster's saveStep bytes.
 func rankData(step int64, r uint32) []byte {
 	data := make([]byte, 4096)
@@ -179,20 +207,7 @@ func TestTiersPolicyRetentionAndEachTierAlone(t *testing.T) {
 	const job, ws = "tiered", 4
 	policy := "nvme:every=2,keep=2;pfs:every=3,keep=1;s3:every=4,keep=2"
 	tc := newTierCluster(t, 2, policy, nil)
-	p, _ := tiers.ParsePolicy(policy)
-	last := map[string]int64{}
-	for step := int64(1); step <= 12; step++ {
-		tc.saveStep(job, ws, step, 0, 1, 2, 3)
-		tc.waitLatest(job, step)
-		var due []string
-		for _, tp := range p.Tiers {
-			if l, ok := last[tp.Tier]; !ok || step-l >= tp.EverySteps {
-				due, last[tp.Tier] = append(due, tp.Tier), step
-			}
-		}
-		tc.waitStarted(job, step, due)
-		tc.waitTiers(job)
-	}
+	tc.saveByPolicy(job, ws, policy, 12)
 	// nvme: 1,3,5,7,9,11 keep 2; pfs: 1,4,7,10 keep 1; s3: 1,5,9 keep 2.
 	want := map[string][]int64{"nvme": {9, 11}, "pfs": {10}, "s3": {5, 9}}
 	got := tc.waitTiers(job)
