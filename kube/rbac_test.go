@@ -20,16 +20,8 @@ import (
 // Permissions, the calls this package makes, nothing more and nothing
 // missing.
 func TestChartRBAC(t *testing.T) {
-	path := os.Getenv("REWIND_CHART_RENDERED")
-	if path == "" {
-		t.Skip("REWIND_CHART_RENDERED not set: run make test-helm")
-	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dec := renderedChart(t)
 	got := map[string][]string{} // "cluster|namespaced group/resource" → verbs
-	dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
 	for {
 		var r struct {
 			Kind  string              `json:"kind"`
@@ -80,15 +72,7 @@ func TestChartRBAC(t *testing.T) {
 // the coordinator is ready only while it leads (/readyz on its metrics
 // port), so that its Service routes to the leader alone.
 func TestChartCoordinatorReadiness(t *testing.T) {
-	path := os.Getenv("REWIND_CHART_RENDERED")
-	if path == "" {
-		t.Skip("REWIND_CHART_RENDERED not set: run make test-helm")
-	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	dec := renderedChart(t)
 	for {
 		var d appsv1.Deployment
 		if err := dec.Decode(&d); errors.Is(err, io.EOF) {
@@ -110,4 +94,19 @@ func TestChartCoordinatorReadiness(t *testing.T) {
 		return
 	}
 	t.Fatal("no coordinator Deployment in the rendered chart")
+}
+
+// renderedChart decodes the chart `make test-helm` rendered into the file
+// named by $REWIND_CHART_RENDERED; without it the test is skipped.
+func renderedChart(t *testing.T) *yaml.YAMLOrJSONDecoder {
+	t.Helper()
+	path := os.Getenv("REWIND_CHART_RENDERED")
+	if path == "" {
+		t.Skip("REWIND_CHART_RENDERED not set: run make test-helm")
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
 }
