@@ -1,6 +1,7 @@
 package tiers
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -28,17 +29,7 @@ func BytesReaderAt(b []byte) SliceReaderAt { return bytesReaderAt(b) }
 type bytesReaderAt []byte
 
 func (b bytesReaderAt) ReadAt(p []byte, off int64) (int, error) {
-	if off < 0 {
-		return 0, fmt.Errorf("tiers: read at negative offset %d", off)
-	}
-	if off >= int64(len(b)) {
-		return 0, io.EOF
-	}
-	n := copy(p, b[off:])
-	if n < len(p) {
-		return n, io.EOF
-	}
-	return n, nil
+	return bytes.NewReader(b).ReadAt(p, off)
 }
 
 func (b bytesReaderAt) SliceAt(off int64, n int) ([]byte, error) {
