@@ -180,12 +180,30 @@ func s3CombineCRC(crcs []uint32, sizes []int64) (string, error) {
 
 // s3Body is a request body read from the caller's source; it remembers a
 // read error so that it is reported as the source's, not retried.
+//
+// net/http may go on reading a request body after the round trip has
+// returned (RoundTrip closes it "in a separate goroutine even after
+// RoundTrip returns"), for instance when the server answered an error
+// before the whole body was sent. The source is often the caller's mapped
+// segment, which may be unmapped or truncated as soon as Put returns, so
+// end cuts the body off: a Read after it fails without touching the
+// source, and end waits for a Read in progress.
 type s3Body struct {
-	r   io.Reader
-	err error
+	mu    sync.Mutex
+	r     io.Reader
+	err   error
+	ended bool
 }
 
+// errBodyEnded is what a Read of an ended body returns.
+var errBodyEnded = errors.New("tiers: s3 request body read after its request ended")
+
 func (b *s3Body) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ended {
+		return 0, errBodyEnded
+	}
 	n, err := b.r.Read(p)
 	if err != nil && err != io.EOF {
 		b.err = err
@@ -193,7 +211,12 @@ func (b *s3Body) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (b *s3Body) check(err error) error {
+// end cuts the body off from its source once its request returned err,
+// and reports a source read error as the source's.
+func (b *s3Body) end(err error) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.ended = true
 	if b.err != nil {
 		return &s3SourceError{fmt.Errorf("reading source: %w", b.err)}
 	}
@@ -247,7 +270,7 @@ func (s *S3Store) putSingle(ctx context.Context, name, key string, src io.Reader
 			UserMetadata:         map[string]string{amzChecksumCRC32C: sum},
 			DisableContentSha256: true, // the CRC32C guards the payload; a SHA-256 per chunk would cost more CPU than the transfer
 		})
-		return b.check(err)
+		return b.end(err)
 	})
 }
 
@@ -334,7 +357,7 @@ func (s *S3Store) putPart(ctx context.Context, name, key, uploadID string, num i
 			DisableContentSha256: true,
 		})
 		etag = p.ETag
-		return b.check(err)
+		return b.end(err)
 	})
 	if err != nil {
 		return 0, "", fmt.Errorf("%w (part %d at offset %d)", err, num, off)
