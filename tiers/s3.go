@@ -462,7 +462,9 @@ func fullObjectCRC32C(info minio.ObjectInfo) string {
 }
 
 // getRange copies bytes [off, off+l) of the object's version etag into dst
-// and returns their CRC32C.
+// and returns their CRC32C. A destination that hands out its memory
+// (SliceWriterAt: a segment mapped for a restore) is read into in place;
+// any other gets the bytes through WriteAt from a buffer of ours.
 func (s *S3Store) getRange(ctx context.Context, key, etag string, dst io.WriterAt, off, l int64) (uint32, error) {
 	var opts minio.GetObjectOptions
 	if err := opts.SetRange(off, off+l-1); err != nil {
@@ -481,6 +483,11 @@ func (s *S3Store) getRange(ctx context.Context, key, etag string, dst io.WriterA
 		return 0, err
 	}
 	defer rc.Close()
+	if b, err := DestSliceAt(dst, off, int(l)); err == nil {
+		return s3ReadInPlace(rc, b, off)
+	} else if !errors.Is(err, ErrNoSlice) {
+		return 0, &s3SourceError{fmt.Errorf("writing destination at offset %d: %w", off, err)}
+	}
 	bp := s3CopyBufs.Get().(*[]byte)
 	defer s3CopyBufs.Put(bp)
 	buf := *bp
@@ -494,16 +501,41 @@ func (s *S3Store) getRange(ctx context.Context, key, etag string, dst io.WriterA
 			c = crc32.Update(c, s3Castagnoli, buf[:n])
 			done += int64(n)
 		}
-		if err != nil {
-			if err == io.EOF && done < l {
-				err = io.ErrUnexpectedEOF
-			}
-			if done < l {
-				return 0, fmt.Errorf("reading range at offset %d: %w", off+done, err)
-			}
+		if err != nil && done < l {
+			return 0, s3ShortRange(err, off+done)
 		}
 	}
 	return c, nil
+}
+
+// s3InPlaceChunk is how much of a range is read into the destination
+// before its CRC32C is taken: small enough to be in the core's cache
+// still, so the checksum costs no second trip through memory.
+const s3InPlaceChunk = 256 << 10
+
+// s3ReadInPlace reads body straight into b, the destination's own memory
+// for the range at off (no copy through a buffer of ours), and returns the
+// CRC32C of what it read.
+func s3ReadInPlace(body io.Reader, b []byte, off int64) (uint32, error) {
+	var c uint32
+	for done := 0; done < len(b); {
+		n, err := io.ReadFull(body, b[done:min(done+s3InPlaceChunk, len(b))])
+		c = crc32.Update(c, s3Castagnoli, b[done:done+n])
+		done += n
+		if err != nil && done < len(b) {
+			return 0, s3ShortRange(err, off+int64(done))
+		}
+	}
+	return c, nil
+}
+
+// s3ShortRange is the error of a range body that ended, or failed, at off
+// before its end.
+func s3ShortRange(err error, off int64) error {
+	if err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	return fmt.Errorf("reading range at offset %d: %w", off, err)
 }
 
 // Size returns the object's size.

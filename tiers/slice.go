@@ -48,3 +48,32 @@ func SliceAt(src io.ReaderAt, off int64, n int) ([]byte, error) {
 	}
 	return s.SliceAt(off, n)
 }
+
+// A SliceWriterAt is a destination whose memory is there to be filled in
+// place (a segment mapped for a restore): SliceAt hands out [off, off+n)
+// for the caller to write, valid until the call it was given to returns.
+// An S3Store's Get reads each range straight into it, with no copy
+// through buffers of its own. ErrNoSlice means: write with WriteAt.
+type SliceWriterAt interface {
+	io.WriterAt
+	SliceAt(off int64, n int) ([]byte, error)
+}
+
+// DestSliceAt asks dst for [off, off+n) to write in place; ErrNoSlice when
+// dst is no SliceWriterAt or cannot.
+func DestSliceAt(dst io.WriterAt, off int64, n int) ([]byte, error) {
+	s, ok := dst.(SliceWriterAt)
+	if !ok {
+		return nil, ErrNoSlice
+	}
+	return s.SliceAt(off, n)
+}
+
+// SliceAt hands out the destination's memory to be written in place
+// (memWriter is a SliceWriterAt: GetShard and ReadManifest read into it).
+func (w *memWriter) SliceAt(off int64, n int) ([]byte, error) {
+	if off < 0 || n < 0 || off+int64(n) > int64(len(w.b)) {
+		return nil, fmt.Errorf("tiers: write of %d bytes at %d past a %d-byte destination: %w", n, off, len(w.b), io.ErrShortWrite)
+	}
+	return w.b[off : off+int64(n) : off+int64(n)], nil
+}
