@@ -63,6 +63,7 @@ func BenchS3(ctx context.Context, cfg S3Config, opts S3BenchOptions) (S3BenchRes
 		data[i+4], data[i+5], data[i+6], data[i+7] = byte(v>>32), byte(v>>40), byte(v>>48), byte(v>>56)
 	}
 	dst := &benchBuf{b: make([]byte, opts.Size)}
+	clear(dst.b) // fault its pages in now, so that no measured read pays for them
 	res := S3BenchResult{Size: opts.Size, PartSize: s.cfg.PartSize, Parallel: s.cfg.Parallel}
 	const name, mcName, mcName1 = "bench-store", "bench-minio-go", "bench-minio-go-1"
 	defer func() {
@@ -70,55 +71,68 @@ func BenchS3(ctx context.Context, cfg S3Config, opts S3BenchOptions) (S3BenchRes
 			_ = s.Delete(context.WithoutCancel(ctx), n)
 		}
 	}()
-	measure := func(f func() error) (float64, error) {
-		var rates []float64
-		for range opts.Runs {
-			start := time.Now()
-			if err := f(); err != nil {
-				return 0, err
-			}
-			rates = append(rates, float64(opts.Size)/time.Since(start).Seconds())
-		}
-		slices.Sort(rates)
-		return rates[len(rates)/2], nil
-	}
-	if res.Put, err = measure(func() error { return s.Put(ctx, name, bytes.NewReader(data), opts.Size) }); err != nil {
-		return res, err
-	}
-	if res.Get, err = measure(func() error { _, err := s.Get(ctx, name, dst); return err }); err != nil {
-		return res, err
-	}
-	if !bytes.Equal(dst.b, data) {
-		return res, fmt.Errorf("tiers: bench: the store's Get returned different bytes")
-	}
 	putMC := func(key string, threads uint) func() error {
 		return func() error {
 			_, err := mc.PutObject(ctx, s.bucket, s.prefix+key, bytes.NewReader(data), opts.Size, minio.PutObjectOptions{NumThreads: threads})
 			return err
 		}
 	}
-	if res.MinioPut, err = measure(putMC(mcName, 0)); err != nil {
+	// Each run measures every contender once, one after the other, so a
+	// machine whose speed drifts (other work beside the benchmark) slows
+	// all of them alike rather than whichever ran during the slow spell.
+	puts, err := benchInterleaved(opts.Runs, opts.Size,
+		func() error { return s.Put(ctx, name, bytes.NewReader(data), opts.Size) },
+		putMC(mcName, 0),
+		putMC(mcName1, 1))
+	if err != nil {
 		return res, err
 	}
-	if res.MinioPut1, err = measure(putMC(mcName1, 1)); err != nil {
-		return res, err
-	}
-	clear(dst.b)
-	if res.MinioGet, err = measure(func() error {
-		obj, err := mc.GetObject(ctx, s.bucket, s.prefix+mcName, minio.GetObjectOptions{})
-		if err != nil {
+	res.Put, res.MinioPut, res.MinioPut1 = puts[0], puts[1], puts[2]
+	ref := make([]byte, opts.Size) // minio-go's destination, faulted in as dst is
+	clear(ref)
+	gets, err := benchInterleaved(opts.Runs, opts.Size,
+		func() error { _, err := s.Get(ctx, name, dst); return err },
+		func() error {
+			obj, err := mc.GetObject(ctx, s.bucket, s.prefix+mcName, minio.GetObjectOptions{})
+			if err != nil {
+				return err
+			}
+			defer obj.Close()
+			_, err = io.ReadFull(obj, ref)
 			return err
-		}
-		defer obj.Close()
-		_, err = io.ReadFull(obj, dst.b)
-		return err
-	}); err != nil {
+		})
+	if err != nil {
 		return res, err
 	}
+	res.Get, res.MinioGet = gets[0], gets[1]
 	if !bytes.Equal(dst.b, data) {
+		return res, fmt.Errorf("tiers: bench: the store's Get returned different bytes")
+	}
+	if !bytes.Equal(ref, data) {
 		return res, fmt.Errorf("tiers: bench: minio-go's GetObject returned different bytes")
 	}
 	return res, nil
+}
+
+// benchInterleaved runs each of fs once per run, in turn, runs times, and
+// returns each one's median rate of moving size bytes.
+func benchInterleaved(runs int, size int64, fs ...func() error) ([]float64, error) {
+	rates := make([][]float64, len(fs))
+	for range runs {
+		for i, f := range fs {
+			start := time.Now()
+			if err := f(); err != nil {
+				return nil, err
+			}
+			rates[i] = append(rates[i], float64(size)/time.Since(start).Seconds())
+		}
+	}
+	out := make([]float64, len(fs))
+	for i, r := range rates {
+		slices.Sort(r)
+		out[i] = r[len(r)/2]
+	}
+	return out, nil
 }
 
 // PrintS3Bench writes the figures and the ratios to minio-go's.
@@ -130,8 +144,16 @@ func PrintS3Bench(w io.Writer, r S3BenchResult) {
 	fmt.Fprintf(w, "  download: store %s   minio-go GetObject %s (x%.2f)\n", mbs(r.Get), mbs(r.MinioGet), r.Get/r.MinioGet)
 }
 
-// benchBuf is an io.WriterAt over fixed memory.
+// benchBuf is an io.WriterAt over fixed memory, which it hands out to be
+// written in place (a SliceWriterAt), as a segment mapped for a restore is.
 type benchBuf struct{ b []byte }
+
+func (w *benchBuf) SliceAt(off int64, n int) ([]byte, error) {
+	if off < 0 || n < 0 || off+int64(n) > int64(len(w.b)) {
+		return nil, io.ErrShortWrite
+	}
+	return w.b[off : off+int64(n) : off+int64(n)], nil
+}
 
 func (w *benchBuf) WriteAt(p []byte, off int64) (int, error) {
 	if off < 0 || off+int64(len(p)) > int64(len(w.b)) {
