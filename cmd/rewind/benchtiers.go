@@ -19,6 +19,7 @@ func benchTiers(ctx context.Context, args []string) error {
 	cpuSize := fs.String("cpu-size", "4GiB", "bytes of the segment transferred beside the CPU-bound loop (0: no CPU test)")
 	bandwidth := fs.String("bandwidth", "", "also run the CPU test with transfers limited to this many bytes/s (e.g. 500MB)")
 	runs := fs.Int("runs", 3, "runs per figure (medians are printed)")
+	nice := fs.Int("transfer-nice", 10, "also run the CPU test with the transfer's threads at this nice value, as an agent run under `nice -n N` (0: no such run)")
 	noS3 := fs.Bool("no-s3", false, "skip the S3 figures")
 	s3 := tiers.DefaultS3Config()
 	fs.StringVar(&s3.Endpoint, "s3-endpoint", "", "S3 endpoint, host:port or http(s)://host:port (empty: start bin/minio on a free loopback port for the run)")
@@ -29,7 +30,7 @@ func benchTiers(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg := bench.TiersConfig{Dir: *dir, ShmDir: *shmDir, Runs: *runs, Chunk: 8 << 20, S3: s3, NoS3: *noS3, Log: os.Stderr}
+	cfg := bench.TiersConfig{Dir: *dir, ShmDir: *shmDir, Runs: *runs, Chunk: 8 << 20, S3: s3, NoS3: *noS3, TransferNice: *nice, Log: os.Stderr}
 	for _, f := range []struct {
 		flag, val string
 		dst       *int64

@@ -99,6 +99,10 @@ type TiersConfig struct {
 	// Bandwidth, when positive, also runs the CPU test with the transfer
 	// limited to this many bytes per second (tiers.Limiter).
 	Bandwidth int64
+	// TransferNice, when positive, also runs the CPU test with every
+	// thread of the benchmark but the loop's at this nice value, as an
+	// agent run under `nice -n TransferNice` beside a training process.
+	TransferNice int
 	// AloneWindow is how long the loop runs alone before and after each
 	// transfer (0: a second).
 	AloneWindow time.Duration
@@ -118,6 +122,9 @@ type TiersResult struct {
 	S3     *tiers.S3BenchResult // nil when skipped
 	S3Note string               // where the S3 figures come from, or why they are missing
 	CPU    []CPUResult
+	// CPUPlacement says which CPUs the loop and a local server were
+	// confined to in the CPU test; "" when they were not.
+	CPUPlacement string
 }
 
 // Tiers runs the tiers benchmark.
@@ -134,12 +141,13 @@ func Tiers(ctx context.Context, cfg TiersConfig) (TiersResult, error) {
 	if err := checkSpace(cfg, !cfg.NoS3 && cfg.S3.Endpoint == ""); err != nil {
 		return res, err
 	}
-	s3cfg, stopS3, note, err := s3Target(cfg)
+	s3, err := s3Target(cfg)
 	if err != nil {
 		return res, err
 	}
-	defer stopS3()
-	res.S3Note = note
+	defer s3.stop()
+	s3cfg := s3.cfg
+	res.S3Note = s3.note
 
 	logf("nvme tier: %s writes against dd, %d runs", shm.Bytes(uint64(cfg.Size)), cfg.Runs)
 	if res.File, err = FileTier(ctx, FileTierConfig{Dir: cfg.Dir, Size: cfg.Size, Runs: cfg.Runs, Chunk: cfg.Chunk}); err != nil {
@@ -154,39 +162,60 @@ func Tiers(ctx context.Context, cfg TiersConfig) (TiersResult, error) {
 		res.S3 = &r
 	}
 	if cfg.CPUSize > 0 {
-		if res.CPU, err = cpuTiers(ctx, cfg, s3cfg, logf); err != nil {
+		var place *placement
+		if s3.localBin != "" {
+			if place, err = placeLocalServer(s3.localBin); err != nil {
+				return res, err
+			}
+			res.CPUPlacement = place.String()
+		}
+		if res.CPU, err = cpuTiers(ctx, cfg, s3cfg, place, logf); err != nil {
 			return res, err
 		}
 	}
 	return res, nil
 }
 
-// s3Target returns the object store to measure (nil to skip it), a
-// function that stops a local server, and a note for the table.
-func s3Target(cfg TiersConfig) (*tiers.S3Config, func(), string, error) {
+// s3Setup is the object store to measure.
+type s3Setup struct {
+	cfg      *tiers.S3Config // nil: skip it
+	stop     func()          // stops a local server
+	note     string          // for the table
+	localBin string          // the binary of a server the benchmark started; "" for none
+}
+
+// s3Target returns the object store to measure, starting a local server
+// when no endpoint is given.
+func s3Target(cfg TiersConfig) (s3Setup, error) {
 	nop := func() {}
 	if cfg.NoS3 {
-		return nil, nop, "skipped (--no-s3)", nil
+		return s3Setup{stop: nop, note: "skipped (--no-s3)"}, nil
 	}
 	c := cfg.S3
 	if c.Endpoint != "" {
 		if c.URL == "" {
-			return nil, nop, "", errors.New("bench: an S3 endpoint needs a URL (s3://bucket/prefix) to write under")
+			return s3Setup{stop: nop}, errors.New("bench: an S3 endpoint needs a URL (s3://bucket/prefix) to write under")
 		}
-		return &c, nop, "at " + c.Endpoint, nil
+		return s3Setup{cfg: &c, stop: nop, note: "at " + c.Endpoint}, nil
 	}
-	if _, err := miniotest.Binary(); err != nil {
-		return nil, nop, "skipped: no local MinIO server: " + err.Error(), nil
+	bin, err := miniotest.Binary()
+	if err != nil {
+		return s3Setup{stop: nop, note: "skipped: no local MinIO server: " + err.Error()}, nil
 	}
 	srv, err := miniotest.Launch(cfg.Dir)
 	if err != nil {
-		return nil, nop, "", fmt.Errorf("bench: starting a local MinIO: %w", err)
+		return s3Setup{stop: nop}, fmt.Errorf("bench: starting a local MinIO: %w", err)
 	}
 	c.URL = "s3://" + srv.Bucket + "/bench"
 	c.Endpoint, c.Secure, c.Region = srv.URL(), false, miniotest.Region
 	c.AccessKey, c.SecretKey, c.SessionToken = tiers.Secret(srv.AccessKey), tiers.Secret(srv.SecretKey), ""
 	c.CredentialsFile = ""
-	return &c, func() { _ = srv.Close() }, "local MinIO (bin/minio) on this machine, data in " + cfg.Dir, nil
+	return s3Setup{
+		cfg:      &c,
+		stop:     func() { _ = srv.Close() },
+		note:     "local MinIO (bin/minio) on this machine, data in " + cfg.Dir,
+		localBin: bin,
+	}, nil
 }
 
 // checkSpace fails early, and clearly, when the segment or the files the
@@ -256,14 +285,21 @@ func PrintTiers(w io.Writer, r TiersResult) {
 		for _, c := range r.CPU {
 			fmt.Fprintf(w, "  %-24s transfer %9s   waited %4.1f%% of the time (alone %.1f%%)\n", cpuName(c), rate(c.Transfer), 100*c.WaitBeside, 100*c.WaitAlone)
 		}
+		if r.CPUPlacement != "" {
+			fmt.Fprintln(w, "cpu placement:", r.CPUPlacement)
+		}
 	}
 }
 
 func cpuName(c CPUResult) string {
+	name := c.Tier + " put"
 	if c.Limit > 0 {
-		return c.Tier + " put, limit " + rateString(c.Limit)
+		name += ", limit " + rateString(c.Limit)
 	}
-	return c.Tier + " put"
+	if c.Nice != 0 {
+		name += fmt.Sprintf(", nice %d", c.Nice)
+	}
+	return name
 }
 
 // rate formats bytes per second.

@@ -21,6 +21,7 @@ import (
 type CPUResult struct {
 	Tier     string  // "nvme" or "s3"
 	Limit    int64   // the transfer's bandwidth limit in bytes per second; 0: none
+	Nice     int     // the nice value of the transfer's threads (the loop's is 0)
 	Size     int64   // bytes transferred
 	Alone    float64 // loop iterations per second without a transfer (median)
 	Beside   float64 // loop iterations per second while the transfer runs (median)
@@ -40,8 +41,10 @@ const defaultAloneWindow = time.Second
 
 // cpuTiers measures the slowdown beside a transfer of a cfg.CPUSize segment
 // to the NVMe tier, and to S3 when s3cfg is set; each unlimited and, when
-// cfg.Bandwidth is set, limited.
-func cpuTiers(ctx context.Context, cfg TiersConfig, s3cfg *tiers.S3Config, logf func(string, ...any)) ([]CPUResult, error) {
+// cfg.Bandwidth is set, limited. With place set (a local server) the loop
+// runs on a CPU of its own throughout, and the server is kept off it while
+// the S3 transfers run.
+func cpuTiers(ctx context.Context, cfg TiersConfig, s3cfg *tiers.S3Config, place *placement, logf func(string, ...any)) ([]CPUResult, error) {
 	seg, err := newSegment(cfg.ShmDir, cfg.CPUSize)
 	if err != nil {
 		return nil, err
@@ -72,32 +75,60 @@ func cpuTiers(ctx context.Context, cfg TiersConfig, s3cfg *tiers.S3Config, logf 
 	if cfg.Bandwidth > 0 {
 		limits = append(limits, cfg.Bandwidth)
 	}
-	sp := startSpinner()
+	if place != nil && s3cfg != nil {
+		if err := place.confineServer(); err != nil {
+			return nil, err
+		}
+		defer func() { _ = place.releaseServer() }() // the server stops next anyway
+	}
+	sp, err := startSpinner(place)
+	if err != nil {
+		return nil, err
+	}
 	defer sp.stop()
+	nices := []int{0}
+	if cfg.TransferNice > 0 {
+		nices = append(nices, cfg.TransferNice) // raised last: lowering it back needs a privilege
+	}
+	defer func() { _ = setNiceExcept(sp.tid, 0) }() // where allowed: lowering a nice value needs CAP_SYS_NICE
 	var out []CPUResult
-	for _, t := range targets {
-		for _, limit := range limits {
-			logf("cpu slowdown: %s transfer of %s to %s, limit %s, %d runs", t.name, shm.Bytes(uint64(cfg.CPUSize)), t.st, rateString(limit), cfg.Runs)
-			r, err := cpuSlowdown(ctx, sp, t.st, seg.Data, limit, cfg.Runs, cmp.Or(cfg.AloneWindow, defaultAloneWindow))
-			if err != nil {
-				return out, fmt.Errorf("bench: cpu test, %s: %w", t.name, err)
+	for _, nice := range nices {
+		if nice > 0 {
+			if err := setNiceExcept(sp.tid, nice); err != nil {
+				return out, err
 			}
-			r.Tier = t.name
-			out = append(out, r)
+		}
+		for _, t := range targets {
+			for _, limit := range limits {
+				logf("cpu slowdown: %s transfer of %s to %s, limit %s, nice %d, %d runs", t.name, shm.Bytes(uint64(cfg.CPUSize)), t.st, rateString(limit), nice, cfg.Runs)
+				r, err := cpuSlowdown(ctx, sp, t.st, seg.Data, limit, cfg.Runs, cmp.Or(cfg.AloneWindow, defaultAloneWindow), nice)
+				if err != nil {
+					return out, fmt.Errorf("bench: cpu test, %s: %w", t.name, err)
+				}
+				r.Tier = t.name
+				out = append(out, r)
+			}
 		}
 	}
 	return out, nil
 }
 
 // cpuSlowdown runs the loop alone, then beside a Put of seg to st (limited
-// to limit bytes/s when positive), then alone again, runs times.
-func cpuSlowdown(ctx context.Context, sp *spinner, st tiers.Store, seg []byte, limit int64, runs int, aloneWindow time.Duration) (CPUResult, error) {
-	res := CPUResult{Limit: limit, Size: int64(len(seg))}
+// to limit bytes/s when positive), then alone again, runs times. With nice
+// positive, every thread but the loop's is set to it again before each
+// Put, so that threads the runtime started meanwhile are too.
+func cpuSlowdown(ctx context.Context, sp *spinner, st tiers.Store, seg []byte, limit int64, runs int, aloneWindow time.Duration, nice int) (CPUResult, error) {
+	res := CPUResult{Limit: limit, Size: int64(len(seg)), Nice: nice}
 	var alone, beside, slow, secs, waitAlone, waitBeside []float64
 	for run := range runs {
 		before, err := sp.measure(ctx, aloneWindow, nil)
 		if err != nil {
 			return res, err
+		}
+		if nice > 0 {
+			if err := setNiceExcept(sp.tid, nice); err != nil {
+				return res, err
+			}
 		}
 		name := fmt.Sprintf("bench-cpu/step-%d/rank-0.safetensors", run)
 		src := tiers.LimitReaderAt(ctx, tiers.BytesReaderAt(seg), tiers.NewLimiter(limit, nil)) // as the agent puts it
@@ -139,19 +170,26 @@ const spinWords = 4096
 
 var spinSink atomic.Uint64 // keeps the compiler from dropping the loop
 
-func startSpinner() *spinner {
+// startSpinner starts the loop, on place's CPU for it when place is set.
+func startSpinner(place *placement) (*spinner, error) {
 	sp := &spinner{exited: make(chan struct{})}
-	started := make(chan struct{})
+	started := make(chan error, 1)
 	go func() {
 		defer close(sp.exited)
 		runtime.LockOSThread()
+		if place != nil {
+			if err := place.pinLoop(); err != nil {
+				started <- err
+				return // the locked thread exits with the goroutine, its affinity with it
+			}
+		}
 		defer runtime.UnlockOSThread() // an exiting locked goroutine would take its thread with it
 		sp.tid = unix.Gettid()
 		buf := make([]uint64, spinWords)
 		for i := range buf {
 			buf[i] = uint64(i) * 0x9e3779b97f4a7c15
 		}
-		close(started)
+		started <- nil
 		var h uint64
 		for !sp.done.Load() {
 			for _, w := range buf {
@@ -162,8 +200,11 @@ func startSpinner() *spinner {
 		}
 		spinSink.Store(h)
 	}()
-	<-started
-	return sp
+	if err := <-started; err != nil {
+		<-sp.exited
+		return nil, err
+	}
+	return sp, nil
 }
 
 // window is what the loop did over a stretch of wall time.

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -20,7 +21,7 @@ func smallTiers(t *testing.T) TiersConfig {
 	}
 	t.Cleanup(func() { os.RemoveAll(shmDir) })
 	return TiersConfig{Dir: t.TempDir(), ShmDir: shmDir, Size: 16 << 20, CPUSize: 12 << 20, Runs: 1, Chunk: 1 << 20,
-		Bandwidth: 64e6, AloneWindow: 50 * time.Millisecond, S3: s3}
+		Bandwidth: 64e6, TransferNice: 5, AloneWindow: 50 * time.Millisecond, S3: s3}
 }
 
 // TestTiersBenchRuns: one run measures every figure (a local MinIO
@@ -34,7 +35,8 @@ func TestTiersBenchRuns(t *testing.T) {
 	if r.File.DD <= 0 || r.File.Store <= 0 || r.S3 == nil || r.S3.Put <= 0 || r.S3.MinioGet <= 0 {
 		t.Fatalf("a throughput figure is missing: %+v, s3 %+v", r.File, r.S3)
 	}
-	want := []string{"nvme put", "nvme put, limit 64 MB/s", "s3 put", "s3 put, limit 64 MB/s"}
+	want := []string{"nvme put", "nvme put, limit 64 MB/s", "s3 put", "s3 put, limit 64 MB/s",
+		"nvme put, nice 5", "nvme put, limit 64 MB/s, nice 5", "s3 put, nice 5", "s3 put, limit 64 MB/s, nice 5"}
 	if len(r.CPU) != len(want) {
 		t.Fatalf("%d cpu results, want %d: %+v", len(r.CPU), len(want), r.CPU)
 	}
@@ -42,6 +44,9 @@ func TestTiersBenchRuns(t *testing.T) {
 		if cpuName(c) != want[i] || c.Alone <= 0 || c.Beside <= 0 || c.Transfer <= 0 || c.Size != cfg.CPUSize {
 			t.Errorf("cpu result %d = %+v (%s), want %s", i, c, cpuName(c), want[i])
 		}
+	}
+	if runtime.NumCPU() > 1 && !strings.Contains(r.CPUPlacement, "the local MinIO (pid") {
+		t.Errorf("cpu placement %q: want the loop and the local MinIO on CPUs of their own", r.CPUPlacement)
 	}
 	var out strings.Builder
 	PrintTiers(&out, r)

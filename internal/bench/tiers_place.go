@@ -1,0 +1,154 @@
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// placement is where the CPU test runs its parts when the benchmark
+// started the S3 server itself on this machine: the loop's thread alone
+// on one CPU, the server's threads on the others. In production the
+// object store is on other machines; a server sharing the loop's core
+// would measure what the server costs, not what the transfer costs the
+// node. The transfer (the benchmark's own threads other than the loop's,
+// standing in for the agent) stays free to run on every CPU, the loop's
+// included: its cost is what the figure measures.
+type placement struct {
+	loopCPU   int
+	serverPID int
+	server    unix.CPUSet // the CPUs the server is confined to
+	all       unix.CPUSet // the process's CPUs before the test
+}
+
+// String says where everything runs, for the printed note.
+func (p *placement) String() string {
+	if p == nil {
+		return ""
+	}
+	return fmt.Sprintf("the loop's thread on CPU %d, the local MinIO (pid %d) on CPU %s, the transfer on any CPU",
+		p.loopCPU, p.serverPID, cpuList(p.server))
+}
+
+// placeLocalServer finds the MinIO server the benchmark started (a child
+// process running the binary bin) and plans the placement; nil, with no
+// error, when this machine has a single CPU to give.
+func placeLocalServer(bin string) (*placement, error) {
+	var all unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &all); err != nil {
+		return nil, fmt.Errorf("bench: cpu affinity: %w", err)
+	}
+	if all.Count() < 2 {
+		return nil, nil
+	}
+	pid, err := childPID(filepath.Base(bin))
+	if err != nil {
+		return nil, err
+	}
+	p := &placement{serverPID: pid, all: all, loopCPU: -1}
+	for cpu := range maxCPUs {
+		switch {
+		case !all.IsSet(cpu):
+		case p.loopCPU < 0:
+			p.loopCPU = cpu
+		default:
+			p.server.Set(cpu)
+		}
+	}
+	return p, nil
+}
+
+// confineServer sets the affinity of every thread of the server; threads
+// it starts later inherit it from the thread that starts them.
+func (p *placement) confineServer() error { return setProcessAffinity(p.serverPID, &p.server) }
+
+// releaseServer gives the server back every CPU.
+func (p *placement) releaseServer() error { return setProcessAffinity(p.serverPID, &p.all) }
+
+// pinLoop confines the calling thread (the loop's, locked) to loopCPU.
+func (p *placement) pinLoop() error {
+	var set unix.CPUSet
+	set.Set(p.loopCPU)
+	if err := unix.SchedSetaffinity(0, &set); err != nil {
+		return fmt.Errorf("bench: pinning the loop to CPU %d: %w", p.loopCPU, err)
+	}
+	return nil
+}
+
+// maxCPUs is how many CPUs a unix.CPUSet holds.
+const maxCPUs = 1024
+
+func setProcessAffinity(pid int, set *unix.CPUSet) error {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return fmt.Errorf("bench: threads of pid %d: %w", pid, err)
+	}
+	var errs []error
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil {
+			continue
+		}
+		if err := unix.SchedSetaffinity(tid, set); err != nil && !errors.Is(err, unix.ESRCH) { // ESRCH: the thread ended
+			errs = append(errs, fmt.Errorf("thread %d: %w", tid, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("bench: affinity of pid %d: %w", pid, err)
+	}
+	return nil
+}
+
+// childPID returns the pid of this process's only child whose command
+// name is comm.
+func childPID(comm string) (int, error) {
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, fmt.Errorf("bench: %w", err)
+	}
+	self, found := os.Getpid(), 0
+	for _, e := range procs {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...; comm may hold spaces and parentheses.
+		s := string(b)
+		open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || end < open {
+			continue
+		}
+		f := strings.Fields(s[end+1:])
+		if len(f) < 2 || s[open+1:end] != comm || f[1] != strconv.Itoa(self) {
+			continue
+		}
+		if found != 0 {
+			return 0, fmt.Errorf("bench: more than one child process named %s (%d, %d)", comm, found, pid)
+		}
+		found = pid
+	}
+	if found == 0 {
+		return 0, fmt.Errorf("bench: no child process named %s", comm)
+	}
+	return found, nil
+}
+
+// cpuList formats a CPU set as "1" or "1,2,3".
+func cpuList(set unix.CPUSet) string {
+	var cpus []string
+	for cpu := range maxCPUs {
+		if set.IsSet(cpu) {
+			cpus = append(cpus, strconv.Itoa(cpu))
+		}
+	}
+	return strings.Join(cpus, ",")
+}
