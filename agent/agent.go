@@ -144,6 +144,16 @@ func (a *Agent) reserveBudget(job string, rank uint32, old, size int64) error {
 	return nil
 }
 
+// budgetLeft returns the bytes of the budget not in use.
+func (a *Agent) budgetLeft() int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.used >= a.budget {
+		return 0
+	}
+	return int64(min(a.budget-a.used, maxShardBytes))
+}
+
 // adjustUsed records a segment's size change, once the file has changed.
 func (a *Agent) adjustUsed(delta int64) {
 	a.mu.Lock()

@@ -111,6 +111,8 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 	}
 	if prev.State == stateCommitted {
 		a.rep.shard(job, rank, prev.WorldSize, prev.Step, prev.Size, prev.HeaderSum, "deleted")
+		a.log.Debug("committed slot reused", "job", job, "rank", rank, "slot", s.Index, "step", prev.Step, "replica", prev.Replica,
+			"for_step", step, "for_replica", !place, "pins", fmt.Sprint(a.rep.pinned(job)))
 	}
 	if resized {
 		a.log.Info("segment sized", "job", job, "rank", rank, "slot", s.Index, "bytes", size)
@@ -126,6 +128,12 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 // the node holds, which is not yet the job's consistent step, and gets one
 // slot more: it arrives at every commit, up to two steps ahead of the
 // consistent step that must stay.
+//
+// While the job's protected step (the newest that outlives a node's loss)
+// is older than its consistent step, the rank gets one more slot again,
+// so that neither pin holds a save back; the extra segment stays in the
+// rotation. Where the budget has no room for it, the protected step gives
+// way rather than the save.
 func (a *Agent) pickSlot(ctx context.Context, r *lockedRank, size int64, replica bool) (*slot, error) {
 	max := a.cfg.SlotsPerRank
 	if replica {
@@ -134,20 +142,20 @@ func (a *Agent) pickSlot(ctx context.Context, r *lockedRank, size int64, replica
 	pinDeadline := a.cfg.Clock.Now().Add(a.cfg.PinWait)
 	for {
 		a.expireLeases(r)
-		pin := a.rep.pinned(r.job)
-		s := r.pick(size, max, pin, replica)
-		if s == nil && r.pick(size, max, -1, replica) != nil {
-			// Only the job's consistent-step pin holds the slot back. In
-			// synchronous training the other ranks have committed the
-			// next step already and their reports are on the way: ask
-			// the coordinator until the pin moves or PinWait runs out.
+		pins := a.rep.pinned(r.job)
+		s := a.pickPinned(r, size, max, pins, replica)
+		if s == nil && r.pick(size, max, noPins, replica) != nil {
+			// Only the job's pins hold the slot back. In synchronous
+			// training the other ranks have committed the next step
+			// already and their reports are on the way: ask the
+			// coordinator until the pins move or PinWait runs out.
 			r.mu.Unlock()
 			fresh := a.rep.refreshPin(ctx, r.job)
 			r.mu.Lock()
-			if fresh != pin {
+			if fresh != pins {
 				continue
 			}
-			s = a.abandonedLatest(ctx, r, size, max, pin)
+			s = a.abandonedLatest(ctx, r, size, max, pins)
 			if s == nil && a.cfg.Clock.Now().Before(pinDeadline) && ctx.Err() == nil {
 				r.mu.Unlock()
 				time.Sleep(10 * time.Millisecond)
@@ -156,8 +164,8 @@ func (a *Agent) pickSlot(ctx context.Context, r *lockedRank, size int64, replica
 			}
 		}
 		if s == nil {
-			return nil, fmt.Errorf("%w: agent: all %d slots of job %s rank %d hold its latest checkpoint (step %d), the job's latest consistent step (%d) or are being read; raise --slots",
-				ErrBusy, len(r.slots), r.job, r.rank, latestStep(&r.rankState), pin)
+			return nil, fmt.Errorf("%w: agent: all %d slots of job %s rank %d hold its latest checkpoint (step %d), the job's latest consistent step (%d), its protected step (%d) or are being read; raise --slots",
+				ErrBusy, len(r.slots), r.job, r.rank, latestStep(&r.rankState), pins.consistent, pins.protected)
 		}
 		done := s.verifying
 		if done == nil {
@@ -174,6 +182,28 @@ func (a *Agent) pickSlot(ctx context.Context, r *lockedRank, size int64, replica
 	}
 }
 
+// pickPinned is r.pick under the job's pins, with the extra slot of a split
+// pin (see pickSlot) where the budget has room for it; the caller holds
+// r.mu.
+func (a *Agent) pickPinned(r *lockedRank, size int64, max int, pins pinSet, replica bool) *slot {
+	if !pins.split() {
+		return r.pick(size, max, pins, replica)
+	}
+	extra := max + 1
+	if len(r.slots) >= max && a.budgetLeft() < size {
+		extra = max // no room for one more segment: the protected step may go
+	}
+	if s := r.pick(size, extra, pins, replica); s != nil {
+		return s
+	}
+	s := r.pick(size, max, pinSet{consistent: pins.consistent, protected: -1}, replica)
+	if s != nil && s.State == stateCommitted && s.Step == pins.protected {
+		a.log.Warn("the job's protected step (the newest that outlives a node's loss) gives way to a save: no slot or budget left for both pins; raise --slots or the budget",
+			"job", r.job, "rank", r.rank, "protected", pins.protected, "consistent", pins.consistent)
+	}
+	return s
+}
+
 // abandonedLatest returns a slot for a save when only the rank's latest
 // checkpoint and the job's consistent step hold them all, and the
 // coordinator says that latest step is abandoned: some rank moved past it
@@ -181,9 +211,9 @@ func (a *Agent) pickSlot(ctx context.Context, r *lockedRank, size int64, replica
 // consistent nor be restored, and keeping it would leave every later step
 // of the job without this rank's shard. The caller holds r's lock; it is
 // released during the call to the coordinator.
-func (a *Agent) abandonedLatest(ctx context.Context, r *lockedRank, size int64, max int, pin int64) *slot {
+func (a *Agent) abandonedLatest(ctx context.Context, r *lockedRank, size int64, max int, pins pinSet) *slot {
 	latest := r.latest()
-	if latest == nil || latest.Step <= pin {
+	if latest == nil || latest.Step <= pins.consistent {
 		return nil
 	}
 	step := latest.Step
@@ -196,10 +226,10 @@ func (a *Agent) abandonedLatest(ctx context.Context, r *lockedRank, size int64, 
 	if l := r.latest(); l == nil || l.Step != step {
 		return nil // changed meanwhile: the caller looks again
 	}
-	s := r.pick(size, max, pin, true) // the latest slot may go
+	s := r.pick(size, max, pinSet{consistent: pins.consistent, protected: -1}, true) // the latest slot may go
 	if s != nil {
 		a.log.Warn("the rank's latest checkpoint was abandoned by the job (a rank moved on without it): its slot is reused",
-			"job", r.job, "rank", r.rank, "step", step, "consistent", pin)
+			"job", r.job, "rank", r.rank, "step", step, "consistent", pins.consistent)
 	}
 	return s
 }

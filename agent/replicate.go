@@ -289,7 +289,7 @@ func (a *Agent) fetchSource(ctx context.Context, ps PeerShard, src Source) (int6
 
 // evictReplicas frees replica segments for a save of the node's own that
 // does not fit the budget, until need bytes are free or none is left to
-// give: never a replica rank's newest copy, nor the job's consistent step,
+// give: never a replica rank's newest copy, nor a step the job's pins hold,
 // nor a segment being read or verified. skip is the rank being prepared
 // (its lock is held); a rank busy elsewhere is passed over. It returns the
 // bytes freed.
@@ -308,10 +308,10 @@ func (a *Agent) evictReplicas(need int64, skip *lockedRank) int64 {
 		if r == skip || !r.mu.TryLock() {
 			continue
 		}
-		latest, pin := r.latest(), a.rep.pinned(r.job)
+		latest, pins := r.latest(), a.rep.pinned(r.job)
 		keep := r.slots[:0]
 		for _, s := range r.slots {
-			if freed >= need || !s.Replica || s == latest || s.readers > 0 || s.verifying != nil || s.State == stateCommitted && s.Step == pin {
+			if freed >= need || !s.Replica || s == latest || s.readers > 0 || s.verifying != nil || s.State == stateCommitted && pins.holds(s.Step) {
 				keep = append(keep, s)
 				continue
 			}

@@ -39,14 +39,35 @@ type reporter struct {
 	registered map[rankKey]uint32 // ranks whose job registration was queued, by world size
 }
 
-// pin is a job's latest consistent step as an answer told it. Answers can
-// arrive out of order (a Latest call beside the report stream): asked is
-// the sequence of the request answered, and an answer to an earlier
-// request never replaces one to a later request, so an old answer cannot
-// bring back a step that is no longer the latest.
+// pin is a job's pins as an answer told them. Answers can arrive out of
+// order (a Latest call beside the report stream): asked is the sequence
+// of the request answered, and an answer to an earlier request never
+// replaces one to a later request, so an old answer cannot bring back a
+// step that is no longer pinned.
 type pin struct {
-	step  int64
+	pins  pinSet
 	asked uint64
+}
+
+// pinSet is the steps of a job that the node keeps whatever its saves
+// need (coordpb.Pin): the latest consistent step, and the protected one,
+// the newest that outlives the loss of any one node. -1: none.
+type pinSet struct {
+	consistent, protected int64
+}
+
+// noPins holds no step.
+var noPins = pinSet{-1, -1}
+
+// holds reports whether step is pinned.
+func (p pinSet) holds(step int64) bool {
+	return step >= 0 && (step == p.consistent || step == p.protected)
+}
+
+// split reports whether the pins hold two steps: the protected step is
+// older than the consistent one while the latter's replicas are made.
+func (p pinSet) split() bool {
+	return p.protected >= 0 && p.protected != p.consistent
 }
 
 type event struct {
@@ -71,12 +92,12 @@ func newReporter(a *Agent, addr string) (*reporter, error) {
 		wake: make(chan struct{}, 1), pins: map[string]pin{}, registered: map[rankKey]uint32{}}, nil
 }
 
-// refreshPin asks the coordinator for a job's latest consistent step now,
-// for a save that finds every slot held and the pin possibly stale, and
-// returns the pin as it then stands.
-func (r *reporter) refreshPin(ctx context.Context, job string) int64 {
+// refreshPin asks the coordinator for a job's pins now, for a save that
+// finds every slot held and the pins possibly stale, and returns the pins
+// as they then stand.
+func (r *reporter) refreshPin(ctx context.Context, job string) pinSet {
 	if r == nil {
-		return -1
+		return noPins
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -86,7 +107,7 @@ func (r *reporter) refreshPin(ctx context.Context, job string) int64 {
 		r.a.log.Warn("cannot refresh the latest consistent step from the coordinator", "job", job, "err", err)
 		return r.pinned(job)
 	}
-	r.setPins(asked, []*coordpb.Pin{{Job: job, Step: resp.Step}})
+	r.setPins(asked, []*coordpb.Pin{{Job: job, Step: resp.Step, Protected: resp.Protected}})
 	return r.pinned(job)
 }
 
@@ -142,17 +163,17 @@ func (r *reporter) registerJob(job string, rank, ws uint32) {
 	r.push(event{job: &coordpb.RegisterJobRequest{Job: job, WorldSize: ws, Placement: map[uint32]string{rank: r.a.cfg.Node}}})
 }
 
-// pinned returns the job's latest consistent step, or -1.
-func (r *reporter) pinned(job string) int64 {
+// pinned returns the job's pins; noPins when none is known.
+func (r *reporter) pinned(job string) pinSet {
 	if r == nil {
-		return -1
+		return noPins
 	}
 	r.pinMu.Lock()
 	defer r.pinMu.Unlock()
 	if p, ok := r.pins[job]; ok {
-		return p.step
+		return p.pins
 	}
-	return -1
+	return noPins
 }
 
 // setPins applies the pins of the answer to request asked (see pin).
@@ -161,7 +182,7 @@ func (r *reporter) setPins(asked uint64, pins []*coordpb.Pin) {
 	defer r.pinMu.Unlock()
 	for _, p := range pins {
 		if old, ok := r.pins[p.Job]; !ok || old.asked <= asked {
-			r.pins[p.Job] = pin{step: p.Step, asked: asked}
+			r.pins[p.Job] = pin{pins: pinSet{consistent: p.Step, protected: p.Protected}, asked: asked}
 		}
 	}
 }

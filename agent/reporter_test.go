@@ -18,14 +18,14 @@ func TestPinAnswersApplyInRequestOrder(t *testing.T) {
 	latest := r.ask() // then a save asks for the latest step
 	r.setPins(latest, []*coordpb.Pin{{Job: "j", Step: 4}})
 	r.setPins(report, []*coordpb.Pin{{Job: "j", Step: 5}, {Job: "k", Step: 7}})
-	if got := r.pinned("j"); got != 4 {
+	if got := r.pinned("j").consistent; got != 4 {
 		t.Fatalf("pin of j is %d after an older answer arrived late, want 4", got)
 	}
-	if got := r.pinned("k"); got != 7 {
+	if got := r.pinned("k").consistent; got != 7 {
 		t.Fatalf("pin of k is %d, want 7: no later answer spoke of k", got)
 	}
 	r.setPins(r.ask(), []*coordpb.Pin{{Job: "j", Step: -1}})
-	if got := r.pinned("j"); got != -1 {
+	if got := r.pinned("j").consistent; got != -1 {
 		t.Fatalf("pin of j is %d after a newer answer said -1", got)
 	}
 }

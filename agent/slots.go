@@ -78,11 +78,10 @@ func (r *rankState) find(step int64) *slot {
 }
 
 // pick chooses the slot a new save writes into, or nil when every slot is
-// the latest checkpoint, the job's latest consistent step (pinned) or being
-// read. Preference: an unused slot of the right size (warm), any unused
+// the latest checkpoint, a step the job's pins hold or being read. Preference: an unused slot of the right size (warm), any unused
 // slot, a new slot while fewer than max exist, the oldest committed slot
 // that is not the latest, then a new slot beside those being read.
-func (r *rankState) pick(size int64, max int, pinned int64, replica bool) *slot {
+func (r *rankState) pick(size int64, max int, pins pinSet, replica bool) *slot {
 	latest := r.latest()
 	if replica {
 		latest = nil // see pickSlot
@@ -93,7 +92,7 @@ func (r *rankState) pick(size int64, max int, pinned int64, replica bool) *slot 
 		if s.readers > 0 {
 			held++
 		}
-		if s == latest || s.readers > 0 || s.State == stateCommitted && s.Step == pinned {
+		if s == latest || s.readers > 0 || s.State == stateCommitted && pins.holds(s.Step) {
 			continue
 		}
 		switch s.State {

@@ -166,8 +166,8 @@ func (m *metrics) countReports(counts map[reportCount]int) {
 	}
 }
 
-// pinsLocked returns the latest consistent step of every job named in
-// recs or placed on node. The caller holds c.mu.
+// pinsLocked returns the pins (latest consistent and protected steps) of
+// every job named in recs or placed on node. The caller holds c.mu.
 func (c *Coordinator) pinsLocked(node string, recs []Record) []*coordpb.Pin {
 	var pins []*coordpb.Pin
 	add := func(id string) {
@@ -177,7 +177,7 @@ func (c *Coordinator) pinsLocked(node string, recs []Record) []*coordpb.Pin {
 			}
 		}
 		if j := c.state.Jobs[id]; j != nil { // -1 too: an agent drops a pin that no longer holds
-			pins = append(pins, &coordpb.Pin{Job: id, Step: j.Latest})
+			pins = append(pins, &coordpb.Pin{Job: id, Step: j.Latest, Protected: j.Protected})
 		}
 	}
 	for id := range c.state.JobsOn(node) {

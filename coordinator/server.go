@@ -141,7 +141,7 @@ func (s *server) Latest(ctx context.Context, req *coordpb.LatestRequest) (*coord
 	if j == nil {
 		return nil, toStatus(fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, req.Job))
 	}
-	resp := &coordpb.LatestResponse{Step: j.Latest, WorldSize: j.WorldSize}
+	resp := &coordpb.LatestResponse{Step: j.Latest, WorldSize: j.WorldSize, Protected: j.Protected}
 	if st := j.Steps[j.Latest]; st != nil {
 		resp.WorldSize = st.WorldSize
 	}

@@ -54,6 +54,46 @@ type Step struct {
 	State        StepState
 	ConsistentAt time.Time
 	Copies       map[uint32][]*Copy // by rank; a rank without copies has no entry
+	// safe counts the ranks whose copies in memory outlive the loss of
+	// any one node (see survives); derived from Copies, kept as they
+	// change.
+	safe uint32
+}
+
+// survives reports whether a rank's copies in memory outlive the loss of
+// any one node: they are on two nodes or more. Tier copies do not count:
+// a step on a shared tier is restorable whatever memory holds, and one on
+// a node's NVMe goes with the node's memory.
+func survives(cs []*Copy) bool {
+	first := ""
+	for _, c := range cs {
+		switch {
+		case c.Tier != "shm":
+		case first == "":
+			first = c.Node
+		case c.Node != first:
+			return true
+		}
+	}
+	return false
+}
+
+// noteSafe adjusts s.safe for a rank whose copies went from surviving a
+// node's loss (was) to now.
+func (s *Step) noteSafe(was, now bool) {
+	switch {
+	case now && !was:
+		s.safe++
+	case was && !now:
+		s.safe--
+	}
+}
+
+// protectable reports whether the step can be restored from memory after
+// the loss of any one node: consistent, and every rank's copies in memory
+// survive it.
+func (s *Step) protectable() bool {
+	return s.State == Consistent && s.complete() && s.safe == s.WorldSize
 }
 
 // complete reports whether every rank has at least one copy.
@@ -65,6 +105,12 @@ type Job struct {
 	WorldSize uint32
 	Placement map[uint32]string // rank -> node
 	Latest    int64             // latest consistent step with every rank's copy present; -1 if none
+	// Protected is the newest consistent step that memory keeps through
+	// the loss of any one node (every rank's shard in the memory of two
+	// nodes); -1 if none. Agents keep it beside Latest, so that a node
+	// lost while Latest's replicas are being made leaves it to restore.
+	// Derived from the steps, not stored.
+	Protected int64
 	Steps     map[int64]*Step
 	// rankLatest is the newest step each rank of the current world size
 	// has committed.
@@ -153,7 +199,7 @@ func (s *State) RegisterJob(job string, worldSize uint32, placement map[uint32]s
 	j := s.Jobs[job]
 	switch {
 	case j == nil:
-		j = &Job{ID: job, WorldSize: worldSize, Placement: map[uint32]string{}, Latest: -1, Steps: map[int64]*Step{}, rankLatest: map[uint32]int64{}}
+		j = &Job{ID: job, WorldSize: worldSize, Placement: map[uint32]string{}, Latest: -1, Protected: -1, Steps: map[int64]*Step{}, rankLatest: map[uint32]int64{}}
 		s.Jobs[job] = j
 		ch.Sync = true
 	case j.WorldSize != worldSize:
@@ -238,9 +284,11 @@ func (s *State) commit(j *Job, rec Record, ch *Changes) {
 			return // a duplicate report
 		}
 	}
+	was := survives(st.Copies[rec.Rank])
 	others := slices.DeleteFunc(st.Copies[rec.Rank], func(c *Copy) bool { return c.Node == rec.Node && c.Tier == tier })
 	c := &Copy{Rank: rec.Rank, Node: rec.Node, Tier: tier, Size: rec.Size, Sum: rec.Sum, State: "committed"}
 	st.Copies[rec.Rank] = append(others, c)
+	st.noteSafe(was, survives(st.Copies[rec.Rank]))
 	ch.Copies = append(ch.Copies, CopyKey{Job: j.ID, Step: rec.Step, Rank: rec.Rank, Node: rec.Node, Tier: tier, Copy: c})
 	if st.State != Consistent && st.complete() {
 		st.State, st.ConsistentAt = Consistent, s.now()
@@ -258,6 +306,9 @@ func (s *State) commit(j *Job, rec Record, ch *Changes) {
 		j.Latest = st.Step
 		ch.Jobs = append(ch.Jobs, j)
 		ch.Sync = true
+	}
+	if st.Step > j.Protected && st.protectable() {
+		j.Protected = st.Step
 	}
 }
 
@@ -295,7 +346,7 @@ func (s *State) remove(j *Job, rec Record, ch *Changes) {
 		return
 	}
 	tier := rec.tier()
-	before := len(st.Copies[rec.Rank])
+	before, was := len(st.Copies[rec.Rank]), survives(st.Copies[rec.Rank])
 	// A deletion that names a checksum removes only that copy: a rank
 	// that saved the same step twice (a retried save) has its newer copy
 	// recorded, and giving up the slot of the older one leaves it. A
@@ -306,6 +357,7 @@ func (s *State) remove(j *Job, rec Record, ch *Changes) {
 	if len(st.Copies[rec.Rank]) == before {
 		return
 	}
+	st.noteSafe(was, survives(st.Copies[rec.Rank]))
 	if len(st.Copies[rec.Rank]) == 0 {
 		delete(st.Copies, rec.Rank)
 	}
@@ -321,6 +373,8 @@ func (s *State) remove(j *Job, rec Record, ch *Changes) {
 	// a copy of the latest step costs a scan of the job's steps.
 	if rec.Step == j.Latest {
 		s.updateLatest(j, ch)
+	} else if rec.Step == j.Protected {
+		j.updateProtected()
 	}
 }
 
@@ -337,6 +391,17 @@ func (s *State) updateLatest(j *Job, ch *Changes) {
 		j.Latest = latest
 		ch.Jobs = append(ch.Jobs, j)
 		ch.Sync = true
+	}
+	j.updateProtected()
+}
+
+// updateProtected recomputes j.Protected from the job's steps.
+func (j *Job) updateProtected() {
+	j.Protected = -1
+	for _, st := range j.Steps {
+		if st.Step > j.Protected && st.protectable() {
+			j.Protected = st.Step
+		}
 	}
 }
 

@@ -15,8 +15,8 @@ import (
 // testdata/state/*. Commands:
 //
 //	register job=J ws=N [place=RANK:NODE,...]
-//	commit job=J step=S ranks=A[-B][,C] [ws=N] [node=X] [sum=H]   (node defaults to n<rank>)
-//	remove job=J step=S rank=R [node=X] [state=deleted|corrupt]
+//	commit job=J step=S ranks=A[-B][,C] [ws=N] [node=X] [sum=H] [tier=T]  (node defaults to n<rank>; "-" is a shared tier's)
+//	remove job=J step=S rank=R [node=X] [state=deleted|corrupt] [tier=T]
 //	reconcile node=X have=STEP,...   (rank 0's inventory on node X)
 //	show job=J
 func TestStateMachine(t *testing.T) {
@@ -93,7 +93,7 @@ func runStateCmd(t *testing.T, s *State, d *datadriven.TestData) string {
 		}
 		for _, r := range ranks(t, d) {
 			rec := Record{Job: job, Step: num(t, d, "step", "0"), Rank: r, WorldSize: uint32(num(t, d, "ws", wsOf(s, job))),
-				Node: arg(d, "node", fmt.Sprintf("n%d", r)), Size: 100, Sum: arg(d, "sum", "s"), State: state}
+				Node: arg(d, "node", fmt.Sprintf("n%d", r)), Tier: arg(d, "tier", ""), Size: 100, Sum: arg(d, "sum", "s"), State: state}
 			if err := s.Apply(rec, &ch); err != nil {
 				out = append(out, fmt.Sprintf("rank %d: error: %v", r, err))
 			}
@@ -134,6 +134,9 @@ func wsOf(s *State, job string) string {
 func showJob(j *Job) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "job %s ws=%d latest=%d", j.ID, j.WorldSize, j.Latest)
+	if j.Protected >= 0 {
+		fmt.Fprintf(&b, " protected=%d", j.Protected)
+	}
 	for _, st := range j.SortedSteps() {
 		var rs []string
 		for r, cs := range st.Copies {

@@ -209,6 +209,10 @@ func (s *Store) Load(st *State) error {
 					st.noteNode(c.Node, j.ID)
 				}
 			}
+			stp.safe = 0
+			for _, cs := range stp.Copies {
+				stp.noteSafe(false, survives(cs))
+			}
 			if stp.WorldSize != j.WorldSize {
 				continue
 			}
@@ -218,6 +222,7 @@ func (s *Store) Load(st *State) error {
 				}
 			}
 		}
+		j.updateProtected()
 	}
 	return it.Error()
 }
@@ -275,7 +280,7 @@ func (st *State) loadKey(key string, val []byte) error {
 func (st *State) job(id string) *Job {
 	j := st.Jobs[id]
 	if j == nil {
-		j = &Job{ID: id, Placement: map[uint32]string{}, Latest: -1, Steps: map[int64]*Step{}, rankLatest: map[uint32]int64{}}
+		j = &Job{ID: id, Placement: map[uint32]string{}, Latest: -1, Protected: -1, Steps: map[int64]*Step{}, rankLatest: map[uint32]int64{}}
 		st.Jobs[id] = j
 	}
 	return j

@@ -43,6 +43,11 @@ func TestStoreRoundTrip(t *testing.T) {
 			})
 		}
 	}
+	for r := uint32(0); r < 3; r++ { // step 2's replicas: it is the protected step
+		write(func(ch *Changes) error {
+			return s.Apply(Record{Job: "job-a", Step: 2, Rank: r, WorldSize: 3, Node: fmt.Sprintf("n%d", (r+1)%3), Size: 20, Sum: "abc", State: "committed"}, ch)
+		})
+	}
 	write(func(ch *Changes) error {
 		return s.Apply(Record{Job: "job-a", Step: 1, Rank: 0, WorldSize: 3, Node: "n0", State: "deleted"}, ch)
 	})
@@ -71,6 +76,10 @@ func TestStoreRoundTrip(t *testing.T) {
 	c := got.Jobs["job-a"].Steps[3].Copies[1][0]
 	if c.Size != 30 || c.Sum != "abc" || c.Node != "n1" || c.Tier != "shm" || c.State != "committed" {
 		t.Fatalf("copy reloaded as %+v", c)
+	}
+	// The protected step is rebuilt from the copies: it is not stored.
+	if p := got.Jobs["job-a"].Protected; p != 2 {
+		t.Fatalf("protected step reloaded as %d, want 2", p)
 	}
 	// rankLatest is rebuilt: a late step 2 report cannot un-abandon anything.
 	if l := got.Jobs["job-a"].rankLatest[0]; l != 4 {

@@ -246,10 +246,18 @@ func (x *RegisterRequest) GetInventory() []*ShardRecord {
 	return nil
 }
 
+// Pin names the steps of a job that agents keep in memory whatever their
+// saves need: step, the latest consistent step (-1 if none), and
+// protected, the newest consistent step whose every rank's shard is in the
+// memory of two nodes or more, so that it outlives the loss of any one
+// node (-1 if none). While a step's replicas are being made, protected is
+// older than step; without it a node lost then would leave nothing newer
+// than the tiers to restore.
 type Pin struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
 	Step          int64                  `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
+	Protected     int64                  `protobuf:"varint,3,opt,name=protected,proto3" json:"protected,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -294,6 +302,13 @@ func (x *Pin) GetJob() string {
 func (x *Pin) GetStep() int64 {
 	if x != nil {
 		return x.Step
+	}
+	return 0
+}
+
+func (x *Pin) GetProtected() int64 {
+	if x != nil {
+		return x.Protected
 	}
 	return 0
 }
@@ -666,8 +681,11 @@ func (x *LatestRequest) GetJob() string {
 type LatestResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// -1 when the job has no consistent step.
-	Step          int64  `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
-	WorldSize     uint32 `protobuf:"varint,2,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
+	Step      int64  `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
+	WorldSize uint32 `protobuf:"varint,2,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
+	// The newest consistent step that memory keeps through the loss of any
+	// one node (see Pin); -1 if none.
+	Protected     int64 `protobuf:"varint,3,opt,name=protected,proto3" json:"protected,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -712,6 +730,13 @@ func (x *LatestResponse) GetStep() int64 {
 func (x *LatestResponse) GetWorldSize() uint32 {
 	if x != nil {
 		return x.WorldSize
+	}
+	return 0
+}
+
+func (x *LatestResponse) GetProtected() int64 {
+	if x != nil {
+		return x.Protected
 	}
 	return 0
 }
@@ -3105,10 +3130,11 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x05state\x18\b \x01(\tR\x05state\"\x84\x01\n" +
 	"\x0fRegisterRequest\x12/\n" +
 	"\x04node\x18\x01 \x01(\v2\x1b.rewind.coordinator.v1.NodeR\x04node\x12@\n" +
-	"\tinventory\x18\x02 \x03(\v2\".rewind.coordinator.v1.ShardRecordR\tinventory\"+\n" +
+	"\tinventory\x18\x02 \x03(\v2\".rewind.coordinator.v1.ShardRecordR\tinventory\"I\n" +
 	"\x03Pin\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
-	"\x04step\x18\x02 \x01(\x03R\x04step\"d\n" +
+	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x1c\n" +
+	"\tprotected\x18\x03 \x01(\x03R\tprotected\"d\n" +
 	"\x10RegisterResponse\x12 \n" +
 	"\vincarnation\x18\x01 \x01(\tR\vincarnation\x12.\n" +
 	"\x04pins\x18\x02 \x03(\v2\x1a.rewind.coordinator.v1.PinR\x04pins\"\xa1\x02\n" +
@@ -3140,11 +3166,12 @@ const file_coordinator_proto_rawDesc = "" +
 	"error_code\x18\x04 \x01(\x05R\terrorCode\x12\x14\n" +
 	"\x05error\x18\x05 \x01(\tR\x05error\"!\n" +
 	"\rLatestRequest\x12\x10\n" +
-	"\x03job\x18\x01 \x01(\tR\x03job\"C\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\"a\n" +
 	"\x0eLatestResponse\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x1d\n" +
 	"\n" +
-	"world_size\x18\x02 \x01(\rR\tworldSize\"\x11\n" +
+	"world_size\x18\x02 \x01(\rR\tworldSize\x12\x1c\n" +
+	"\tprotected\x18\x03 \x01(\x03R\tprotected\"\x11\n" +
 	"\x0fListJobsRequest\"\x96\x02\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +

@@ -1,0 +1,79 @@
+package agent
+
+import (
+	"io"
+	"log/slog"
+	"testing"
+)
+
+// rankWith returns a rank whose slots hold committed steps, oldest first;
+// the last is the rank's latest checkpoint.
+func rankWith(steps ...int64) *lockedRank {
+	r := &lockedRank{}
+	r.job = "j"
+	for i, st := range steps {
+		r.slots = append(r.slots, &slot{Index: uint32(i), State: stateCommitted, Step: st, Seq: uint64(i + 1), Size: 4096})
+	}
+	return r
+}
+
+// TestProtectedStepKeptBesideConsistent: a node lost while the latest
+// consistent step's replicas are made leaves only the protected step (an
+// older one, replicated) to restore every rank from. A save must not take
+// its slot while another segment fits: here the rank holds the protected
+// step 18, the consistent step 19 and its latest 20 in its three slots,
+// and its save of 21 gets a fourth.
+func TestProtectedStepKeptBesideConsistent(t *testing.T) {
+	a := &Agent{budget: 1 << 20, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	pins := pinSet{consistent: 19, protected: 18}
+
+	r := rankWith(18, 19, 20)
+	s := a.pickPinned(r, 4096, 3, pins, false)
+	if s == nil || s.State != stateFree || len(r.slots) != 4 {
+		t.Fatalf("save of step 21 got %+v (%d slots), want a new fourth slot", s, len(r.slots))
+	}
+
+	// Once step 19 is protected too, the rotation is the usual one.
+	r = rankWith(18, 19, 20)
+	if s := a.pickPinned(r, 4096, 3, pinSet{consistent: 19, protected: 19}, false); s == nil || s.Step != 18 {
+		t.Fatalf("with 19 protected, the save got %+v, want the slot of step 18", s)
+	}
+
+	// No budget for another segment: the protected step gives way rather
+	// than the save failing; the consistent step and the latest stay.
+	a.used = a.budget
+	r = rankWith(18, 19, 20)
+	if s := a.pickPinned(r, 4096, 3, pins, false); s == nil || s.Step != 18 || len(r.slots) != 3 {
+		t.Fatalf("without budget, the save got %+v (%d slots), want the slot of step 18", s, len(r.slots))
+	}
+
+	// A replica's slots (one more than a rank's own) keep both pins as
+	// well, and the oldest other step rotates.
+	a.used = 0
+	r = rankWith(16, 17, 18, 19, 20)
+	if s := a.pickPinned(r, 4096, 4, pins, true); s == nil || s.Step != 16 {
+		t.Fatalf("a replica got %+v, want the slot of step 16", s)
+	}
+}
+
+func TestPinSet(t *testing.T) {
+	for _, tc := range []struct {
+		p     pinSet
+		step  int64
+		holds bool
+		split bool
+	}{
+		{noPins, -1, false, false},
+		{pinSet{5, 5}, 5, true, false},
+		{pinSet{5, 4}, 4, true, true},
+		{pinSet{5, 4}, 3, false, true},
+		{pinSet{5, -1}, 5, true, false},
+	} {
+		if got := tc.p.holds(tc.step); got != tc.holds {
+			t.Errorf("%+v.holds(%d) = %v, want %v", tc.p, tc.step, got, tc.holds)
+		}
+		if got := tc.p.split(); got != tc.split {
+			t.Errorf("%+v.split() = %v, want %v", tc.p, got, tc.split)
+		}
+	}
+}
