@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -147,10 +148,14 @@ func (c *Coordinator) regang(ctx context.Context, plan *coordpb.PlanRestoreRespo
 	}
 	ev.Step, ev.Placement, ev.PlannedUnixNano = plan.Step, placement, c.cfg.Clock.Now().UnixNano()
 	c.gangOrders(job, "abort", plan.Step, ev.Reason)
-	if err := c.moveJob(ctx, job, plan.Step, placement); err != nil {
+	dropped, err := c.moveJob(ctx, job, plan.Step, placement)
+	if err != nil {
 		c.failRegang(ev, err)
 		return false
 	}
+	// The steps listed before the abort (RestartJob's), which the aborted
+	// agents may have discarded already, and those deleted here.
+	plan.DroppedSteps = slices.Compact(slices.Sorted(slices.Values(append(plan.DroppedSteps, dropped...))))
 	c.Restore(ctx, plan, ev.Reason)
 	ev.RestoredUnixNano = c.cfg.Clock.Now().UnixNano()
 	var problems []string
@@ -240,9 +245,9 @@ func (c *Coordinator) replace(job string) (map[uint32]string, error) {
 // moveJob records the new placement and deletes the job's steps after the
 // one it resumes from: no rank will continue them, and a restore must
 // never pick one, nor a later save of the same step number mix with them.
-func (c *Coordinator) moveJob(ctx context.Context, job string, step int64, placement map[uint32]string) error {
+func (c *Coordinator) moveJob(ctx context.Context, job string, step int64, placement map[uint32]string) (dropped []int64, err error) {
 	var later []int64
-	_, err := c.apply(func(ch *Changes) error {
+	_, err = c.apply(func(ch *Changes) error {
 		j := c.state.Jobs[job]
 		if j == nil {
 			return fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, job)
@@ -264,14 +269,20 @@ func (c *Coordinator) moveJob(ctx context.Context, job string, step int64, place
 		return nil
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
+	slices.Sort(later)
 	for _, s := range later {
-		if _, err := c.DeleteStep(ctx, job, s, true); err != nil {
+		_, err := c.DeleteStep(ctx, job, s, true)
+		switch {
+		case err == nil:
+			dropped = append(dropped, s)
+		case errors.Is(err, ErrNotFound): // gone meanwhile (the aborted agents discard later steps): as wanted
+		default:
 			c.log.Warn("deleting a step after the one the job resumes from", "job", job, "step", s, "err", err)
 		}
 	}
-	return nil
+	return dropped, nil
 }
 
 // isDown reports whether node is declared dead.
