@@ -152,7 +152,7 @@ func (s *server) ListJobs(ctx context.Context, req *coordpb.ListJobsRequest) (*c
 	s.c.mu.Lock()
 	resp := &coordpb.ListJobsResponse{}
 	for _, j := range s.c.state.Jobs {
-		resp.Jobs = append(resp.Jobs, &coordpb.Job{Id: j.ID, WorldSize: j.WorldSize, LatestConsistent: j.Latest, Steps: uint32(len(j.Steps)), Placement: maps.Clone(j.Placement)})
+		resp.Jobs = append(resp.Jobs, &coordpb.Job{Id: j.ID, WorldSize: j.WorldSize, LatestConsistent: j.Latest, Protected: j.Protected, Steps: uint32(len(j.Steps)), Placement: maps.Clone(j.Placement)})
 	}
 	s.c.mu.Unlock()
 	for _, j := range resp.Jobs { // after the index lock: tiering's lock comes first

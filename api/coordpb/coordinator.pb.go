@@ -785,8 +785,11 @@ type Job struct {
 	Steps            uint32                 `protobuf:"varint,4,opt,name=steps,proto3" json:"steps,omitempty"`
 	Placement        map[uint32]string      `protobuf:"bytes,5,rep,name=placement,proto3" json:"placement,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	Policy           string                 `protobuf:"bytes,6,opt,name=policy,proto3" json:"policy,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The newest consistent step in the memory of two nodes (see Pin); -1
+	// if none.
+	Protected     int64 `protobuf:"varint,7,opt,name=protected,proto3" json:"protected,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
@@ -859,6 +862,13 @@ func (x *Job) GetPolicy() string {
 		return x.Policy
 	}
 	return ""
+}
+
+func (x *Job) GetProtected() int64 {
+	if x != nil {
+		return x.Protected
+	}
+	return 0
 }
 
 type ListJobsResponse struct {
@@ -3172,7 +3182,7 @@ const file_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"world_size\x18\x02 \x01(\rR\tworldSize\x12\x1c\n" +
 	"\tprotected\x18\x03 \x01(\x03R\tprotected\"\x11\n" +
-	"\x0fListJobsRequest\"\x96\x02\n" +
+	"\x0fListJobsRequest\"\xb4\x02\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -3180,7 +3190,8 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x11latest_consistent\x18\x03 \x01(\x03R\x10latestConsistent\x12\x14\n" +
 	"\x05steps\x18\x04 \x01(\rR\x05steps\x12G\n" +
 	"\tplacement\x18\x05 \x03(\v2).rewind.coordinator.v1.Job.PlacementEntryR\tplacement\x12\x16\n" +
-	"\x06policy\x18\x06 \x01(\tR\x06policy\x1a<\n" +
+	"\x06policy\x18\x06 \x01(\tR\x06policy\x12\x1c\n" +
+	"\tprotected\x18\a \x01(\x03R\tprotected\x1a<\n" +
 	"\x0ePlacementEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"B\n" +

@@ -139,15 +139,19 @@ func lsCoordinator(ctx context.Context, o opFlags) error {
 	if *o.asJSON {
 		return printJSON(resp)
 	}
-	fmt.Fprintln(tw, "JOB\tWORLD SIZE\tLATEST CONSISTENT\tSTEPS\tTIER POLICY")
+	fmt.Fprintln(tw, "JOB\tWORLD SIZE\tLATEST CONSISTENT\tPROTECTED\tSTEPS\tTIER POLICY")
 	for _, j := range resp.Jobs {
-		latest := "-"
-		if j.LatestConsistent >= 0 {
-			latest = strconv.FormatInt(j.LatestConsistent, 10)
-		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\n", j.Id, j.WorldSize, latest, j.Steps, j.Policy)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%s\n", j.Id, j.WorldSize, stepOrDash(j.LatestConsistent), stepOrDash(j.Protected), j.Steps, j.Policy)
 	}
 	return nil
+}
+
+// stepOrDash formats a step, "-" for none (-1).
+func stepOrDash(step int64) string {
+	if step < 0 {
+		return "-"
+	}
+	return strconv.FormatInt(step, 10)
 }
 
 func copiesSummary(nodes map[string]int) string {
