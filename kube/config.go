@@ -26,7 +26,7 @@ type Config struct {
 // DefaultConfig returns the configuration a coordinator runs with.
 func DefaultConfig() Config {
 	return Config{
-		NodeGrace: 40 * time.Second, // the kubelet's default node-monitor-grace-period: a node is Unknown after 40s of silence; a further 40s rules out a blip
+		NodeGrace: 40 * time.Second, // on top of kube-controller-manager's node-monitor-grace-period (a Node is Unknown after 40s of kubelet silence, 50s since 1.32): a further 40s rules out a blip
 		Workers:   2,                // the work is API calls, one per event; two keep a slow call from blocking the rest
 		Resync:    10 * time.Minute, // a safety net only: every change arrives as an event
 		Clock:     clock.RealClock{},

@@ -30,7 +30,9 @@ const (
 	ReasonInvalidAnnotation = "InvalidAnnotation"
 	ReasonInvalidSpec       = "InvalidSpec"
 	ReasonRegistered        = "Registered"
+	ReasonRegangAtRisk      = "RegangAtRisk" // runPolicy.backoffLimit may fail the MPIJob before a re-gang
 	ReasonRegang            = "Regang"
+	ReasonRegangImpossible  = "RegangImpossible" // mpi-operator would not recreate the gang
 	ReasonRestored          = "Restored"
 	ReasonRestoreFailed     = "RestoreFailed"
 	ReasonShardsPlaced      = "ShardsPlaced"

@@ -25,20 +25,35 @@ import (
 
 // MPIJobDriver restarts an MPIJob's gang after a recovery: it records the
 // step to restore on the MPIJob (rewind.dev/restoring-step) and which
-// recovery did it (rewind.dev/regang-id), then deletes the launcher's
-// batch/v1 Job (NAME-launcher, its pods with it) and every pod of the job,
-// launcher's first. mpi-operator recreates what is missing while the
-// MPIJob is neither finished nor suspended: the workers, placed by the
-// scheduler away from the tainted node, and a new launcher whose mpirun
-// starts every rank afresh; each rank's SDK resumes from the step the
-// coordinator restored.
+// recovery did it (rewind.dev/regang-id, rewind.dev/regang-at), then
+// deletes the old gang: the worker pods, the launcher's batch/v1 Job
+// (NAME-launcher) and its pods. mpi-operator (pkg/controller/
+// mpi_job_controller.go, syncHandler) recreates every missing worker pod
+// NAME-worker-i and a missing launcher Job while the MPIJob is not
+// finished (a Succeeded or Failed condition with status.completionTime
+// set) and not suspended: the workers, placed by the scheduler away from
+// the tainted node, and a new launcher Job (fresh backoffLimit) whose
+// mpirun starts every rank afresh; each rank's SDK resumes from the step
+// the coordinator restored.
 //
-// Why not let the pods' restart policies do it: with restartPolicy
-// ExitCode (or Never) a launcher that failed because a worker vanished is
-// never started again once the workers are back (kubeflow/trainer#1768),
-// and a worker restarted in place cannot rejoin a running mpirun. The
-// launcher goes first so that its mpirun, losing its workers, does not
-// use up the launcher Job's backoffLimit and fail the MPIJob.
+// A pod on a dead node (the recovery's, one gone from the cluster, one
+// tainted by rewind or not Ready) is deleted with a grace period of 0:
+// its kubelet will never confirm a graceful deletion, the pod would stay
+// Terminating, and mpi-operator, finding a pod of that name, would never
+// create the worker again.
+//
+// Workers go first, then the launcher Job: a launcher Job deleted while
+// the old workers are still there (Ready) would be recreated at once by
+// mpi-operator even with launcherCreationPolicy WaitForWorkersReady, and
+// its mpirun would start on the workers about to be deleted. The old
+// launcher's failures meanwhile do not matter: its Job is deleted.
+//
+// Why not let the pods' restart policies do it: mpi-operator never
+// replaces a worker pod that exists (a Failed one included: workers
+// default to restartPolicy Never), with restartPolicy ExitCode (or Never)
+// a launcher that failed because a worker vanished is never started again
+// once the workers are back (kubeflow/trainer#1768), and a worker
+// restarted in place cannot rejoin a running mpirun.
 //
 // Regang may be called concurrently for different jobs.
 type MPIJobDriver struct {
@@ -54,7 +69,8 @@ var _ regang.Driver = (*MPIJobDriver)(nil)
 
 // Regang restarts the event's job (NAMESPACE/NAME) to restore its step,
 // once per recovery: an event seen again (a reopened watch, a new leader)
-// finds its id on the MPIJob and does nothing.
+// finds its id on the MPIJob and only finishes deleting the old gang, if
+// an earlier try was cut short.
 func (d *MPIJobDriver) Regang(ctx context.Context, ev *coordpb.JobEvent) error {
 	ns, name, ok := strings.Cut(ev.Job, "/")
 	if !ok {
@@ -73,37 +89,70 @@ func (d *MPIJobDriver) Regang(ctx context.Context, ev *coordpb.JobEvent) error {
 	case ev.Reason != "":
 		why += ": " + ev.Reason
 	}
-	return d.restart(ctx, u, ev.Step, id, why, nil)
+	return d.restart(ctx, u, ev.Step, id, why, ev.Node)
 }
 
-// restart records step (and ann) on the MPIJob and restarts its gang,
-// unless the MPIJob already carries regang id.
-func (d *MPIJobDriver) restart(ctx context.Context, u *unstructured.Unstructured, step int64, id, why string, ann map[string]any) error {
+// restart records step on the MPIJob and restarts its gang (deadNode,
+// when set, is the node whose death started it), unless mpi-operator
+// would not recreate the gang or the MPIJob already carries regang id.
+func (d *MPIJobDriver) restart(ctx context.Context, u *unstructured.Unstructured, step int64, id, why, deadNode string) error {
 	key := jobID(u.GetNamespace(), u.GetName())
+	if m := managedElsewhere(u); m != "" {
+		return d.cannotRestart(u, step, fmt.Sprintf("its spec.runPolicy.managedBy is %s: mpi-operator here does not run its pods", m))
+	}
+	if f := finished(u); f != "" {
+		return d.cannotRestart(u, step, fmt.Sprintf("mpi-operator marked it %s and never recreates the pods of a finished MPIJob; resubmit it (its checkpoints are kept) to resume from step %d", f, step))
+	}
 	if u.GetAnnotations()[AnnRegangID] == id {
-		d.Log.Info("kube: gang already restarted for this", "job", key, "regang_id", id)
+		// Restarted already, perhaps not completely (an API error, a
+		// leader lost half-way): delete what is left of the old gang,
+		// never what mpi-operator created since.
+		at, err := time.Parse(time.RFC3339, u.GetAnnotations()[AnnRegangAt])
+		if err != nil {
+			d.Log.Info("kube: gang already restarted for this", "job", key, "regang_id", id)
+			return nil
+		}
+		deleted, err := d.deleteGang(ctx, u.GetNamespace(), u.GetName(), at, deadNode)
+		if err != nil {
+			return fmt.Errorf("kube: restarting the gang of %s: %w", key, err)
+		}
+		d.Log.Info("kube: gang already restarted for this", "job", key, "regang_id", id, "deleted_now", deleted)
+		if deleted > 0 {
+			d.Recorder.Eventf(u, corev1.EventTypeNormal, ReasonRegang,
+				"restarting the gang to restore step %d (%s), finished: %d objects of the old gang left, deleted for mpi-operator to recreate", step, why, deleted)
+		}
 		return nil
 	}
-	if ann == nil {
-		ann = map[string]any{}
-	}
-	ann[AnnRestoringStep] = strconv.FormatInt(step, 10)
-	ann[AnnRegangID] = id
 	now := time.Now()
 	if d.Clock != nil {
 		now = d.Clock.Now()
 	}
-	ann[AnnRegangAt] = now.UTC().Format(time.RFC3339)
+	// Seconds, as pods' creationTimestamps: a pod created in the second of
+	// the restart or later is the new gang's (sinceRegang, deleteGang).
+	at := now.UTC().Truncate(time.Second)
+	ann := map[string]any{
+		AnnRestoringStep: strconv.FormatInt(step, 10),
+		AnnRegangID:      id,
+		AnnRegangAt:      at.Format(time.RFC3339),
+	}
 	if err := d.annotate(ctx, u, ann); err != nil {
 		return err
 	}
-	deleted, err := d.deleteGang(ctx, u.GetNamespace(), u.GetName())
+	deleted, err := d.deleteGang(ctx, u.GetNamespace(), u.GetName(), at, deadNode)
 	if err != nil {
 		return fmt.Errorf("kube: restarting the gang of %s: %w", key, err)
 	}
-	d.Log.Info("kube: gang restarted", "job", key, "step", step, "why", why, "pods_deleted", deleted)
+	d.Log.Info("kube: gang restarted", "job", key, "step", step, "why", why, "deleted", deleted)
 	d.Recorder.Eventf(u, corev1.EventTypeNormal, ReasonRegang,
-		"restarting the gang to restore step %d (%s): launcher and %d pods deleted for mpi-operator to recreate", step, why, deleted)
+		"restarting the gang to restore step %d (%s): %d objects of the old gang (pods, the launcher Job) deleted for mpi-operator to recreate", step, why, deleted)
+	return nil
+}
+
+// cannotRestart reports on the MPIJob that its gang cannot be restarted
+// and leaves it as it is: retrying would not help.
+func (d *MPIJobDriver) cannotRestart(u *unstructured.Unstructured, step int64, why string) error {
+	d.Log.Warn("kube: cannot restart the gang", "job", jobID(u.GetNamespace(), u.GetName()), "step", step, "why", why)
+	d.Recorder.Eventf(u, corev1.EventTypeWarning, ReasonRegangImpossible, "cannot restart the gang to restore step %d: %s", step, why)
 	return nil
 }
 
@@ -137,29 +186,76 @@ func (d *MPIJobDriver) patchAnnotations(ctx context.Context, u *unstructured.Uns
 	return nil
 }
 
-// deleteGang deletes the launcher Job and the job's pods, launcher's
-// first, and returns how many pods it deleted.
-func (d *MPIJobDriver) deleteGang(ctx context.Context, ns, name string) (int, error) {
-	bg := metav1.DeletePropagationBackground
-	err := d.Kube.BatchV1().Jobs(ns).Delete(ctx, name+launcherSuffix, metav1.DeleteOptions{PropagationPolicy: &bg})
-	if err != nil && !isNotFound(err) {
-		return 0, err
-	}
+// deleteGang deletes what of MPIJob name's gang was created before
+// before: its worker pods, then the launcher Job, then the launcher's
+// pods, and returns how many objects it deleted. A pod on a dead node is
+// deleted at once (grace period 0); see MPIJobDriver.
+func (d *MPIJobDriver) deleteGang(ctx context.Context, ns, name string, before time.Time, deadNode string) (int, error) {
+	dead := map[string]bool{}
 	n := 0
-	for _, role := range []string{roleLauncher, roleWorker} {
+	deletePods := func(role string) error {
 		sel := labels.SelectorFromSet(labels.Set{labelJobName: name, labelJobRole: role}).String()
 		pods, err := d.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
 		if err != nil {
-			return n, err
+			return err
 		}
 		for _, p := range pods.Items {
-			if err := d.Kube.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil && !isNotFound(err) {
-				return n, err
+			if !p.CreationTimestamp.Time.Before(before) {
+				continue // mpi-operator's new gang
+			}
+			opts := metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &p.UID}}
+			if d.nodeDead(ctx, p.Spec.NodeName, deadNode, dead) {
+				opts.GracePeriodSeconds = new(int64)
+			} else if p.DeletionTimestamp != nil {
+				continue // on its way out already
+			}
+			if err := d.Kube.CoreV1().Pods(ns).Delete(ctx, p.Name, opts); err != nil && !isNotFound(err) {
+				return err
 			}
 			n++
 		}
+		return nil
 	}
-	return n, nil
+	if err := deletePods(roleWorker); err != nil {
+		return n, err
+	}
+	j, err := d.Kube.BatchV1().Jobs(ns).Get(ctx, name+launcherSuffix, metav1.GetOptions{})
+	switch {
+	case isNotFound(err):
+	case err != nil:
+		return n, err
+	case j.CreationTimestamp.Time.Before(before):
+		bg := metav1.DeletePropagationBackground
+		err := d.Kube.BatchV1().Jobs(ns).Delete(ctx, j.Name, metav1.DeleteOptions{PropagationPolicy: &bg, Preconditions: &metav1.Preconditions{UID: &j.UID}})
+		if err != nil && !isNotFound(err) {
+			return n, err
+		}
+		n++
+	}
+	return n, deletePods(roleLauncher)
+}
+
+// nodeDead reports whether node is dead: the recovery's deadNode, gone
+// from the cluster, tainted by rewind or not Ready. known caches the
+// answers of one deleteGang.
+func (d *MPIJobDriver) nodeDead(ctx context.Context, node, deadNode string, known map[string]bool) bool {
+	if node == "" {
+		return false // not scheduled: a graceful deletion is immediate
+	}
+	if node == deadNode {
+		return true
+	}
+	if v, ok := known[node]; ok {
+		return v
+	}
+	n, err := d.Kube.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	dead := isNotFound(err)
+	if err == nil {
+		c := readyCondition(n)
+		dead = hasTaint(n, TaintUnhealthy) || (c != nil && c.Status != corev1.ConditionTrue)
+	}
+	known[node] = dead
+	return dead
 }
 
 // taintDead taints the node whose death started a recovery (failure

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynfake "k8s.io/client-go/dynamic/fake"
 	kubefake "k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
 	testingclock "k8s.io/utils/clock/testing"
 
@@ -179,6 +180,10 @@ func newHarness(t *testing.T, objs ...runtime.Object) *harness {
 		coord: newFakeCoord(), rec: record.NewFakeRecorder(100), clock: testingclock.NewFakeClock(t0),
 	}
 	h.rec.IncludeObject = true
+	t.Cleanup(func() {
+		checkPermitted(t, h.kube.Actions())
+		checkPermitted(t, h.dyn.Actions())
+	})
 	h.c = h.newController()
 	for _, o := range objs {
 		h.seed(h.c, o)
@@ -310,6 +315,24 @@ func newNode(name string, ready corev1.ConditionStatus, since time.Time) *corev1
 		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{
 			Type: corev1.NodeReady, Status: ready, Reason: "KubeletStopped", LastTransitionTime: metav1.NewTime(since),
 		}}},
+	}
+}
+
+// checkPermitted fails t for every call the fake clientsets saw that
+// Permissions, and so the chart's RBAC (TestChartRBAC), does not grant.
+func checkPermitted(t *testing.T, actions []k8stesting.Action) {
+	t.Helper()
+	for _, a := range actions {
+		r := a.GetResource()
+		res := r.Resource
+		if sub := a.GetSubresource(); sub != "" {
+			res += "/" + sub
+		}
+		if !slices.ContainsFunc(Permissions, func(p Permission) bool {
+			return p.Group == r.Group && p.Resource == res && slices.Contains(p.Verbs, a.GetVerb())
+		}) {
+			t.Errorf("the controller called %s %s.%s, which Permissions (the chart's RBAC) does not grant", a.GetVerb(), res, r.Group)
+		}
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -94,12 +95,28 @@ func (c *Controller) register(ctx context.Context, u *unstructured.Unstructured,
 	if !known {
 		c.recorder.Eventf(u, corev1.EventTypeNormal, ReasonRegistered,
 			"rewind manages this job: %d ranks (%d workers × %d slots)", req.WorldSize, shape.workers, shape.slotsPerWorker)
+		if b, ok, _ := unstructured.NestedInt64(u.Object, "spec", "runPolicy", "backoffLimit"); ok && b < jobDefaultBackoffLimit {
+			c.recorder.Eventf(u, corev1.EventTypeWarning, ReasonRegangAtRisk,
+				"spec.runPolicy.backoffLimit %d: once a node fails, the launcher's mpirun fails on every retry until rewind restarts the gang (up to %v after the node's kubelet stops); "+
+					"with fewer retries than Kubernetes' default %d the launcher Job may fail first, and mpi-operator then marks the MPIJob Failed for good",
+				b, c.cfg.NodeGrace+kubeletNodeGrace, jobDefaultBackoffLimit)
+		}
 	}
 	if !complete {
 		c.log.Info("kube: job not fully placed yet", "job", id, "placed", len(placement), "world_size", req.WorldSize)
 	}
 	return nil
 }
+
+// jobDefaultBackoffLimit is a batch/v1 Job's default spec.backoffLimit,
+// which the launcher Job gets when runPolicy.backoffLimit is not set.
+const jobDefaultBackoffLimit = 6
+
+// kubeletNodeGrace is how long the node lifecycle controller waits for a
+// silent kubelet before it sets the Node's Ready condition Unknown
+// (kube-controller-manager --node-monitor-grace-period: 40s, 50s since
+// Kubernetes 1.32).
+const kubeletNodeGrace = 50 * time.Second
 
 // registration is req as comparable text.
 func registration(req *coordpb.RegisterJobRequest) string {

@@ -100,4 +100,5 @@ func TestLeaderFailover(t *testing.T) {
 	if !b.leading.Load() {
 		t.Fatal("b acts but does not say it leads")
 	}
+	checkPermitted(t, kube.Actions())
 }

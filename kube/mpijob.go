@@ -52,7 +52,50 @@ func shapeOf(u *unstructured.Unstructured) (mpiShape, error) {
 	if s < 1 {
 		return mpiShape{}, fmt.Errorf("kube: MPIJob %s/%s: spec.slotsPerWorker %d below 1", u.GetNamespace(), u.GetName(), s)
 	}
+	// With runLauncherAsWorker mpi-operator puts the launcher first in the
+	// hostfile: ranks 0..slots-1 would run on the launcher, and every rank
+	// of a worker would be slotsPerWorker higher than placementOf says.
+	if law, _, _ := unstructured.NestedBool(u.Object, "spec", "runLauncherAsWorker"); law {
+		return mpiShape{}, fmt.Errorf("kube: MPIJob %s/%s: spec.runLauncherAsWorker is not supported (ranks on the launcher)", u.GetNamespace(), u.GetName())
+	}
 	return mpiShape{workers: w, slotsPerWorker: s}, nil
+}
+
+// finished says why mpi-operator will never again create pods for the
+// MPIJob ("" if it will): its sync stops for good once a Succeeded or
+// Failed condition is True and status.completionTime is set (set when
+// the launcher Job completed or failed, e.g. past runPolicy.backoffLimit).
+// A Failed condition without completionTime (evicted workers) does not
+// stop it.
+func finished(u *unstructured.Unstructured) string {
+	if _, ok, _ := unstructured.NestedString(u.Object, "status", "completionTime"); !ok {
+		return ""
+	}
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for _, c := range conds {
+		m, _ := c.(map[string]any)
+		typ, _ := m["type"].(string)
+		st, _ := m["status"].(string)
+		if (typ == "Succeeded" || typ == "Failed") && st == string(corev1.ConditionTrue) {
+			reason, _ := m["reason"].(string)
+			return fmt.Sprintf("%s (%s)", typ, reason)
+		}
+	}
+	return ""
+}
+
+// mpiOperator is runPolicy.managedBy's value for mpi-operator itself.
+const mpiOperator = "kubeflow.org/mpi-operator"
+
+// managedElsewhere returns the controller named by spec.runPolicy.managedBy
+// when it is not mpi-operator (MultiKueue: the pods run in another
+// cluster, and mpi-operator here skips the MPIJob), or "".
+func managedElsewhere(u *unstructured.Unstructured) string {
+	m, _, _ := unstructured.NestedString(u.Object, "spec", "runPolicy", "managedBy")
+	if m == mpiOperator {
+		return ""
+	}
+	return m
 }
 
 // placementOf maps every rank of a worker pod that is scheduled (and not

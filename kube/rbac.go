@@ -17,10 +17,12 @@ var Permissions = []Permission{
 	// The pod informer (list, watch); the driver's list of a job's pods and
 	// their deletion.
 	{Group: "", Resource: "pods", Verbs: []string{"list", "watch", "delete"}},
-	// The driver deletes the launcher's Job.
-	{Group: "batch", Resource: "jobs", Verbs: []string{"delete"}},
-	// The node informer; the driver's read of a node failure detection
-	// declared dead; the taint's JSON patch.
+	// The driver reads the launcher's Job (is it the old gang's?) and
+	// deletes it.
+	{Group: "batch", Resource: "jobs", Verbs: []string{"get", "delete"}},
+	// The node informer; the driver's reads of a node failure detection
+	// declared dead and of the nodes of the pods it deletes (dead: no
+	// grace period); the taint's JSON patch.
 	{Group: "", Resource: "nodes", Verbs: []string{"get", "list", "watch", "patch"}},
 	// The event recorder creates Events and patches repeated ones.
 	{Group: "", Resource: "events", Verbs: []string{"create", "patch"}},
