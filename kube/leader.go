@@ -40,6 +40,21 @@ func DefaultLeaderConfig() LeaderConfig {
 	}
 }
 
+// fitted returns lc with RenewDeadline and RetryPeriod shortened to fit a
+// LeaseDuration set shorter than the defaults (--kube-lease-duration,
+// the chart's coordinator.leaseDuration): client-go refuses a renew
+// deadline that is not below the lease duration, or a retry period that
+// does not fit 1.2 times in the renew deadline.
+func (lc LeaderConfig) fitted() LeaderConfig {
+	if lc.LeaseDuration > 0 && lc.RenewDeadline >= lc.LeaseDuration {
+		lc.RenewDeadline = lc.LeaseDuration * 2 / 3
+	}
+	if lc.RenewDeadline > 0 && 6*lc.RetryPeriod >= 5*lc.RenewDeadline {
+		lc.RetryPeriod = lc.RenewDeadline / 5
+	}
+	return lc
+}
+
 // ErrLostLeadership is returned by LeaderElect when this replica stopped
 // being the leader while its context was still live: its caller should
 // exit, so that it restarts as a candidate with fresh state.
@@ -58,6 +73,7 @@ func LeaderElect(ctx context.Context, kube kubernetes.Interface, lc LeaderConfig
 		Client:     kube.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: lc.Identity},
 	}
+	lc = lc.fitted()
 	var led atomic.Bool
 	ran := make(chan error, 1) // run's result: OnStartedLeading runs on its own goroutine
 	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{

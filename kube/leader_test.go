@@ -102,3 +102,31 @@ func TestLeaderFailover(t *testing.T) {
 	}
 	checkPermitted(t, kube.Actions())
 }
+
+// A lease duration set shorter than the default renew deadline (the
+// chart's coordinator.leaseDuration) shortens the renew deadline and the
+// retry period to what client-go accepts, instead of failing the
+// coordinator at every start.
+func TestShortLeaseDuration(t *testing.T) {
+	lc := DefaultLeaderConfig()
+	lc.Identity = "a"
+	lc.LeaseDuration = 6 * time.Second
+	f := lc.fitted()
+	if f.RenewDeadline != 4*time.Second || f.RetryPeriod != 2*time.Second {
+		t.Fatalf("renew deadline %v, retry %v; want 4s and 2s", f.RenewDeadline, f.RetryPeriod)
+	}
+	lc.LeaseDuration = 3 * time.Second
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	err := LeaderElect(ctx, kubefake.NewClientset(), lc, slog.New(slog.NewTextHandler(io.Discard, nil)), func(context.Context) error {
+		cancel() // led: enough
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("LeaderElect with a 3s lease: %v", err)
+	}
+	d := DefaultLeaderConfig()
+	if f := d.fitted(); f.RenewDeadline != d.RenewDeadline || f.RetryPeriod != d.RetryPeriod {
+		t.Fatalf("the defaults were changed: %v %v", f.RenewDeadline, f.RetryPeriod)
+	}
+}
