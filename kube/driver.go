@@ -97,13 +97,10 @@ func (d *MPIJobDriver) Regang(ctx context.Context, ev *coordpb.JobEvent) error {
 // would not recreate the gang or the MPIJob already carries regang id.
 func (d *MPIJobDriver) restart(ctx context.Context, u *unstructured.Unstructured, step int64, id, why, deadNode string) error {
 	key := jobID(u.GetNamespace(), u.GetName())
-	if m := managedElsewhere(u); m != "" {
-		return d.cannotRestart(u, step, fmt.Sprintf("its spec.runPolicy.managedBy is %s: mpi-operator here does not run its pods", m))
-	}
-	if f := finished(u); f != "" {
-		return d.cannotRestart(u, step, fmt.Sprintf("mpi-operator marked it %s and never recreates the pods of a finished MPIJob; resubmit it (its checkpoints are kept) to resume from step %d", f, step))
-	}
 	if u.GetAnnotations()[AnnRegangID] == id {
+		if finished(u) != "" || managedElsewhere(u) != "" {
+			return nil // nothing of the old gang to finish deleting
+		}
 		// Restarted already, perhaps not completely (an API error, a
 		// leader lost half-way): delete what is left of the old gang,
 		// never what mpi-operator created since.
@@ -122,6 +119,12 @@ func (d *MPIJobDriver) restart(ctx context.Context, u *unstructured.Unstructured
 				"restarting the gang to restore step %d (%s), finished: %d objects of the old gang left, deleted for mpi-operator to recreate", step, why, deleted)
 		}
 		return nil
+	}
+	if m := managedElsewhere(u); m != "" {
+		return d.cannotRestart(u, step, fmt.Sprintf("its spec.runPolicy.managedBy is %s: mpi-operator here does not run its pods", m))
+	}
+	if f := finished(u); f != "" {
+		return d.cannotRestart(u, step, fmt.Sprintf("mpi-operator marked it %s and never recreates the pods of a finished MPIJob; resubmit it (its checkpoints are kept) to resume from step %d", f, step))
 	}
 	now := time.Now()
 	if d.Clock != nil {

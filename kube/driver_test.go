@@ -79,9 +79,14 @@ func TestRegangOnlyWhatMPIOperatorRecreates(t *testing.T) {
 		cond, completion, managedBy string
 		restart                     bool
 		problem                     string
+		already                     bool // this recovery restarted the gang before the job finished
 	}
 	run := func(t *testing.T, tc testcase) {
-		u := newMPIJob("ml", "train", 1, 1, map[string]string{AnnCheckpoint: "enabled"})
+		ann := map[string]string{AnnCheckpoint: "enabled"}
+		if tc.already {
+			ann[AnnRegangID], ann[AnnRegangAt] = "recovery-1", t0.Format(time.RFC3339)
+		}
+		u := newMPIJob("ml", "train", 1, 1, ann)
 		if tc.cond != "" {
 			status := map[string]any{"conditions": []any{
 				map[string]any{"type": "Created", "status": "True"},
@@ -102,8 +107,14 @@ func TestRegangOnlyWhatMPIOperatorRecreates(t *testing.T) {
 		if err := h.c.driver.Regang(h.ctx, ev); err != nil {
 			t.Fatal(err)
 		}
-		ann := h.mpiJob("ml", "train").GetAnnotations()
+		ann = h.mpiJob("ml", "train").GetAnnotations()
 		ev2 := h.events()
+		if tc.already {
+			if d := deletions(h); len(d)+len(ev2) != 0 {
+				t.Fatalf("a recovery delivered again after the job finished: deletions %v, events %q; want none", d, ev2)
+			}
+			return
+		}
 		if tc.restart {
 			if len(deletions(h)) != 2 || ann[AnnRegangID] == "" || !hasEvent(ev2, "Normal "+ReasonRegang) {
 				t.Fatalf("not restarted: deletions %v, annotations %v, events %q", deletions(h), ann, ev2)
@@ -125,6 +136,7 @@ func TestRegangOnlyWhatMPIOperatorRecreates(t *testing.T) {
 		"running":          {cond: "Running", completion: "2026-11-21T11:00:00Z", restart: true},
 		"mpi-operator's":   {managedBy: mpiOperator, restart: true},
 		"no status at all": {restart: true},
+		"finished since":   {cond: "Succeeded", completion: "2026-11-21T13:00:00Z", already: true},
 	} {
 		t.Run(name, func(t *testing.T) { run(t, tc) })
 	}
