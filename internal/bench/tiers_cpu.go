@@ -42,8 +42,8 @@ const defaultAloneWindow = time.Second
 // cpuTiers measures the slowdown beside a transfer of a cfg.CPUSize segment
 // to the NVMe tier, and to S3 when s3cfg is set; each unlimited and, when
 // cfg.Bandwidth is set, limited. With place set (a local server) the loop
-// runs on a CPU of its own throughout, and the server is kept off it while
-// the S3 transfers run.
+// runs on a CPU of its own, and the server is kept off it, while the S3
+// transfers run.
 func cpuTiers(ctx context.Context, cfg TiersConfig, s3cfg *tiers.S3Config, place *placement, logf func(string, ...any)) ([]CPUResult, error) {
 	seg, err := newSegment(cfg.ShmDir, cfg.CPUSize)
 	if err != nil {
@@ -75,16 +75,7 @@ func cpuTiers(ctx context.Context, cfg TiersConfig, s3cfg *tiers.S3Config, place
 	if cfg.Bandwidth > 0 {
 		limits = append(limits, cfg.Bandwidth)
 	}
-	if place != nil && s3cfg != nil {
-		if err := place.confineServer(); err != nil {
-			return nil, err
-		}
-		defer func() { _ = place.releaseServer() }() // the server stops next anyway
-	}
-	sp, err := startSpinner(place)
-	if err != nil {
-		return nil, err
-	}
+	sp := startSpinner()
 	defer sp.stop()
 	nices := []int{0}
 	if cfg.TransferNice > 0 {
@@ -99,6 +90,11 @@ func cpuTiers(ctx context.Context, cfg TiersConfig, s3cfg *tiers.S3Config, place
 			}
 		}
 		for _, t := range targets {
+			if place != nil && t.name == "s3" {
+				if err := place.apply(sp.tid); err != nil {
+					return out, err
+				}
+			}
 			for _, limit := range limits {
 				logf("cpu slowdown: %s transfer of %s to %s, limit %s, nice %d, %d runs", t.name, shm.Bytes(uint64(cfg.CPUSize)), t.st, rateString(limit), nice, cfg.Runs)
 				r, err := cpuSlowdown(ctx, sp, t.st, seg.Data, limit, cfg.Runs, cmp.Or(cfg.AloneWindow, defaultAloneWindow), nice)
@@ -107,6 +103,11 @@ func cpuTiers(ctx context.Context, cfg TiersConfig, s3cfg *tiers.S3Config, place
 				}
 				r.Tier = t.name
 				out = append(out, r)
+			}
+			if place != nil && t.name == "s3" {
+				if err := place.undo(sp.tid); err != nil {
+					return out, err
+				}
 			}
 		}
 	}
@@ -170,26 +171,19 @@ const spinWords = 4096
 
 var spinSink atomic.Uint64 // keeps the compiler from dropping the loop
 
-// startSpinner starts the loop, on place's CPU for it when place is set.
-func startSpinner(place *placement) (*spinner, error) {
+func startSpinner() *spinner {
 	sp := &spinner{exited: make(chan struct{})}
-	started := make(chan error, 1)
+	started := make(chan struct{})
 	go func() {
 		defer close(sp.exited)
 		runtime.LockOSThread()
-		if place != nil {
-			if err := place.pinLoop(); err != nil {
-				started <- err
-				return // the locked thread exits with the goroutine, its affinity with it
-			}
-		}
 		defer runtime.UnlockOSThread() // an exiting locked goroutine would take its thread with it
 		sp.tid = unix.Gettid()
 		buf := make([]uint64, spinWords)
 		for i := range buf {
 			buf[i] = uint64(i) * 0x9e3779b97f4a7c15
 		}
-		started <- nil
+		close(started)
 		var h uint64
 		for !sp.done.Load() {
 			for _, w := range buf {
@@ -200,11 +194,8 @@ func startSpinner(place *placement) (*spinner, error) {
 		}
 		spinSink.Store(h)
 	}()
-	if err := <-started; err != nil {
-		<-sp.exited
-		return nil, err
-	}
-	return sp, nil
+	<-started
+	return sp
 }
 
 // window is what the loop did over a stretch of wall time.

@@ -11,9 +11,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// placement is where the CPU test runs its parts when the benchmark
-// started the S3 server itself on this machine: the loop's thread alone
-// on one CPU, the server's threads on the others. In production the
+// placement is where the CPU test's S3 rows run their parts when the
+// benchmark started the S3 server itself on this machine: the loop's
+// thread alone on one CPU, the server's threads on the others. In production the
 // object store is on other machines; a server sharing the loop's core
 // would measure what the server costs, not what the transfer costs the
 // node. The transfer (the benchmark's own threads other than the loop's,
@@ -31,7 +31,7 @@ func (p *placement) String() string {
 	if p == nil {
 		return ""
 	}
-	return fmt.Sprintf("the loop's thread on CPU %d, the local MinIO (pid %d) on CPU %s, the transfer on any CPU",
+	return fmt.Sprintf("s3 rows: the loop's thread on CPU %d, the local MinIO (pid %d) on CPU %s, the transfer on any CPU",
 		p.loopCPU, p.serverPID, cpuList(p.server))
 }
 
@@ -63,21 +63,24 @@ func placeLocalServer(bin string) (*placement, error) {
 	return p, nil
 }
 
-// confineServer sets the affinity of every thread of the server; threads
-// it starts later inherit it from the thread that starts them.
-func (p *placement) confineServer() error { return setProcessAffinity(p.serverPID, &p.server) }
-
-// releaseServer gives the server back every CPU.
-func (p *placement) releaseServer() error { return setProcessAffinity(p.serverPID, &p.all) }
-
-// pinLoop confines the calling thread (the loop's, locked) to loopCPU.
-func (p *placement) pinLoop() error {
-	var set unix.CPUSet
-	set.Set(p.loopCPU)
-	if err := unix.SchedSetaffinity(0, &set); err != nil {
+// apply confines the loop's thread to loopCPU and every thread of the
+// server to the other CPUs; threads the server starts later inherit it
+// from the thread that starts them.
+func (p *placement) apply(loopTID int) error {
+	var loop unix.CPUSet
+	loop.Set(p.loopCPU)
+	if err := unix.SchedSetaffinity(loopTID, &loop); err != nil {
 		return fmt.Errorf("bench: pinning the loop to CPU %d: %w", p.loopCPU, err)
 	}
-	return nil
+	return setProcessAffinity(p.serverPID, &p.server)
+}
+
+// undo gives the loop and the server every CPU back.
+func (p *placement) undo(loopTID int) error {
+	if err := unix.SchedSetaffinity(loopTID, &p.all); err != nil {
+		return fmt.Errorf("bench: unpinning the loop: %w", err)
+	}
+	return setProcessAffinity(p.serverPID, &p.all)
 }
 
 // maxCPUs is how many CPUs a unix.CPUSet holds.
