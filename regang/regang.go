@@ -22,10 +22,40 @@ type Driver interface {
 	Regang(ctx context.Context, ev *coordpb.JobEvent) error
 }
 
+// Attempts at one recovery's re-gang, and the first wait between them
+// (doubling up to regangMaxWait): about half a minute in all.
+var (
+	regangAttempts = 8
+	regangWait     = 250 * time.Millisecond
+	regangMaxWait  = 8 * time.Second
+)
+
+// regangRetrying hands ev to d until it succeeds, ctx ends or the attempts
+// run out. A recovery is delivered once: the coordinator does not replay
+// it to a watcher that reconnects, so a driver's transient failure (an
+// API server that timed out, a conflict) must not drop it. Drivers are
+// idempotent for one event.
+func regangRetrying(ctx context.Context, d Driver, ev *coordpb.JobEvent) error {
+	wait := regangWait
+	var err error
+	for attempt := 1; ; attempt++ {
+		if err = d.Regang(ctx, ev); err == nil || attempt >= regangAttempts || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, regangMaxWait)
+	}
+}
+
 // Follow watches job's recoveries on the coordinator and hands each
 // successful one to d, in order, until ctx ends; observe, when not nil,
 // sees every event (a failed recovery included) once d has acted on it.
-// A broken stream is reopened.
+// A driver that fails is tried again with backoff; a broken stream is
+// reopened.
 func Follow(ctx context.Context, api coordpb.CoordinatorClient, job string, d Driver, observe func(*coordpb.JobEvent)) error {
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
@@ -38,7 +68,7 @@ func Follow(ctx context.Context, api coordpb.CoordinatorClient, job string, d Dr
 			backoff = 100 * time.Millisecond
 			var rerr error
 			if ev.Kind == "regang" && ev.Ok {
-				rerr = d.Regang(ctx, ev)
+				rerr = regangRetrying(ctx, d, ev)
 			}
 			if observe != nil {
 				observe(ev)
