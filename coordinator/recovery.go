@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"google.golang.org/grpc/metadata"
 
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/faultinject"
@@ -36,21 +39,31 @@ import (
 // with a minority of the cluster must not recover jobs whose nodes are
 // merely on the other side.
 
-// watchers are the streams of job events, by job.
+// watchers are the streams of job events, by job. Each event gets the
+// next seq, and the last of each job is kept for a watcher that missed it
+// (WatchJobRequest.replay).
 type watchers struct {
 	mu   sync.Mutex
 	subs map[string][]chan *coordpb.JobEvent
+	last map[string]*coordpb.JobEvent
+	seq  uint64 // the last event's; starts from the clock, so it grows across restarts
 }
 
-func (w *watchers) watch(job string) (<-chan *coordpb.JobEvent, func()) {
+// watch subscribes to job's events. With replay, the job's last event
+// comes first when its seq is above after. It returns the seq of the last
+// event published so far.
+func (w *watchers) watch(job string, replay bool, after uint64) (<-chan *coordpb.JobEvent, uint64, func()) {
 	ch := make(chan *coordpb.JobEvent, 16)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.subs == nil {
 		w.subs = map[string][]chan *coordpb.JobEvent{}
 	}
+	if ev := w.last[job]; replay && ev != nil && ev.Seq > after {
+		ch <- ev
+	}
 	w.subs[job] = append(w.subs[job], ch)
-	return ch, func() {
+	return ch, w.seq, func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		w.subs[job] = slices.DeleteFunc(w.subs[job], func(x chan *coordpb.JobEvent) bool { return x == ch })
@@ -60,6 +73,12 @@ func (w *watchers) watch(job string) (<-chan *coordpb.JobEvent, func()) {
 func (w *watchers) publish(ev *coordpb.JobEvent) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.seq = max(w.seq+1, uint64(time.Now().UnixNano()))
+	ev.Seq = w.seq
+	if w.last == nil {
+		w.last = map[string]*coordpb.JobEvent{}
+	}
+	w.last[ev.Job] = ev
 	for _, ch := range w.subs[ev.Job] {
 		select {
 		case ch <- ev:
@@ -338,8 +357,11 @@ func (c *Coordinator) gangOrders(job, kind string, step int64, reason string) {
 
 // WatchJob streams a job's recovery events.
 func (s *server) WatchJob(req *coordpb.WatchJobRequest, stream coordpb.Coordinator_WatchJobServer) error {
-	ch, cancel := s.c.watchers.watch(req.Job)
+	ch, seq, cancel := s.c.watchers.watch(req.Job, req.Replay, req.AfterSeq)
 	defer cancel()
+	if err := stream.SendHeader(metadata.Pairs(coordpb.EventSeqHeader, strconv.FormatUint(seq, 10))); err != nil {
+		return err
+	}
 	for {
 		select {
 		case <-stream.Context().Done():

@@ -24,7 +24,10 @@ type Coordinator interface {
 	// steps are deleted and its followers get a regang event (Follow),
 	// which restarts the gang.
 	Restart(ctx context.Context, job string, step int64, requestedBy string) (*coordpb.PlanRestoreResponse, error)
-	// Follow hands job's recoveries to d, in order, until ctx ends.
+	// Follow hands job's recoveries to d, in order, until ctx ends,
+	// starting with the last one the coordinator made before the follow
+	// began (a new leader's controller starts after its coordinator may
+	// have recovered the job; the MPIJob driver is idempotent for one).
 	Follow(ctx context.Context, job string, d regang.Driver) error
 }
 
@@ -73,5 +76,5 @@ func (g GRPCCoordinator) Restart(ctx context.Context, job string, step int64, re
 }
 
 func (g GRPCCoordinator) Follow(ctx context.Context, job string, d regang.Driver) error {
-	return regang.Follow(ctx, g.API, job, d, nil)
+	return regang.FollowReplaying(ctx, g.API, job, d, nil)
 }

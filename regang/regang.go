@@ -11,7 +11,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"time"
+
+	"google.golang.org/grpc"
 
 	"rewind.dev/rewind/api/coordpb"
 )
@@ -55,17 +58,42 @@ func regangRetrying(ctx context.Context, d Driver, ev *coordpb.JobEvent) error {
 // successful one to d, in order, until ctx ends; observe, when not nil,
 // sees every event (a failed recovery included) once d has acted on it.
 // A driver that fails is tried again with backoff; a broken stream is
-// reopened.
+// reopened, and a recovery published while it was down is replayed. A
+// recovery from before the follow began is not.
 func Follow(ctx context.Context, api coordpb.CoordinatorClient, job string, d Driver, observe func(*coordpb.JobEvent)) error {
+	return follow(ctx, api, job, d, observe, false)
+}
+
+// FollowReplaying is Follow that also gets the job's last recovery from
+// before the follow began, if the coordinator (since it started) has
+// made one: for a driver that starts after the coordinator may have acted
+// (a new leader's controller) and is idempotent for one event.
+func FollowReplaying(ctx context.Context, api coordpb.CoordinatorClient, job string, d Driver, observe func(*coordpb.JobEvent)) error {
+	return follow(ctx, api, job, d, observe, true)
+}
+
+func follow(ctx context.Context, api coordpb.CoordinatorClient, job string, d Driver, observe func(*coordpb.JobEvent), replayFirst bool) error {
 	backoff := 100 * time.Millisecond
+	var seen uint64 // the last event handled, or the coordinator's last when the first watch began
+	watched := false
 	for ctx.Err() == nil {
-		stream, err := api.WatchJob(ctx, &coordpb.WatchJobRequest{Job: job})
+		stream, err := api.WatchJob(ctx, &coordpb.WatchJobRequest{Job: job, Replay: watched || replayFirst, AfterSeq: seen})
+		if err == nil && !watched {
+			watched = true
+			if !replayFirst {
+				seen = max(seen, headerSeq(stream))
+			}
+		}
 		for err == nil {
 			var ev *coordpb.JobEvent
 			if ev, err = stream.Recv(); err != nil {
 				break
 			}
 			backoff = 100 * time.Millisecond
+			if ev.Seq != 0 && ev.Seq <= seen {
+				continue // handled before the stream broke
+			}
+			seen = max(seen, ev.Seq)
 			var rerr error
 			if ev.Kind == "regang" && ev.Ok {
 				rerr = regangRetrying(ctx, d, ev)
@@ -87,4 +115,18 @@ func Follow(ctx context.Context, api coordpb.CoordinatorClient, job string, d Dr
 		backoff = min(2*backoff, 2*time.Second)
 	}
 	return ctx.Err()
+}
+
+// headerSeq returns the seq a WatchJob stream's header names, 0 if none.
+func headerSeq(stream grpc.ServerStreamingClient[coordpb.JobEvent]) uint64 {
+	md, err := stream.Header()
+	if err != nil {
+		return 0
+	}
+	v := md.Get(coordpb.EventSeqHeader)
+	if len(v) != 1 {
+		return 0
+	}
+	n, _ := strconv.ParseUint(v[0], 10, 64)
+	return n
 }

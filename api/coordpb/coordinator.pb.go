@@ -2728,8 +2728,15 @@ func (x *NodeDownResponse) GetJobs() []string {
 }
 
 type WatchJobRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Job   string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	// With replay, the job's last event (kept in memory since the
+	// coordinator started) is sent first when its seq is above after_seq:
+	// a follower that reconnects gets the recovery it missed meanwhile. The
+	// stream's header "rewind-event-seq" says the seq of the last event
+	// published when the watch began.
+	Replay        bool   `protobuf:"varint,2,opt,name=replay,proto3" json:"replay,omitempty"`
+	AfterSeq      uint64 `protobuf:"varint,3,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2771,6 +2778,20 @@ func (x *WatchJobRequest) GetJob() string {
 	return ""
 }
 
+func (x *WatchJobRequest) GetReplay() bool {
+	if x != nil {
+		return x.Replay
+	}
+	return false
+}
+
+func (x *WatchJobRequest) GetAfterSeq() uint64 {
+	if x != nil {
+		return x.AfterSeq
+	}
+	return 0
+}
+
 // JobEvent is a recovery of a job.
 type JobEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2794,7 +2815,11 @@ type JobEvent struct {
 	Sources map[string]uint32 `protobuf:"bytes,12,rep,name=sources,proto3" json:"sources,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// The node whose death started the recovery (a Kubernetes driver
 	// taints it so the new gang is not placed there).
-	Node          string `protobuf:"bytes,13,opt,name=node,proto3" json:"node,omitempty"`
+	Node string `protobuf:"bytes,13,opt,name=node,proto3" json:"node,omitempty"`
+	// Increases with every event the coordinator publishes, across its
+	// restarts (it starts from the clock): a follower skips what it has
+	// seen.
+	Seq           uint64 `protobuf:"varint,14,opt,name=seq,proto3" json:"seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2918,6 +2943,13 @@ func (x *JobEvent) GetNode() string {
 		return x.Node
 	}
 	return ""
+}
+
+func (x *JobEvent) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
 }
 
 type RankSourcesRequest struct {
@@ -3342,9 +3374,11 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"&\n" +
 	"\x10NodeDownResponse\x12\x12\n" +
-	"\x04jobs\x18\x01 \x03(\tR\x04jobs\"#\n" +
+	"\x04jobs\x18\x01 \x03(\tR\x04jobs\"X\n" +
 	"\x0fWatchJobRequest\x12\x10\n" +
-	"\x03job\x18\x01 \x01(\tR\x03job\"\xc4\x04\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12\x16\n" +
+	"\x06replay\x18\x02 \x01(\bR\x06replay\x12\x1b\n" +
+	"\tafter_seq\x18\x03 \x01(\x04R\bafterSeq\"\xd6\x04\n" +
 	"\bJobEvent\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x12\n" +
@@ -3359,7 +3393,8 @@ const file_coordinator_proto_rawDesc = "" +
 	" \x01(\x03R\x10restoredUnixNano\x12\x14\n" +
 	"\x05bytes\x18\v \x01(\x04R\x05bytes\x12F\n" +
 	"\asources\x18\f \x03(\v2,.rewind.coordinator.v1.JobEvent.SourcesEntryR\asources\x12\x12\n" +
-	"\x04node\x18\r \x01(\tR\x04node\x1a<\n" +
+	"\x04node\x18\r \x01(\tR\x04node\x12\x10\n" +
+	"\x03seq\x18\x0e \x01(\x04R\x03seq\x1a<\n" +
 	"\x0ePlacementEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
