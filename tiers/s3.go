@@ -367,10 +367,11 @@ func (s *S3Store) putPart(ctx context.Context, name, key, uploadID string, num i
 
 // abort discards a failed multipart upload and the parts it holds. It runs
 // even when ctx is cancelled (that is often why the upload failed), with a
-// short bound of its own; an upload it cannot abort is invisible and is
-// left for the bucket's lifecycle rule (AbortIncompleteMultipartUpload).
+// short bound of its own (one request's, at most 10 s); an upload it
+// cannot abort is invisible and is left for the bucket's lifecycle rule
+// (AbortIncompleteMultipartUpload).
 func (s *S3Store) abort(ctx context.Context, name, key, uploadID string) {
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(s.cfg.RequestTimeout, 10*time.Second))
 	defer cancel()
 	if err := s.core.AbortMultipartUpload(actx, s.bucket, key, uploadID); err != nil && s3Code(err) != "NoSuchUpload" {
 		s.cfg.Logger.Warn("tiers: s3 abort of a failed multipart upload failed; the bucket's lifecycle rule must clean it up",
