@@ -144,6 +144,16 @@ func (cl *cluster) saveStep(job string, ws uint32, step int64, ranks ...uint32) 
 	}
 }
 
+// saveSteps saves steps 1 to last for ranks, each waited for until it is
+// the job's latest consistent step.
+func (cl *cluster) saveSteps(job string, ws uint32, last int64, ranks ...uint32) {
+	cl.t.Helper()
+	for step := int64(1); step <= last; step++ {
+		cl.saveStep(job, ws, step, ranks...)
+		cl.waitLatest(job, step)
+	}
+}
+
 // waitLatest waits until the coordinator reports step as job's latest
 // consistent step.
 func (cl *cluster) waitLatest(job string, step int64) {

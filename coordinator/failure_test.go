@@ -120,10 +120,7 @@ func TestFailureDetectionRecoversAKilledNode(t *testing.T) {
 		p, root := cl.spawnAgent(fmt.Sprintf("node-%d", i), d, seed)
 		procs, roots = append(procs, p), append(roots, root)
 	}
-	for step := int64(1); step <= 2; step++ {
-		cl.saveStep(job, ws, step, 0, 1)
-		cl.waitLatest(job, step)
-	}
+	cl.saveSteps(job, ws, 2, 0, 1)
 	waitReplicas(t, cl, job, 2, ws, 2)
 	events := cl.watch(job)
 	killed := time.Now()

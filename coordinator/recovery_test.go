@@ -83,10 +83,7 @@ func nextEvent(t *testing.T, ch <-chan *coordpb.JobEvent) *coordpb.JobEvent {
 func TestRecoveryAfterANodeDies(t *testing.T) {
 	const job, ws = "recover", 2
 	cl := rackCluster(t, 1)
-	for step := int64(1); step <= 3; step++ {
-		cl.saveStep(job, ws, step, 0, 1)
-		cl.waitLatest(job, step)
-	}
+	cl.saveSteps(job, ws, 3, 0, 1)
 	waitReplicas(t, cl, job, 3, ws, 2)
 	cl.saveStep(job, ws, 4, 0)
 	events := cl.watch(job)

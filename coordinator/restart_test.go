@@ -25,10 +25,7 @@ import (
 func TestOperatorRestartGoesBack(t *testing.T) {
 	const job, ws = "goback", 2
 	cl := newCluster(t, 2)
-	for step := int64(1); step <= 4; step++ {
-		cl.saveStep(job, ws, step, 0, 1)
-		cl.waitLatest(job, step)
-	}
+	cl.saveSteps(job, ws, 4, 0, 1)
 	req := &coordpb.PlanRestoreRequest{Job: job, Step: 3, Restart: true, RequestedBy: "alice"}
 	_, err := cl.api.PlanRestore(ctxT(t), req)
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "later consistent steps [4]") || !strings.Contains(err.Error(), "--force") {

@@ -46,10 +46,7 @@ func (r *recorder) count() int {
 func TestFollowGetsARecoveryMadeWhileItsStreamWasDown(t *testing.T) {
 	const job, ws = "replay", 2
 	cl := rackCluster(t, 1)
-	for step := int64(1); step <= 2; step++ {
-		cl.saveStep(job, ws, step, 0, 1)
-		cl.waitLatest(job, step)
-	}
+	cl.saveSteps(job, ws, 2, 0, 1)
 	waitReplicas(t, cl, job, 2, ws, 2)
 
 	// A follower watching before the recovery, whose stream is cut
