@@ -25,6 +25,7 @@ func runChaos(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.ComposeFile, "compose-file", cfg.ComposeFile, "the cluster's compose file")
 	fs.StringVar(&cfg.Project, "project", cfg.Project, "docker-compose project name")
 	fs.BoolVar(&cfg.Keep, "keep", false, "leave the last scenario's cluster running, for inspection")
+	fs.StringVar(&cfg.LogDir, "logs", "", "save the containers' logs of every failed scenario under this directory (seed-N/SCENARIO/SERVICE.log)")
 	skipNoDocker := fs.Bool("skip-without-docker", false, "print SKIPPED and succeed when no Docker engine answers")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: rewind chaos [flags]\n\nscenarios, each against a fresh cluster:")

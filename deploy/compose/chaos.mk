@@ -30,12 +30,12 @@ images: $(STATIC)/minio
 	docker build -q --target rewind -t rewind-chaos/rewind:dev -f $(COMPOSE_DIR)/Dockerfile $(COMPOSE_CONTEXT)
 	docker build -q --target minio -t rewind-chaos/minio:dev -f $(COMPOSE_DIR)/Dockerfile $(COMPOSE_CONTEXT)
 
-## chaos: every fault scenario against the compose cluster, each checked; prints a table (SEED=N replays).
+## chaos: every fault scenario against the compose cluster, each checked; prints a table (SEED=N replays); a failed scenario's logs go to bin/chaos-logs.
 chaos: images
-	$(STATIC)/rewind chaos $(CHAOS_SEED) $(CHAOS_FLAGS)
+	$(STATIC)/rewind chaos --logs $(BIN)/chaos-logs $(CHAOS_SEED) $(CHAOS_FLAGS)
 
 ## chaos-smoke: a node kill and a MinIO outage (make test runs it); SKIPPED when no Docker engine answers.
 chaos-smoke:
 	@if ! docker info >/dev/null 2>&1; then echo "chaos-smoke: SKIPPED: no Docker engine answers"; \
 	elif ! command -v docker-compose >/dev/null; then echo "chaos-smoke: SKIPPED: docker-compose is not installed"; \
-	else $(MAKE) --no-print-directory images && $(STATIC)/rewind chaos --smoke $(CHAOS_SEED) $(CHAOS_FLAGS); fi
+	else $(MAKE) --no-print-directory images && $(STATIC)/rewind chaos --smoke --logs $(BIN)/chaos-logs $(CHAOS_SEED) $(CHAOS_FLAGS); fi

@@ -15,6 +15,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -35,6 +36,10 @@ type Config struct {
 	Scenarios []string // names to run; empty: all (or the smoke set)
 	Smoke     bool     // only the smoke scenarios
 	Keep      bool     // leave the last cluster running, for inspection
+	// LogDir, when set, receives the containers' logs of every scenario
+	// that fails, in LogDir/seed-N/SCENARIO/SERVICE.log, before its
+	// cluster goes.
+	LogDir string
 	// ScenarioTimeout bounds one scenario, cluster start included;
 	// Timeout the whole run (scenarios not started by then are not run).
 	ScenarioTimeout time.Duration
@@ -192,5 +197,13 @@ func runScenario(ctx context.Context, cfg *Config, c *Cluster, sc scenario) (Row
 	}
 	row, checks := s.finish(ctx, err)
 	s.logf("%s", row.Result)
+	if cfg.LogDir != "" && slices.ContainsFunc(checks, func(ch Check) bool { return !ch.OK }) {
+		dir := filepath.Join(cfg.LogDir, fmt.Sprintf("seed-%d", cfg.Seed), sc.name)
+		if err := c.SaveLogs(context.WithoutCancel(ctx), dir); err != nil {
+			s.logf("saving the cluster's logs: %v", err)
+		} else {
+			s.logf("the cluster's logs are in %s", dir)
+		}
+	}
 	return row, checks
 }

@@ -3,12 +3,14 @@ package chaos
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -186,6 +188,26 @@ func (c *Cluster) Logs(ctx context.Context, svc string) (stdout, stderr []byte, 
 		return nil, nil, fmt.Errorf("chaos: docker logs %s: %w", svc, err)
 	}
 	return o.Bytes(), e.Bytes(), nil
+}
+
+// SaveLogs writes every service's logs (standard output and error, with
+// docker's timestamps) to dir/SERVICE.log.
+func (c *Cluster) SaveLogs(ctx context.Context, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	var errs []error
+	for _, svc := range append([]string{svcCoordinator, svcMinIO}, nodeServices...) {
+		stdout, stderr, err := c.Logs(ctx, svc)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(dir, svc+".log"), append(stdout, stderr...), 0o644); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Faults arms a fault spec on a daemon (PUT /debug/faults on its metrics
