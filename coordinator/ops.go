@@ -138,16 +138,20 @@ func (c *Coordinator) VerifyStep(ctx context.Context, job string, step int64) (*
 	for _, cp := range st.Copies {
 		check := &coordpb.CopyCheck{Copy: cp}
 		node, tier := cp.Node, ""
+		var err error
 		if cp.Tier != "shm" { // a tier copy: read back by an agent that has the tier
-			node, tier = c.tiers.reader(cp.Tier, cp.Node), cp.Tier
+			tier = cp.Tier
+			node, err = c.tiers.reader(ctx, cp.Tier, cp.Node)
 		}
-		err := c.agentCall(ctx, node, func(ctx context.Context, a agentpb.AgentClient) error {
-			v, err := a.Verify(ctx, &agentpb.VerifyRequest{Job: job, Rank: cp.Rank, Step: step, Tier: tier})
-			if err == nil {
-				check.Ok, check.Problem = v.Ok, v.Problem
-			}
-			return err
-		})
+		if err == nil {
+			err = c.agentCall(ctx, node, func(ctx context.Context, a agentpb.AgentClient) error {
+				v, err := a.Verify(ctx, &agentpb.VerifyRequest{Job: job, Rank: cp.Rank, Step: step, Tier: tier})
+				if err == nil {
+					check.Ok, check.Problem = v.Ok, v.Problem
+				}
+				return err
+			})
+		}
 		if err != nil {
 			check.Problem = err.Error()
 		}

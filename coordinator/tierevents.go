@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/faultinject"
+	"rewind.dev/rewind/internal/clock"
 	"rewind.dev/rewind/tiers"
 )
 
@@ -275,11 +277,32 @@ func (t *tierer) index(tc *tierCopy, state string) error {
 }
 
 // reader picks the node that reads a tier copy back: its own node on a
-// node-local tier, any connected node with the tier on a shared one.
-func (t *tierer) reader(tier, node string) string {
+// node-local tier, any connected node with the tier on a shared one. With
+// none connected (agents reconnecting after a coordinator restart), it
+// waits up to readerWait, then says so.
+func (t *tierer) reader(ctx context.Context, tier, node string) (string, error) {
 	if node != sharedNode {
-		return node
+		return node, nil
 	}
+	deadline := time.Now().Add(readerWait)
+	for {
+		if n := t.connectedWith(tier); n != "" {
+			return n, nil
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("coordinator: no connected agent has tier %s to read the copy back (agents reconnect within seconds of a coordinator restart: try again)", tier)
+		}
+		if err := clock.Sleep(ctx, 100*time.Millisecond); err != nil {
+			return "", err
+		}
+	}
+}
+
+// readerWait bounds reader's wait for an agent with the tier.
+const readerWait = 10 * time.Second
+
+// connectedWith returns a connected node with tier, "" if none.
+func (t *tierer) connectedWith(tier string) string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, n := range slices.Sorted(maps.Keys(t.subs)) {
@@ -287,7 +310,7 @@ func (t *tierer) reader(tier, node string) string {
 			return n
 		}
 	}
-	return node
+	return ""
 }
 
 // deleteStep removes every tier copy of a step (an operator's delete) and

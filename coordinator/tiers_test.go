@@ -326,6 +326,13 @@ func TestTierCopiesSurviveCoordinatorRestart(t *testing.T) {
 	tc.addr, tc.stop = startCoordinator(t, tc.dataDir, tc.addr, func(c *coordinator.Config) {
 		c.Policy, _ = tiers.ParsePolicy("pfs:every=1,keep=2")
 	})
+	// Verified at once, before the agent is back on its transfer stream:
+	// the coordinator waits for an agent that has the tier to read the
+	// copy back, rather than failing.
+	v, err := tc.api.VerifyStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: 2})
+	if err != nil || !v.Ok || len(v.Checks) != 2 {
+		t.Fatalf("verify of step 2 right after the restart: %v %v", v, err)
+	}
 	if got := tc.waitTiers(job); !slices.Equal(got["pfs"], []int64{1, 2}) {
 		t.Fatalf("pfs copies after the restart: %v", got)
 	}
