@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -107,16 +108,36 @@ func TestBadAnnotations(t *testing.T) {
 	}
 }
 
-// An MPIJob whose spec has no workers is reported, not registered.
+// An MPIJob whose spec rewind cannot place ranks for is reported, not
+// registered: one with no workers, and one with runLauncherAsWorker (its
+// ranks would start on the launcher, the hostfile's first entry).
 func TestBadSpec(t *testing.T) {
-	u := newMPIJob("ml", "train", 0, 1, map[string]string{AnnCheckpoint: "enabled"})
-	h := newHarness(t, u)
-	h.syncJob("ml/train")
-	if ev := h.events(); !hasEvent(ev, "Warning "+ReasonInvalidSpec, "Worker.replicas") {
-		t.Fatalf("events %q, want InvalidSpec", ev)
-	}
-	if reg, _, _ := h.coord.snapshot(); len(reg) != 0 {
-		t.Fatalf("registered %v", reg)
+	for _, tc := range []struct {
+		name, names string
+		workers     int64
+		edit        func(*unstructured.Unstructured) error
+	}{
+		{"no workers", "Worker.replicas", 0, nil},
+		{"launcher as worker", "runLauncherAsWorker", 2, func(u *unstructured.Unstructured) error {
+			return unstructured.SetNestedField(u.Object, true, "spec", "runLauncherAsWorker")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u := newMPIJob("ml", "train", tc.workers, 1, map[string]string{AnnCheckpoint: "enabled"})
+			if tc.edit != nil {
+				if err := tc.edit(u); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h := newHarness(t, u)
+			h.syncJob("ml/train")
+			if ev := h.events(); !hasEvent(ev, "Warning "+ReasonInvalidSpec, tc.names) {
+				t.Fatalf("events %q, want InvalidSpec naming %s", ev, tc.names)
+			}
+			if reg, _, _ := h.coord.snapshot(); len(reg) != 0 {
+				t.Fatalf("registered %v", reg)
+			}
+		})
 	}
 }
 

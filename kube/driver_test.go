@@ -193,24 +193,6 @@ func TestRegangInterruptedIsFinished(t *testing.T) {
 	}
 }
 
-// runLauncherAsWorker puts ranks on the launcher (the hostfile's first
-// entry): the ranks' placement would be wrong, so the job is reported,
-// not registered.
-func TestRunLauncherAsWorkerIsInvalid(t *testing.T) {
-	u := newMPIJob("ml", "train", 2, 1, map[string]string{AnnCheckpoint: "enabled"})
-	if err := unstructured.SetNestedField(u.Object, true, "spec", "runLauncherAsWorker"); err != nil {
-		t.Fatal(err)
-	}
-	h := newHarness(t, u)
-	h.syncJob("ml/train")
-	if ev := h.events(); !hasEvent(ev, "Warning "+ReasonInvalidSpec, "runLauncherAsWorker") {
-		t.Fatalf("events %q, want InvalidSpec naming runLauncherAsWorker", ev)
-	}
-	if reg, _, _ := h.coord.snapshot(); len(reg) != 0 {
-		t.Fatalf("registered %v", reg)
-	}
-}
-
 // A runPolicy.backoffLimit below the Job default is warned about when the
 // job is registered: the launcher Job may use it up before a re-gang.
 func TestLowBackoffLimitWarned(t *testing.T) {
