@@ -130,8 +130,9 @@ const (
 // byte moves. A refusal, or a copy that broke off, has the shard verified
 // here afterwards (pin): a copy rotten in this node's memory is then found
 // and marked corrupt where it lies, as a verified read would have.
-func (a *Agent) serveData(c net.Conn) {
-	defer c.Close()
+func (a *Agent) serveData(conn net.Conn) {
+	defer conn.Close()
+	c := stallConn{conn}
 	req, err := readDataRequest(c)
 	if err != nil {
 		if errors.Is(err, ErrInvalid) {
@@ -240,6 +241,29 @@ func dataError(c net.Conn, err error) {
 	_, _ = c.Write(append(hdr[:], msg...))
 }
 
+// peerStall bounds how long one read or write of the data path may make
+// no progress. A peer that stops (a paused or partitioned node: its kernel
+// still holds the connection open) must not hold the copy, and the rank's
+// copy lock with it, until the caller's deadline: a restore of that rank
+// waits for that lock. Failure detection declares such a node dead within
+// a few seconds; this is well beyond that, and far beyond any pause of a
+// healthy peer.
+var peerStall = 10 * time.Second
+
+// stallConn is a connection whose every read and write fails after
+// peerStall without progress (net.Conn deadlines, renewed per call).
+type stallConn struct{ net.Conn }
+
+func (c stallConn) Read(p []byte) (int, error) {
+	_ = c.Conn.SetReadDeadline(time.Now().Add(peerStall))
+	return c.Conn.Read(p)
+}
+
+func (c stallConn) Write(p []byte) (int, error) {
+	_ = c.Conn.SetWriteDeadline(time.Now().Add(peerStall))
+	return c.Conn.Write(p)
+}
+
 // errDataPath marks a peer that does not speak the data path (or a
 // connection that failed before any byte of the shard): gRPC is tried.
 var errDataPath = errors.New("peer data path unavailable")
@@ -253,13 +277,14 @@ const dataChunk = 8 << 20
 // checking it as it arrives (receiveShard), and answers with its verdict.
 func (a *Agent) receiveData(ctx context.Context, ps PeerShard, dst []byte, lim *tiers.Limiter) error {
 	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", ps.Addr)
+	conn, err := d.DialContext(ctx, "tcp", ps.Addr)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errDataPath, err)
 	}
-	defer c.Close()
-	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
+	c := stallConn{conn}
 	if err := requestShard(c, ps, int64(len(dst))); err != nil {
 		return err
 	}
