@@ -41,8 +41,17 @@ func (a *Agent) startMembership(ctx context.Context) (func(), error) {
 			}
 		}
 	}()
-	go func() { // nobody else reads the agent's view
-		for range m.Events() {
+	go func() {
+		for ev := range m.Events() {
+			if ev.Kind != membership.EventDead {
+				continue
+			}
+			// A copy from a dead node would wait for bytes that never come
+			// (a paused node's kernel keeps its connections open), holding
+			// the rank's copy lock that a restore of the rank needs.
+			if n := a.peers.cutCopies(ev.Member.Name); n > 0 {
+				a.log.Warn("copies from a node declared dead cut off", "peer", ev.Member.Name, "copies", n)
+			}
 		}
 	}()
 	return func() {

@@ -22,6 +22,42 @@ import (
 type peers struct {
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn
+	// copying holds a cancel function per copy in progress, by the node
+	// it reads from: a node declared dead has its copies cut at once.
+	copying map[string]map[*context.CancelFunc]bool
+}
+
+// copyContext returns the context of a copy from node, which ends when
+// the node is declared dead (cutCopies); done unregisters it.
+func (p *peers) copyContext(ctx context.Context, node string) (context.Context, func()) {
+	cctx, cancel := context.WithCancel(ctx)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.copying == nil {
+		p.copying = map[string]map[*context.CancelFunc]bool{}
+	}
+	if p.copying[node] == nil {
+		p.copying[node] = map[*context.CancelFunc]bool{}
+	}
+	p.copying[node][&cancel] = true
+	return cctx, func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		delete(p.copying[node], &cancel)
+		cancel()
+	}
+}
+
+// cutCopies cancels every copy in progress from node and returns how many.
+func (p *peers) cutCopies(node string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.copying[node] {
+		(*c)()
+	}
+	n := len(p.copying[node])
+	delete(p.copying, node)
+	return n
 }
 
 func (p *peers) client(addr string) (agentpb.AgentClient, error) {
@@ -104,11 +140,13 @@ func (a *Agent) copyFromPeer(ctx context.Context, ps PeerShard, lim *tiers.Limit
 		return 0, fmt.Errorf("agent: copy of job %s rank %d step %d from %s: %w", ps.Job, ps.Rank, ps.Step, ps.Node, err)
 	}
 	t1 := time.Now()
-	err = a.receiveData(ctx, ps, dst, lim)
+	cctx, done := a.peers.copyContext(ctx, ps.Node) // cut when the peer is declared dead
+	err = a.receiveData(cctx, ps, dst, lim)
 	if errors.Is(err, errDataPath) { // an older peer: gRPC
 		a.log.Debug("peer data path unavailable; copying over gRPC", "peer", ps.Node, "err", err)
-		err = a.receive(ctx, peer, ps, dst, lim)
+		err = a.receive(cctx, peer, ps, dst, lim)
 	}
+	done()
 	unmap()
 	if err != nil {
 		return 0, fmt.Errorf("agent: copy of job %s rank %d step %d from %s: %w", ps.Job, ps.Rank, ps.Step, ps.Node, err)

@@ -10,25 +10,21 @@ import (
 	"time"
 )
 
-// TestPeerCopyFromAStalledPeerFails: a peer that stops sending (a
-// paused node: its kernel keeps the connection open) must fail the copy
-// within peerStall, not hold it, and the rank's copy lock, until the
-// caller's deadline; a restore of the rank waits for that lock.
-func TestPeerCopyFromAStalledPeerFails(t *testing.T) {
-	defer func(d time.Duration) { peerStall = d }(peerStall)
-	peerStall = 300 * time.Millisecond
+// stalledPeer listens for one data-path request, answers that a shard of
+// size bytes follows, and then sends nothing, keeping the connection open
+// until the test ends.
+func stalledPeer(t *testing.T, size int64) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	const size = 1 << 20
-	stalled := make(chan net.Conn, 1)
+	t.Cleanup(func() { ln.Close() })
 	go func() {
 		c, err := ln.Accept()
 		if err != nil {
 			return
 		}
+		t.Cleanup(func() { c.Close() })
 		var hdr [8]byte // the request: magic, length, body
 		if _, err := io.ReadFull(c, hdr[:]); err != nil {
 			return
@@ -36,21 +32,55 @@ func TestPeerCopyFromAStalledPeerFails(t *testing.T) {
 		if _, err := io.CopyN(io.Discard, c, int64(binary.BigEndian.Uint32(hdr[4:]))); err != nil {
 			return
 		}
-		var ok [9]byte // status 0, then the size
-		binary.BigEndian.PutUint64(ok[1:], size)
-		_, _ = c.Write(ok[:]) // the shard's bytes never come
-		stalled <- c          // kept open, never written again
+		var ok [9]byte // status 0, then the size; the shard's bytes never come
+		binary.BigEndian.PutUint64(ok[1:], uint64(size))
+		_, _ = c.Write(ok[:])
 	}()
+	return ln.Addr().String()
+}
+
+// TestPeerCopyFromADeadNodeIsCut: a copy from a node this agent's failure
+// detection declares dead ends at once, well before the stall bound.
+func TestPeerCopyFromADeadNodeIsCut(t *testing.T) {
+	const size = 1 << 20
 	a := &Agent{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	ps := PeerShard{Job: "j", Rank: 0, WorldSize: 1, Step: 1, Size: size, HeaderSum: "x", Node: "paused", Addr: ln.Addr().String()}
+	ps := PeerShard{Job: "j", Rank: 0, WorldSize: 1, Step: 1, Size: size, HeaderSum: "x", Node: "paused", Addr: stalledPeer(t, size)}
+	ctx, done := a.peers.copyContext(t.Context(), ps.Node)
+	defer done()
+	errc := make(chan error, 1)
+	go func() { errc <- a.receiveData(ctx, ps, make([]byte, size), nil) }()
+	time.Sleep(100 * time.Millisecond) // the copy waits for bytes
+	if n := a.peers.cutCopies("paused"); n != 1 {
+		t.Fatalf("cut %d copies from the dead node, want 1", n)
+	}
+	select {
+	case err := <-errc:
+		if err == nil {
+			t.Fatal("a copy cut off succeeded")
+		}
+	case <-time.After(peerStall / 2):
+		t.Fatal("a copy from a node declared dead went on")
+	}
+	if n := a.peers.cutCopies("paused"); n != 0 {
+		t.Fatalf("a second cut found %d copies", n)
+	}
+}
+
+// TestPeerCopyFromAStalledPeerFails: a peer that stops sending (a
+// paused node: its kernel keeps the connection open) must fail the copy
+// within peerStall, not hold it, and the rank's copy lock, until the
+// caller's deadline; a restore of the rank waits for that lock.
+func TestPeerCopyFromAStalledPeerFails(t *testing.T) {
+	defer func(d time.Duration) { peerStall = d }(peerStall)
+	peerStall = 300 * time.Millisecond
+	const size = 1 << 20
+	a := &Agent{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	ps := PeerShard{Job: "j", Rank: 0, WorldSize: 1, Step: 1, Size: size, HeaderSum: "x", Node: "paused", Addr: stalledPeer(t, size)}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second) // the caller's deadline, far beyond the stall bound
 	defer cancel()
 	start := time.Now()
-	err = a.receiveData(ctx, ps, make([]byte, size), nil)
+	err := a.receiveData(ctx, ps, make([]byte, size), nil)
 	took := time.Since(start)
-	if c := <-stalled; c != nil {
-		c.Close()
-	}
 	if err == nil {
 		t.Fatal("a copy from a peer that stopped sending succeeded")
 	}
