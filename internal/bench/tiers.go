@@ -163,8 +163,8 @@ func Tiers(ctx context.Context, cfg TiersConfig) (TiersResult, error) {
 	}
 	if cfg.CPUSize > 0 {
 		var place *placement
-		if s3.localBin != "" {
-			if place, err = placeLocalServer(s3.localBin); err != nil {
+		if s3.localPID != 0 {
+			if place, err = placeLocalServer(s3.localPID); err != nil {
 				return res, err
 			}
 			res.CPUPlacement = place.String()
@@ -181,7 +181,7 @@ type s3Setup struct {
 	cfg      *tiers.S3Config // nil: skip it
 	stop     func()          // stops a local server
 	note     string          // for the table
-	localBin string          // the binary of a server the benchmark started; "" for none
+	localPID int             // the process of a server the benchmark started; 0 for none
 }
 
 // s3Target returns the object store to measure, starting a local server
@@ -198,8 +198,7 @@ func s3Target(cfg TiersConfig) (s3Setup, error) {
 		}
 		return s3Setup{cfg: &c, stop: nop, note: "at " + c.Endpoint}, nil
 	}
-	bin, err := miniotest.Binary()
-	if err != nil {
+	if _, err := miniotest.Binary(); err != nil {
 		return s3Setup{stop: nop, note: "skipped: no local MinIO server: " + err.Error()}, nil
 	}
 	srv, err := miniotest.Launch(cfg.Dir)
@@ -214,7 +213,7 @@ func s3Target(cfg TiersConfig) (s3Setup, error) {
 		cfg:      &c,
 		stop:     func() { _ = srv.Close() },
 		note:     "local MinIO (bin/minio) on this machine, data in " + cfg.Dir,
-		localBin: bin,
+		localPID: srv.PID(),
 	}, nil
 }
 

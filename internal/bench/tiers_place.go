@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -35,20 +34,16 @@ func (p *placement) String() string {
 		p.loopCPU, p.serverPID, cpuList(p.server))
 }
 
-// placeLocalServer finds the MinIO server the benchmark started (a child
-// process running the binary bin) and plans the placement; nil, with no
-// error, when this machine has a single CPU to give.
-func placeLocalServer(bin string) (*placement, error) {
+// placeLocalServer plans the placement for the MinIO server the benchmark
+// started (process pid); nil, with no error, when this machine has a
+// single CPU to give.
+func placeLocalServer(pid int) (*placement, error) {
 	var all unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &all); err != nil {
 		return nil, fmt.Errorf("bench: cpu affinity: %w", err)
 	}
 	if all.Count() < 2 {
 		return nil, nil
-	}
-	pid, err := childPID(filepath.Base(bin))
-	if err != nil {
-		return nil, err
 	}
 	p := &placement{serverPID: pid, all: all, loopCPU: -1}
 	for cpu := range maxCPUs {
@@ -105,44 +100,6 @@ func setProcessAffinity(pid int, set *unix.CPUSet) error {
 		return fmt.Errorf("bench: affinity of pid %d: %w", pid, err)
 	}
 	return nil
-}
-
-// childPID returns the pid of this process's only child whose command
-// name is comm.
-func childPID(comm string) (int, error) {
-	procs, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0, fmt.Errorf("bench: %w", err)
-	}
-	self, found := os.Getpid(), 0
-	for _, e := range procs {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...; comm may hold spaces and parentheses.
-		s := string(b)
-		open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-		if open < 0 || end < open {
-			continue
-		}
-		f := strings.Fields(s[end+1:])
-		if len(f) < 2 || s[open+1:end] != comm || f[1] != strconv.Itoa(self) {
-			continue
-		}
-		if found != 0 {
-			return 0, fmt.Errorf("bench: more than one child process named %s (%d, %d)", comm, found, pid)
-		}
-		found = pid
-	}
-	if found == 0 {
-		return 0, fmt.Errorf("bench: no child process named %s", comm)
-	}
-	return found, nil
 }
 
 // cpuList formats a CPU set as "1" or "1,2,3".

@@ -183,6 +183,16 @@ func (s *Server) launch() error {
 	return nil
 }
 
+// PID returns the server process's id, 0 when it is not running.
+func (s *Server) PID() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil || s.cmd.Process == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
 // URL is the server's base URL.
 func (s *Server) URL() string { return "http://" + s.Endpoint }
 
