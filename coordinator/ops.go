@@ -135,13 +135,24 @@ func (c *Coordinator) VerifyStep(ctx context.Context, job string, step int64) (*
 		return nil, err
 	}
 	resp := &coordpb.VerifyStepResponse{Ok: uint32(len(uniqueRanks(st.Copies))) == st.WorldSize}
+	type found struct {
+		node string
+		err  error
+	}
+	readers := map[string]found{} // by tier:node, so that a missing reader is waited for once
 	for _, cp := range st.Copies {
 		check := &coordpb.CopyCheck{Copy: cp}
 		node, tier := cp.Node, ""
 		var err error
 		if cp.Tier != "shm" { // a tier copy: read back by an agent that has the tier
 			tier = cp.Tier
-			node, err = c.tiers.reader(ctx, cp.Tier, cp.Node)
+			k := cp.Tier + ":" + cp.Node
+			f, ok := readers[k]
+			if !ok {
+				f.node, f.err = c.tiers.reader(ctx, cp.Tier, cp.Node)
+				readers[k] = f
+			}
+			node, err = f.node, f.err
 		}
 		if err == nil {
 			err = c.agentCall(ctx, node, func(ctx context.Context, a agentpb.AgentClient) error {
