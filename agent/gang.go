@@ -38,10 +38,24 @@ func (g *gang) abort(job string, step int64, reason string) {
 	g.broken[job] = &brokenGang{step: step, reason: reason, restored: map[uint32]bool{}}
 }
 
+// breaking reports whether job's gang is broken here and not resumed.
+func (g *gang) breaking(job string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	b := g.broken[job]
+	return b != nil && !b.resumed
+}
+
+// resume ends the job's break, whatever step it named: the coordinator
+// says the job runs again from step. (A break at another step is one
+// whose own resume this agent missed, its node down at the time.)
 func (g *gang) resume(job string, step int64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if b := g.broken[job]; b != nil && b.step == step {
+	if b := g.broken[job]; b != nil && !b.resumed {
+		if b.step != step { // a rank restored the old step, not this one
+			b.step, b.restored = step, map[uint32]bool{}
+		}
 		b.resumed = true
 	}
 }

@@ -312,49 +312,6 @@ func (c *Coordinator) isDown(node string) bool {
 	return down
 }
 
-// gangOrders sends kind ("abort", "resume") to the agents of the job's
-// nodes that are up, and waits (up to 2 s) until their order streams have
-// taken them: a rank restarted on a recovery's event must not find its
-// agent still saying the gang is broken.
-func (c *Coordinator) gangOrders(job, kind string, step int64, reason string) {
-	c.mu.Lock()
-	nodes := map[string]bool{} // where its ranks run, and where copies of its shards live
-	if j := c.state.Jobs[job]; j != nil {
-		for _, n := range j.Placement {
-			nodes[n] = true
-		}
-		for n := range c.state.Nodes {
-			if c.state.JobsOn(n)[job] {
-				nodes[n] = true
-			}
-		}
-	}
-	for n := range c.down {
-		delete(nodes, n)
-	}
-	c.mu.Unlock()
-	t := c.tiers
-	t.mu.Lock()
-	var ids []uint64
-	for _, n := range slices.Sorted(maps.Keys(nodes)) {
-		o := &coordpb.TransferOrder{Kind: kind, Job: job, Step: step, Reason: reason}
-		t.send(n, o)
-		if t.subs[n] != nil {
-			ids = append(ids, o.Id)
-		}
-	}
-	t.mu.Unlock()
-	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		t.mu.Lock()
-		pending := slices.ContainsFunc(ids, func(id uint64) bool { return t.orders[id] != nil })
-		t.mu.Unlock()
-		if !pending {
-			return
-		}
-	}
-	c.log.Warn("gang orders not taken by every agent within 2 s", "job", job, "kind", kind)
-}
-
 // WatchJob streams a job's recovery events.
 func (s *server) WatchJob(req *coordpb.WatchJobRequest, stream coordpb.Coordinator_WatchJobServer) error {
 	ch, seq, cancel := s.c.watchers.watch(req.Job, req.Replay, req.AfterSeq)

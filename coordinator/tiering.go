@@ -108,6 +108,8 @@ type tierer struct {
 	repl        map[string]*replication // job -> replication in flight
 
 	rd *rediscovery // tier copies rebuilt from the tiers' manifests (rediscover.go)
+
+	gangs map[string]*gangRecord // job -> its last gang order (gang.go)
 }
 
 // order is a transfer order and the node it is for.
@@ -136,7 +138,8 @@ func newTierer(c *Coordinator) *tierer {
 		policies: map[string]tiers.Policy{}, last: map[string]time.Time{}, lastStep: map[string]int64{},
 		health: map[string][]*coordpb.TierHealth{}, skipped: map[string]bool{},
 		commits: make(chan commitRec, 1<<16), rankRepl: map[rankKey]int{}, rankNext: map[rankKey]commitRec{}, commitOrders: map[uint64]rankKey{},
-		jobReplicas: map[string]int{}, replicated: map[string]int64{}, repl: map[string]*replication{}, rd: newRediscovery()}
+		jobReplicas: map[string]int{}, replicated: map[string]int64{}, repl: map[string]*replication{}, rd: newRediscovery(),
+		gangs: map[string]*gangRecord{}}
 }
 
 // policy returns a job's tier policy.

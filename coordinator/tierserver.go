@@ -213,6 +213,7 @@ func (t *tierer) subscribe(node string, tierNames []string) *subscriber {
 	s := &subscriber{tiers: tierNames, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	t.subs[node] = s
 	t.c.log.Info("agent subscribed to tier transfers", "node", node, "tiers", tierNames)
+	t.replayGangs(node)
 	s.poke()
 	t.rd.poke() // its tiers may hold copies this index does not know
 	return s
@@ -295,7 +296,11 @@ func (s *server) Transfers(req *coordpb.TransfersRequest, stream coordpb.Coordin
 	defer t.unsubscribe(req.Node, sub)
 	for {
 		for _, o := range t.take(req.Node) {
-			if err := stream.Send(o); err != nil {
+			send := stream.Send
+			if o.Kind == "abort" || o.Kind == "resume" {
+				send = func(o *coordpb.TransferOrder) error { return t.sendGangOrder(stream.Context(), stream, o) }
+			}
+			if err := send(o); err != nil {
 				return err
 			}
 		}

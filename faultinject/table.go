@@ -23,6 +23,7 @@ const (
 	CoordBeforeConsistent = "coordinator/before-consistent"
 	CoordBeforeTierRecord = "coordinator/before-tier-record"
 	CoordBeforeRegang     = "coordinator/before-regang"
+	CoordResumeSent       = "coordinator/resume-sent"
 
 	// Injectors: the file system, the object store, the gossip network.
 	FSShmAllocate = "fs/shm/allocate"
@@ -62,6 +63,8 @@ var Points = []Point{
 		"a tier copy reported but not recorded is re-reported, never lost", processKinds},
 	{CoordBeforeRegang, "coordinator recovery, after every shard was placed, before the ranks are told to restart",
 		"a recovery cut off at its last step is redone by the next coordinator", processKinds},
+	{CoordResumeSent, "coordinator order stream, after a resume order was taken for an agent, before it is sent",
+		"a resume lost with its stream (error: the stream ends) is sent again when the agent reconnects: no agent stays broken", processKinds},
 	{FSShmAllocate, "shm file system (Faulty FS named shm): reserving a segment's space",
 		"a full /dev/shm is an error at allocation, never a SIGBUS", []Kind{KindError, KindSleep}},
 	{FSTierWrite, "file tier file system (Faulty FS named tier): a write",

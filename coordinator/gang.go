@@ -1,0 +1,118 @@
+package coordinator
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"time"
+
+	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/faultinject"
+)
+
+// Gang orders: "abort" tells the agents of a job's nodes that its gang is
+// broken (their ranks' calls fail until the recovery is done), "resume"
+// that it is whole again. They travel on the agents' order streams, which
+// a broken connection may cut after the coordinator took an order and
+// before the agent read it; an agent that missed a resume would fail its
+// ranks' calls for good. So the coordinator keeps each job's last gang
+// order, and sends it again to every agent it concerns whose order stream
+// (re)connects: level-triggered, like a reconcile, not edge-triggered. An
+// agent applies a gang order again without harm (agent/gang.go).
+
+// gangRecord is a job's last gang order and every node a gang order of the
+// job was sent to.
+type gangRecord struct {
+	kind   string
+	step   int64
+	reason string
+	nodes  map[string]bool
+}
+
+// gangOrders sends kind ("abort", "resume") to the agents of the job's
+// nodes that are up, and waits (up to 2 s) until their order streams have
+// taken them: a rank restarted on a recovery's event must not find its
+// agent still saying the gang is broken.
+func (c *Coordinator) gangOrders(job, kind string, step int64, reason string) {
+	c.mu.Lock()
+	nodes := map[string]bool{} // where its ranks run, and where copies of its shards live
+	if j := c.state.Jobs[job]; j != nil {
+		for _, n := range j.Placement {
+			nodes[n] = true
+		}
+		for n := range c.state.Nodes {
+			if c.state.JobsOn(n)[job] {
+				nodes[n] = true
+			}
+		}
+	}
+	for n := range c.down {
+		delete(nodes, n)
+	}
+	c.mu.Unlock()
+	t := c.tiers
+	t.mu.Lock()
+	rec := t.gangs[job]
+	if rec == nil {
+		rec = &gangRecord{nodes: map[string]bool{}}
+		t.gangs[job] = rec
+	}
+	rec.kind, rec.step, rec.reason = kind, step, reason
+	var ids []uint64
+	for _, n := range slices.Sorted(maps.Keys(nodes)) {
+		rec.nodes[n] = true
+		o := rec.order(job)
+		t.send(n, o)
+		if t.subs[n] != nil {
+			ids = append(ids, o.Id)
+		}
+	}
+	t.mu.Unlock()
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		t.mu.Lock()
+		pending := slices.ContainsFunc(ids, func(id uint64) bool { return t.orders[id] != nil })
+		t.mu.Unlock()
+		if !pending {
+			return
+		}
+	}
+	c.log.Warn("gang orders not taken by every agent within 2 s", "job", job, "kind", kind)
+}
+
+func (r *gangRecord) order(job string) *coordpb.TransferOrder {
+	return &coordpb.TransferOrder{Kind: r.kind, Job: job, Step: r.step, Reason: r.reason}
+}
+
+// replayGangs queues, for node whose order stream just opened, the last
+// gang order of every job that sent one to it, unless one is waiting
+// unsent already. The caller holds t.mu.
+func (t *tierer) replayGangs(node string) {
+	for _, job := range slices.Sorted(maps.Keys(t.gangs)) {
+		rec := t.gangs[job]
+		if !rec.nodes[node] {
+			continue
+		}
+		waiting := false
+		for _, od := range t.orders {
+			if od.node == node && !od.sent && od.o.Job == job && od.o.Kind == rec.kind && od.o.Step == rec.step {
+				waiting = true
+				break
+			}
+		}
+		if !waiting {
+			t.send(node, rec.order(job))
+			t.c.log.Debug("gang order sent again to a reconnected agent", "node", node, "job", job, "kind", rec.kind, "step", rec.step)
+		}
+	}
+}
+
+// sendGangOrder sends a gang order on an agent's order stream. The fault
+// point stands for the connection breaking after the order was taken.
+func (t *tierer) sendGangOrder(ctx context.Context, stream coordpb.Coordinator_TransfersServer, o *coordpb.TransferOrder) error {
+	if o.Kind == "resume" {
+		if err := t.c.cfg.Faults.Check(ctx, faultinject.CoordResumeSent); err != nil {
+			return err
+		}
+	}
+	return stream.Send(o)
+}
