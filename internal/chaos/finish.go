@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/tiers"
@@ -113,21 +116,34 @@ func keepOf(snap *Snapshot) map[string]int {
 // on nodes a fault hit are left out: they may be gone for good.
 func (s *session) verifyNewest(ctx context.Context, tier string) Check {
 	c := Check{Name: "the newest step durable on " + tier + " re-reads clean"}
-	step := newest(s.ev.Final.Durable(tier))
-	if step < 0 {
-		c.Detail = "no step is durable on " + tier
-		return c
-	}
 	hit := map[string]bool{}
 	for _, f := range s.ev.Faults {
 		hit[f.Node] = true
 	}
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	resp, err := s.c.API.VerifyStep(cctx, &coordpb.StepRequest{Job: s.cfg.Job, Step: step})
-	if err != nil {
-		c.Detail = fmt.Sprintf("step %d: %v", step, err)
-		return c
+	// The job trains on meanwhile, and retention deletes a tier's older
+	// copies as newer ones land: the step is taken from a fresh snapshot,
+	// and taken again if it was retired before the read-back began.
+	var step int64
+	var resp *coordpb.VerifyStepResponse
+	for attempt := 1; ; attempt++ {
+		snap, err := s.snapshot(ctx)
+		if err != nil {
+			snap = s.ev.Final
+		}
+		if step = newest(snap.Durable(tier)); step < 0 {
+			c.Detail = "no step is durable on " + tier
+			return c
+		}
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		resp, err = s.c.API.VerifyStep(cctx, &coordpb.StepRequest{Job: s.cfg.Job, Step: step})
+		cancel()
+		if err == nil {
+			break
+		}
+		if status.Code(err) != codes.NotFound || attempt == 3 {
+			c.Detail = fmt.Sprintf("step %d: %v", step, err)
+			return c
+		}
 	}
 	var n int
 	var bytes uint64
