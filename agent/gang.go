@@ -38,6 +38,20 @@ func (g *gang) abort(job string, step int64, reason string) {
 	g.broken[job] = &brokenGang{step: step, reason: reason, restored: map[uint32]bool{}}
 }
 
+// brokenJobs returns the jobs whose gang is broken here and not resumed,
+// with the step each abort named.
+func (g *gang) brokenJobs() map[string]int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := map[string]int64{}
+	for job, b := range g.broken {
+		if !b.resumed {
+			out[job] = b.step
+		}
+	}
+	return out
+}
+
 // breaking reports whether job's gang is broken here and not resumed.
 func (g *gang) breaking(job string) bool {
 	g.mu.Lock()

@@ -84,7 +84,7 @@ func newReporter(a *Agent, addr string) (*reporter, error) {
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		// Fixed flow-control windows, as the coordinator's: no BDP ping
 		// round trip per answer received (coordinator/run.go).
-		grpc.WithStaticStreamWindowSize(1<<20), grpc.WithStaticConnWindowSize(1<<20))
+		grpc.WithStaticStreamWindowSize(1<<20), grpc.WithStaticConnWindowSize(1<<20), coordpb.KeepaliveDial())
 	if err != nil {
 		return nil, fmt.Errorf("agent: coordinator address %q: %w", addr, err)
 	}

@@ -101,7 +101,10 @@ func (t *transfers) run(ctx context.Context) {
 func (t *transfers) subscribe(ctx context.Context) {
 	backoff := 200 * time.Millisecond
 	for ctx.Err() == nil {
-		stream, err := t.c.Transfers(ctx, &coordpb.TransfersRequest{Node: t.a.cfg.Node, Tiers: t.names})
+		// The gangs held broken go with each (re)connection: a coordinator
+		// that lost the recovery that broke them finishes it.
+		req := &coordpb.TransfersRequest{Node: t.a.cfg.Node, Tiers: t.names, BrokenGangs: t.a.gang.brokenJobs()}
+		stream, err := t.c.Transfers(ctx, req)
 		for err == nil {
 			var o *coordpb.TransferOrder
 			if o, err = stream.Recv(); err == nil {

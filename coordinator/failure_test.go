@@ -101,8 +101,8 @@ func (cl *cluster) startAgentProcess(args string, env ...string) *exec.Cmd {
 func gossipCoordinator(t *testing.T, faults *membership.FaultNetwork) (*cluster, string) {
 	cl := &cluster{t: t, dataDir: t.TempDir()}
 	g := gossipConfig(faults)
-	c, addr, _ := runCoordinator(t, cl.dataDir, "127.0.0.1:0", func(cfg *coordinator.Config) { cfg.Gossip, cfg.Replicas = &g, 1 })
-	cl.addr = addr
+	c, addr, stop := runCoordinator(t, cl.dataDir, "127.0.0.1:0", func(cfg *coordinator.Config) { cfg.Gossip, cfg.Replicas = &g, 1 })
+	cl.addr, cl.stop = addr, stop
 	cl.dial()
 	return cl, c.GossipAddr()
 }

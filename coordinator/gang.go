@@ -2,12 +2,15 @@ package coordinator
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"time"
 
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/faultinject"
+	"rewind.dev/rewind/internal/clock"
+	"rewind.dev/rewind/membership"
 )
 
 // Gang orders: "abort" tells the agents of a job's nodes that its gang is
@@ -115,4 +118,155 @@ func (t *tierer) sendGangOrder(ctx context.Context, stream coordpb.Coordinator_T
 		}
 	}
 	return stream.Send(o)
+}
+
+// Recoveries left unfinished. A coordinator that exits between a job's
+// abort and its resume (a crash, a restart, a standby taking the lease)
+// takes its gang record with it, and the aborted agents would fail their
+// ranks' calls for good. But they know: every agent names the gangs it
+// holds broken when its order stream connects (TransfersRequest
+// broken_gangs). A job so named that has no recovery known here is
+// finished once the agents had time to reconnect (LeaveGrace from this
+// coordinator's start, at least a second): a node the job is placed on
+// whose agent did not come back is declared down, and the recovery that
+// follows re-gangs the job; a job placed on live nodes only is restarted
+// at the step its abort named (RestartJob, with force: the interrupted
+// recovery was already going back to it).
+
+// noteBroken records the gangs node holds broken that no recovery here
+// knows of. The caller holds t.mu.
+func (t *tierer) noteBroken(node string, broken map[string]int64) {
+	for job, step := range broken {
+		if t.gangs[job] != nil {
+			continue // its last gang order was sent again (replayGangs)
+		}
+		if _, ok := t.unfinished[job]; !ok {
+			t.c.log.Warn("an agent holds a job's gang broken with no recovery of it known here: the previous coordinator left it unfinished",
+				"node", node, "job", job, "step", step)
+			t.unfinished[job] = step
+		}
+	}
+}
+
+// finishUnfinished finishes the recoveries agents report unfinished, and
+// declares down the placed nodes that never came back (absentNodes),
+// while this coordinator leads, until ctx ends.
+func (c *Coordinator) finishUnfinished(ctx context.Context) {
+	start, grace := time.Now(), max(c.cfg.LeaveGrace, time.Second)
+	if clock.Sleep(ctx, grace) != nil {
+		return
+	}
+	warned := map[string]bool{}
+	for {
+		if c.leading() && time.Since(start) >= absentAfter*grace {
+			c.absentNodes(start, warned)
+		}
+		if c.leading() {
+			t := c.tiers
+			t.mu.Lock()
+			todo := map[string]int64{}
+			for job, step := range t.unfinished {
+				if t.gangs[job] == nil {
+					todo[job] = step
+				} else {
+					delete(t.unfinished, job) // a recovery or restart has run since
+				}
+			}
+			t.mu.Unlock()
+			for _, job := range slices.Sorted(maps.Keys(todo)) {
+				c.finishRecovery(ctx, job, todo[job])
+			}
+		}
+		if clock.Sleep(ctx, time.Second) != nil {
+			return
+		}
+	}
+}
+
+// finishRecovery finishes job's unfinished recovery back to step. It is
+// tried again each second until a gang order of the job is sent (the
+// recovery or the restart began): a node declared down may wait for
+// quorum.
+func (c *Coordinator) finishRecovery(ctx context.Context, job string, step int64) {
+	c.mu.Lock()
+	var placed []string
+	if j := c.state.Jobs[job]; j != nil {
+		placed = slices.Sorted(maps.Values(j.Placement))
+	}
+	c.mu.Unlock()
+	placed = slices.Compact(placed)
+	t := c.tiers
+	t.mu.Lock()
+	absent := slices.DeleteFunc(placed, func(n string) bool { return t.subs[n] != nil })
+	t.mu.Unlock()
+	if len(absent) > 0 {
+		for _, n := range absent {
+			if _, err := c.NodeDown(n, "its agent did not reconnect after the coordinator restarted during a recovery of job "+job); err != nil {
+				c.log.Warn("a node of an unfinished recovery is absent, but cannot be declared down", "job", job, "node", n, "err", err)
+			}
+		}
+		return
+	}
+	c.log.Warn("finishing a recovery the previous coordinator left unfinished", "job", job, "step", step)
+	_, err := c.RestartJob(ctx, job, step, "coordinator (a recovery its predecessor left unfinished)", true, false)
+	if err == nil {
+		return
+	}
+	// Not tried again: the job's gang stays broken until an operator
+	// restores it (rewind restore), as after any failed recovery.
+	t.mu.Lock()
+	delete(t.unfinished, job)
+	began := t.gangs[job] != nil // the re-gang began, and published its failure
+	t.mu.Unlock()
+	if began {
+		return
+	}
+	c.failRegang(&coordpb.JobEvent{Job: job, Step: step, Reason: "finishing a recovery the previous coordinator left unfinished",
+		DetectedUnixNano: c.cfg.Clock.Now().UnixNano()}, err)
+}
+
+// Nodes placed on but never seen. A node that dies while no coordinator
+// runs (or during a failover) is reported by no one: failure detection
+// declares dead only the members it knew alive. So, with failure
+// detection on, a node that a job's ranks are placed on, whose agent has
+// not opened its order stream since this coordinator started
+// (absentAfter × LeaveGrace ago at least: 30 s by default, well past an
+// agent's reconnect backoff of at most 5 s), and that failure detection
+// does not know alive, is declared down, and its jobs recovered. Without
+// failure detection nodes are declared down by operators (rewind
+// node-down), and this does nothing.
+
+const absentAfter = 3
+
+// absentNodes declares down the placed nodes never seen since start;
+// warned keeps a node that cannot be (no quorum) from a warning a second.
+func (c *Coordinator) absentNodes(start time.Time, warned map[string]bool) {
+	m, _ := c.members.Load().(*membership.Members)
+	if m == nil {
+		return
+	}
+	c.mu.Lock()
+	placed := map[string]bool{}
+	for _, j := range c.state.Jobs {
+		for _, n := range j.Placement {
+			if _, down := c.down[n]; !down {
+				placed[n] = true
+			}
+		}
+	}
+	c.mu.Unlock()
+	t := c.tiers
+	t.mu.Lock()
+	maps.DeleteFunc(placed, func(n string, _ bool) bool { return t.seen[n] })
+	t.mu.Unlock()
+	for _, n := range slices.Sorted(maps.Keys(placed)) {
+		if mb, ok := m.Member(n); ok && (mb.State == membership.StateAlive || mb.State == membership.StateSuspect) {
+			continue
+		}
+		reason := fmt.Sprintf("placed on, but its agent has not connected since the coordinator started %s ago", time.Since(start).Round(time.Second))
+		if _, err := c.NodeDown(n, reason); err != nil && !warned[n] {
+			warned[n] = true
+			c.log.Warn("a placed node never came back, but cannot be declared down", "node", n, "err", err)
+		}
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +11,6 @@ import (
 	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/coordinator"
-	"rewind.dev/rewind/faultinject"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
 )
@@ -187,77 +185,4 @@ func waitReplicas(t *testing.T, cl *cluster, job string, step int64, ws uint32, 
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-// TestFaultResumeLostWithItsStream: the resume that ends a recovery is
-// lost on an agent's order stream (the stream breaks after the
-// coordinator took the order). The coordinator sends it again when the
-// agent's stream reconnects: every rank of the new gang, once restored, is
-// answered again and saves, and the job's next step becomes consistent.
-func TestFaultResumeLostWithItsStream(t *testing.T) {
-	const job, ws = "lostresume", 2
-	in := injector(t, "")
-	cl := rackClusterWith(t, 3, func(c *coordinator.Config) { c.Replicas, c.Faults = 1, in }, nil)
-	cl.saveStep(job, ws, 1, 0, 1)
-	cl.waitLatest(job, 1)
-	waitReplicas(t, cl, job, 1, ws, 2)
-	mustSet(t, in, faultinject.CoordResumeSent+"=1*error(ECONNRESET)")
-	events := cl.watch(job)
-	cl.agents[1].Stop()
-	if _, err := cl.api.NodeDown(ctxT(t), &coordpb.NodeDownRequest{Node: "node-1", Reason: "test"}); err != nil {
-		t.Fatal(err)
-	}
-	ev := nextEvent(t, events)
-	if !ev.Ok || ev.Step != 1 {
-		t.Fatalf("recovery: %v", ev)
-	}
-	if n := in.Hits()[faultinject.CoordResumeSent]; n != 1 {
-		t.Fatalf("the resume fault fired %d times, want 1", n)
-	}
-	for rank, node := range ev.Placement {
-		var i int
-		if _, err := fmt.Sscanf(node, "node-%d", &i); err != nil {
-			t.Fatal(err)
-		}
-		s, err := cl.clients[i].Session(job, rank, ws)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.RestoreStep(ctxT(t), 1); err != nil {
-			t.Fatalf("rank %d on %s: restore: %v", rank, node, err)
-		}
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			_, _, err := s.LatestConsistent(ctxT(t))
-			if err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("rank %d on %s, 10 s after the recovery: %v", rank, node, err)
-			}
-		}
-		if err := s.Save(ctxT(t), 2, u8(rankData(2, rank)), nil); err != nil {
-			t.Fatalf("rank %d on %s: save after the recovery: %v", rank, node, err)
-		}
-	}
-	cl.waitLatest(job, 2)
-
-	// node-0's agent restarts: its new order stream gets the job's last
-	// gang order, the resume of step 1, again. Its gang is not broken, so
-	// the resume discards nothing (step 2 is not a step "since the abort").
-	cfg := cl.agents[0].Config
-	cl.agents[0].Stop()
-	cl.agents[0] = startAgent(t, cfg)
-	eventually(t, 10*time.Second, "node-0's order stream open again", func() bool {
-		resp, err := cl.api.TierStatus(ctxT(t), &coordpb.TierStatusRequest{})
-		return err == nil && slices.ContainsFunc(resp.Nodes, func(n *coordpb.NodeTiers) bool { return n.Node == "node-0" })
-	})
-	time.Sleep(500 * time.Millisecond) // the replayed resume is taken at once
-	held := false
-	for _, sh := range cl.agents[0].Agent.List(job) {
-		held = held || sh.Rank == 0 && sh.Step == 2 && sh.State == "committed"
-	}
-	if !held {
-		t.Fatal("node-0 lost rank 0's step 2 when the resume of step 1 was sent again")
-	}
-	cl.waitLatest(job, 2)
 }

@@ -30,7 +30,7 @@ func (c *Coordinator) Run(ctx context.Context, ready func(grpcAddr, metricsAddr 
 		// peer answers: two more packets, and two more wake-ups on each
 		// side, per report. A fixed window, larger than any report or
 		// inventory needs in flight, has none.
-		grpc.StaticStreamWindowSize(staticWindow), grpc.StaticConnWindowSize(staticWindow),
+		grpc.StaticStreamWindowSize(staticWindow), grpc.StaticConnWindowSize(staticWindow), coordpb.KeepaliveServer(),
 		grpc.ChainUnaryInterceptor(c.unaryLeader), grpc.ChainStreamInterceptor(c.streamLeader))
 	coordpb.RegisterCoordinatorServer(srv, &server{c: c})
 	errc := make(chan error, 2)
@@ -68,6 +68,7 @@ func (c *Coordinator) Run(ctx context.Context, ready func(grpcAddr, metricsAddr 
 		}
 		defer leave()
 	}
+	go c.finishUnfinished(ctx)
 	c.log.Info("coordinator serving", "addr", l.Addr().String(), "metrics", metricsAddr)
 	if ready != nil {
 		ready(l.Addr().String(), metricsAddr)

@@ -109,7 +109,9 @@ type tierer struct {
 
 	rd *rediscovery // tier copies rebuilt from the tiers' manifests (rediscover.go)
 
-	gangs map[string]*gangRecord // job -> its last gang order (gang.go)
+	gangs      map[string]*gangRecord // job -> its last gang order (gang.go)
+	unfinished map[string]int64       // job -> step: a gang an agent holds broken, no recovery of it known here (gang.go)
+	seen       map[string]bool        // nodes whose agent opened an order stream since this coordinator started
 }
 
 // order is a transfer order and the node it is for.
@@ -139,7 +141,7 @@ func newTierer(c *Coordinator) *tierer {
 		health: map[string][]*coordpb.TierHealth{}, skipped: map[string]bool{},
 		commits: make(chan commitRec, 1<<16), rankRepl: map[rankKey]int{}, rankNext: map[rankKey]commitRec{}, commitOrders: map[uint64]rankKey{},
 		jobReplicas: map[string]int{}, replicated: map[string]int64{}, repl: map[string]*replication{}, rd: newRediscovery(),
-		gangs: map[string]*gangRecord{}}
+		gangs: map[string]*gangRecord{}, unfinished: map[string]int64{}, seen: map[string]bool{}}
 }
 
 // policy returns a job's tier policy.

@@ -203,7 +203,7 @@ const scanEvery = 100 * time.Millisecond
 // subscribe opens node's order stream; a newer stream replaces an older
 // one, whose unreported orders are failed (the agent that had them is
 // gone or restarted).
-func (t *tierer) subscribe(node string, tierNames []string) *subscriber {
+func (t *tierer) subscribe(node string, tierNames []string, broken map[string]int64) *subscriber {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if old := t.subs[node]; old != nil {
@@ -212,8 +212,10 @@ func (t *tierer) subscribe(node string, tierNames []string) *subscriber {
 	}
 	s := &subscriber{tiers: tierNames, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	t.subs[node] = s
+	t.seen[node] = true
 	t.c.log.Info("agent subscribed to tier transfers", "node", node, "tiers", tierNames)
 	t.replayGangs(node)
+	t.noteBroken(node, broken)
 	s.poke()
 	t.rd.poke() // its tiers may hold copies this index does not know
 	return s
@@ -292,7 +294,7 @@ func (s *server) Transfers(req *coordpb.TransfersRequest, stream coordpb.Coordin
 		return toStatus(fmt.Errorf("%w: coordinator: transfers without a node name", ErrInvalid))
 	}
 	t := s.c.tiers
-	sub := t.subscribe(req.Node, req.Tiers)
+	sub := t.subscribe(req.Node, req.Tiers, req.BrokenGangs)
 	defer t.unsubscribe(req.Node, sub)
 	for {
 		for _, o := range t.take(req.Node) {

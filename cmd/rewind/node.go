@@ -51,7 +51,7 @@ func runNode(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	conn, err := grpc.NewClient(coord, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(coord, grpc.WithTransportCredentials(insecure.NewCredentials()), coordpb.KeepaliveDial())
 	if err != nil {
 		return fmt.Errorf("node: coordinator %s: %w", coord, err)
 	}

@@ -1,0 +1,175 @@
+package coordinator_test
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"rewind.dev/rewind/agent"
+	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/coordinator"
+	"rewind.dev/rewind/faultinject"
+	"rewind.dev/rewind/sdk"
+)
+
+// TestFaultResumeLostWithItsStream: the resume that ends a recovery is
+// lost on an agent's order stream (the stream breaks after the
+// coordinator took the order). The coordinator sends it again when the
+// agent's stream reconnects: every rank of the new gang, once restored, is
+// answered again and saves, and the job's next step becomes consistent.
+func TestFaultResumeLostWithItsStream(t *testing.T) {
+	const job, ws = "lostresume", 2
+	in := injector(t, "")
+	cl := rackClusterWith(t, 3, func(c *coordinator.Config) { c.Replicas, c.Faults = 1, in }, nil)
+	cl.saveStep(job, ws, 1, 0, 1)
+	cl.waitLatest(job, 1)
+	waitReplicas(t, cl, job, 1, ws, 2)
+	mustSet(t, in, faultinject.CoordResumeSent+"=1*error(ECONNRESET)")
+	events := cl.watch(job)
+	cl.agents[1].Stop()
+	if _, err := cl.api.NodeDown(ctxT(t), &coordpb.NodeDownRequest{Node: "node-1", Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	ev := nextEvent(t, events)
+	if !ev.Ok || ev.Step != 1 {
+		t.Fatalf("recovery: %v", ev)
+	}
+	if n := in.Hits()[faultinject.CoordResumeSent]; n != 1 {
+		t.Fatalf("the resume fault fired %d times, want 1", n)
+	}
+	cl.ranksSaveOn(job, ws, ev)
+
+	// node-0's agent restarts: its new order stream gets the job's last
+	// gang order, the resume of step 1, again. Its gang is not broken, so
+	// the resume discards nothing (step 2 is not a step "since the abort").
+	cfg := cl.agents[0].Config
+	cl.agents[0].Stop()
+	cl.agents[0] = startAgent(t, cfg)
+	eventually(t, 10*time.Second, "node-0's order stream open again", func() bool {
+		resp, err := cl.api.TierStatus(ctxT(t), &coordpb.TierStatusRequest{})
+		return err == nil && slices.ContainsFunc(resp.Nodes, func(n *coordpb.NodeTiers) bool { return n.Node == "node-0" })
+	})
+	time.Sleep(500 * time.Millisecond) // the replayed resume is taken at once
+	held := false
+	for _, sh := range cl.agents[0].Agent.List(job) {
+		held = held || sh.Rank == 0 && sh.Step == 2 && sh.State == "committed"
+	}
+	if !held {
+		t.Fatal("node-0 lost rank 0's step 2 when the resume of step 1 was sent again")
+	}
+	cl.waitLatest(job, 2)
+}
+
+// TestRecoveryLeftUnfinishedIsFinished: a recovery fails after its abort
+// (fault coordinator/before-regang), and the coordinator restarts with no
+// memory of it. The aborted agents name the gang they hold broken when
+// they reconnect, and the new coordinator finishes the recovery: the
+// job's watchers get the re-gang, and its ranks save on.
+func TestRecoveryLeftUnfinishedIsFinished(t *testing.T) {
+	const job, ws = "unfinished", 2
+	in := injector(t, faultinject.CoordBeforeRegang+"=1*error(EIO)")
+	cl := rackClusterWith(t, 3, func(c *coordinator.Config) { c.Replicas, c.Faults = 1, in }, nil)
+	cl.saveStep(job, ws, 1, 0, 1)
+	cl.waitLatest(job, 1)
+	waitReplicas(t, cl, job, 1, ws, 2)
+	events := cl.watch(job)
+	cl.agents[1].Stop()
+	if _, err := cl.api.NodeDown(ctxT(t), &coordpb.NodeDownRequest{Node: "node-1", Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	if ev := nextEvent(t, events); ev.Ok {
+		t.Fatalf("recovery cut before its re-gang succeeded: %v", ev)
+	}
+	s, _ := cl.clients[0].Session(job, 0, ws)
+	if _, _, err := s.LatestConsistent(ctxT(t)); !errors.Is(err, sdk.ErrGangBroken) {
+		t.Fatalf("rank 0 after the failed recovery: %v, want its gang broken", err)
+	}
+
+	cl.stop()
+	cl.addr, cl.stop = startCoordinator(t, cl.dataDir, cl.addr, func(c *coordinator.Config) { c.Replicas, c.LeaveGrace = 1, time.Second })
+	var stream coordpb.Coordinator_WatchJobClient
+	eventually(t, 10*time.Second, "a watch on the restarted coordinator", func() bool {
+		var err error
+		stream, err = cl.api.WatchJob(ctxT(t), &coordpb.WatchJobRequest{Job: job, Replay: true})
+		return err == nil
+	})
+	ev, err := stream.Recv()
+	if err != nil || !ev.Ok || ev.Kind != "regang" || ev.Step != 1 || ev.Placement[1] != "node-2" {
+		t.Fatalf("the restarted coordinator's event: %v %v; want the re-gang at step 1 with rank 1 on node-2", ev, err)
+	}
+	cl.ranksSaveOn(job, ws, ev)
+}
+
+// ranksSaveOn checks that the ranks of a re-ganged job, restarted where
+// ev places them, restore its step, are answered and save the next one,
+// which becomes consistent.
+func (cl *cluster) ranksSaveOn(job string, ws uint32, ev *coordpb.JobEvent) {
+	t := cl.t
+	t.Helper()
+	for rank, node := range ev.Placement {
+		var i int
+		if _, err := fmt.Sscanf(node, "node-%d", &i); err != nil {
+			t.Fatal(err)
+		}
+		s, err := cl.clients[i].Session(job, rank, ws)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.RestoreStep(ctxT(t), ev.Step); err != nil {
+			t.Fatalf("rank %d on %s: restore: %v", rank, node, err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			_, _, err := s.LatestConsistent(ctxT(t))
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("rank %d on %s, 10 s after the recovery: %v", rank, node, err)
+			}
+		}
+		if err := s.Save(ctxT(t), ev.Step+1, u8(rankData(ev.Step+1, rank)), nil); err != nil {
+			t.Fatalf("rank %d on %s: save after the recovery: %v", rank, node, err)
+		}
+	}
+	cl.waitLatest(job, ev.Step+1)
+}
+
+// TestNodeLostWhileNoCoordinatorRanIsRecovered: a node running a rank dies
+// while the coordinator is down. The new coordinator's failure detection
+// never knew it, so it never declares it dead; but it is placed on and its
+// agent does not come back, so once the grace has passed it is declared
+// down and its job recovered.
+func TestNodeLostWhileNoCoordinatorRanIsRecovered(t *testing.T) {
+	const job, ws = "absent", 2
+	cl, seed := gossipCoordinator(t, nil)
+	for i := range 3 {
+		cl.addAgent(func(cfg *agent.Config) {
+			g := gossipConfig(nil)
+			cfg.Node, cfg.FailureDomain = fmt.Sprintf("node-%d", i), []string{"rack-a", "rack-b"}[i%2]
+			cfg.Gossip, cfg.GossipJoin = &g, []string{seed}
+		})
+	}
+	cl.saveStep(job, ws, 1, 0, 1)
+	cl.waitLatest(job, 1)
+	waitReplicas(t, cl, job, 1, ws, 2)
+	cl.stop()
+	cl.agents[1].Stop()
+	g := gossipConfig(nil)
+	cl.addr, cl.stop = startCoordinator(t, cl.dataDir, cl.addr, func(c *coordinator.Config) {
+		c.Gossip, c.Replicas, c.LeaveGrace = &g, 1, time.Second
+	})
+	var stream coordpb.Coordinator_WatchJobClient
+	eventually(t, 10*time.Second, "a watch on the restarted coordinator", func() bool {
+		var err error
+		stream, err = cl.api.WatchJob(ctxT(t), &coordpb.WatchJobRequest{Job: job, Replay: true})
+		return err == nil
+	})
+	ev, err := stream.Recv()
+	if err != nil || !ev.Ok || ev.Step != 1 || ev.Placement[1] != "node-2" || !strings.Contains(ev.Reason, "has not connected since the coordinator started") {
+		t.Fatalf("the restarted coordinator's event: %v %v; want node-1's rank recovered onto node-2 at step 1", ev, err)
+	}
+	cl.ranksSaveOn(job, ws, ev)
+}
