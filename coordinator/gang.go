@@ -126,12 +126,12 @@ func (t *tierer) sendGangOrder(ctx context.Context, stream coordpb.Coordinator_T
 // ranks' calls for good. But they know: every agent names the gangs it
 // holds broken when its order stream connects (TransfersRequest
 // broken_gangs). A job so named that has no recovery known here is
-// finished once the agents had time to reconnect (LeaveGrace from this
-// coordinator's start, at least a second): a node the job is placed on
-// whose agent did not come back is declared down, and the recovery that
-// follows re-gangs the job; a job placed on live nodes only is restarted
-// at the step its abort named (RestartJob, with force: the interrupted
-// recovery was already going back to it).
+// finished as soon as the agents of every node it is placed on are back:
+// it is restarted at the step its abort named (RestartJob, with force: the
+// interrupted recovery was already going back to it). Once the agents had
+// time to reconnect (LeaveGrace from this coordinator's start, at least a
+// second), a node the job is placed on whose agent did not come back is
+// declared down, and the recovery that follows re-gangs the job.
 
 // noteBroken records the gangs node holds broken that no recovery here
 // knows of. The caller holds t.mu.
@@ -153,11 +153,11 @@ func (t *tierer) noteBroken(node string, broken map[string]int64) {
 // while this coordinator leads, until ctx ends.
 func (c *Coordinator) finishUnfinished(ctx context.Context) {
 	start, grace := time.Now(), max(c.cfg.LeaveGrace, time.Second)
-	if clock.Sleep(ctx, grace) != nil {
-		return
-	}
 	warned := map[string]bool{}
 	for {
+		if clock.Sleep(ctx, 250*time.Millisecond) != nil {
+			return
+		}
 		if c.leading() && time.Since(start) >= absentAfter*grace {
 			c.absentNodes(start, warned)
 		}
@@ -174,20 +174,19 @@ func (c *Coordinator) finishUnfinished(ctx context.Context) {
 			}
 			t.mu.Unlock()
 			for _, job := range slices.Sorted(maps.Keys(todo)) {
-				c.finishRecovery(ctx, job, todo[job])
+				c.finishRecovery(ctx, job, todo[job], time.Since(start) >= grace)
 			}
-		}
-		if clock.Sleep(ctx, time.Second) != nil {
-			return
 		}
 	}
 }
 
-// finishRecovery finishes job's unfinished recovery back to step. It is
-// tried again each second until a gang order of the job is sent (the
-// recovery or the restart began): a node declared down may wait for
-// quorum.
-func (c *Coordinator) finishRecovery(ctx context.Context, job string, step int64) {
+// finishRecovery finishes job's unfinished recovery back to step: at once
+// when the agents of every node the job is placed on are back, else once
+// the grace is over. It is tried again until a gang order of the job is
+// sent (the recovery or the restart began): a node declared down may wait
+// for quorum, and, within the grace, a restart may wait for the agents'
+// inventories (a standby's index is rebuilt from them).
+func (c *Coordinator) finishRecovery(ctx context.Context, job string, step int64, graceOver bool) {
 	c.mu.Lock()
 	var placed []string
 	if j := c.state.Jobs[job]; j != nil {
@@ -199,6 +198,9 @@ func (c *Coordinator) finishRecovery(ctx context.Context, job string, step int64
 	t.mu.Lock()
 	absent := slices.DeleteFunc(placed, func(n string) bool { return t.subs[n] != nil })
 	t.mu.Unlock()
+	if len(absent) > 0 && !graceOver {
+		return
+	}
 	if len(absent) > 0 {
 		for _, n := range absent {
 			if _, err := c.NodeDown(n, "its agent did not reconnect after the coordinator restarted during a recovery of job "+job); err != nil {
@@ -209,7 +211,7 @@ func (c *Coordinator) finishRecovery(ctx context.Context, job string, step int64
 	}
 	c.log.Warn("finishing a recovery the previous coordinator left unfinished", "job", job, "step", step)
 	_, err := c.RestartJob(ctx, job, step, "coordinator (a recovery its predecessor left unfinished)", true, false)
-	if err == nil {
+	if err == nil || !graceOver {
 		return
 	}
 	// Not tried again: the job's gang stays broken until an operator
