@@ -223,6 +223,7 @@ func (s *server) Consistent(ctx context.Context, req *agentpb.ConsistentRequest)
 	if s.a.rep == nil {
 		return nil, fmt.Errorf("%w: agent: this agent runs without a coordinator (--coordinator), so it knows no job-wide consistent step", ErrBusy)
 	}
+	asked := s.a.rep.ask()
 	resp, err := s.a.rep.c.Latest(ctx, &coordpb.LatestRequest{Job: req.Job})
 	if err != nil {
 		st := status.Convert(err)
@@ -231,6 +232,9 @@ func (s *server) Consistent(ctx context.Context, req *agentpb.ConsistentRequest)
 		}
 		return nil, err
 	}
+	// The answer carries the job's pins: the slots they hold stay held
+	// from now, not from the next report's answer.
+	s.a.rep.setPins(asked, []*coordpb.Pin{{Job: req.Job, Step: resp.Step, Protected: resp.Protected}})
 	return &agentpb.ConsistentResponse{Step: resp.Step, WorldSize: resp.WorldSize}, nil
 }
 

@@ -20,6 +20,13 @@ func TestAgentCrashMidPrepareIsReconciled(t *testing.T) {
 	cl.saveStep("job", 1, 1, 0)
 	cl.saveStep("job", 1, 2, 0)
 	cl.waitLatest("job", 2)
+	// The agent learns that step 2 is consistent from the answer to its
+	// next report, or to a rank's question: without it, it would still
+	// hold step 1 for the job and refuse its slot to step 3.
+	s, _ := cl.clients[0].Session("job", 0, 1)
+	if step, _, err := s.LatestConsistent(ctxT(t)); err != nil || step != 2 {
+		t.Fatalf("latest consistent step through the agent: %d %v", step, err)
+	}
 	cl.stop()
 	a := cl.agents[0]
 	// The two slots hold steps 1 and 2; step 3 takes step 1's slot.

@@ -105,8 +105,16 @@ func TestTierCopiesRediscoveredOnEmptyStore(t *testing.T) {
 	tc.restartEmpty(policy, reg)
 	tc.waitDurable(job, want)
 	tc.waitLatest(job, 6)
-	if got := rediscovered(t, reg); got["nvme"] != 4 || got["pfs"] != 2 || got["s3"] != 2 {
-		t.Fatalf("rediscovered counter: %v, want nvme 4 (2 steps on 2 nodes), pfs 2, s3 2", got)
+	// Each node's listing is counted as it is merged: the copies may be
+	// durable before the last one is counted.
+	var got map[string]float64
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if got = rediscovered(t, reg); got["nvme"] == 4 && got["pfs"] == 2 && got["s3"] == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rediscovered counter: %v, want nvme 4 (2 steps on 2 nodes), pfs 2, s3 2", got)
+		}
 	}
 	st, err := tc.api.InspectStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: 1})
 	if err != nil || st.Step.State != "consistent" || st.Step.WorldSize != ws || len(st.Step.Copies) != ws || st.Step.Copies[0].Tier != "s3" {
