@@ -129,9 +129,10 @@ func (t *tierer) sendGangOrder(ctx context.Context, stream coordpb.Coordinator_T
 // finished as soon as the agents of every node it is placed on are back:
 // it is restarted at the step its abort named (RestartJob, with force: the
 // interrupted recovery was already going back to it). Once the agents had
-// time to reconnect (LeaveGrace from this coordinator's start, at least a
-// second), a node the job is placed on whose agent did not come back is
-// declared down, and the recovery that follows re-gangs the job.
+// time to reconnect (LeaveGrace from when this coordinator began to lead,
+// at least a second), a node the job is placed on whose agent did not
+// come back is declared down, and the recovery that follows re-gangs the
+// job.
 
 // noteBroken records the gangs node holds broken that no recovery here
 // knows of. The caller holds t.mu.
@@ -150,34 +151,51 @@ func (t *tierer) noteBroken(node string, broken map[string]int64) {
 
 // finishUnfinished finishes the recoveries agents report unfinished, and
 // declares down the placed nodes that never came back (absentNodes),
-// while this coordinator leads, until ctx ends.
+// while this coordinator leads, until ctx ends. The graces count from
+// when it began to lead (a standby's agents connect to it only then).
 func (c *Coordinator) finishUnfinished(ctx context.Context) {
-	start, grace := time.Now(), max(c.cfg.LeaveGrace, time.Second)
+	grace := max(c.cfg.LeaveGrace, time.Second)
+	var start time.Time // when this coordinator began to lead; zero while it does not
 	warned := map[string]bool{}
-	for {
-		if clock.Sleep(ctx, 250*time.Millisecond) != nil {
-			return
+	for clock.Sleep(ctx, 250*time.Millisecond) == nil {
+		if !c.leading() {
+			start = time.Time{}
+			continue
 		}
-		if c.leading() && time.Since(start) >= absentAfter*grace {
-			c.absentNodes(start, warned)
-		}
-		if c.leading() {
-			t := c.tiers
+		t := c.tiers
+		if start.IsZero() {
+			start = time.Now()
 			t.mu.Lock()
-			todo := map[string]int64{}
-			for job, step := range t.unfinished {
-				if t.gangs[job] == nil {
-					todo[job] = step
-				} else {
-					delete(t.unfinished, job) // a recovery or restart has run since
-				}
+			clear(t.seen) // from an earlier lead: the agents' streams went elsewhere since
+			for n := range t.subs {
+				t.seen[n] = true
 			}
 			t.mu.Unlock()
-			for _, job := range slices.Sorted(maps.Keys(todo)) {
-				c.finishRecovery(ctx, job, todo[job], time.Since(start) >= grace)
-			}
+		}
+		if time.Since(start) >= absentAfter*grace {
+			c.absentNodes(start, warned)
+		}
+		todo := t.unfinishedJobs()
+		for _, job := range slices.Sorted(maps.Keys(todo)) {
+			c.finishRecovery(ctx, job, todo[job], time.Since(start) >= grace)
 		}
 	}
+}
+
+// unfinishedJobs returns the unfinished recoveries still to finish, and
+// forgets those a recovery or restart has begun on since.
+func (t *tierer) unfinishedJobs() map[string]int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	todo := map[string]int64{}
+	for job, step := range t.unfinished {
+		if t.gangs[job] == nil {
+			todo[job] = step
+		} else {
+			delete(t.unfinished, job)
+		}
+	}
+	return todo
 }
 
 // finishRecovery finishes job's unfinished recovery back to step: at once
@@ -231,7 +249,7 @@ func (c *Coordinator) finishRecovery(ctx context.Context, job string, step int64
 // runs (or during a failover) is reported by no one: failure detection
 // declares dead only the members it knew alive. So, with failure
 // detection on, a node that a job's ranks are placed on, whose agent has
-// not opened its order stream since this coordinator started
+// not opened its order stream since this coordinator began to lead
 // (absentAfter × LeaveGrace ago at least: 30 s by default, well past an
 // agent's reconnect backoff of at most 5 s), and that failure detection
 // does not know alive, is declared down, and its jobs recovered. Without
@@ -265,7 +283,7 @@ func (c *Coordinator) absentNodes(start time.Time, warned map[string]bool) {
 		if mb, ok := m.Member(n); ok && (mb.State == membership.StateAlive || mb.State == membership.StateSuspect) {
 			continue
 		}
-		reason := fmt.Sprintf("placed on, but its agent has not connected since the coordinator started %s ago", time.Since(start).Round(time.Second))
+		reason := fmt.Sprintf("placed on, but its agent has not connected since the coordinator began to lead %s ago", time.Since(start).Round(time.Second))
 		if _, err := c.NodeDown(n, reason); err != nil && !warned[n] {
 			warned[n] = true
 			c.log.Warn("a placed node never came back, but cannot be declared down", "node", n, "err", err)

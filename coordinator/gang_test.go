@@ -168,7 +168,7 @@ func TestNodeLostWhileNoCoordinatorRanIsRecovered(t *testing.T) {
 		return err == nil
 	})
 	ev, err := stream.Recv()
-	if err != nil || !ev.Ok || ev.Step != 1 || ev.Placement[1] != "node-2" || !strings.Contains(ev.Reason, "has not connected since the coordinator started") {
+	if err != nil || !ev.Ok || ev.Step != 1 || ev.Placement[1] != "node-2" || !strings.Contains(ev.Reason, "has not connected since the coordinator began to lead") {
 		t.Fatalf("the restarted coordinator's event: %v %v; want node-1's rank recovered onto node-2 at step 1", ev, err)
 	}
 	cl.ranksSaveOn(job, ws, ev)
