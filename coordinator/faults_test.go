@@ -200,15 +200,7 @@ func TestFaultRecoveryCutBeforeRegang(t *testing.T) {
 	const job, ws = "cutregang", 2
 	in := injector(t, "coordinator/before-regang=1*error(EIO)")
 	cl := rackClusterWith(t, 3, func(c *coordinator.Config) { c.Replicas, c.Faults = 1, in }, nil)
-	cl.saveStep(job, ws, 1, 0, 1)
-	cl.waitLatest(job, 1)
-	waitReplicas(t, cl, job, 1, ws, 2)
-	events := cl.watch(job)
-	cl.agents[1].Stop()
-	if _, err := cl.api.NodeDown(ctxT(t), &coordpb.NodeDownRequest{Node: "node-1", Reason: "test"}); err != nil {
-		t.Fatal(err)
-	}
-	ev := nextEvent(t, events)
+	ev := nextEvent(t, cl.loseNode1(job, ws))
 	if ev.Ok || ev.Kind != "failed" || !strings.Contains(ev.Error, "injected fault at coordinator/before-regang") {
 		t.Fatalf("event: %v", ev)
 	}

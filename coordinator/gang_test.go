@@ -22,18 +22,9 @@ import (
 // answered again and saves, and the job's next step becomes consistent.
 func TestFaultResumeLostWithItsStream(t *testing.T) {
 	const job, ws = "lostresume", 2
-	in := injector(t, "")
+	in := injector(t, faultinject.CoordResumeSent+"=1*error(ECONNRESET)")
 	cl := rackClusterWith(t, 3, func(c *coordinator.Config) { c.Replicas, c.Faults = 1, in }, nil)
-	cl.saveStep(job, ws, 1, 0, 1)
-	cl.waitLatest(job, 1)
-	waitReplicas(t, cl, job, 1, ws, 2)
-	mustSet(t, in, faultinject.CoordResumeSent+"=1*error(ECONNRESET)")
-	events := cl.watch(job)
-	cl.agents[1].Stop()
-	if _, err := cl.api.NodeDown(ctxT(t), &coordpb.NodeDownRequest{Node: "node-1", Reason: "test"}); err != nil {
-		t.Fatal(err)
-	}
-	ev := nextEvent(t, events)
+	ev := nextEvent(t, cl.loseNode1(job, ws))
 	if !ev.Ok || ev.Step != 1 {
 		t.Fatalf("recovery: %v", ev)
 	}
@@ -72,15 +63,7 @@ func TestRecoveryLeftUnfinishedIsFinished(t *testing.T) {
 	const job, ws = "unfinished", 2
 	in := injector(t, faultinject.CoordBeforeRegang+"=1*error(EIO)")
 	cl := rackClusterWith(t, 3, func(c *coordinator.Config) { c.Replicas, c.Faults = 1, in }, nil)
-	cl.saveStep(job, ws, 1, 0, 1)
-	cl.waitLatest(job, 1)
-	waitReplicas(t, cl, job, 1, ws, 2)
-	events := cl.watch(job)
-	cl.agents[1].Stop()
-	if _, err := cl.api.NodeDown(ctxT(t), &coordpb.NodeDownRequest{Node: "node-1", Reason: "test"}); err != nil {
-		t.Fatal(err)
-	}
-	if ev := nextEvent(t, events); ev.Ok {
+	if ev := nextEvent(t, cl.loseNode1(job, ws)); ev.Ok {
 		t.Fatalf("recovery cut before its re-gang succeeded: %v", ev)
 	}
 	s, _ := cl.clients[0].Session(job, 0, ws)
@@ -90,13 +73,7 @@ func TestRecoveryLeftUnfinishedIsFinished(t *testing.T) {
 
 	cl.stop()
 	cl.addr, cl.stop = startCoordinator(t, cl.dataDir, cl.addr, func(c *coordinator.Config) { c.Replicas, c.LeaveGrace = 1, time.Second })
-	var stream coordpb.Coordinator_WatchJobClient
-	eventually(t, 10*time.Second, "a watch on the restarted coordinator", func() bool {
-		var err error
-		stream, err = cl.api.WatchJob(ctxT(t), &coordpb.WatchJobRequest{Job: job, Replay: true})
-		return err == nil
-	})
-	ev, err := stream.Recv()
+	ev, err := cl.lastEvent(job)
 	if err != nil || !ev.Ok || ev.Kind != "regang" || ev.Step != 1 || ev.Placement[1] != "node-2" {
 		t.Fatalf("the restarted coordinator's event: %v %v; want the re-gang at step 1 with rank 1 on node-2", ev, err)
 	}
@@ -161,15 +138,21 @@ func TestNodeLostWhileNoCoordinatorRanIsRecovered(t *testing.T) {
 	cl.addr, cl.stop = startCoordinator(t, cl.dataDir, cl.addr, func(c *coordinator.Config) {
 		c.Gossip, c.Replicas, c.LeaveGrace = &g, 1, time.Second
 	})
-	var stream coordpb.Coordinator_WatchJobClient
-	eventually(t, 10*time.Second, "a watch on the restarted coordinator", func() bool {
-		var err error
-		stream, err = cl.api.WatchJob(ctxT(t), &coordpb.WatchJobRequest{Job: job, Replay: true})
-		return err == nil
-	})
-	ev, err := stream.Recv()
+	ev, err := cl.lastEvent(job)
 	if err != nil || !ev.Ok || ev.Step != 1 || ev.Placement[1] != "node-2" || !strings.Contains(ev.Reason, "has not connected since the coordinator began to lead") {
 		t.Fatalf("the restarted coordinator's event: %v %v; want node-1's rank recovered onto node-2 at step 1", ev, err)
 	}
 	cl.ranksSaveOn(job, ws, ev)
+}
+
+// lastEvent waits for the job's next event, or its last one, from a
+// coordinator that may still be starting.
+func (cl *cluster) lastEvent(job string) (*coordpb.JobEvent, error) {
+	var stream coordpb.Coordinator_WatchJobClient
+	eventually(cl.t, 10*time.Second, "a watch on the coordinator", func() bool {
+		var err error
+		stream, err = cl.api.WatchJob(ctxT(cl.t), &coordpb.WatchJobRequest{Job: job, Replay: true})
+		return err == nil
+	})
+	return stream.Recv()
 }

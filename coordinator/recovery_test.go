@@ -61,6 +61,24 @@ func (cl *cluster) watch(job string) <-chan *coordpb.JobEvent {
 	return ch
 }
 
+// loseNode1 saves step 1 of job (ranks 0 and 1 of ws, on node-0 and
+// node-1), waits until it is consistent and replicated, then stops
+// node-1's agent and declares it down; it returns the job's events from
+// before the loss.
+func (cl *cluster) loseNode1(job string, ws uint32) <-chan *coordpb.JobEvent {
+	t := cl.t
+	t.Helper()
+	cl.saveStep(job, ws, 1, 0, 1)
+	cl.waitLatest(job, 1)
+	waitReplicas(t, cl, job, 1, ws, 2)
+	events := cl.watch(job)
+	cl.agents[1].Stop()
+	if _, err := cl.api.NodeDown(ctxT(t), &coordpb.NodeDownRequest{Node: "node-1", Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	return events
+}
+
 func nextEvent(t *testing.T, ch <-chan *coordpb.JobEvent) *coordpb.JobEvent {
 	t.Helper()
 	select {
