@@ -27,6 +27,7 @@ var scenarios = []scenario{
 	{"nvme-full", "fill a rank's node's NVMe volume (ENOSPC), free it again", false, playNVMeFull},
 	{"corrupt-replica", "hang a rank's node and corrupt the copies of its rank that the spare holds; the restore must fall back", false, playCorruptReplica},
 	{"coordinator-commit", "the coordinator exits while recording a step consistent (fault coordinator/before-consistent), restarted", false, playCoordinatorKill},
+	{"coordinator-regang", "a rank's node killed, the coordinator exits in the middle of the recovery (fault coordinator/before-regang), restarted", false, playCoordinatorRegang},
 	{"agent-transfer", "a rank's node exits after a tier upload, before its manifest (fault agent/tier-uploaded)", false, playAgentTransfer},
 	{"two-nodes", "two rank nodes killed one after the other, each recovered", false, playTwoNodes},
 }
