@@ -131,11 +131,15 @@ func (t *transfers) enqueue(o *coordpb.TransferOrder) {
 		t.a.discardAfter(o.Job, o.Step)
 		return
 	case "resume":
-		// The coordinator sends a job's last gang order again when this
-		// stream reconnects (coordinator/gang.go): a resume for a gang not
-		// broken here changes nothing, and discards nothing.
-		if !t.a.gang.breaking(o.Job) {
-			t.a.log.Debug("resume of a job whose gang is not broken here: nothing to do", "job", o.Job, "step", o.Step)
+		// The coordinator sends a job's last gang order again (replay)
+		// when this stream reconnects or this agent reports the job's
+		// gang broken (coordinator/gang.go): a replayed resume only ends
+		// a break; the steps after its step may be the job's since.
+		if o.Replay {
+			if t.a.gang.breaking(o.Job) {
+				t.a.gang.resume(o.Job, o.Step)
+				t.a.log.Info("job recovered (its resume sent again): its ranks may save again", "job", o.Job, "step", o.Step)
+			}
 			return
 		}
 		t.a.discardAfter(o.Job, o.Step) // anything committed since the abort

@@ -1,6 +1,7 @@
 package coordinator_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -155,4 +156,55 @@ func (cl *cluster) lastEvent(job string) (*coordpb.JobEvent, error) {
 		return err == nil
 	})
 	return stream.Recv()
+}
+
+// TestStaleBrokenGangIsResumedNotRestarted: the agents hold a job's gang
+// broken from a recovery that failed (at step 1), but the job trained on
+// since (its ranks restored step 1, saved step 2, consistent). A restarted
+// coordinator, told of the broken gang, must not take the job back to
+// step 1: it tells the agents to resume, and step 2 stays.
+func TestStaleBrokenGangIsResumedNotRestarted(t *testing.T) {
+	const job, ws = "stale", 2
+	in := injector(t, faultinject.CoordBeforeRegang+"=1*error(EIO)")
+	cl := rackClusterWith(t, 3, func(c *coordinator.Config) { c.Replicas, c.Faults = 1, in }, nil)
+	if ev := nextEvent(t, cl.loseNode1(job, ws)); ev.Ok {
+		t.Fatalf("recovery cut before its re-gang succeeded: %v", ev)
+	}
+	placement := map[uint32]int{0: 0, 1: 2}
+	for rank, i := range placement {
+		s, _ := cl.clients[i].Session(job, rank, ws)
+		if _, err := s.RestoreStep(ctxT(t), 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Save(ctxT(t), 2, u8(rankData(2, rank)), nil); err != nil {
+			t.Fatalf("rank %d, restored, saves step 2: %v", rank, err)
+		}
+	}
+	cl.waitLatest(job, 2)
+
+	cl.stop()
+	cl.addr, cl.stop = startCoordinator(t, cl.dataDir, cl.addr, func(c *coordinator.Config) { c.Replicas, c.LeaveGrace = 1, time.Second })
+	for rank, i := range placement {
+		s, _ := cl.clients[i].Session(job, rank, ws)
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			step, _, err := s.LatestConsistent(ctxT(t))
+			if err == nil && step == 2 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("rank %d after the restart: step %d, %v; want step 2 and no broken gang", rank, step, err)
+			}
+		}
+	}
+	time.Sleep(1500 * time.Millisecond) // past the grace: no restart comes either
+	cl.waitLatest(job, 2)
+	ctx, cancel := context.WithTimeout(ctxT(t), time.Second)
+	defer cancel()
+	stream, err := cl.api.WatchJob(ctx, &coordpb.WatchJobRequest{Job: job, Replay: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev, err := stream.Recv(); err == nil {
+		t.Fatalf("the restarted coordinator published %v; want no event", ev)
+	}
 }

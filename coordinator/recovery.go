@@ -151,6 +151,7 @@ func (c *Coordinator) recoverJob(ctx context.Context, job, node, reason string, 
 // failRegang tells the job's watchers that its re-gang failed, and why.
 func (c *Coordinator) failRegang(ev *coordpb.JobEvent, err error) {
 	ev.Kind, ev.Error = "failed", err.Error()
+	c.tiers.gangFailed(ev.Job)
 	c.log.Error("job re-gang failed", "job", ev.Job, "node", ev.Node, "reason", ev.Reason, "err", err)
 	c.watchers.publish(ev)
 }

@@ -24,14 +24,15 @@ func (c *Coordinator) Run(ctx context.Context, ready func(grpcAddr, metricsAddr 
 	if err != nil {
 		return fmt.Errorf("coordinator: listen %s: %w", c.cfg.ListenAddr, err)
 	}
-	srv := grpc.NewServer(grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))), grpc.SharedWriteBuffer(true),
+	srv := grpc.NewServer(append([]grpc.ServerOption{grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))), grpc.SharedWriteBuffer(true),
 		// Reports are small requests answered one by one. With dynamic
 		// flow control every message received sends a BDP ping that the
 		// peer answers: two more packets, and two more wake-ups on each
 		// side, per report. A fixed window, larger than any report or
 		// inventory needs in flight, has none.
-		grpc.StaticStreamWindowSize(staticWindow), grpc.StaticConnWindowSize(staticWindow), coordpb.KeepaliveServer(),
-		grpc.ChainUnaryInterceptor(c.unaryLeader), grpc.ChainStreamInterceptor(c.streamLeader))
+		grpc.StaticStreamWindowSize(staticWindow), grpc.StaticConnWindowSize(staticWindow),
+		grpc.ChainUnaryInterceptor(c.unaryLeader), grpc.ChainStreamInterceptor(c.streamLeader)},
+		coordpb.KeepaliveServer()...)...)
 	coordpb.RegisterCoordinatorServer(srv, &server{c: c})
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(l) }()

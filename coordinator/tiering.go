@@ -111,7 +111,7 @@ type tierer struct {
 
 	gangs      map[string]*gangRecord // job -> its last gang order (gang.go)
 	unfinished map[string]int64       // job -> step: a gang an agent holds broken, no recovery of it known here (gang.go)
-	seen       map[string]bool        // nodes whose agent opened an order stream since this coordinator started
+	seen       map[string]bool        // nodes whose agent opened an order stream since this coordinator began to lead (unfinished.go)
 }
 
 // order is a transfer order and the node it is for.

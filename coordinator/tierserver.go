@@ -214,7 +214,7 @@ func (t *tierer) subscribe(node string, tierNames []string, broken map[string]in
 	t.subs[node] = s
 	t.seen[node] = true
 	t.c.log.Info("agent subscribed to tier transfers", "node", node, "tiers", tierNames)
-	t.replayGangs(node)
+	t.replayGangs(node, broken)
 	t.noteBroken(node, broken)
 	s.poke()
 	t.rd.poke() // its tiers may hold copies this index does not know
@@ -243,10 +243,15 @@ func (t *tierer) lost(node string) {
 	}
 }
 
-// take returns node's orders not yet sent and marks them sent.
-func (t *tierer) take(node string) []*coordpb.TransferOrder {
+// take returns node's orders not yet sent and marks them sent, for sub,
+// the node's open stream: a stream a newer one replaced takes nothing (it
+// would send into a connection that is going away).
+func (t *tierer) take(node string, sub *subscriber) []*coordpb.TransferOrder {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.subs[node] != sub {
+		return nil
+	}
 	var out []*coordpb.TransferOrder
 	for _, id := range slices.Sorted(maps.Keys(t.orders)) {
 		if od := t.orders[id]; od.node == node && !od.sent {
@@ -297,7 +302,7 @@ func (s *server) Transfers(req *coordpb.TransfersRequest, stream coordpb.Coordin
 	sub := t.subscribe(req.Node, req.Tiers, req.BrokenGangs)
 	defer t.unsubscribe(req.Node, sub)
 	for {
-		for _, o := range t.take(req.Node) {
+		for _, o := range t.take(req.Node, sub) {
 			send := stream.Send
 			if o.Kind == "abort" || o.Kind == "resume" {
 				send = func(o *coordpb.TransferOrder) error { return t.sendGangOrder(stream.Context(), stream, o) }

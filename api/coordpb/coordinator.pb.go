@@ -2054,7 +2054,11 @@ type TransferOrder struct {
 	SizeBytes      uint64 `protobuf:"varint,12,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	HeaderChecksum string `protobuf:"bytes,13,opt,name=header_checksum,json=headerChecksum,proto3" json:"header_checksum,omitempty"`
 	// "abort": why the gang is broken.
-	Reason        string `protobuf:"bytes,14,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,14,opt,name=reason,proto3" json:"reason,omitempty"`
+	// "abort", "resume": sent again, not live: the job's last gang order,
+	// to an agent whose order stream reconnected or that reports the job's
+	// gang broken. A replayed resume ends a break and discards nothing.
+	Replay        bool `protobuf:"varint,15,opt,name=replay,proto3" json:"replay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2185,6 +2189,13 @@ func (x *TransferOrder) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *TransferOrder) GetReplay() bool {
+	if x != nil {
+		return x.Replay
+	}
+	return false
 }
 
 type TierEvent struct {
@@ -3329,7 +3340,7 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x02 \x01(\x04R\tsizeBytes\x12'\n" +
-	"\x0fheader_checksum\x18\x03 \x01(\tR\x0eheaderChecksum\"\x93\x03\n" +
+	"\x0fheader_checksum\x18\x03 \x01(\tR\x0eheaderChecksum\"\xab\x03\n" +
 	"\rTransferOrder\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x10\n" +
@@ -3349,7 +3360,8 @@ const file_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"size_bytes\x18\f \x01(\x04R\tsizeBytes\x12'\n" +
 	"\x0fheader_checksum\x18\r \x01(\tR\x0eheaderChecksum\x12\x16\n" +
-	"\x06reason\x18\x0e \x01(\tR\x06reason\"\xe6\x01\n" +
+	"\x06reason\x18\x0e \x01(\tR\x06reason\x12\x16\n" +
+	"\x06replay\x18\x0f \x01(\bR\x06replay\"\xe6\x01\n" +
 	"\tTierEvent\x12\x14\n" +
 	"\x05order\x18\x01 \x01(\x04R\x05order\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x10\n" +

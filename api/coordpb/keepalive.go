@@ -19,14 +19,18 @@ const (
 )
 
 // KeepaliveDial is the dial option of a long-lived client of the
-// coordinator (agents, node supervisors, the Kubernetes controller).
+// coordinator (agents, node supervisors).
 func KeepaliveDial() grpc.DialOption {
 	return grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: KeepaliveTime, Timeout: KeepaliveTimeout, PermitWithoutStream: true})
 }
 
-// KeepaliveServer is the coordinator's server option that lets its
-// clients' pings through (the default policy answers a ping more often
-// than every 5 minutes with GOAWAY).
-func KeepaliveServer() grpc.ServerOption {
-	return grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveTime / 2, PermitWithoutStream: true})
+// KeepaliveServer is the coordinator's server options: its clients' pings
+// are let through (the default policy answers a ping more often than
+// every 5 minutes with GOAWAY), and it pings an idle client connection
+// itself, so that a dead agent's order stream does not look open.
+func KeepaliveServer() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveTime / 2, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: KeepaliveTime, Timeout: KeepaliveTimeout}),
+	}
 }

@@ -1,0 +1,231 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/internal/clock"
+	"rewind.dev/rewind/membership"
+)
+
+// Recoveries left unfinished. A coordinator that exits between a job's
+// abort and its resume (a crash, a restart, a standby taking the lease)
+// takes its gang record with it, and the aborted agents would fail their
+// ranks' calls for good. But they know: every agent names the gangs it
+// holds broken when its order stream connects (TransfersRequest
+// broken_gangs). A job so named that has no recovery known here is
+// finished as soon as the agents of every node it is placed on are back:
+// it is restarted at the step its abort named (RestartJob, with force: the
+// interrupted recovery was already going back to it). Once the agents had
+// time to reconnect (LeaveGrace from when this coordinator began to lead,
+// at least a second), a node the job is placed on whose agent did not
+// come back is declared down, and the recovery that follows re-gangs the
+// job.
+
+// noteBroken records the gangs node holds broken that no recovery here
+// knows of. The caller holds t.mu.
+func (t *tierer) noteBroken(node string, broken map[string]int64) {
+	for job, step := range broken {
+		if t.gangs[job] != nil {
+			continue // its last gang order was sent again (replayGangs)
+		}
+		if _, ok := t.unfinished[job]; !ok {
+			t.c.log.Warn("an agent holds a job's gang broken with no recovery of it known here: the previous coordinator left it unfinished",
+				"node", node, "job", job, "step", step)
+			t.unfinished[job] = step
+		}
+	}
+}
+
+// finishUnfinished finishes the recoveries agents report unfinished, and
+// declares down the placed nodes that never came back (absentNodes),
+// while this coordinator leads, until ctx ends. The graces count from
+// when it began to lead (a standby's agents connect to it only then).
+func (c *Coordinator) finishUnfinished(ctx context.Context) {
+	grace := max(c.cfg.LeaveGrace, time.Second)
+	var start time.Time // when this coordinator began to lead; zero while it does not
+	warned := map[string]bool{}
+	for clock.Sleep(ctx, 250*time.Millisecond) == nil {
+		if !c.leading() {
+			start = time.Time{}
+			continue
+		}
+		t := c.tiers
+		if start.IsZero() {
+			start = time.Now()
+			t.mu.Lock()
+			clear(t.seen) // from an earlier lead: the agents' streams went elsewhere since
+			for n := range t.subs {
+				t.seen[n] = true
+			}
+			t.mu.Unlock()
+		}
+		if time.Since(start) >= absentAfter*grace {
+			c.absentNodes(start, warned)
+		}
+		todo := t.unfinishedJobs()
+		for _, job := range slices.Sorted(maps.Keys(todo)) {
+			c.finishRecovery(ctx, job, todo[job], time.Since(start) >= grace, warned)
+		}
+	}
+}
+
+// unfinishedJobs returns the unfinished recoveries still to finish, and
+// forgets those a recovery or restart has begun on since.
+func (t *tierer) unfinishedJobs() map[string]int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	todo := map[string]int64{}
+	for job, step := range t.unfinished {
+		if t.gangs[job] == nil {
+			todo[job] = step
+		} else {
+			delete(t.unfinished, job)
+		}
+	}
+	return todo
+}
+
+// finishRecovery finishes job's unfinished recovery back to step: at once
+// when the agents of every node the job is placed on are back, else once
+// the grace is over. It is tried again until a gang order of the job is
+// sent (the recovery or the restart began): a node declared down may wait
+// for quorum, and, within the grace, a restart may wait for the agents'
+// inventories (a standby's index is rebuilt from them).
+func (c *Coordinator) finishRecovery(ctx context.Context, job string, step int64, graceOver bool, warned map[string]bool) {
+	c.mu.Lock()
+	var placed []string
+	later := false // a consistent step after the abort's: the job trained on since
+	if j := c.state.Jobs[job]; j != nil {
+		placed = slices.Sorted(maps.Values(j.Placement))
+		later = j.Latest > step
+	}
+	c.mu.Unlock()
+	if later {
+		// A stale report: an agent that missed the resume of a recovery
+		// that did finish (its node was down then). It is told the job
+		// runs; nothing is restarted, nothing discarded.
+		c.log.Warn("an agent holds a job's gang broken from a recovery that finished; it is told to resume", "job", job, "step", step)
+		c.replayResume(job)
+		return
+	}
+	placed = slices.Compact(placed)
+	t := c.tiers
+	t.mu.Lock()
+	absent := slices.DeleteFunc(placed, func(n string) bool { return t.seen[n] })
+	t.mu.Unlock()
+	if len(absent) > 0 && !graceOver {
+		return
+	}
+	if len(absent) > 0 {
+		for _, n := range absent {
+			_, err := c.NodeDown(n, "its agent did not reconnect after the coordinator restarted during a recovery of job "+job)
+			if err != nil && !warned[n] {
+				warned[n] = true
+				c.log.Warn("a node of an unfinished recovery is absent, but cannot be declared down", "job", job, "node", n, "err", err)
+			}
+		}
+		return
+	}
+	c.log.Warn("finishing a recovery the previous coordinator left unfinished", "job", job, "step", step)
+	_, err := c.RestartJob(ctx, job, step, "coordinator (a recovery its predecessor left unfinished)", true, false)
+	if err == nil || !graceOver {
+		return
+	}
+	// Not tried again: the job's gang stays broken until an operator
+	// restores it (rewind restore), as after any failed recovery.
+	t.mu.Lock()
+	delete(t.unfinished, job)
+	began := t.gangs[job] != nil // the re-gang began, and published its failure
+	t.mu.Unlock()
+	if began {
+		return
+	}
+	c.failRegang(&coordpb.JobEvent{Job: job, Step: step, Reason: "finishing a recovery the previous coordinator left unfinished",
+		DetectedUnixNano: c.cfg.Clock.Now().UnixNano()}, err)
+}
+
+// replayResume records a resume of job at its latest step and sends it,
+// replayed, to the agents of the job's nodes: those that hold its gang
+// broken end the break, the others change nothing.
+func (c *Coordinator) replayResume(job string) {
+	c.mu.Lock()
+	nodes := map[string]bool{}
+	var latest int64 = -1
+	if j := c.state.Jobs[job]; j != nil {
+		latest = j.Latest
+		for _, n := range j.Placement {
+			nodes[n] = true
+		}
+	}
+	for n := range c.state.Nodes {
+		if c.state.JobsOn(n)[job] {
+			nodes[n] = true
+		}
+	}
+	c.mu.Unlock()
+	t := c.tiers
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.resumeUnfinished(job, latest, nodes)
+}
+
+// resumeUnfinished is replayResume's part under t.mu.
+func (t *tierer) resumeUnfinished(job string, step int64, nodes map[string]bool) {
+	rec := &gangRecord{kind: "resume", step: step, nodes: nodes}
+	t.gangs[job] = rec
+	delete(t.unfinished, job)
+	for _, n := range slices.Sorted(maps.Keys(nodes)) {
+		t.send(n, rec.order(job, true))
+	}
+}
+
+// Nodes placed on but never seen. A node that dies while no coordinator
+// runs (or during a failover) is reported by no one: failure detection
+// declares dead only the members it knew alive. So, with failure
+// detection on, a node that a job's ranks are placed on, whose agent has
+// not opened its order stream since this coordinator began to lead
+// (absentAfter × LeaveGrace ago at least: 30 s by default, well past an
+// agent's reconnect backoff of at most 5 s), and that failure detection
+// does not know alive, is declared down, and its jobs recovered. Without
+// failure detection nodes are declared down by operators (rewind
+// node-down), and this does nothing.
+
+const absentAfter = 3
+
+// absentNodes declares down the placed nodes never seen since start;
+// warned keeps a node that cannot be (no quorum) from a warning a second.
+func (c *Coordinator) absentNodes(start time.Time, warned map[string]bool) {
+	m, _ := c.members.Load().(*membership.Members)
+	if m == nil {
+		return
+	}
+	c.mu.Lock()
+	placed := map[string]bool{}
+	for _, j := range c.state.Jobs {
+		for _, n := range j.Placement {
+			if _, down := c.down[n]; !down {
+				placed[n] = true
+			}
+		}
+	}
+	c.mu.Unlock()
+	t := c.tiers
+	t.mu.Lock()
+	maps.DeleteFunc(placed, func(n string, _ bool) bool { return t.seen[n] })
+	t.mu.Unlock()
+	for _, n := range slices.Sorted(maps.Keys(placed)) {
+		if mb, ok := m.Member(n); ok && (mb.State == membership.StateAlive || mb.State == membership.StateSuspect) {
+			continue
+		}
+		reason := fmt.Sprintf("placed on, but its agent has not connected since the coordinator began to lead %s ago", time.Since(start).Round(time.Second))
+		if _, err := c.NodeDown(n, reason); err != nil && !warned[n] {
+			warned[n] = true
+			c.log.Warn("a placed node never came back, but cannot be declared down", "node", n, "err", err)
+		}
+	}
+}
