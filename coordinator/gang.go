@@ -1,13 +1,11 @@
 package coordinator
 
 import (
-	"context"
 	"maps"
 	"slices"
 	"time"
 
 	"rewind.dev/rewind/api/coordpb"
-	"rewind.dev/rewind/faultinject"
 )
 
 // Gang orders: "abort" tells the agents of a job's nodes that its gang is
@@ -49,16 +47,7 @@ func (c *Coordinator) gangOrders(job, kind string, step int64, reason string) {
 		t.mu.Unlock()
 	}
 	c.mu.Lock()
-	if j := c.state.Jobs[job]; j != nil {
-		for _, n := range j.Placement {
-			nodes[n] = true
-		}
-		for n := range c.state.Nodes {
-			if c.state.JobsOn(n)[job] {
-				nodes[n] = true
-			}
-		}
-	}
+	maps.Copy(nodes, c.jobNodes(job))
 	for n := range c.down {
 		delete(nodes, n)
 	}
@@ -89,6 +78,23 @@ func (c *Coordinator) gangOrders(job, kind string, step int64, reason string) {
 		}
 	}
 	c.log.Warn("gang orders not taken by every agent within 2 s", "job", job, "kind", kind)
+}
+
+// jobNodes returns the nodes job's ranks run on and the nodes holding
+// copies of its shards. The caller holds c.mu.
+func (c *Coordinator) jobNodes(job string) map[string]bool {
+	nodes := map[string]bool{}
+	if j := c.state.Jobs[job]; j != nil {
+		for _, n := range j.Placement {
+			nodes[n] = true
+		}
+	}
+	for n := range c.state.Nodes {
+		if c.state.JobsOn(n)[job] {
+			nodes[n] = true
+		}
+	}
+	return nodes
 }
 
 // gangFailed notes that job's recovery failed after its abort: the abort
@@ -137,15 +143,4 @@ func (t *tierer) replayGangs(node string, broken map[string]int64) {
 			t.c.log.Debug("gang order sent again to a reconnected agent", "node", node, "job", job, "kind", rec.kind, "step", rec.step)
 		}
 	}
-}
-
-// sendGangOrder sends a gang order on an agent's order stream. The fault
-// point stands for the connection breaking after the order was taken.
-func (t *tierer) sendGangOrder(ctx context.Context, stream coordpb.Coordinator_TransfersServer, o *coordpb.TransferOrder) error {
-	if o.Kind == "resume" {
-		if err := t.c.cfg.Faults.Check(ctx, faultinject.CoordResumeSent); err != nil {
-			return err
-		}
-	}
-	return stream.Send(o)
 }

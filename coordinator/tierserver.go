@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/faultinject"
 	"rewind.dev/rewind/tiers"
 )
 
@@ -303,11 +304,12 @@ func (s *server) Transfers(req *coordpb.TransfersRequest, stream coordpb.Coordin
 	defer t.unsubscribe(req.Node, sub)
 	for {
 		for _, o := range t.take(req.Node, sub) {
-			send := stream.Send
-			if o.Kind == "abort" || o.Kind == "resume" {
-				send = func(o *coordpb.TransferOrder) error { return t.sendGangOrder(stream.Context(), stream, o) }
+			if o.Kind == "resume" { // the stream breaks after the order was taken
+				if err := s.c.cfg.Faults.Check(stream.Context(), faultinject.CoordResumeSent); err != nil {
+					return err
+				}
 			}
-			if err := send(o); err != nil {
+			if err := stream.Send(o); err != nil {
 				return err
 			}
 		}

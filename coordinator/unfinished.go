@@ -154,32 +154,17 @@ func (c *Coordinator) finishRecovery(ctx context.Context, job string, step int64
 // broken end the break, the others change nothing.
 func (c *Coordinator) replayResume(job string) {
 	c.mu.Lock()
-	nodes := map[string]bool{}
-	var latest int64 = -1
+	rec := &gangRecord{kind: "resume", step: -1, nodes: c.jobNodes(job)}
 	if j := c.state.Jobs[job]; j != nil {
-		latest = j.Latest
-		for _, n := range j.Placement {
-			nodes[n] = true
-		}
-	}
-	for n := range c.state.Nodes {
-		if c.state.JobsOn(n)[job] {
-			nodes[n] = true
-		}
+		rec.step = j.Latest
 	}
 	c.mu.Unlock()
 	t := c.tiers
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.resumeUnfinished(job, latest, nodes)
-}
-
-// resumeUnfinished is replayResume's part under t.mu.
-func (t *tierer) resumeUnfinished(job string, step int64, nodes map[string]bool) {
-	rec := &gangRecord{kind: "resume", step: step, nodes: nodes}
 	t.gangs[job] = rec
 	delete(t.unfinished, job)
-	for _, n := range slices.Sorted(maps.Keys(nodes)) {
+	for _, n := range slices.Sorted(maps.Keys(rec.nodes)) {
 		t.send(n, rec.order(job, true))
 	}
 }
