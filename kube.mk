@@ -4,7 +4,34 @@ HELM := $(BIN)/helm
 HELM_STAMP := $(BIN)/.helm-$(HELM_VERSION)
 CHART := deploy/helm/rewind
 
-.PHONY: test-helm helm
+.PHONY: test-helm helm kube-bin test-kube
+
+# The control plane of the end-to-end tests (internal/kubetest): the
+# versions are pinned by the wrapper modules' go.mod files.
+KUBE_BIN_STAMP := $(BIN)/.kube-bin
+KUBE_BIN_MODS := internal/kubetest/kubebin/go.mod internal/kubetest/mpiopbin/go.mod internal/kubetest/jobsetbin/go.mod
+MPIJOB_CRD := manifests/base/kubeflow.org_mpijobs.yaml
+JOBSET_CRD := config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml
+
+## kube-bin: kube-apiserver and kube-controller-manager (k8s.io/kubernetes), mpi-operator, the JobSet controller, built from the Go module proxy into bin/; etcd from Debian.
+kube-bin: $(KUBE_BIN_STAMP)
+
+$(KUBE_BIN_STAMP): $(KUBE_BIN_MODS)
+	@command -v etcd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server)
+	cd internal/kubetest/kubebin && $(GO) build -o $(BIN)/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
+	cd internal/kubetest/kubebin && $(GO) build -o $(BIN)/kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
+	cd internal/kubetest/mpiopbin && $(GO) build -o $(BIN)/mpi-operator github.com/kubeflow/mpi-operator/cmd/mpi-operator
+	cp "$$(cd internal/kubetest/mpiopbin && $(GO) list -m -f '{{.Dir}}' github.com/kubeflow/mpi-operator)/$(MPIJOB_CRD)" $(BIN)/kubeflow.org_mpijobs.yaml
+	cd internal/kubetest/jobsetbin && $(GO) build -o $(BIN)/jobset-controller sigs.k8s.io/jobset
+	install -m 0644 "$$(cd internal/kubetest/jobsetbin && $(GO) list -m -f '{{.Dir}}' sigs.k8s.io/jobset)/$(JOBSET_CRD)" $(BIN)/jobset.x-k8s.io_jobsets.yaml
+	@touch $@
+
+## test-kube: the controller end to end against a real etcd, kube-apiserver (RBAC on), kube-controller-manager, mpi-operator and the JobSet controller, the chart applied, real agents and ranks.
+test-kube: kube-bin helm build
+	$(HELM) template rewind $(CHART) --namespace rewind > $(BIN)/rewind-chart.yaml
+	REWIND_KUBE_BIN=$(BIN) REWIND_BIN=$(BIN)/rewind REWIND_CHART_RENDERED=$(BIN)/rewind-chart.yaml REWIND_REQUIRE_KUBE=1 \
+		$(GO) test -count=1 -timeout 15m -v -run . ./kube/e2e 2>&1 | tee $(BIN)/test-kube.log | grep -E '^(=== RUN|--- |\s+\S+_test.go|ok|FAIL|PASS)'; \
+		test $${PIPESTATUS[0]} -eq 0
 
 ## helm: a pinned helm under bin/ (built from source with go install).
 helm: $(HELM_STAMP)

@@ -16,6 +16,11 @@ type Config struct {
 	NodeGrace time.Duration
 	// Workers is the number of goroutines processing the work queue.
 	Workers int
+	// JobSets makes the controller manage JobSets (jobset.x-k8s.io) too.
+	// Run sets it when the API server serves JobSets (their CRD
+	// installed); an informer of a resource that is not served never
+	// syncs and would stop the controller.
+	JobSets bool
 	// Resync is the informers' resync period.
 	Resync time.Duration
 	// Clock decides the grace; tests pass a fake one.

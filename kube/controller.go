@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,9 +24,11 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
+
+	"rewind.dev/rewind/regang"
 )
 
-// Event reasons, on the MPIJob unless said otherwise.
+// Event reasons, on the MPIJob or JobSet unless said otherwise.
 const (
 	ReasonInvalidAnnotation = "InvalidAnnotation"
 	ReasonInvalidSpec       = "InvalidSpec"
@@ -39,9 +42,9 @@ const (
 	ReasonNodeDown          = "NodeDown" // on the Node
 )
 
-// Controller watches MPIJobs, their pods and the nodes, and keeps the
-// coordinator's view of managed jobs in step with them. Run it once; only
-// the leader runs it (LeaderElect).
+// Controller watches MPIJobs (and JobSets, with Config.JobSets), their
+// pods and the nodes, and keeps the coordinator's view of managed jobs in
+// step with them. Run it once; only the leader runs it (LeaderElect).
 type Controller struct {
 	cfg      Config
 	log      *slog.Logger
@@ -56,20 +59,32 @@ type Controller struct {
 	pods          corelisters.PodLister
 	nodes         corelisters.NodeLister
 	synced        []cache.InformerSynced
+	// The JobSets and their pods, with Config.JobSets (else nil).
+	jobSets    cache.GenericLister
+	jobSetPods cache.SharedIndexInformer
 
 	queue workqueue.TypedRateLimitingInterface[item]
 
 	mu         sync.Mutex
-	registered map[string]string             // job → the last RegisterJob sent, as text
-	reported   map[string]string             // job → the last problem reported by Event
-	followers  map[string]context.CancelFunc // job → stops following its recoveries
-	downed     map[string]string             // node not Ready since → nodeDeclared, nodeTainted
+	registered map[item]string             // job → the last RegisterJob sent, as text
+	reported   map[item]string             // job → the last problem reported by Event
+	followers  map[item]context.CancelFunc // job → stops following its recoveries
+	downed     map[string]string           // node not Ready since → nodeDeclared, nodeTainted
 }
 
-// item is a unit of work: a node or an MPIJob (namespace/name).
+// item is a unit of work: a node, an MPIJob or a JobSet (namespace/name).
 type item struct {
-	node bool
-	key  string
+	node   bool
+	jobSet bool
+	key    string
+}
+
+// workload is the kind of the job it names.
+func (it item) workload() workload {
+	if it.jobSet {
+		return jobSets
+	}
+	return mpiJobs
 }
 
 // Informers returns the informer factories the controller needs (pods,
@@ -99,8 +114,8 @@ func New(cfg Config, kube kubernetes.Interface, dyn dynamic.Interface, coord Coo
 		kubeInformers: ki, dynInformers: di,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[item](),
 			workqueue.TypedRateLimitingQueueConfig[item]{Name: "rewind", Clock: cfg.Clock}),
-		registered: map[string]string{}, reported: map[string]string{},
-		followers: map[string]context.CancelFunc{}, downed: map[string]string{},
+		registered: map[item]string{}, reported: map[item]string{},
+		followers: map[item]context.CancelFunc{}, downed: map[string]string{},
 	}
 	ji := di.ForResource(MPIJobs).Informer()
 	pi := ki.Core().V1().Pods().Informer()
@@ -113,6 +128,18 @@ func New(cfg Config, kube kubernetes.Interface, dyn dynamic.Interface, coord Coo
 		inf cache.SharedIndexInformer
 		key func(any) (item, bool)
 	}{{ji, jobItem}, {pi, podItem}, {ni, nodeItem}}
+	if cfg.JobSets {
+		si := di.ForResource(JobSets).Informer()
+		c.jobSets = di.ForResource(JobSets).Lister()
+		c.jobSetPods = coreinformers.NewFilteredPodInformer(kube, metav1.NamespaceAll, cfg.Resync,
+			cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc},
+			func(o *metav1.ListOptions) { o.LabelSelector = labelJobSetName })
+		c.synced = append(c.synced, si.HasSynced, c.jobSetPods.HasSynced)
+		handlers = append(handlers, []struct {
+			inf cache.SharedIndexInformer
+			key func(any) (item, bool)
+		}{{si, jobSetItem}, {c.jobSetPods, jobSetPodItem}}...)
+	}
 	for _, h := range handlers {
 		key := h.key
 		add := func(obj any) {
@@ -134,6 +161,24 @@ func jobItem(obj any) (item, bool) {
 	return item{key: k}, err == nil
 }
 
+func jobSetItem(obj any) (item, bool) {
+	k, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+	return item{jobSet: true, key: k}, err == nil
+}
+
+// jobSetPodItem is the JobSet that a pod belongs to, by the JobSet
+// controller's label.
+func jobSetPodItem(obj any) (item, bool) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	p, ok := obj.(*corev1.Pod)
+	if !ok || p.Labels[labelJobSetName] == "" {
+		return item{}, false
+	}
+	return item{jobSet: true, key: jobKey(p.Namespace, p.Labels[labelJobSetName])}, true
+}
+
 func nodeItem(obj any) (item, bool) {
 	k, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
 	return item{node: true, key: k}, err == nil
@@ -148,7 +193,7 @@ func podItem(obj any) (item, bool) {
 	if !ok || p.Labels[labelJobName] == "" {
 		return item{}, false
 	}
-	return item{key: jobID(p.Namespace, p.Labels[labelJobName])}, true
+	return item{key: jobKey(p.Namespace, p.Labels[labelJobName])}, true
 }
 
 // Run starts the informers, waits for their caches and processes work
@@ -158,10 +203,13 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer c.queue.ShutDown()
 	c.kubeInformers.Start(ctx.Done())
 	c.dynInformers.Start(ctx.Done())
+	if c.jobSetPods != nil {
+		go c.jobSetPods.Run(ctx.Done())
+	}
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
 		return errors.New("kube: informer caches did not sync")
 	}
-	c.log.Info("kube controller running", "workers", c.cfg.Workers, "node_grace", c.cfg.NodeGrace)
+	c.log.Info("kube controller running", "workers", c.cfg.Workers, "node_grace", c.cfg.NodeGrace, "jobsets", c.cfg.JobSets)
 	var wg sync.WaitGroup
 	for range c.cfg.Workers {
 		wg.Go(func() { wait.UntilWithContext(ctx, c.runWorker, time.Second) })
@@ -197,37 +245,50 @@ func (c *Controller) sync(ctx context.Context, it item) error {
 	if it.node {
 		return c.syncNode(ctx, it.key)
 	}
-	return c.syncJob(ctx, it.key)
+	return c.syncWorkload(ctx, it)
 }
 
-// jobPods lists the pods mpi-operator made for MPIJob name.
-func (c *Controller) jobPods(namespace, name string) ([]*corev1.Pod, error) {
-	return c.pods.Pods(namespace).List(labels.SelectorFromSet(labels.Set{labelJobName: name}))
+// lister is the cache of w's jobs.
+func (c *Controller) lister(w workload) cache.GenericLister {
+	if w == jobSets {
+		return c.jobSets
+	}
+	return c.jobs
+}
+
+// jobPods lists the pods w's controller made for job name.
+func (c *Controller) jobPods(w workload, namespace, name string) ([]*corev1.Pod, error) {
+	sel := labels.SelectorFromSet(labels.Set{w.podLabel(): name})
+	if w == jobSets {
+		return corelisters.NewPodLister(c.jobSetPods.GetIndexer()).Pods(namespace).List(sel)
+	}
+	return c.pods.Pods(namespace).List(sel)
 }
 
 // startFollow follows job's recoveries (re-gangs by the driver) until
 // stopFollow or ctx ends; a follow that fails starts over.
-func (c *Controller) startFollow(ctx context.Context, job string) {
+func (c *Controller) startFollow(ctx context.Context, it item, job string, d regang.Driver) {
+	key := it.key
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.followers[job]; ok {
+	if _, ok := c.followers[it]; ok {
 		return
 	}
 	fctx, cancel := context.WithCancel(ctx)
-	c.followers[job] = cancel
+	c.followers[it] = cancel
 	go wait.UntilWithContext(fctx, func(ctx context.Context) {
-		if err := c.coord.Follow(ctx, job, c.driver); err != nil && ctx.Err() == nil {
-			c.log.Warn("kube: following recoveries", "job", job, "err", err)
+		if err := c.coord.Follow(ctx, job, d); err != nil && ctx.Err() == nil {
+			c.log.Warn("kube: following recoveries", strings.ToLower(it.workload().Kind()), key, "job", job, "err", err)
 		}
 	}, time.Second)
 }
 
-func (c *Controller) stopFollow(job string) {
+func (c *Controller) stopFollow(it item) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if cancel, ok := c.followers[job]; ok {
+	if cancel, ok := c.followers[it]; ok {
 		cancel()
-		delete(c.followers, job)
+		delete(c.followers, it)
 	}
 }
 

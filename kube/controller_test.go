@@ -41,11 +41,11 @@ func TestManagedAndUnmanagedJobs(t *testing.T) {
 	}
 	r := reg[0]
 	want := map[uint32]string{0: "n1", 1: "n1", 2: "n2", 3: "n2"}
-	if r.Job != "ml/train" || r.WorldSize != 4 || !maps.Equal(r.Placement, want) || r.Policy != ann[AnnPolicy] || r.Replicas == nil || *r.Replicas != 1 {
-		t.Fatalf("registered %v, want ml/train of 4 ranks on %v with the annotations' policy and replicas", r, want)
+	if r.Job != "ml.train" || r.WorldSize != 4 || !maps.Equal(r.Placement, want) || r.Policy != ann[AnnPolicy] || r.Replicas == nil || *r.Replicas != 1 {
+		t.Fatalf("registered %v, want ml.train of 4 ranks on %v with the annotations' policy and replicas", r, want)
 	}
-	if job := <-h.coord.follows; job != "ml/train" {
-		t.Fatalf("following %s, want ml/train", job)
+	if job := <-h.coord.follows; job != "ml.train" {
+		t.Fatalf("following %s, want ml.train", job)
 	}
 	if ev := h.events(); len(ev) != 1 || !hasEvent(ev, "Normal Registered", "4 ranks", "kind=MPIJob") {
 		t.Fatalf("events %q, want one Registered on the MPIJob", ev)
@@ -216,7 +216,7 @@ func TestNodeFaultRestartsGangOnce(t *testing.T) {
 		newNode("n1", corev1.ConditionFalse, t0),
 	}
 	h := newHarness(t, objs...)
-	h.coord.jobsOn["n1"] = []string{"ml/train"}
+	h.coord.jobsOn["n1"] = []string{"ml.train"}
 	h.coord.dupEvents = true
 	h.syncJob("ml/train")
 	<-h.coord.follows
@@ -257,26 +257,37 @@ func TestNodeFaultRestartsGangOnce(t *testing.T) {
 }
 
 // Run wires informers, handlers and the queue: with the informers started
-// on the fake clientsets, an annotated MPIJob is registered and followed.
+// on the fake clientsets, an annotated MPIJob and an annotated JobSet are
+// registered and followed.
 func TestRunRegistersFromInformers(t *testing.T) {
 	ann := map[string]string{AnnCheckpoint: "enabled"}
 	h := newHarness(t)
-	h.kube = kubefake.NewClientset(newPod("ml", "train", roleWorker, 0, "n1"))
+	h.kube = kubefake.NewClientset(newPod("ml", "train", roleWorker, 0, "n1"), newJobSetPod("ml", "set", "node", 0, 0, "n2"))
 	h.dyn = dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{MPIJobs: "MPIJobList"}, newMPIJob("ml", "train", 1, 1, ann))
+		map[schema.GroupVersionResource]string{MPIJobs: "MPIJobList", JobSets: "JobSetList"},
+		newMPIJob("ml", "train", 1, 1, ann), newJobSet("ml", "set", ann, rjob{name: "node", replicas: 1}))
 	c := h.newController()
 	done := make(chan error, 1)
 	go func() { done <- c.Run(h.ctx) }()
-	select {
-	case job := <-h.coord.follows:
-		if job != "ml/train" {
-			t.Fatalf("following %s", job)
+	var follows []string
+	for len(follows) < 2 {
+		select {
+		case job := <-h.coord.follows:
+			follows = append(follows, job)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the running controller did not pick up the annotated MPIJob and JobSet (following %v)", follows)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the running controller did not pick up the annotated MPIJob")
 	}
-	if reg, _, _ := h.coord.snapshot(); len(reg) != 1 || reg[0].Placement[0] != "n1" {
-		t.Fatalf("registered %v, want rank 0 on n1", reg)
+	if slices.Sort(follows); !slices.Equal(follows, []string{"ml.set", "ml.train"}) {
+		t.Fatalf("following %v", follows)
+	}
+	reg, _, _ := h.coord.snapshot()
+	placed := map[string]string{}
+	for _, r := range reg {
+		placed[r.Job] = r.Placement[0]
+	}
+	if len(reg) != 2 || placed["ml.train"] != "n1" || placed["ml.set"] != "n2" {
+		t.Fatalf("registered %v, want ml.train's rank 0 on n1, ml.set's on n2", reg)
 	}
 }
 

@@ -1,9 +1,10 @@
 // Package kube is rewind's Kubernetes controller: it runs inside the
 // coordinator and makes the coordinator manage Kubeflow MPIJobs
-// (kubeflow.org/v2beta1) that ask for it by annotation, re-gangs them when
-// a node fails, and runs the restores operators ask for on the MPIJob.
+// (kubeflow.org/v2beta1) and JobSets (jobset.x-k8s.io/v1alpha2, when the
+// API server serves them) that ask for it by annotation, re-gangs them
+// when a node fails, and runs the restores operators ask for on the job.
 //
-// # Annotations on an MPIJob
+// # Annotations on an MPIJob or a JobSet
 //
 //	rewind.dev/checkpoint: "enabled"   the job is managed (anything else: not)
 //	rewind.dev/replicas: "1"           copies of each shard in other nodes' memory
@@ -11,6 +12,7 @@
 //	rewind.dev/restore-step: "1200"    operator restore: restore this step and
 //	                                   restart the gang ("latest": the newest
 //	                                   restorable step); removed once handled
+//	rewind.dev/procs-per-pod: "8"      JobSets: ranks per pod (default 1)
 //
 // The controller writes rewind.dev/restoring-step (the step the gang was
 // restarted to restore), rewind.dev/regang-id and rewind.dev/regang-at
@@ -21,13 +23,18 @@
 //
 // # Ranks
 //
-// The job's id at the coordinator is NAMESPACE/NAME. Its world size is
+// The job's id at the coordinator is NAMESPACE.NAME (shm.KubeJobID). Its world size is
 // Worker replicas × slotsPerWorker: mpi-operator writes a hostfile with
 // slotsPerWorker slots per worker in worker-index order and Open MPI maps
 // ranks by slot, so rank r runs in worker r / slotsPerWorker (its local
 // rank is r % slotsPerWorker), and its node is that worker pod's node.
 // Jobs that run ranks on the launcher (runLauncherAsWorker) are not
 // supported.
+//
+// A JobSet's pods are numbered across spec.replicatedJobs in order (job
+// index × parallelism + completion index, after the pods of the
+// replicatedJobs before), and rank = pod index × procs-per-pod + local
+// rank (jobset.go; docs/design/20261125_jobset.md).
 //
 // # Node faults
 //
@@ -41,7 +48,7 @@
 // # Re-gang
 //
 // MPIJobDriver restarts a gang after the coordinator recovered it (see
-// driver.go for the mechanism and why).
+// driver.go for the mechanism and why; a JobSet's: jobSetKind.deleteGang).
 //
 // Only the leader (LeaderElect, a coordination.k8s.io Lease) runs the
 // controller.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -65,20 +64,53 @@ type MPIJobDriver struct {
 	Clock clock.PassiveClock
 }
 
-var _ regang.Driver = (*MPIJobDriver)(nil)
+// For returns the driver of MPIJob name in namespace ns: what the
+// controller follows the job's recoveries with. (A job id is not turned
+// back into an MPIJob: a long name's id is shortened, see
+// shm.KubeJobID.)
+func (d *MPIJobDriver) For(ns, name string) regang.Driver {
+	return jobRegang{d: d, w: mpiJobs, ns: ns, name: name}
+}
 
-// Regang restarts the event's job (NAMESPACE/NAME) to restore its step,
-// once per recovery: an event seen again (a reopened watch, a new leader)
-// finds its id on the MPIJob and only finishes deleting the old gang, if
-// an earlier try was cut short.
-func (d *MPIJobDriver) Regang(ctx context.Context, ev *coordpb.JobEvent) error {
-	ns, name, ok := strings.Cut(ev.Job, "/")
-	if !ok {
-		return fmt.Errorf("kube: job %q is not NAMESPACE/NAME: not an MPIJob", ev.Job)
+// ForJobSet returns the driver of JobSet name in namespace ns. It
+// restarts the set as For does an MPIJob, deleting the current child Jobs
+// and their pods for the JobSet controller to recreate (see
+// jobSetKind.deleteGang).
+func (d *MPIJobDriver) ForJobSet(ns, name string) regang.Driver {
+	return jobRegang{d: d, w: jobSets, ns: ns, name: name}
+}
+
+func (d *MPIJobDriver) forKind(w workload, ns, name string) regang.Driver {
+	return jobRegang{d: d, w: w, ns: ns, name: name}
+}
+
+type jobRegang struct {
+	d        *MPIJobDriver
+	w        workload
+	ns, name string
+}
+
+var _ regang.Driver = jobRegang{}
+
+func (r jobRegang) Regang(ctx context.Context, ev *coordpb.JobEvent) error {
+	return r.d.regang(ctx, r.w, r.ns, r.name, ev)
+}
+
+// Regang restarts MPIJob ns/name to restore the event's step, once per
+// recovery: an event seen again (a reopened watch, a new leader) finds its
+// id on the MPIJob and only finishes deleting the old gang, if an earlier
+// try was cut short. An event of another job than the MPIJob's is refused.
+func (d *MPIJobDriver) Regang(ctx context.Context, ns, name string, ev *coordpb.JobEvent) error {
+	return d.regang(ctx, mpiJobs, ns, name, ev)
+}
+
+func (d *MPIJobDriver) regang(ctx context.Context, w workload, ns, name string, ev *coordpb.JobEvent) error {
+	if id, err := coordJob(ns, name); err != nil || id != ev.Job {
+		return fmt.Errorf("kube: a recovery of job %q is not one of %s %s/%s (job %q)", ev.Job, w.Kind(), ns, name, id)
 	}
-	u, err := d.Dyn.Resource(MPIJobs).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+	u, err := d.Dyn.Resource(w.Resource()).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
-		return fmt.Errorf("kube: regang of %s: %w", ev.Job, err)
+		return fmt.Errorf("kube: regang of %s %s/%s: %w", w.Kind(), ns, name, err)
 	}
 	d.taintDead(ctx, ev.Node)
 	id := "recovery-" + strconv.FormatInt(ev.DetectedUnixNano, 10)
@@ -89,16 +121,16 @@ func (d *MPIJobDriver) Regang(ctx context.Context, ev *coordpb.JobEvent) error {
 	case ev.Reason != "":
 		why += ": " + ev.Reason
 	}
-	return d.restart(ctx, u, ev.Step, id, why, ev.Node)
+	return d.restart(ctx, w, u, ev.Step, id, why, ev.Node)
 }
 
 // restart records step on the MPIJob and restarts its gang (deadNode,
 // when set, is the node whose death started it), unless mpi-operator
 // would not recreate the gang or the MPIJob already carries regang id.
-func (d *MPIJobDriver) restart(ctx context.Context, u *unstructured.Unstructured, step int64, id, why, deadNode string) error {
-	key := jobID(u.GetNamespace(), u.GetName())
+func (d *MPIJobDriver) restart(ctx context.Context, w workload, u *unstructured.Unstructured, step int64, id, why, deadNode string) error {
+	key := jobKey(u.GetNamespace(), u.GetName())
 	if u.GetAnnotations()[AnnRegangID] == id {
-		if finished(u) != "" || managedElsewhere(u) != "" {
+		if w.finished(u) != "" || w.managedElsewhere(u) != "" {
 			return nil // nothing of the old gang to finish deleting
 		}
 		// Restarted already, perhaps not completely (an API error, a
@@ -109,22 +141,26 @@ func (d *MPIJobDriver) restart(ctx context.Context, u *unstructured.Unstructured
 			d.Log.Info("kube: gang already restarted for this", "job", key, "regang_id", id)
 			return nil
 		}
-		deleted, err := d.deleteGang(ctx, u.GetNamespace(), u.GetName(), at, deadNode)
+		deleted, err := w.deleteGang(ctx, d, u, at, deadNode)
 		if err != nil {
 			return fmt.Errorf("kube: restarting the gang of %s: %w", key, err)
 		}
 		d.Log.Info("kube: gang already restarted for this", "job", key, "regang_id", id, "deleted_now", deleted)
 		if deleted > 0 {
 			d.Recorder.Eventf(u, corev1.EventTypeNormal, ReasonRegang,
-				"restarting the gang to restore step %d (%s), finished: %d objects of the old gang left, deleted for mpi-operator to recreate", step, why, deleted)
+				"restarting the gang to restore step %d (%s), finished: %d objects of the old gang left, deleted for %s to recreate", step, why, deleted, w.recreator())
 		}
 		return nil
 	}
-	if m := managedElsewhere(u); m != "" {
-		return d.cannotRestart(u, step, fmt.Sprintf("its spec.runPolicy.managedBy is %s: mpi-operator here does not run its pods", m))
+	if m := w.managedElsewhere(u); m != "" {
+		field := "spec.runPolicy.managedBy"
+		if w == jobSets {
+			field = "spec.managedBy"
+		}
+		return d.cannotRestart(u, step, fmt.Sprintf("its %s is %s: %s here does not run its pods", field, m, w.recreator()))
 	}
-	if f := finished(u); f != "" {
-		return d.cannotRestart(u, step, fmt.Sprintf("mpi-operator marked it %s and never recreates the pods of a finished MPIJob; resubmit it (its checkpoints are kept) to resume from step %d", f, step))
+	if f := w.finished(u); f != "" {
+		return d.cannotRestart(u, step, fmt.Sprintf("%s marked it %s and never recreates the pods of a finished %s; resubmit it (its checkpoints are kept) to resume from step %d", w.recreator(), f, w.Kind(), step))
 	}
 	now := time.Now()
 	if d.Clock != nil {
@@ -141,20 +177,20 @@ func (d *MPIJobDriver) restart(ctx context.Context, u *unstructured.Unstructured
 	if err := d.annotate(ctx, u, ann); err != nil {
 		return err
 	}
-	deleted, err := d.deleteGang(ctx, u.GetNamespace(), u.GetName(), at, deadNode)
+	deleted, err := w.deleteGang(ctx, d, u, at, deadNode)
 	if err != nil {
 		return fmt.Errorf("kube: restarting the gang of %s: %w", key, err)
 	}
-	d.Log.Info("kube: gang restarted", "job", key, "step", step, "why", why, "deleted", deleted)
+	d.Log.Info("kube: gang restarted", "job", key, "kind", w.Kind(), "step", step, "why", why, "deleted", deleted)
 	d.Recorder.Eventf(u, corev1.EventTypeNormal, ReasonRegang,
-		"restarting the gang to restore step %d (%s): %d objects of the old gang (pods, the launcher Job) deleted for mpi-operator to recreate", step, why, deleted)
+		"restarting the gang to restore step %d (%s): %d objects of the old gang (%s) deleted for %s to recreate", step, why, deleted, w.gang(), w.recreator())
 	return nil
 }
 
 // cannotRestart reports on the MPIJob that its gang cannot be restarted
 // and leaves it as it is: retrying would not help.
 func (d *MPIJobDriver) cannotRestart(u *unstructured.Unstructured, step int64, why string) error {
-	d.Log.Warn("kube: cannot restart the gang", "job", jobID(u.GetNamespace(), u.GetName()), "step", step, "why", why)
+	d.Log.Warn("kube: cannot restart the gang", "job", jobKey(u.GetNamespace(), u.GetName()), "step", step, "why", why)
 	d.Recorder.Eventf(u, corev1.EventTypeWarning, ReasonRegangImpossible, "cannot restart the gang to restore step %d: %s", step, why)
 	return nil
 }
@@ -182,9 +218,10 @@ func (d *MPIJobDriver) patchAnnotations(ctx context.Context, u *unstructured.Uns
 	if err != nil {
 		return err
 	}
-	_, err = d.Dyn.Resource(MPIJobs).Namespace(u.GetNamespace()).Patch(ctx, u.GetName(), types.MergePatchType, patch, metav1.PatchOptions{})
+	w := workloadOf(u)
+	_, err = d.Dyn.Resource(w.Resource()).Namespace(u.GetNamespace()).Patch(ctx, u.GetName(), types.MergePatchType, patch, metav1.PatchOptions{})
 	if err != nil {
-		return fmt.Errorf("kube: %s MPIJob %s/%s: %w", doing, u.GetNamespace(), u.GetName(), err)
+		return fmt.Errorf("kube: %s %s %s/%s: %w", doing, w.Kind(), u.GetNamespace(), u.GetName(), err)
 	}
 	return nil
 }
@@ -195,31 +232,8 @@ func (d *MPIJobDriver) patchAnnotations(ctx context.Context, u *unstructured.Uns
 // deleted at once (grace period 0); see MPIJobDriver.
 func (d *MPIJobDriver) deleteGang(ctx context.Context, ns, name string, before time.Time, deadNode string) (int, error) {
 	dead := map[string]bool{}
-	n := 0
-	deletePods := func(role string) error {
-		sel := labels.SelectorFromSet(labels.Set{labelJobName: name, labelJobRole: role}).String()
-		pods, err := d.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
-		if err != nil {
-			return err
-		}
-		for _, p := range pods.Items {
-			if !p.CreationTimestamp.Time.Before(before) {
-				continue // mpi-operator's new gang
-			}
-			opts := metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &p.UID}}
-			if d.nodeDead(ctx, p.Spec.NodeName, deadNode, dead) {
-				opts.GracePeriodSeconds = new(int64)
-			} else if p.DeletionTimestamp != nil {
-				continue // on its way out already
-			}
-			if err := d.Kube.CoreV1().Pods(ns).Delete(ctx, p.Name, opts); err != nil && !isNotFound(err) {
-				return err
-			}
-			n++
-		}
-		return nil
-	}
-	if err := deletePods(roleWorker); err != nil {
+	n, err := d.deletePods(ctx, ns, labels.Set{labelJobName: name, labelJobRole: roleWorker}, before, deadNode, dead)
+	if err != nil {
 		return n, err
 	}
 	j, err := d.Kube.BatchV1().Jobs(ns).Get(ctx, name+launcherSuffix, metav1.GetOptions{})
@@ -235,7 +249,35 @@ func (d *MPIJobDriver) deleteGang(ctx context.Context, ns, name string, before t
 		}
 		n++
 	}
-	return n, deletePods(roleLauncher)
+	m, err := d.deletePods(ctx, ns, labels.Set{labelJobName: name, labelJobRole: roleLauncher}, before, deadNode, dead)
+	return n + m, err
+}
+
+// deletePods deletes the pods of set created before before (a new gang's
+// are left alone), a pod on a dead node with no grace period, and returns
+// how many it deleted; dead caches nodeDead's answers.
+func (d *MPIJobDriver) deletePods(ctx context.Context, ns string, set labels.Set, before time.Time, deadNode string, dead map[string]bool) (int, error) {
+	pods, err := d.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: labels.SelectorFromSet(set).String()})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, p := range pods.Items {
+		if !p.CreationTimestamp.Time.Before(before) {
+			continue // the new gang
+		}
+		opts := metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &p.UID}}
+		if d.nodeDead(ctx, p.Spec.NodeName, deadNode, dead) {
+			opts.GracePeriodSeconds = new(int64)
+		} else if p.DeletionTimestamp != nil {
+			continue // on its way out already
+		}
+		if err := d.Kube.CoreV1().Pods(ns).Delete(ctx, p.Name, opts); err != nil && !isNotFound(err) {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
 }
 
 // nodeDead reports whether node is dead: the recovery's deadNode, gone

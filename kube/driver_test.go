@@ -55,8 +55,8 @@ func TestRegangDeletesWorkersFirstAndDeadNodesPodsAtOnce(t *testing.T) {
 		newPod("ml", "train", roleWorker, 3, "n4"), // NotReady, not yet declared dead
 		newPod("ml", "train", roleLauncher, 0, "n2"),
 		newNode("n1", corev1.ConditionUnknown, t0), newNode("n2", corev1.ConditionTrue, t0), newNode("n4", corev1.ConditionFalse, t0))
-	ev := &coordpb.JobEvent{Job: "ml/train", Kind: "regang", Ok: true, Step: 3, DetectedUnixNano: 1, Node: "n1"}
-	if err := h.c.driver.Regang(h.ctx, ev); err != nil {
+	ev := &coordpb.JobEvent{Job: "ml.train", Kind: coordpb.JobEventKind_JOB_EVENT_KIND_REGANG, Ok: true, Step: 3, DetectedUnixNano: 1, Node: "n1"}
+	if err := h.c.driver.For("ml", "train").Regang(h.ctx, ev); err != nil {
 		t.Fatal(err)
 	}
 	want := []deletion{
@@ -103,8 +103,8 @@ func TestRegangOnlyWhatMPIOperatorRecreates(t *testing.T) {
 			}
 		}
 		h := newHarness(t, u, newLauncherJob("ml", "train"), newPod("ml", "train", roleWorker, 0, "n1"), newNode("n1", corev1.ConditionTrue, t0))
-		ev := &coordpb.JobEvent{Job: "ml/train", Kind: "regang", Ok: true, Step: 3, DetectedUnixNano: 1}
-		if err := h.c.driver.Regang(h.ctx, ev); err != nil {
+		ev := &coordpb.JobEvent{Job: "ml.train", Kind: coordpb.JobEventKind_JOB_EVENT_KIND_REGANG, Ok: true, Step: 3, DetectedUnixNano: 1}
+		if err := h.c.driver.For("ml", "train").Regang(h.ctx, ev); err != nil {
 			t.Fatal(err)
 		}
 		ann = h.mpiJob("ml", "train").GetAnnotations()
@@ -158,8 +158,8 @@ func TestRegangInterruptedIsFinished(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	ev := &coordpb.JobEvent{Job: "ml/train", Kind: "regang", Ok: true, Step: 3, DetectedUnixNano: 1}
-	if err := h.c.driver.Regang(h.ctx, ev); err == nil || !strings.Contains(err.Error(), "timed out") {
+	ev := &coordpb.JobEvent{Job: "ml.train", Kind: coordpb.JobEventKind_JOB_EVENT_KIND_REGANG, Ok: true, Step: 3, DetectedUnixNano: 1}
+	if err := h.c.driver.For("ml", "train").Regang(h.ctx, ev); err == nil || !strings.Contains(err.Error(), "timed out") {
 		t.Fatalf("Regang = %v, want the launcher Job's deletion error", err)
 	}
 	// mpi-operator recreates the workers meanwhile.
@@ -173,7 +173,7 @@ func TestRegangInterruptedIsFinished(t *testing.T) {
 	}
 	fail = false
 	for range 2 {
-		if err := h.c.driver.Regang(h.ctx, ev); err != nil {
+		if err := h.c.driver.For("ml", "train").Regang(h.ctx, ev); err != nil {
 			t.Fatal(err)
 		}
 	}

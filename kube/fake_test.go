@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -25,6 +27,7 @@ import (
 
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/regang"
+	"rewind.dev/rewind/shm"
 )
 
 // fakeCoord is a Coordinator that records what it is asked. NodeDown hands
@@ -49,6 +52,11 @@ func newFakeCoord() *fakeCoord {
 }
 
 func (f *fakeCoord) RegisterJob(_ context.Context, req *coordpb.RegisterJobRequest) error {
+	// The real coordinator refuses what is not a job id (a NAMESPACE/NAME
+	// key once passed every test here and no real registration).
+	if err := shm.ValidateJob(req.Job); err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.registered = append(f.registered, req)
@@ -69,7 +77,7 @@ func (f *fakeCoord) NodeDown(ctx context.Context, node, reason string) ([]string
 	}
 	f.mu.Unlock()
 	for _, j := range jobs {
-		ev := &coordpb.JobEvent{Job: j, Kind: "regang", Ok: true, Step: 7, Reason: reason, DetectedUnixNano: id}
+		ev := &coordpb.JobEvent{Job: j, Kind: coordpb.JobEventKind_JOB_EVENT_KIND_REGANG, Ok: true, Step: 7, Reason: reason, DetectedUnixNano: id}
 		for range 1 + btoi(f.dupEvents) {
 			if d := drivers[j]; d != nil {
 				if err := d.Regang(ctx, ev); err != nil {
@@ -89,6 +97,9 @@ func btoi(b bool) int {
 }
 
 func (f *fakeCoord) Restore(_ context.Context, job string, step int64, who string) (*coordpb.PlanRestoreResponse, error) {
+	if err := shm.ValidateJob(job); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.restores = append(f.restores, fmt.Sprintf("%s %d %s", job, step, who))
@@ -118,7 +129,7 @@ func (f *fakeCoord) Restart(ctx context.Context, job string, step int64, who str
 	if d == nil {
 		return nil, fmt.Errorf("fake: nobody follows %s", job)
 	}
-	ev := &coordpb.JobEvent{Job: job, Kind: "regang", Ok: true, Step: step, DetectedUnixNano: 1000 + step,
+	ev := &coordpb.JobEvent{Job: job, Kind: coordpb.JobEventKind_JOB_EVENT_KIND_REGANG, Ok: true, Step: step, DetectedUnixNano: 1000 + step,
 		Reason: fmt.Sprintf("operator restore of step %d asked by %s", step, who)}
 	if err := d.Regang(ctx, ev); err != nil {
 		return nil, err
@@ -128,6 +139,9 @@ func (f *fakeCoord) Restart(ctx context.Context, job string, step int64, who str
 }
 
 func (f *fakeCoord) Follow(ctx context.Context, job string, d regang.Driver) error {
+	if err := shm.ValidateJob(job); err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
 	f.mu.Lock()
 	f.followers[job] = d
 	f.mu.Unlock()
@@ -176,7 +190,7 @@ func newHarness(t *testing.T, objs ...runtime.Object) *harness {
 	h := &harness{
 		t: t, ctx: ctx, kube: kubefake.NewClientset(typed...),
 		dyn: dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-			map[schema.GroupVersionResource]string{MPIJobs: "MPIJobList"}, dyn...),
+			map[schema.GroupVersionResource]string{MPIJobs: "MPIJobList", JobSets: "JobSetList"}, dyn...),
 		coord: newFakeCoord(), rec: record.NewFakeRecorder(100), clock: testingclock.NewFakeClock(t0),
 	}
 	h.rec.IncludeObject = true
@@ -195,6 +209,7 @@ func (h *harness) newController() *Controller {
 	cfg := DefaultConfig()
 	cfg.Clock = h.clock
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg.JobSets = true
 	ki, di := Informers(h.kube, h.dyn, 0)
 	c, err := New(cfg, h.kube, h.dyn, h.coord, h.rec, ki, di)
 	if err != nil {
@@ -210,8 +225,12 @@ func (h *harness) seed(c *Controller, o runtime.Object) {
 	var err error
 	switch o := o.(type) {
 	case *unstructured.Unstructured:
-		err = c.dynInformers.ForResource(MPIJobs).Informer().GetIndexer().Update(o)
+		err = c.dynInformers.ForResource(workloadOf(o).Resource()).Informer().GetIndexer().Update(o)
 	case *corev1.Pod:
+		if o.Labels[labelJobSetName] != "" {
+			err = c.jobSetPods.GetIndexer().Update(o)
+			break
+		}
 		err = c.kubeInformers.Core().V1().Pods().Informer().GetIndexer().Update(o)
 	case *corev1.Node:
 		err = c.kubeInformers.Core().V1().Nodes().Informer().GetIndexer().Update(o)

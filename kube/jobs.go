@@ -18,17 +18,24 @@ import (
 	"rewind.dev/rewind/api/coordpb"
 )
 
-// syncJob brings the coordinator in step with MPIJob key: registers it
-// (world size, placement, policy, replicas) when managed, follows its
-// recoveries, and runs the restore an operator asked for.
+// syncJob brings the coordinator in step with MPIJob key (syncWorkload).
 func (c *Controller) syncJob(ctx context.Context, key string) error {
+	return c.syncWorkload(ctx, item{key: key})
+}
+
+// syncWorkload brings the coordinator in step with job it (an MPIJob or
+// a JobSet): registers it (world size, placement, policy, replicas) when
+// managed, follows its recoveries, and runs the restore an operator asked
+// for.
+func (c *Controller) syncWorkload(ctx context.Context, it item) error {
+	w, key := it.workload(), it.key
 	ns, name, err := cache.SplitMetaNamespaceKey(key)
 	if err != nil {
 		return nil // not a key we made: nothing to retry
 	}
-	obj, err := c.jobs.ByNamespace(ns).Get(name)
+	obj, err := c.lister(w).ByNamespace(ns).Get(name)
 	if isNotFound(err) {
-		c.forgetJob(key)
+		c.forgetJob(it)
 		return nil
 	}
 	if err != nil {
@@ -36,51 +43,64 @@ func (c *Controller) syncJob(ctx context.Context, key string) error {
 	}
 	u, ok := obj.(*unstructured.Unstructured)
 	if !ok || !managed(u.GetAnnotations()) {
-		c.forgetJob(key)
+		c.forgetJob(it)
 		return nil
 	}
 	spec, err := parseSpec(u.GetAnnotations())
 	var ae *annotationError
 	if errors.As(err, &ae) {
-		c.report(u, ReasonInvalidAnnotation, fmt.Sprintf("annotation %s=%q: %s; the job is left as it was", ae.Key, ae.Value, ae.Problem))
+		c.report(it, u, ReasonInvalidAnnotation, fmt.Sprintf("annotation %s=%q: %s; the job is left as it was", ae.Key, ae.Value, ae.Problem))
 		return nil
 	}
-	shape, err := shapeOf(u)
+	shape, err := w.shapeOf(u)
+	if errors.As(err, &ae) {
+		c.report(it, u, ReasonInvalidAnnotation, fmt.Sprintf("annotation %s=%q: %s; the job is left as it was", ae.Key, ae.Value, ae.Problem))
+		return nil
+	}
 	if err != nil {
-		c.report(u, ReasonInvalidSpec, err.Error())
+		c.report(it, u, ReasonInvalidSpec, err.Error())
 		return nil
 	}
-	c.clearReport(key)
-	pods, err := c.jobPods(ns, name)
+	if other := c.sameID(w, ns, name); other != "" {
+		c.report(it, u, ReasonInvalidSpec, fmt.Sprintf("its job id at the coordinator, %s.%s, is the managed %s %s/%s's: rename one of them", ns, name, other, ns, name))
+		return nil
+	}
+	c.clearReport(it)
+	pods, err := c.jobPods(w, ns, name)
 	if err != nil {
 		return err
 	}
 	pods = sinceRegang(u, pods)
-	if err := c.register(ctx, u, spec, shape, pods); err != nil {
+	id, err := coordJob(ns, name)
+	if err != nil {
+		c.report(it, u, ReasonInvalidSpec, err.Error())
+		return nil
+	}
+	if err := c.register(ctx, it, u, id, spec, shape, pods); err != nil {
 		return err
 	}
-	c.startFollow(ctx, key)
-	if err := c.placeShards(ctx, u, shape, pods); err != nil {
+	c.startFollow(ctx, it, id, c.driver.forKind(w, ns, name))
+	if err := c.placeShards(ctx, u, id, shape, pods); err != nil {
 		return err
 	}
 	if spec.restore {
-		return c.operatorRestore(ctx, u, spec)
+		return c.operatorRestore(ctx, u, id, spec)
 	}
 	return nil
 }
 
 // register sends the job to the coordinator when what it would send
 // changed since the last time.
-func (c *Controller) register(ctx context.Context, u *unstructured.Unstructured, spec jobSpec, shape mpiShape, pods []*corev1.Pod) error {
-	id := jobID(u.GetNamespace(), u.GetName())
-	placement, complete := placementOf(shape, pods)
+func (c *Controller) register(ctx context.Context, it item, u *unstructured.Unstructured, id string, spec jobSpec, shape shape, pods []*corev1.Pod) error {
+	key := it.key
+	placement, complete := shape.placement(pods)
 	req := &coordpb.RegisterJobRequest{
 		Job: id, WorldSize: uint32(shape.worldSize()), Placement: placement,
 		Policy: spec.policy, Replicas: spec.replicas,
 	}
 	sig := registration(req)
 	c.mu.Lock()
-	prev, known := c.registered[id]
+	prev, known := c.registered[it]
 	c.mu.Unlock()
 	if prev == sig {
 		return nil
@@ -89,13 +109,13 @@ func (c *Controller) register(ctx context.Context, u *unstructured.Unstructured,
 		return fmt.Errorf("kube: registering %s: %w", id, err)
 	}
 	c.mu.Lock()
-	c.registered[id] = sig
+	c.registered[it] = sig
 	c.mu.Unlock()
-	c.log.Info("kube: job registered", "job", id, "world_size", req.WorldSize, "placed", len(placement), "policy", spec.policy)
+	c.log.Info("kube: job registered", strings.ToLower(it.workload().Kind()), key, "job", id, "world_size", req.WorldSize, "placed", len(placement), "policy", spec.policy)
 	if !known {
 		c.recorder.Eventf(u, corev1.EventTypeNormal, ReasonRegistered,
-			"rewind manages this job: %d ranks (%d workers × %d slots)", req.WorldSize, shape.workers, shape.slotsPerWorker)
-		if b, ok, _ := unstructured.NestedInt64(u.Object, "spec", "runPolicy", "backoffLimit"); ok && b < jobDefaultBackoffLimit {
+			"rewind manages this job as %s: %d ranks (%s)", id, req.WorldSize, shape)
+		if b, ok, _ := unstructured.NestedInt64(u.Object, "spec", "runPolicy", "backoffLimit"); it.workload() == mpiJobs && ok && b < jobDefaultBackoffLimit {
 			c.recorder.Eventf(u, corev1.EventTypeWarning, ReasonRegangAtRisk,
 				"spec.runPolicy.backoffLimit %d: once a node fails, the launcher's mpirun fails on every retry until rewind restarts the gang (up to %v after the node's kubelet stops); "+
 					"with fewer retries than Kubernetes' default %d the launcher Job may fail first, and mpi-operator then marks the MPIJob Failed for good",
@@ -103,7 +123,7 @@ func (c *Controller) register(ctx context.Context, u *unstructured.Unstructured,
 		}
 	}
 	if !complete {
-		c.log.Info("kube: job not fully placed yet", "job", id, "placed", len(placement), "world_size", req.WorldSize)
+		c.log.Info("kube: job not fully placed yet", strings.ToLower(it.workload().Kind()), key, "job", id, "placed", len(placement), "world_size", req.WorldSize)
 	}
 	return nil
 }
@@ -137,11 +157,10 @@ func registration(req *coordpb.RegisterJobRequest) string {
 // once however often the job is synced; rewind.dev/restore-result says
 // how it went. A failed restore is not retried until an operator asks
 // again.
-func (c *Controller) operatorRestore(ctx context.Context, u *unstructured.Unstructured, spec jobSpec) error {
-	id := jobID(u.GetNamespace(), u.GetName())
+func (c *Controller) operatorRestore(ctx context.Context, u *unstructured.Unstructured, id string, spec jobSpec) error {
 	// The lister may lag: read the MPIJob fresh, so a restore already
 	// handled is not run again and the annotation patch below applies.
-	u, err := c.driver.Dyn.Resource(MPIJobs).Namespace(u.GetNamespace()).Get(ctx, u.GetName(), metav1.GetOptions{})
+	u, err := c.driver.Dyn.Resource(workloadOf(u).Resource()).Namespace(u.GetNamespace()).Get(ctx, u.GetName(), metav1.GetOptions{})
 	if err != nil {
 		return err
 	}
@@ -177,7 +196,7 @@ func stepText(step int64) string {
 // owns it (kubectl, a pipeline), as far as the API server tells.
 func requester(u *unstructured.Unstructured) string {
 	for _, mf := range u.GetManagedFields() {
-		if mf.FieldsV1 != nil && strings.Contains(string(mf.FieldsV1.Raw), `"f:`+AnnRestoreStep+`"`) {
+		if mf.FieldsV1 != nil && strings.Contains(mf.FieldsV1.GetRawString(), `"f:`+AnnRestoreStep+`"`) {
 			return mf.Manager
 		}
 	}
@@ -185,29 +204,45 @@ func requester(u *unstructured.Unstructured) string {
 }
 
 // report records problem as a Warning Event on the job, once per problem.
-func (c *Controller) report(u *unstructured.Unstructured, reason, problem string) {
-	key := jobID(u.GetNamespace(), u.GetName())
+func (c *Controller) report(it item, u *unstructured.Unstructured, reason, problem string) {
 	c.mu.Lock()
-	seen := c.reported[key] == problem
-	c.reported[key] = problem
+	seen := c.reported[it] == problem
+	c.reported[it] = problem
 	c.mu.Unlock()
 	if !seen {
-		c.log.Warn("kube: job left as it was", "job", key, "reason", reason, "problem", problem)
+		c.log.Warn("kube: job left as it was", "job", it.key, "kind", it.workload().Kind(), "reason", reason, "problem", problem)
 		c.recorder.Event(u, corev1.EventTypeWarning, reason, problem)
 	}
 }
 
-func (c *Controller) clearReport(key string) {
+func (c *Controller) clearReport(it item) {
 	c.mu.Lock()
-	delete(c.reported, key)
+	delete(c.reported, it)
 	c.mu.Unlock()
 }
 
 // forgetJob stops managing a job that is gone or no longer annotated.
-func (c *Controller) forgetJob(key string) {
-	c.stopFollow(key)
+func (c *Controller) forgetJob(it item) {
+	c.stopFollow(it)
 	c.mu.Lock()
-	delete(c.registered, key)
-	delete(c.reported, key)
+	delete(c.registered, it)
+	delete(c.reported, it)
 	c.mu.Unlock()
+}
+
+// sameID names the other kind of a managed job with the name of job ns/name
+// of kind w ("" if none): both would be job NAMESPACE.NAME at the
+// coordinator. The MPIJob keeps the id; the JobSet is refused.
+func (c *Controller) sameID(w workload, ns, name string) string {
+	if w != jobSets {
+		return ""
+	}
+	obj, err := c.lister(mpiJobs).ByNamespace(ns).Get(name)
+	if err != nil {
+		return ""
+	}
+	if u, ok := obj.(*unstructured.Unstructured); ok && managed(u.GetAnnotations()) {
+		return mpiJobs.Kind()
+	}
+	return ""
 }

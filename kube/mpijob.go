@@ -1,12 +1,16 @@
 package kube
 
 import (
+	"context"
 	"fmt"
 	"strconv"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"rewind.dev/rewind/shm"
 )
 
 // MPIJobs is the resource the controller watches: mpi-operator's v2beta1
@@ -24,8 +28,40 @@ const (
 	launcherSuffix    = "-launcher" // the launcher's batch/v1 Job is NAME-launcher
 )
 
-// jobID is the id of an MPIJob's job at the coordinator.
-func jobID(namespace, name string) string { return namespace + "/" + name }
+// jobKey is an MPIJob's key in the controller (its work queue, its
+// maps, its logs): NAMESPACE/NAME, as cache.MetaNamespaceKeyFunc.
+func jobKey(namespace, name string) string { return namespace + "/" + name }
+
+// coordJob is the id of a job at the coordinator, the one its ranks use
+// too (shm.KubeJobID: NAMESPACE.NAME, whatever the job's kind).
+func coordJob(namespace, name string) (string, error) {
+	id, err := shm.KubeJobID(namespace, name)
+	if err != nil {
+		return "", fmt.Errorf("kube: job %s/%s: %w", namespace, name, err)
+	}
+	return id, nil
+}
+
+// mpiJobs is the MPIJob workload.
+var mpiJobs workload = mpiJobKind{}
+
+type mpiJobKind struct{}
+
+func (mpiJobKind) Kind() string                          { return "MPIJob" }
+func (mpiJobKind) Resource() schema.GroupVersionResource { return MPIJobs }
+func (mpiJobKind) podLabel() string                      { return labelJobName }
+func (mpiJobKind) recreator() string                     { return "mpi-operator" }
+func (mpiJobKind) gang() string                          { return "pods, the launcher Job" }
+
+func (mpiJobKind) shapeOf(u *unstructured.Unstructured) (shape, error) { return shapeOf(u) }
+func (mpiJobKind) finished(u *unstructured.Unstructured) string        { return finished(u) }
+func (mpiJobKind) managedElsewhere(u *unstructured.Unstructured) string {
+	return managedElsewhere(u)
+}
+
+func (mpiJobKind) deleteGang(ctx context.Context, d *MPIJobDriver, u *unstructured.Unstructured, before time.Time, deadNode string) (int, error) {
+	return d.deleteGang(ctx, u.GetNamespace(), u.GetName(), before, deadNode)
+}
 
 // mpiShape is the part of an MPIJob's spec that decides its ranks.
 type mpiShape struct {
@@ -34,6 +70,14 @@ type mpiShape struct {
 }
 
 func (s mpiShape) worldSize() int64 { return s.workers * s.slotsPerWorker }
+
+func (s mpiShape) String() string {
+	return fmt.Sprintf("%d workers × %d slots", s.workers, s.slotsPerWorker)
+}
+
+func (s mpiShape) placement(pods []*corev1.Pod) (map[uint32]string, bool) {
+	return placementOf(s, pods)
+}
 
 // shapeOf reads spec.mpiReplicaSpecs.Worker.replicas and
 // spec.slotsPerWorker (default 1, as mpi-operator's defaulting).

@@ -35,20 +35,19 @@ func sinceRegang(u *unstructured.Unstructured, pods []*corev1.Pod) []*corev1.Pod
 // registered), a restore onto that placement fetches what is missing
 // (a shard already in a node's memory is not fetched again). Done once
 // per re-gang: rewind.dev/placed-regang records it.
-func (c *Controller) placeShards(ctx context.Context, u *unstructured.Unstructured, shape mpiShape, pods []*corev1.Pod) error {
+func (c *Controller) placeShards(ctx context.Context, u *unstructured.Unstructured, job string, shape shape, pods []*corev1.Pod) error {
 	ann := u.GetAnnotations()
 	id := ann[AnnRegangID]
 	if id == "" || ann[AnnPlacedID] == id {
 		return nil
 	}
-	if _, complete := placementOf(shape, pods); !complete {
+	if _, complete := shape.placement(pods); !complete {
 		return nil // the pods' events bring us back
 	}
 	step, err := strconv.ParseInt(ann[AnnRestoringStep], 10, 64)
 	if err != nil {
 		return nil // not written by us
 	}
-	job := jobID(u.GetNamespace(), u.GetName())
 	res, err := c.coord.Restore(ctx, job, step, "rewind controller: gang rescheduled ("+id+")")
 	if err != nil {
 		return fmt.Errorf("kube: placing step %d of %s on its new pods' nodes: %w", step, job, err)

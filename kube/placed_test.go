@@ -18,7 +18,7 @@ func TestShardsPlacedAfterRegang(t *testing.T) {
 	old1.CreationTimestamp = old0.CreationTimestamp
 	h := newHarness(t, newMPIJob("ml", "train", 2, 1, ann), old0, old1)
 	h.clock.Step(time.Minute)
-	if err := h.c.driver.restart(h.ctx, h.mpiJob("ml", "train"), 7, "recovery-1", "test", ""); err != nil {
+	if err := h.c.driver.restart(h.ctx, mpiJobs, h.mpiJob("ml", "train"), 7, "recovery-1", "test", ""); err != nil {
 		t.Fatal(err)
 	}
 	h.seed(h.c, h.mpiJob("ml", "train"))
@@ -39,7 +39,7 @@ func TestShardsPlacedAfterRegang(t *testing.T) {
 	}
 	h.syncJob("ml/train")
 	reg, _, restores := h.coord.snapshot()
-	if len(restores) != 1 || !strings.HasPrefix(restores[0], "ml/train 7 ") {
+	if len(restores) != 1 || !strings.HasPrefix(restores[0], "ml.train 7 ") {
 		t.Fatalf("restores %q, want one of step 7", restores)
 	}
 	if last := reg[len(reg)-1]; last.Placement[0] != "n3" || last.Placement[1] != "n2" {

@@ -17,9 +17,12 @@ var Permissions = []Permission{
 	// The pod informer (list, watch); the driver's list of a job's pods and
 	// their deletion.
 	{Group: "", Resource: "pods", Verbs: []string{"list", "watch", "delete"}},
-	// The driver reads the launcher's Job (is it the old gang's?) and
-	// deletes it.
-	{Group: "batch", Resource: "jobs", Verbs: []string{"get", "delete"}},
+	// The JobSet informer (list, watch), when JobSets are served; the
+	// driver's fresh read (get) and annotation merge patches (patch).
+	{Group: "jobset.x-k8s.io", Resource: "jobsets", Verbs: []string{"get", "list", "watch", "patch"}},
+	// The driver reads an MPIJob launcher's Job (is it the old gang's?),
+	// lists a JobSet's child Jobs, and deletes them.
+	{Group: "batch", Resource: "jobs", Verbs: []string{"get", "list", "delete"}},
 	// The node informer; the driver's reads of a node failure detection
 	// declared dead and of the nodes of the pods it deletes (dead: no
 	// grace period); the taint's JSON patch.

@@ -48,8 +48,8 @@ func TestOperatorRestoreByAnnotation(t *testing.T) {
 		}
 	}
 	for name, tc := range map[string]testcase{
-		"step":   {value: "5", wantCall: "ml/train 5 ", wantStep: "5"},
-		"latest": {value: "latest", wantCall: "ml/train -1 ", wantStep: "42"},
+		"step":   {value: "5", wantCall: "ml.train 5 ", wantStep: "5"},
+		"latest": {value: "latest", wantCall: "ml.train -1 ", wantStep: "42"},
 	} {
 		t.Run(name, func(t *testing.T) { run(t, tc) })
 	}
@@ -74,18 +74,21 @@ func TestOperatorRestoreFails(t *testing.T) {
 	}
 }
 
-// The driver refuses a job id that is not NAMESPACE/NAME and restarts a
-// gang once per recovery id.
+// The driver refuses a recovery of another job than its MPIJob's (the
+// coordinator's id of ml/train is ml.train) and restarts a gang once per
+// recovery id.
 func TestDriverRegang(t *testing.T) {
 	h := newHarness(t, newMPIJob("ml", "train", 1, 1, map[string]string{AnnCheckpoint: "enabled"}),
 		newPod("ml", "train", roleWorker, 0, "n1"), newNode("n1", corev1.ConditionTrue, t0))
-	d := h.c.driver
-	if err := d.Regang(h.ctx, &coordpb.JobEvent{Job: "train", Step: 3}); err == nil {
-		t.Fatal("regang of a job id without a namespace succeeded")
+	d := h.c.driver.For("ml", "train")
+	for _, job := range []string{"train", "ml/train", "ml.train2", "other.train"} {
+		if err := d.Regang(h.ctx, &coordpb.JobEvent{Job: job, Step: 3}); err == nil {
+			t.Fatalf("regang of MPIJob ml/train for job %q succeeded", job)
+		}
 	}
 	// Failure detection declared n1 dead while its Ready condition is
 	// still True: the driver taints it, so the new gang goes elsewhere.
-	ev := &coordpb.JobEvent{Job: "ml/train", Kind: "regang", Ok: true, Step: 3, DetectedUnixNano: 99, Node: "n1"}
+	ev := &coordpb.JobEvent{Job: "ml.train", Kind: coordpb.JobEventKind_JOB_EVENT_KIND_REGANG, Ok: true, Step: 3, DetectedUnixNano: 99, Node: "n1"}
 	for range 2 {
 		if err := d.Regang(h.ctx, ev); err != nil {
 			t.Fatal(err)

@@ -3,8 +3,12 @@ package kube
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -52,13 +56,78 @@ func Run(ctx context.Context, restCfg *rest.Config, cfg Config, lc LeaderConfig,
 	recorder, stop := NewRecorder(kube)
 	defer stop()
 	return LeaderElect(ctx, kube, lc, cfg.Logger, func(ctx context.Context) error {
-		// Informers and controller are built afresh for each term, so a
-		// new leader starts from what the API server says now.
-		ki, di := Informers(kube, dyn, cfg.Resync)
-		c, err := New(cfg, kube, dyn, coord, recorder, ki, di)
-		if err != nil {
+		for {
+			// Informers and controller are built afresh for each term, so
+			// a new leader starts from what the API server says now; and
+			// again within a term once JobSets become served (their CRD
+			// installed after the coordinator started).
+			cfg := cfg
+			cfg.JobSets = servesJobSets(kube.Discovery(), cfg.Logger)
+			cctx, cancel := context.WithCancel(ctx)
+			appeared := make(chan struct{})
+			if !cfg.JobSets {
+				go awaitJobSets(cctx, kube.Discovery(), appeared, cancel)
+			}
+			ki, di := Informers(kube, dyn, cfg.Resync)
+			c, err := New(cfg, kube, dyn, coord, recorder, ki, di)
+			if err == nil {
+				err = c.Run(cctx)
+			}
+			cancel()
+			select {
+			case <-appeared:
+				if ctx.Err() == nil {
+					cfg.Logger.Info("kube: JobSets are served now; the controller restarts to manage them")
+					continue
+				}
+			default:
+			}
 			return err
 		}
-		return c.Run(ctx)
 	})
+}
+
+// jobSetPoll is how often a controller without JobSets asks whether the
+// API server serves them now.
+const jobSetPoll = 30 * time.Second
+
+// awaitJobSets closes appeared and cancels the controller once the API
+// server serves JobSets, or returns when ctx ends.
+func awaitJobSets(ctx context.Context, dc discovery.DiscoveryInterface, appeared chan<- struct{}, cancel context.CancelFunc) {
+	quiet := slog.New(slog.DiscardHandler)
+	t := time.NewTicker(jobSetPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if servesJobSets(dc, quiet) {
+				close(appeared)
+				cancel()
+				return
+			}
+		}
+	}
+}
+
+// servesJobSets reports whether the API server serves JobSets (the
+// JobSet CRD is installed). Discovery needs no RBAC rule beyond the
+// default system:discovery role.
+func servesJobSets(dc discovery.DiscoveryInterface, log *slog.Logger) bool {
+	list, err := dc.ServerResourcesForGroupVersion(JobSets.GroupVersion().String())
+	if err != nil {
+		if !apierrors.IsNotFound(err) {
+			log.Warn("kube: cannot tell whether JobSets are served; not managing them", "err", err)
+		} else {
+			log.Info("kube: JobSets are not served (no JobSet CRD); managing MPIJobs only")
+		}
+		return false
+	}
+	for _, r := range list.APIResources {
+		if r.Name == JobSets.Resource {
+			return true
+		}
+	}
+	return false
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/vfs"
 )
 
 // The way a writer and a reader use a segment: reserve it, map it writable,
@@ -14,7 +15,7 @@ import (
 // decode and verify it.
 func TestMapWriteThenRead(t *testing.T) {
 	root := shmRoot(t)
-	segs := newSegments(shm.OSFS, root)
+	segs := newSegments(vfs.Default, root)
 	specs := []shm.TensorSpec{
 		{Name: "w", DType: shm.BF16, Shape: []int64{shm.LeafSize + 5}},
 		{Name: "b", DType: shm.F32, Shape: []int64{3}},
@@ -28,7 +29,7 @@ func TestMapWriteThenRead(t *testing.T) {
 	}
 	reserve(t, segs, path, size, true)
 
-	f, err := shm.OSFS.OpenFile(path, os.O_RDWR, 0)
+	f, err := vfs.Default.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +54,7 @@ func TestMapWriteThenRead(t *testing.T) {
 		t.Errorf("second Close: %v", err)
 	}
 
-	f, err = shm.OSFS.OpenFile(path, os.O_RDONLY, 0)
+	f, err = vfs.Default.OpenFile(path, os.O_RDONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,10 +95,10 @@ func TestMapWriteThenRead(t *testing.T) {
 
 func TestMapRejectsEmpty(t *testing.T) {
 	root := shmRoot(t)
-	segs := newSegments(shm.OSFS, root)
+	segs := newSegments(vfs.Default, root)
 	path := segs.Paths.Segment("j", 0, 0)
 	reserve(t, segs, path, 4096, true)
-	f, err := shm.OSFS.OpenFile(path, os.O_RDWR, 0)
+	f, err := vfs.Default.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +118,7 @@ func TestMapRejectsEmpty(t *testing.T) {
 func TestPrefaultBesideWriter(t *testing.T) {
 	const size = 40<<20 + 4096 + 100 // several pieces, the last short
 	root := shmRoot(t)
-	segs := newSegments(shm.OSFS, root)
+	segs := newSegments(vfs.Default, root)
 	want := make([]byte, size)
 	fill(want, 7)
 	for name, old := range map[string][]byte{"new segment": nil, "segment with data": bytes.Repeat([]byte{0xA5}, size)} {
@@ -129,7 +130,7 @@ func TestPrefaultBesideWriter(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		f, err := shm.OSFS.OpenFile(path, os.O_RDWR, 0)
+		f, err := vfs.Default.OpenFile(path, os.O_RDWR, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -156,7 +157,7 @@ func TestPrefaultBesideWriter(t *testing.T) {
 	// Told to stop before it starts, it returns at once.
 	path := segs.Paths.Segment("prefault", 0, 1)
 	reserve(t, segs, path, size, true)
-	f, err := shm.OSFS.OpenFile(path, os.O_RDWR, 0)
+	f, err := vfs.Default.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package shm_test
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -73,13 +74,80 @@ func TestPaths(t *testing.T) {
 	}
 }
 
-func TestBytes(t *testing.T) {
-	for n, want := range map[uint64]string{
-		0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 1536: "1.5 KiB",
-		64 << 20: "64.0 MiB", 3 << 29: "1.5 GiB", 1 << 60: "1.0 EiB", 1<<64 - 1: "16.0 EiB",
+// TestKubeJobID holds the mapping to the table both SDKs are checked
+// against, and checks that every id it makes is a valid job id (the
+// NAMESPACE/NAME form it replaces was refused by ValidateJob, so no
+// Kubernetes job could ever register).
+func TestKubeJobID(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("testdata", "kube_job_ids"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if len(f) == 0 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		ns, name, want := f[0], f[1], f[2]
+		got, err := shm.KubeJobID(ns, name)
+		if err != nil || got != want {
+			t.Errorf("KubeJobID(%q, %q) = %q, %v, want %q", ns, name, got, err, want)
+		}
+		if err := shm.ValidateJob(got); err != nil {
+			t.Errorf("KubeJobID(%q, %q) = %q is not a valid job id: %v", ns, name, got, err)
+		}
+		n++
+	}
+	if n < 5 {
+		t.Fatalf("only %d cases in testdata/kube_job_ids", n)
+	}
+}
+
+// TestKubeJobIDDistinct: two different jobs never share an id, however
+// their names are chosen: names that look like another's namespace part,
+// names at and past the length limit; names Kubernetes refuses (which
+// could collide) are refused.
+func TestKubeJobIDDistinct(t *testing.T) {
+	seen := map[string][2]string{}
+	add := func(ns, name string) {
+		id, err := shm.KubeJobID(ns, name)
+		if err != nil {
+			t.Fatalf("KubeJobID(%q, %q): %v", ns, name, err)
+		}
+		if err := shm.ValidateJob(id); err != nil {
+			t.Fatalf("KubeJobID(%q, %q) = %q: %v", ns, name, id, err)
+		}
+		if prev, ok := seen[id]; ok && prev != [2]string{ns, name} {
+			t.Fatalf("%s/%s and %s/%s share job id %q", prev[0], prev[1], ns, name, id)
+		}
+		seen[id] = [2]string{ns, name}
+	}
+	for _, ns := range []string{"a", "a-b", "team", strings.Repeat("n", 63), strings.Repeat("n", 62)} {
+		for l := 1; l <= 253; l += 3 {
+			add(ns, strings.Repeat("x", l))
+			if l > 1 {
+				add(ns, strings.Repeat("x", l-1)+"y")
+			}
+			if l <= 251 {
+				add(ns, "b."+strings.Repeat("x", l))
+			}
+		}
+	}
+	add("a", "b.c")
+	add("a-b", "c")
+	for name, c := range map[string][2]string{
+		"namespace with a dot":   {"a.b", "c"},
+		"underscore in the name": {"a", "b_0123456789abcdef"},
+		"upper case":             {"a", "Train"},
+		"slash":                  {"a", "b/c"},
+		"name ends in a dash":    {"a", "b-"},
+		"empty namespace":        {"", "b"},
+		"namespace over 63":      {strings.Repeat("n", 64), "b"},
+		"name over 253":          {"a", strings.Repeat("x", 254)},
 	} {
-		if got := shm.Bytes(n); got != want {
-			t.Errorf("Bytes(%d) = %q, want %q", n, got, want)
+		if id, err := shm.KubeJobID(c[0], c[1]); err == nil {
+			t.Errorf("%s: KubeJobID(%q, %q) = %q, want an error", name, c[0], c[1], id)
 		}
 	}
 }

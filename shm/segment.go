@@ -6,6 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"rewind.dev/rewind/internal/units"
+	"rewind.dev/rewind/vfs"
 )
 
 // NoSpaceError reports that shared memory cannot hold a segment.
@@ -24,15 +27,15 @@ func (e *NoSpaceError) Error() string {
 	if e.Free >= e.Asked && e.Cause != nil {
 		return fmt.Sprintf("shm: segment %s needs %s more and %s looks free on %s (%s in all), but reserving it failed: %v; "+
 			"a memory limit of the container or pod, or another writer, holds the space",
-			e.Path, Bytes(e.Asked), Bytes(e.Free), e.Mount, Bytes(e.FSSize), e.Cause)
+			e.Path, units.Bytes(e.Asked), units.Bytes(e.Free), e.Mount, units.Bytes(e.FSSize), e.Cause)
 	}
 	return fmt.Sprintf("shm: segment %s needs %s more but only %s is free on %s (%s in all); enlarge it (docker run --shm-size, an emptyDir with medium Memory and a sizeLimit) or lower the checkpoint size",
-		e.Path, Bytes(e.Asked), Bytes(e.Free), e.Mount, Bytes(e.FSSize))
+		e.Path, units.Bytes(e.Asked), units.Bytes(e.Free), e.Mount, units.Bytes(e.FSSize))
 }
 
 // Segments allocates segment files under a root.
 type Segments struct {
-	FS       FS
+	FS       vfs.FS
 	Paths    Paths
 	FileMode os.FileMode // mode of segment files; directories add x bits
 }
@@ -95,21 +98,7 @@ func (s *Segments) Reserve(path string, size int64) (resized bool, err error) {
 			nospace.Cause = err
 			return false, nospace
 		}
-		return false, fmt.Errorf("shm: allocating %s for segment %s: %w", Bytes(uint64(size)), path, err)
+		return false, fmt.Errorf("shm: allocating %s for segment %s: %w", units.Bytes(uint64(size)), path, err)
 	}
 	return true, nil
-}
-
-// Bytes formats a byte count for people: 1.5 GiB, 64.0 MiB, 512 B.
-func Bytes(n uint64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := uint64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

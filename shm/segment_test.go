@@ -11,7 +11,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/vfs"
 )
 
 // shmRoot returns a fresh directory on the machine's /dev/shm, removed when
@@ -23,7 +25,7 @@ func shmRoot(t *testing.T) string {
 		t.Skipf("no writable /dev/shm: %v", err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	if st, err := shm.OSFS.Statfs(dir); err != nil || !st.Tmpfs {
+	if st, err := vfs.Default.Statfs(dir); err != nil || !st.Tmpfs {
 		t.Skipf("/dev/shm is not tmpfs here (%+v, %v)", st, err)
 	}
 	return dir
@@ -45,7 +47,7 @@ func smallTmpfs(t *testing.T, size string) string {
 	return dir
 }
 
-func newSegments(fs shm.FS, root string) *shm.Segments {
+func newSegments(fs vfs.FS, root string) *shm.Segments {
 	return &shm.Segments{FS: fs, Paths: shm.Paths{Root: root}, FileMode: 0o600}
 }
 
@@ -97,7 +99,7 @@ func reserve(t *testing.T, s *shm.Segments, path string, size int64, wantResized
 
 func TestReserve(t *testing.T) {
 	root := shmRoot(t)
-	s := newSegments(shm.OSFS, root)
+	s := newSegments(vfs.Default, root)
 	path := s.Paths.Segment("job-1", 2, 0)
 
 	reserve(t, s, path, shm.LeafSize+3, true) // creates the directories and the file
@@ -118,7 +120,7 @@ func TestReserve(t *testing.T) {
 	checkSegment(t, path, 3*shm.LeafSize, append(bytes.Clone(content[:4096]), make([]byte, 3*shm.LeafSize-4096)...))
 
 	// More than the whole file system: refused before anything changes.
-	st, err := shm.OSFS.Statfs(root)
+	st, err := vfs.Default.Statfs(root)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +162,7 @@ func checkNoSpace(t *testing.T, err error, path, root string) *shm.NoSpaceError 
 		t.Errorf("NoSpaceError %+v: want path %s, mount %s", ns, path, root)
 	}
 	msg := ns.Error()
-	for _, want := range []string{shm.Bytes(ns.Asked), shm.Bytes(ns.Free), root} {
+	for _, want := range []string{units.Bytes(ns.Asked), units.Bytes(ns.Free), root} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("message %q does not say %q", msg, want)
 		}
@@ -170,7 +172,7 @@ func checkNoSpace(t *testing.T, err error, path, root string) *shm.NoSpaceError 
 
 func TestReserveFullTmpfs(t *testing.T) {
 	root := smallTmpfs(t, "8m")
-	s := newSegments(shm.OSFS, root)
+	s := newSegments(vfs.Default, root)
 	a, b := s.Paths.Segment("j", 0, 0), s.Paths.Segment("j", 0, 1)
 	content := make([]byte, 4<<20)
 	fill(content, 11)
@@ -200,14 +202,14 @@ func TestReserveFullTmpfs(t *testing.T) {
 // allocated.
 func TestReserveFallocateENOSPC(t *testing.T) {
 	root := smallTmpfs(t, "8m")
-	liar := &faultFS{FS: shm.OSFS, free: 1 << 40, lies: 1}
+	liar := &faultFS{FS: vfs.Default, free: 1 << 40, lies: 1}
 	s := newSegments(liar, root)
 	a, b := s.Paths.Segment("j", 0, 0), s.Paths.Segment("j", 0, 1)
 	content := make([]byte, 4<<20)
 	fill(content, 13)
 	reserve(t, s, a, 4<<20, true)
 	writeFile(t, a, content)
-	before, err := shm.OSFS.Statfs(root)
+	before, err := vfs.Default.Statfs(root)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +224,7 @@ func TestReserveFallocateENOSPC(t *testing.T) {
 		t.Fatalf("Allocate called %d times, want 3: the test did not reach fallocate", liar.allocCalls)
 	}
 	checkSegment(t, a, 4<<20, content)
-	if after, _ := shm.OSFS.Statfs(root); after.Free != before.Free {
+	if after, _ := vfs.Default.Statfs(root); after.Free != before.Free {
 		t.Errorf("free space %d before the failed reservations, %d after", before.Free, after.Free)
 	}
 }
@@ -231,7 +233,7 @@ func TestReserveFallocateENOSPC(t *testing.T) {
 // the next lies calls when lies is set), and Allocate fails with allocErr
 // when it is set.
 type faultFS struct {
-	shm.FS
+	vfs.FS
 	free       uint64
 	lies       int
 	statfsErr  error
@@ -239,9 +241,9 @@ type faultFS struct {
 	allocCalls int
 }
 
-func (f *faultFS) Statfs(path string) (shm.FSStat, error) {
+func (f *faultFS) Statfs(path string) (vfs.FSStat, error) {
 	if f.statfsErr != nil {
-		return shm.FSStat{}, f.statfsErr
+		return vfs.FSStat{}, f.statfsErr
 	}
 	st, err := f.FS.Statfs(path)
 	if f.free != 0 && f.lies >= 0 {
@@ -253,7 +255,7 @@ func (f *faultFS) Statfs(path string) (shm.FSStat, error) {
 	return st, err
 }
 
-func (f *faultFS) OpenFile(name string, flag int, perm os.FileMode) (shm.File, error) {
+func (f *faultFS) OpenFile(name string, flag int, perm os.FileMode) (vfs.File, error) {
 	file, err := f.FS.OpenFile(name, flag, perm)
 	if err != nil {
 		return nil, err
@@ -262,7 +264,7 @@ func (f *faultFS) OpenFile(name string, flag int, perm os.FileMode) (shm.File, e
 }
 
 type faultFile struct {
-	shm.File
+	vfs.File
 	fs *faultFS
 }
 
@@ -291,12 +293,12 @@ func TestReserveFaults(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			root := shmRoot(t)
 			path := shm.Paths{Root: root}.Segment("j", 0, 0)
-			reserve(t, newSegments(shm.OSFS, root), path, 4096, true)
+			reserve(t, newSegments(vfs.Default, root), path, 4096, true)
 			content := bytes.Repeat([]byte{0xC3}, 4096)
 			writeFile(t, path, content)
 
 			fs := tc.fs
-			fs.FS = shm.OSFS
+			fs.FS = vfs.Default
 			_, err := newSegments(&fs, root).Reserve(path, 1<<20)
 			var ns *shm.NoSpaceError
 			switch {
@@ -323,7 +325,7 @@ func TestReserveDirectoryModes(t *testing.T) {
 	for _, mode := range []os.FileMode{0o600, 0o640, 0o660, 0o644, 0o666} {
 		t.Run(mode.String(), func(t *testing.T) {
 			root := shmRoot(t)
-			s := &shm.Segments{FS: shm.OSFS, Paths: shm.Paths{Root: root}, FileMode: mode}
+			s := &shm.Segments{FS: vfs.Default, Paths: shm.Paths{Root: root}, FileMode: mode}
 			path := s.Paths.Segment("j", 0, 0)
 			reserve(t, s, path, 4096, true)
 			fi, err := os.Stat(path)

@@ -20,22 +20,22 @@ $(STATIC)/minio: $(BIN)/minio
 	if file $(BIN)/minio | grep -q 'statically linked'; then cp $(BIN)/minio $@; \
 	else CGO_ENABLED=0 GOBIN=$(STATIC) $(GO) install github.com/minio/minio@$(MINIO_VERSION); fi
 
-## images: the cluster's images (rewind, MinIO), FROM scratch with static binaries; nothing is pulled.
+## images: the cluster's images (rewind with rewind-dev beside it, MinIO), FROM scratch with static binaries; nothing is pulled.
 images: $(STATIC)/minio
-	CGO_ENABLED=0 $(GO) build -o $(STATIC)/rewind ./cmd/rewind
-	@if command -v file >/dev/null; then for b in rewind minio; do \
+	CGO_ENABLED=0 $(GO) build -o $(STATIC)/ ./cmd/rewind ./cmd/rewind-dev
+	@if command -v file >/dev/null; then for b in rewind rewind-dev minio; do \
 		file $(STATIC)/$$b | grep -q 'statically linked' || { echo "$(STATIC)/$$b is not statically linked"; exit 1; }; done; fi
 	mkdir -p $(COMPOSE_CONTEXT)
-	for b in rewind minio; do ln -f $(STATIC)/$$b $(COMPOSE_CONTEXT)/$$b 2>/dev/null || cp $(STATIC)/$$b $(COMPOSE_CONTEXT)/$$b; done
+	for b in rewind rewind-dev minio; do ln -f $(STATIC)/$$b $(COMPOSE_CONTEXT)/$$b 2>/dev/null || cp $(STATIC)/$$b $(COMPOSE_CONTEXT)/$$b; done
 	docker build -q --target rewind -t rewind-chaos/rewind:dev -f $(COMPOSE_DIR)/Dockerfile $(COMPOSE_CONTEXT)
 	docker build -q --target minio -t rewind-chaos/minio:dev -f $(COMPOSE_DIR)/Dockerfile $(COMPOSE_CONTEXT)
 
 ## chaos: every fault scenario against the compose cluster, each checked; prints a table (SEED=N replays); a failed scenario's logs go to bin/chaos-logs.
 chaos: images
-	$(STATIC)/rewind chaos --logs $(BIN)/chaos-logs $(CHAOS_SEED) $(CHAOS_FLAGS)
+	$(STATIC)/rewind-dev chaos --logs $(BIN)/chaos-logs $(CHAOS_SEED) $(CHAOS_FLAGS)
 
 ## chaos-smoke: a node kill and a MinIO outage (make test runs it); SKIPPED when no Docker engine answers.
 chaos-smoke:
 	@if ! docker info >/dev/null 2>&1; then echo "chaos-smoke: SKIPPED: no Docker engine answers"; \
 	elif ! command -v docker-compose >/dev/null; then echo "chaos-smoke: SKIPPED: docker-compose is not installed"; \
-	else $(MAKE) --no-print-directory images && $(STATIC)/rewind chaos --smoke --logs $(BIN)/chaos-logs $(CHAOS_SEED) $(CHAOS_FLAGS); fi
+	else $(MAKE) --no-print-directory images && $(STATIC)/rewind-dev chaos --smoke --logs $(BIN)/chaos-logs $(CHAOS_SEED) $(CHAOS_FLAGS); fi

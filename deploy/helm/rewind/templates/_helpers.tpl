@@ -1,5 +1,12 @@
+{{/* The release name, or RELEASE-rewind when it does not already say
+rewind (helm's usual fullname): `helm install rewind` names the
+coordinator rewind-coordinator, not rewind-rewind-coordinator. */}}
 {{- define "rewind.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
 {{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "rewind.image" -}}
