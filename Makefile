@@ -8,8 +8,12 @@ export PATH := $(BIN):$(PATH)
 
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+STATICCHECK_VERSION := v0.8.2
+# A stamp per version, so that changing STATICCHECK_VERSION installs it again.
+STATICCHECK := $(BIN)/staticcheck
+STATICCHECK_STAMP := $(BIN)/.staticcheck-$(STATICCHECK_VERSION)
 
-.PHONY: all build demo test test-go lint verify bench generate tools clean fuzz
+.PHONY: all build demo test test-go lint verify stress staticcheck bench generate tools clean fuzz help
 
 include sdk/python/python.mk
 include tiers/tiers.mk
@@ -18,43 +22,86 @@ include deploy/compose/chaos.mk
 
 all: build
 
+## build: bin/rewind (the product: agent, coordinator, node, operator commands) and bin/rewind-dev beside it (demo, benchmarks, chaos runner).
 build:
-	$(GO) build -o $(BIN)/rewind ./cmd/rewind
+	$(GO) build -o $(BIN)/ ./cmd/rewind ./cmd/rewind-dev
 
 ## demo: a local cluster and a training job; a node dies, failure detection notices, the job recovers bit-identical.
 demo: build
-	$(BIN)/rewind demo
+	$(BIN)/rewind-dev demo
 
-## test: every test: Go (race detector on), the Python SDK's pytest suite, the Helm chart, the chaos smoke run (when a Docker engine answers).
-test: lint test-go test-python test-helm chaos-smoke
+## test: lint, then every test: Go (race detector on), the Python SDK's pytest suite, the Helm chart, the controller against a real API server and mpi-operator, the chaos smoke run (when a Docker engine answers).
+test: lint test-go test-python test-helm test-kube chaos-smoke
 
+# MinIO is built first and required (REWIND_REQUIRE_MINIO=1): a plain
+# `go test ./...` skips the tests that need it, `make test` runs them.
 # Every process of the run records the fault points it fired under
 # $(FAULT_HITS); the last step fails if a point of faultinject's table was
 # fired by no test.
 FAULT_HITS := $(BIN)/fault-hits
+## test-go: every Go test, race detector on, MinIO required; then every fault point must have fired.
 test-go: minio
 	rm -rf $(FAULT_HITS) && mkdir -p $(FAULT_HITS)
-	REWIND_FAULT_HITS=$(FAULT_HITS) $(GO) test -race -count=1 -timeout 15m ./...
+	REWIND_REQUIRE_MINIO=1 REWIND_FAULT_HITS=$(FAULT_HITS) $(GO) test -race -count=1 -timeout 15m ./...
 	REWIND_FAULT_COVERAGE=$(FAULT_HITS) $(GO) test -count=1 -run TestEveryPointFired ./faultinject
 
-## lint: formatting and go vet.
-lint:
+## lint: gofmt, go vet, staticcheck (pinned, installed into bin/), and pyflakes and mypy on the Python SDK.
+lint: $(STATICCHECK_STAMP) lint-python
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
+	$(STATICCHECK) ./...
 
-## verify: generated code is up to date, modules tidy, lint, tests.
-verify: generate lint
+## staticcheck: the pinned staticcheck, into bin/.
+staticcheck: $(STATICCHECK_STAMP)
+$(STATICCHECK_STAMP):
+	$(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	@rm -f $(BIN)/.staticcheck-* && touch $@
+
+## verify: the checks that are not tests: generated code up to date, go.mod tidy (.ci/run runs it, then make test).
+verify: generate
 	$(GO) mod tidy
 	git diff --exit-code -- api sdk/python/rewind/_pb go.mod go.sum || (echo "generated code or go.mod out of date: run make generate && go mod tidy"; exit 1)
-	$(MAKE) test-go
 
-## bench: the performance figures in the README.
+# make stress: each package's tests STRESS_COUNT times under the race
+# detector, one package after another (STRESS_PKGS, default all), each
+# bounded by STRESS_TIMEOUT. A failed package's output is kept in
+# bin/stress/; the last lines list the failures per package, and the
+# target fails if any package did.
+STRESS_COUNT ?= 20
+STRESS_TIMEOUT ?= 30m
+STRESS_PKGS ?= ./...
+STRESS_LOGS := $(BIN)/stress
+
+## stress: each package's tests 20 times under -race (STRESS_COUNT, STRESS_PKGS, STRESS_TIMEOUT); reports the packages that failed.
+stress: minio
+	@rm -rf $(STRESS_LOGS) && mkdir -p $(STRESS_LOGS); \
+	failed=0; report=""; \
+	for pkg in $$($(GO) list $(STRESS_PKGS)); do \
+		log=$(STRESS_LOGS)/$$(echo $$pkg | tr / _).log; start=$$(date +%s); \
+		REWIND_REQUIRE_MINIO=1 $(GO) test -race -count=$(STRESS_COUNT) -timeout $(STRESS_TIMEOUT) $$pkg > $$log 2>&1; rc=$$?; \
+		fails=$$(grep -c -- '^--- FAIL' $$log); took=$$(( $$(date +%s) - start ))s; \
+		if [ $$rc -ne 0 ]; then \
+			failed=$$((failed + 1)); line="FAIL $$pkg: $$fails failed test runs of $(STRESS_COUNT) rounds, exit $$rc, $$took (log: $$log)"; \
+		else \
+			rm -f $$log; line="ok   $$pkg: $(STRESS_COUNT) rounds, $$took"; \
+		fi; \
+		echo "$$line"; report="$$report$$line"$$'\n'; \
+	done; \
+	echo; echo "stress: $$failed package(s) failed"; printf '%s' "$$report" | grep '^FAIL' || true; \
+	[ $$failed -eq 0 ]
+
+## help: the targets and what they do.
+help:
+	@grep -hE '^## [a-z][a-z0-9-]*:' $(MAKEFILE_LIST) | sed 's/^## //' | \
+		awk '{ i = index($$0, ": "); printf "  %-16s %s\n", substr($$0, 1, i - 1), substr($$0, i + 2) }'
+
+## bench: the performance figures in docs/performance.md.
 bench: build minio
-	$(BIN)/rewind bench save --sizes 1GiB,4GiB --runs 5
-	$(BIN)/rewind bench coordinator --ranks 1024,8192 --steps 200
-	$(BIN)/rewind bench tiers --size 1GiB --cpu-size 4GiB --runs 3 --bandwidth 500MB
-	$(BIN)/rewind bench recovery --size 1GiB --runs 3
+	$(BIN)/rewind-dev bench save --sizes 1GiB,4GiB --runs 5
+	$(BIN)/rewind-dev bench coordinator --ranks 1024,8192 --steps 200
+	$(BIN)/rewind-dev bench tiers --size 1GiB --cpu-size 4GiB --runs 3 --bandwidth 500MB
+	$(BIN)/rewind-dev bench recovery --size 1GiB --runs 3
 
 ## fuzz: a short run of every fuzz target.
 fuzz:
@@ -76,5 +123,6 @@ $(BIN)/protoc-gen-go:
 $(BIN)/protoc-gen-go-grpc:
 	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
 
+## clean: remove bin/ (the built and installed tools with it).
 clean:
 	rm -rf $(BIN)

@@ -10,7 +10,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/vfs"
 )
 
 // Agent is the state of one node agent. Its methods are safe for concurrent
@@ -22,7 +26,7 @@ type Agent struct {
 	paths   shm.Paths
 	segs    *shm.Segments
 	metrics *metrics
-	fsStat  shm.FSStat
+	fsStat  vfs.FSStat
 	budget  uint64
 
 	mu     sync.Mutex // guards ranks, used, seq, leases
@@ -67,6 +71,10 @@ type lease struct {
 func New(cfg Config) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	cfg.FS = cfg.Faults.FS(cfg.FS, "shm")
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
 	}
 	a := &Agent{
 		cfg:     cfg,
@@ -138,7 +146,7 @@ func (a *Agent) reserveBudget(job string, rank uint32, old, size int64) error {
 			left = a.budget - a.used
 		}
 		return fmt.Errorf("%w: agent: segment for job %s rank %d is %s, budget left %s (budget %s, %s in use)",
-			ErrBudget, job, rank, shm.Bytes(uint64(size)), shm.Bytes(left), shm.Bytes(a.budget), shm.Bytes(a.used))
+			ErrBudget, job, rank, units.Bytes(uint64(size)), units.Bytes(left), units.Bytes(a.budget), units.Bytes(a.used))
 	}
 	a.used += grow
 	return nil

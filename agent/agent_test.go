@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"rewind.dev/rewind/agent"
-	"rewind.dev/rewind/internal/agenttest"
-	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/internal/testcluster"
+	"rewind.dev/rewind/vfs"
 )
 
 type preflightCase struct {
@@ -24,7 +24,7 @@ func TestPreflight(t *testing.T) {
 		"root not on tmpfs": {
 			mod: func(t *testing.T, cfg *agent.Config) {
 				dir := t.TempDir()
-				if st, err := shm.OSFS.Statfs(dir); err != nil || st.Tmpfs {
+				if st, err := vfs.Default.Statfs(dir); err != nil || st.Tmpfs {
 					t.Skipf("the test's temporary directory is on tmpfs here (%v)", err)
 				}
 				cfg.ShmRoot = dir
@@ -54,7 +54,7 @@ func TestPreflight(t *testing.T) {
 }
 
 func runPreflight(t *testing.T, tc preflightCase) {
-	cfg := agenttest.Config(t)
+	cfg := testcluster.AgentConfig(t)
 	if tc.mod != nil {
 		tc.mod(t, &cfg)
 	}
@@ -68,9 +68,9 @@ func runPreflight(t *testing.T, tc preflightCase) {
 }
 
 func TestSecondAgentOnSameSocketRefused(t *testing.T) {
-	cfg := agenttest.Config(t)
-	agenttest.Start(t, cfg)
-	cfg2 := agenttest.Config(t)
+	cfg := testcluster.AgentConfig(t)
+	testcluster.StartAgent(t, cfg)
+	cfg2 := testcluster.AgentConfig(t)
 	cfg2.Socket = cfg.Socket
 	a, err := agent.New(cfg2)
 	if err != nil {
@@ -83,17 +83,17 @@ func TestSecondAgentOnSameSocketRefused(t *testing.T) {
 }
 
 func TestStaleSocketReplaced(t *testing.T) {
-	cfg := agenttest.Config(t)
+	cfg := testcluster.AgentConfig(t)
 	if err := os.WriteFile(cfg.Socket, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	agenttest.Start(t, cfg)
+	testcluster.StartAgent(t, cfg)
 }
 
 func TestSocketGroupMode(t *testing.T) {
-	cfg := agenttest.Config(t)
+	cfg := testcluster.AgentConfig(t)
 	cfg.SocketGroup = "0"
-	agenttest.Start(t, cfg)
+	testcluster.StartAgent(t, cfg)
 	fi, err := os.Stat(cfg.Socket)
 	if err != nil {
 		t.Fatal(err)
@@ -106,7 +106,7 @@ func TestSocketGroupMode(t *testing.T) {
 // TestReindexIgnoresStrangers checks that files under the root that the
 // agent did not write are neither served nor fatal.
 func TestReindexIgnoresStrangers(t *testing.T) {
-	cfg := agenttest.Config(t)
+	cfg := testcluster.AgentConfig(t)
 	for _, p := range []string{"not a job!/x", "job/rank-x/slot-0.safetensors", "job/rank-0/slot-0.safetensors", "job/rank-0/slots.json"} {
 		path := filepath.Join(cfg.ShmRoot, p)
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
@@ -116,7 +116,7 @@ func TestReindexIgnoresStrangers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r := agenttest.Start(t, cfg)
+	r := testcluster.StartAgent(t, cfg)
 	for _, sh := range r.Agent.List("") {
 		t.Fatalf("agent serves a shard it never committed: %+v", sh)
 	}
@@ -126,7 +126,7 @@ func TestReindexIgnoresStrangers(t *testing.T) {
 }
 
 func TestDelete(t *testing.T) {
-	r := agenttest.Start(t, agenttest.Config(t))
+	r := testcluster.StartAgent(t, testcluster.AgentConfig(t))
 	a := r.Agent
 	ctx := context.Background()
 	// Prepare without commit leaves a writing slot, which Delete keeps.

@@ -14,15 +14,19 @@ import (
 	"rewind.dev/rewind/membership"
 	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
+	"rewind.dev/rewind/vfs"
 )
 
 // Config configures an agent.
 type Config struct {
-	// Node names this node in listings and, later, in the cluster.
+	// Node names this node in listings and in the cluster: a host name
+	// or Kubernetes node name (shm.ValidateNode says the rule).
 	Node string
 	// ShmRoot is the directory on tmpfs that holds the segments.
 	ShmRoot string
-	// Socket is the Unix socket the SDK dials.
+	// Socket is the Unix socket the SDK dials. Its directory is created
+	// if missing, that one directory only: its parent must exist and not
+	// be the file system's root.
 	Socket string
 	// SocketGroup, when set, makes the socket and segments readable and
 	// writable by this group (0660) instead of by the owner only (0600).
@@ -71,9 +75,9 @@ type Config struct {
 	// first allocating and faulting in a new one; 0 turns it off.
 	WarmSegment int64
 
-	// Stores are the durable tiers ("nvme", "pfs", "s3") this agent
-	// writes when the coordinator orders it and restores from.
-	Stores map[string]tiers.Store
+	// Stores are the durable tiers this agent writes when the
+	// coordinator orders it and restores from.
+	Stores map[tiers.Name]tiers.Store
 	// TransferWorkers is how many tier transfers run at once on the node.
 	TransferWorkers int
 	// TransferBandwidth caps the bytes per second of all tier transfers
@@ -90,9 +94,11 @@ type Config struct {
 	// with --fault-injection.
 	Faults *faultinject.Injector
 
-	FS       shm.FS
-	Clock    clock.Clock
-	Logger   *slog.Logger
+	FS     vfs.FS
+	Clock  clock.Clock
+	Logger *slog.Logger
+	// Registry takes the agent's metrics, served on MetricsAddr; nil
+	// gives each agent New makes a registry of its own.
 	Registry prometheus.Registerer
 }
 
@@ -101,26 +107,30 @@ func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
 		Node:              host,
-		ShmRoot:           "/dev/shm/rewind", // memory-backed on every Linux host and pod
-		Socket:            "/run/rewind/agent.sock",
-		ListenAddr:        ":7070",
-		MetricsAddr:       ":9464",
-		SlotsPerRank:      2, // the latest committed step plus the save in progress
-		VerifyWorkers:     2, // verification runs beside training: leave it most cores
-		VerifyAfterCommit: true,
-		PinWait:           2 * time.Second, // reports reach the coordinator in milliseconds; this covers a restart
-		LeaseTTL:          5 * time.Minute, // far above any restore copy, short enough to recover a lost reader's slot
-		TransferWorkers:   2,               // one shard streams while the next starts; more only competes with training
-		TransferAttempts:  8,               // with the backoff, rides out about two minutes of a store being away
-		TransferBackoff:   time.Second,
+		ShmRoot:           "/dev/shm/rewind",        // memory-backed on every Linux host and pod
+		Socket:            "/run/rewind/agent.sock", // runtime state of a system daemon (FHS), where ranks on the host find it
+		ListenAddr:        ":7070",                  // every interface: peers and the coordinator reach it from other nodes
+		MetricsAddr:       ":9464",                  // Prometheus's customary exporter range
+		SlotsPerRank:      2,                        // the latest committed step plus the save in progress
+		VerifyWorkers:     2,                        // verification runs beside training: leave it most cores
+		VerifyAfterCommit: true,                     // a shard rotting in memory is found before a restore needs it
+		PinWait:           2 * time.Second,          // reports reach the coordinator in milliseconds; this covers a restart
+		LeaseTTL:          5 * time.Minute,          // far above any restore copy, short enough to recover a lost reader's slot
+		TransferWorkers:   2,                        // one shard streams while the next starts; more only competes with training
+		TransferAttempts:  8,                        // with the backoff, rides out about two minutes of a store being away
+		TransferBackoff:   time.Second,              // a store's blip is over by the first retry; doubling reaches 30 s by the sixth
+		FS:                vfs.Default,              // the host's; tests and faultinject wrap it
+		Clock:             clock.Real,               // tests pass a fake one
+		Logger:            slog.Default(),           // the daemon passes its own
 	}
 }
 
-// Validate checks the configuration and fills in the parts left nil.
-func (c *Config) Validate() error {
+// Validate reports what is wrong with the configuration; it changes
+// nothing.
+func (c Config) Validate() error {
 	var errs []error
-	if c.Node == "" {
-		errs = append(errs, errors.New("node name is empty"))
+	if err := shm.ValidateNode(c.Node); err != nil {
+		errs = append(errs, err)
 	}
 	if c.ShmRoot == "" {
 		errs = append(errs, errors.New("shm root is empty"))
@@ -144,28 +154,18 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("transfer bandwidth %d bytes/s must not be negative", c.TransferBandwidth))
 	}
 	for name := range c.Stores {
-		if name != "nvme" && name != "pfs" && name != "s3" {
-			errs = append(errs, fmt.Errorf("unknown tier %q: want nvme, pfs or s3", name))
+		if _, err := tiers.ParseName(string(name)); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if c.LeaseTTL <= 0 {
 		errs = append(errs, fmt.Errorf("lease TTL %v must be positive", c.LeaseTTL))
 	}
+	if c.FS == nil || c.Clock == nil || c.Logger == nil {
+		errs = append(errs, errors.New("file system, clock and logger must be set (DefaultConfig sets them)"))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("agent: invalid config: %w", err)
-	}
-	if c.FS == nil {
-		c.FS = shm.OSFS
-	}
-	c.FS = c.Faults.FS(c.FS, "shm")
-	if c.Clock == nil {
-		c.Clock = clock.Real
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.Registry == nil {
-		c.Registry = prometheus.NewRegistry()
 	}
 	return nil
 }

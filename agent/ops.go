@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/faultinject"
 	"rewind.dev/rewind/shm"
 )
@@ -92,7 +93,7 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 		} else {
 			s.State = stateFree
 			if prev.State == stateCommitted { // its old step is gone: say so
-				a.rep.shard(job, rank, prev.WorldSize, prev.Step, prev.Size, prev.HeaderSum, "deleted")
+				a.rep.shard(job, rank, prev.WorldSize, prev.Step, prev.Size, prev.HeaderSum, coordpb.CopyState_COPY_STATE_DELETED)
 			}
 		}
 		a.releaseBudget(prev.Size, size)
@@ -110,7 +111,7 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 		a.rep.registerJob(job, rank, worldSize)
 	}
 	if prev.State == stateCommitted {
-		a.rep.shard(job, rank, prev.WorldSize, prev.Step, prev.Size, prev.HeaderSum, "deleted")
+		a.rep.shard(job, rank, prev.WorldSize, prev.Step, prev.Size, prev.HeaderSum, coordpb.CopyState_COPY_STATE_DELETED)
 		a.log.Debug("committed slot reused", "job", job, "rank", rank, "slot", s.Index, "step", prev.Step, "replica", prev.Replica,
 			"for_step", step, "for_replica", !place, "pins", fmt.Sprint(a.rep.pinned(job)))
 	}
@@ -298,7 +299,7 @@ func (a *Agent) commit(ctx context.Context, job string, rank, slotIdx uint32, to
 		return 0, err
 	}
 	a.cfg.Faults.Eval(ctx, faultinject.AgentCommittedUnsent)
-	a.rep.shard(job, rank, s.WorldSize, step, s.Size, headerSum, "committed")
+	a.rep.shard(job, rank, s.WorldSize, step, s.Size, headerSum, coordpb.CopyState_COPY_STATE_COMMITTED)
 	a.metrics.saves.WithLabelValues("ok").Inc()
 	a.metrics.committedBytes.Add(float64(s.Size))
 	if a.cfg.VerifyAfterCommit && a.verifyQ != nil && !verified {
@@ -492,7 +493,7 @@ func (a *Agent) Delete(job string, rank uint32, allRanks bool, step int64) (n in
 				n++
 			}
 			if s.State == stateCommitted {
-				a.rep.shard(r.job, r.rank, s.WorldSize, s.Step, s.Size, s.HeaderSum, "deleted")
+				a.rep.shard(r.job, r.rank, s.WorldSize, s.Step, s.Size, s.HeaderSum, coordpb.CopyState_COPY_STATE_DELETED)
 			}
 			freed += s.Size
 			a.adjustUsed(-s.Size)

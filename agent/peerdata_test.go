@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -11,8 +12,8 @@ import (
 
 	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/faultinject"
-	"rewind.dev/rewind/internal/agenttest"
-	"rewind.dev/rewind/sdk"
+	"rewind.dev/rewind/internal/testcluster"
+	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/shm"
 )
 
@@ -20,24 +21,20 @@ import (
 // one step of rank 0 (a few MiB, so that the copy crosses leaves and
 // chunks) and the copy's PeerShard is returned. Neither verifies in the
 // background; mod, if not nil, changes the receiver's configuration.
-func peerPair(t *testing.T, mod func(*agent.Config)) (holder, receiver *agenttest.Running, ps agent.PeerShard) {
+func peerPair(t *testing.T, mod func(*agent.Config)) (holder, receiver *testcluster.Agent, ps agent.PeerShard) {
 	t.Helper()
-	start := func(node string, mod func(*agent.Config)) *agenttest.Running {
-		cfg := agenttest.Config(t)
+	start := func(node string, mod func(*agent.Config)) *testcluster.Agent {
+		cfg := testcluster.AgentConfig(t)
 		cfg.Node, cfg.ListenAddr = node, "127.0.0.1:0"
 		cfg.VerifyAfterCommit = false // only a copy's checks may notice damage
 		if mod != nil {
 			mod(&cfg)
 		}
-		return agenttest.Start(t, cfg)
+		return testcluster.StartAgent(t, cfg)
 	}
 	holder, receiver = start("holder", nil), start("receiver", mod)
 	ctx := context.Background()
-	c, err := sdk.Dial(ctx, holder.Config.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := testcluster.Dial(t, holder.Config.Socket)
 	s, _ := c.Session("peer", 0, 1)
 	if err := s.Save(ctx, 1, stateOf(0, 1), nil); err != nil {
 		t.Fatal(err)
@@ -96,14 +93,10 @@ func TestPeerCopyDamagedInFlight(t *testing.T) {
 
 // checkRestores restores job peer's rank 0 at step 1 through r's SDK
 // socket and compares it with what the holder saved.
-func checkRestores(t *testing.T, r *agenttest.Running) {
+func checkRestores(t *testing.T, r *testcluster.Agent) {
 	t.Helper()
 	ctx := context.Background()
-	c, err := sdk.Dial(ctx, r.Config.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := testcluster.Dial(t, r.Config.Socket)
 	s, _ := c.Session("peer", 0, 1)
 	got, err := s.RestoreStep(ctx, 1)
 	if err != nil {
@@ -126,33 +119,19 @@ func TestPeerCopyRottenAtHolder(t *testing.T) {
 	for _, sh := range holder.Agent.List("peer") {
 		path = sh.Path
 	}
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := make([]byte, 1)
-	off := ps.Size - 5 // inside the last tensor's bytes
-	if _, err := f.ReadAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-	b[0] ^= 4
-	if _, err := f.WriteAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
+	testcluster.Flip(t, path, ps.Size-5) // inside the last tensor's bytes
 	if _, err := receiver.Agent.CopyFromPeer(context.Background(), ps, nil); !errors.Is(err, shm.ErrCorrupt) {
 		t.Fatalf("copy of a rotten shard: %v, want a corrupt error", err)
 	}
 	if st, _ := stateAt(receiver.Agent, 1); st == "committed" {
 		t.Fatal("the rotten copy was committed")
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for st, _ := stateAt(holder.Agent, 1); st != "corrupt"; st, _ = stateAt(holder.Agent, 1) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the holder's rotten copy is still %q after the receiver refused it", st)
+	wait.ForNil(t, 10*time.Second, "the holder's rotten copy marked corrupt after the receiver refused it", func() error {
+		if st, _ := stateAt(holder.Agent, 1); st != "corrupt" {
+			return fmt.Errorf("it is %q", st)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // TestRestoreAdoptsWarmSegment: a restore from a peer onto a node with a
@@ -163,18 +142,18 @@ func TestRestoreAdoptsWarmSegment(t *testing.T) {
 	const warmSize = 8 << 20
 	_, receiver, ps := peerPair(t, func(cfg *agent.Config) { cfg.WarmSegment = warmSize })
 	warmPath := filepath.Join(receiver.Config.ShmRoot, ".warm")
+	// A file named .warm is a warm segment ready to adopt (agent/warm.go).
 	waitFile := func(what string) os.FileInfo {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			if fi, err := os.Stat(warmPath); err == nil && fi.Size() == warmSize {
-				return fi
+		var fi os.FileInfo
+		wait.ForNil(t, 10*time.Second, "a warm segment "+what, func() error {
+			var err error
+			if fi, err = os.Stat(warmPath); err == nil && fi.Size() != warmSize {
+				err = fmt.Errorf("%s is %d bytes, want %d", warmPath, fi.Size(), warmSize)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("no warm segment %s", what)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return err
+		})
+		return fi
 	}
 	before := waitFile("at start")
 	res, err := receiver.Agent.FetchFrom(context.Background(), ps, []agent.Source{{Tier: "shm", Node: "holder", Addr: ps.Addr}})

@@ -77,3 +77,22 @@ func TestPinSet(t *testing.T) {
 		}
 	}
 }
+
+// TestPinHoldsOneCopyOfItsStep: a rank restarted in place before step 11
+// became consistent resumes step 10 and saves 11 again, so two slots hold
+// step 11. Once 11 is the consistent (and protected) step, the pin holds
+// the newer copy only: the next save takes the older one. Before, the pin
+// held both, and every later save failed "slot not available" (found by
+// the JobSet end-to-end test, whose pods restart ranks in place).
+func TestPinHoldsOneCopyOfItsStep(t *testing.T) {
+	r := rankWith(11, 11)
+	got := r.pick(4096, 2, pinSet{consistent: 11, protected: 11}, false)
+	if got == nil || got.Seq != 1 {
+		t.Fatalf("pick = %+v, want the older copy of step 11 (seq 1)", got)
+	}
+	// A single copy of a pinned step stays held.
+	r = rankWith(10, 11)
+	if got := r.pick(4096, 2, pinSet{consistent: 10, protected: 10}, false); got != nil {
+		t.Fatalf("pick = %+v, want none: step 10 is pinned and 11 the latest", got)
+	}
+}

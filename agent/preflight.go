@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/shm"
 )
 
@@ -25,10 +26,10 @@ func (a *Agent) preflight() error {
 	}
 	a.fsStat = st
 	memTotal := memTotalBytes()
-	a.log.Info("pre-flight", "shm_root", root, "filesystem", st.Type, "size", shm.Bytes(st.Size),
-		"free", shm.Bytes(st.Free), "budget", shm.Bytes(a.cfg.BudgetBytes), "mem_total", shm.Bytes(memTotal))
+	a.log.Info("pre-flight", "shm_root", root, "filesystem", st.Type, "size", units.Bytes(st.Size),
+		"free", units.Bytes(st.Free), "budget", units.Bytes(a.cfg.BudgetBytes), "mem_total", units.Bytes(memTotal))
 	if !st.Tmpfs {
-		return fmt.Errorf("agent: pre-flight: shm root %s is on a %s file system, not tmpfs: checkpoints would go to disk at disk speed; mount a tmpfs there or use /dev/shm", root, st.Type)
+		return fmt.Errorf("agent: pre-flight: shm root %s is on %s, not tmpfs: checkpoints would go to disk at disk speed; mount a tmpfs there or use /dev/shm", root, st.Type)
 	}
 	a.budget = a.cfg.BudgetBytes
 	if a.budget == 0 {
@@ -36,13 +37,13 @@ func (a *Agent) preflight() error {
 	}
 	if a.budget > st.Size {
 		return fmt.Errorf("agent: pre-flight: budget %s exceeds the %s tmpfs at %s; lower --budget or enlarge the tmpfs",
-			shm.Bytes(a.budget), shm.Bytes(st.Size), root)
+			units.Bytes(a.budget), units.Bytes(st.Size), root)
 	}
 	if memTotal > 0 && a.budget > memTotal {
-		return fmt.Errorf("agent: pre-flight: budget %s exceeds the host's memory %s", shm.Bytes(a.budget), shm.Bytes(memTotal))
+		return fmt.Errorf("agent: pre-flight: budget %s exceeds the host's memory %s", units.Bytes(a.budget), units.Bytes(memTotal))
 	}
 	if a.budget < 2*shm.Alignment {
-		return fmt.Errorf("agent: pre-flight: budget %s cannot hold even one shard", shm.Bytes(a.budget))
+		return fmt.Errorf("agent: pre-flight: budget %s cannot hold even one shard", units.Bytes(a.budget))
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/shm"
 )
 
@@ -27,7 +28,7 @@ func (a *Agent) reindex() error {
 	}
 	var shards, corrupt int
 	for _, j := range jobs {
-		if j.Name() == warmName {
+		if j.Name() == warmName || j.Name() == fillingName {
 			continue // the warm segment (warm.go): made again by Run
 		}
 		if !j.IsDir() || shm.ValidateJob(j.Name()) != nil {
@@ -53,10 +54,10 @@ func (a *Agent) reindex() error {
 		}
 	}
 	a.log.Info("re-indexed shared memory", "committed_shards", shards, "corrupt_shards", corrupt,
-		"bytes", shm.Bytes(a.used), "took", time.Since(start).Round(time.Millisecond))
+		"bytes", units.Bytes(a.used), "took", time.Since(start).Round(time.Millisecond))
 	if a.used > a.budget {
 		a.log.Warn("segments found exceed the budget: saves will fail until some are deleted",
-			"used", shm.Bytes(a.used), "budget", shm.Bytes(a.budget))
+			"used", units.Bytes(a.used), "budget", units.Bytes(a.budget))
 	}
 	return nil
 }

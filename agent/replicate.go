@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"rewind.dev/rewind/api/agentpb"
+	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/faultinject"
 	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
@@ -260,7 +261,7 @@ func (a *Agent) checkReceived(ps PeerShard, dst []byte) error {
 
 // Source is one place a restore can take a rank's shard from.
 type Source struct {
-	Tier string // "shm", "nvme", "pfs", "s3"
+	Tier string // "shm", or a tiers.Name
 	Node string // "-" on a shared tier
 	Addr string // the node's agent, for another node's shared memory
 }
@@ -292,7 +293,7 @@ func (a *Agent) FetchFrom(ctx context.Context, ps PeerShard, sources []Source) (
 			break
 		}
 	}
-	return res, fmt.Errorf("%w: agent: no source could restore job %s rank %d step %d (%d tried)", ErrNotFound, ps.Job, ps.Rank, ps.Step, len(res.Failed))
+	return res, fetchFailed(ctx, fmt.Sprintf("no source could restore job %s rank %d step %d", ps.Job, ps.Rank, ps.Step), res.Failed)
 }
 
 func (a *Agent) fetchSource(ctx context.Context, ps PeerShard, src Source) (int64, error) {
@@ -317,10 +318,10 @@ func (a *Agent) fetchSource(ctx context.Context, ps PeerShard, src Source) (int6
 		p := ps
 		p.Node, p.Addr = src.Node, src.Addr
 		return a.copyFromPeer(ctx, p, nil, true)
-	case src.Tier == "nvme" && src.Node != a.cfg.Node:
+	case tiers.Name(src.Tier).NodeLocal() && src.Node != a.cfg.Node:
 		return 0, fmt.Errorf("%w: agent: the NVMe copy is on node %s", ErrNotFound, src.Node)
 	default:
-		n, _, err := a.fetchFrom(ctx, src.Tier, ps.Job, ps.Rank, ps.Step)
+		n, _, err := a.fetchFrom(ctx, tiers.Name(src.Tier), ps.Job, ps.Rank, ps.Step)
 		return n, err
 	}
 }
@@ -358,7 +359,7 @@ func (a *Agent) evictReplicas(need int64, skip *lockedRank) int64 {
 				continue
 			}
 			if s.State == stateCommitted {
-				a.rep.shard(r.job, r.rank, s.WorldSize, s.Step, s.Size, s.HeaderSum, "deleted")
+				a.rep.shard(r.job, r.rank, s.WorldSize, s.Step, s.Size, s.HeaderSum, coordpb.CopyState_COPY_STATE_DELETED)
 			}
 			freed += s.Size
 			a.adjustUsed(-s.Size)

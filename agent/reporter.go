@@ -84,7 +84,7 @@ func newReporter(a *Agent, addr string) (*reporter, error) {
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		// Fixed flow-control windows, as the coordinator's: no BDP ping
 		// round trip per answer received (coordinator/run.go).
-		grpc.WithStaticStreamWindowSize(1<<20), grpc.WithStaticConnWindowSize(1<<20), coordpb.KeepaliveDial())
+		grpc.WithStaticStreamWindowSize(1<<20), grpc.WithStaticConnWindowSize(1<<20), coordpb.KeepaliveDial(), coordpb.ReconnectDial())
 	if err != nil {
 		return nil, fmt.Errorf("agent: coordinator address %q: %w", addr, err)
 	}
@@ -138,7 +138,7 @@ func (r *reporter) push(e event) {
 	}
 }
 
-func (r *reporter) shard(job string, rank, ws uint32, step int64, size int64, sum, state string) {
+func (r *reporter) shard(job string, rank, ws uint32, step int64, size int64, sum string, state coordpb.CopyState) {
 	if r == nil {
 		return
 	}
@@ -414,7 +414,7 @@ func (a *Agent) inventory() ([]*coordpb.ShardRecord, []*coordpb.RegisterJobReque
 		case stateCommitted:
 			committed[rankKey{sh.Job, sh.Rank}] = true
 			recs = append(recs, &coordpb.ShardRecord{Job: sh.Job, Step: sh.Step, Rank: sh.Rank, WorldSize: sh.WorldSize,
-				Node: a.cfg.Node, SizeBytes: uint64(sh.Size), HeaderChecksum: sh.HeaderSum, State: "committed"})
+				Node: a.cfg.Node, SizeBytes: uint64(sh.Size), HeaderChecksum: sh.HeaderSum, State: coordpb.CopyState_COPY_STATE_COMMITTED})
 		case stateWriting:
 			if sh.WorldSize > 0 && !committed[rankKey{sh.Job, sh.Rank}] {
 				jobs = append(jobs, &coordpb.RegisterJobRequest{Job: sh.Job, WorldSize: sh.WorldSize, Placement: map[uint32]string{sh.Rank: a.cfg.Node}})
@@ -437,5 +437,5 @@ func (r *reporter) abandoned(ctx context.Context, job string, step int64) bool {
 		r.a.log.Warn("cannot ask the coordinator about a step", "job", job, "step", step, "err", err)
 		return false
 	}
-	return resp.Step.GetState() == "abandoned"
+	return resp.Step.GetState() == coordpb.StepState_STEP_STATE_ABANDONED
 }

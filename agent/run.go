@@ -108,13 +108,42 @@ type Addrs struct {
 	Socket, TCP, Metrics string
 }
 
+// socketDir makes sure the directory of the socket at path exists. A
+// missing one is created (0755), as /run/rewind is under /run, but only
+// that one directory: never its parents, and never a directory at the
+// file system's root, so a mistyped --socket fails here, naming what is
+// missing, instead of leaving new directories about the host.
+func socketDir(path string) error {
+	dir, err := filepath.Abs(filepath.Dir(path))
+	if err != nil {
+		return fmt.Errorf("agent: socket %s: %w", path, err)
+	}
+	if st, err := os.Stat(dir); err == nil {
+		if !st.IsDir() {
+			return fmt.Errorf("agent: socket %s: %s is not a directory", path, dir)
+		}
+		return nil
+	}
+	parent := filepath.Dir(dir)
+	if parent == dir || parent == string(filepath.Separator) {
+		return fmt.Errorf("agent: socket %s: directory %s does not exist, and the agent creates none at the file system's root; create it, or put the socket under an existing directory such as /run", path, dir)
+	}
+	if st, err := os.Stat(parent); err != nil || !st.IsDir() {
+		return fmt.Errorf("agent: socket %s: directory %s does not exist, nor does its parent %s; the agent creates only the socket's own directory", path, dir, parent)
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("agent: socket directory: %w", err)
+	}
+	return nil
+}
+
 // listenUnix opens the SDK socket, owner-only (0600) or, with SocketGroup,
 // group-writable (0660) and owned by that group. A stale socket left by a
 // dead agent is replaced; a live one is an error.
 func (a *Agent) listenUnix() (net.Listener, error) {
 	path := a.cfg.Socket
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("agent: socket directory: %w", err)
+	if err := socketDir(path); err != nil {
+		return nil, err
 	}
 	if _, err := os.Stat(path); err == nil {
 		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {

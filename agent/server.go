@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 
@@ -12,6 +11,7 @@ import (
 	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/tiers"
 )
 
 // server adapts the Agent to its gRPC service.
@@ -74,7 +74,7 @@ func (s *server) List(ctx context.Context, req *agentpb.ListRequest) (*agentpb.L
 
 func (s *server) Verify(ctx context.Context, req *agentpb.VerifyRequest) (*agentpb.VerifyResponse, error) {
 	if req.Tier != "" {
-		n, err := s.a.VerifyTier(ctx, req.Tier, req.Job, req.Rank, req.Step)
+		n, err := s.a.VerifyTier(ctx, tiers.Name(req.Tier), req.Job, req.Rank, req.Step)
 		if err != nil {
 			if isCorrupt(err) {
 				return &agentpb.VerifyResponse{Ok: false, Problem: err.Error()}, nil
@@ -124,7 +124,7 @@ func (s *server) Status(ctx context.Context, req *agentpb.StatusRequest) (*agent
 	return &agentpb.StatusResponse{
 		Node: s.a.cfg.Node, ShmRoot: s.a.cfg.ShmRoot, Filesystem: st.Type,
 		FsSizeBytes: st.Size, FsFreeBytes: st.Free, BudgetBytes: budget, UsedBytes: used,
-		SlotsPerRank: uint32(s.a.cfg.SlotsPerRank), Version: Version, Tiers: tierOrder(s.a.cfg.Stores),
+		SlotsPerRank: uint32(s.a.cfg.SlotsPerRank), Version: Version, Tiers: tierStrings(tierOrder(s.a.cfg.Stores)),
 	}, nil
 }
 
@@ -140,13 +140,10 @@ func (s *server) Fetch(ctx context.Context, req *agentpb.FetchRequest) (*agentpb
 		res, err = s.a.FetchFrom(ctx, PeerShard{Job: req.Job, Rank: req.Rank, WorldSize: req.WorldSize, Step: req.Step,
 			Size: int64(req.SizeBytes), HeaderSum: req.HeaderChecksum}, srcs)
 	} else {
-		res, err = s.a.Fetch(ctx, req.Job, req.Rank, req.Step, req.Tiers)
+		res, err = s.a.Fetch(ctx, req.Job, req.Rank, req.Step, tierNames(req.Tiers))
 	}
 	if err != nil {
-		if len(res.Failed) > 0 {
-			return nil, fmt.Errorf("%w: %w", err, joinAttempts(res.Failed))
-		}
-		return nil, err
+		return nil, err // it names every source that failed, and why
 	}
 	resp := &agentpb.FetchResponse{Step: res.Step, Tier: res.Tier, SizeBytes: uint64(res.Size)}
 	for _, f := range res.Failed {
@@ -196,7 +193,7 @@ func (s *server) Read(req *agentpb.ReadRequest, stream agentpb.Agent_ReadServer)
 func (sh *shardInfo) proto() *agentpb.Shard {
 	p := &agentpb.Shard{
 		Job: sh.Job, Rank: sh.Rank, WorldSize: sh.WorldSize, Step: sh.Step, Slot: sh.Slot, Path: sh.Path,
-		SizeBytes: uint64(sh.Size), State: string(sh.State), Seq: sh.Seq, HeaderChecksum: sh.HeaderSum,
+		SizeBytes: uint64(sh.Size), State: sh.State.proto(), Seq: sh.Seq, HeaderChecksum: sh.HeaderSum,
 		Verified: sh.Verified, Tensors: sh.Tensors, Problem: sh.Problem,
 	}
 	if !sh.CommittedAt.IsZero() && sh.CommittedAt.UnixNano() > 0 {
@@ -236,12 +233,4 @@ func (s *server) Consistent(ctx context.Context, req *agentpb.ConsistentRequest)
 	// from now, not from the next report's answer.
 	s.a.rep.setPins(asked, []*coordpb.Pin{{Job: req.Job, Step: resp.Step, Protected: resp.Protected}})
 	return &agentpb.ConsistentResponse{Step: resp.Step, WorldSize: resp.WorldSize}, nil
-}
-
-func joinAttempts(fs []FetchAttempt) error {
-	errs := make([]error, len(fs))
-	for i, f := range fs {
-		errs[i] = fmt.Errorf("%s: %w", f.Tier, f.Err)
-	}
-	return errors.Join(errs...)
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"time"
 
+	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/shm"
 )
 
@@ -23,6 +24,21 @@ const (
 	stateCommitted slotState = "committed"
 	stateCorrupt   slotState = "corrupt"
 )
+
+// proto returns the state as the agent's API shows it.
+func (s slotState) proto() agentpb.ShardState {
+	switch s {
+	case stateFree:
+		return agentpb.ShardState_SHARD_STATE_FREE
+	case stateWriting:
+		return agentpb.ShardState_SHARD_STATE_WRITING
+	case stateCommitted:
+		return agentpb.ShardState_SHARD_STATE_COMMITTED
+	case stateCorrupt:
+		return agentpb.ShardState_SHARD_STATE_CORRUPT
+	}
+	return agentpb.ShardState_SHARD_STATE_UNSPECIFIED
+}
 
 // slot is one segment of a rank. Guarded by its rank's mutex.
 type slot struct {
@@ -86,13 +102,23 @@ func (r *rankState) pick(size int64, max int, pins pinSet, replica bool) *slot {
 	if replica {
 		latest = nil // see pickSlot
 	}
+	// A pin holds one copy of its step: the newest. A rank restarted in
+	// place before its step became consistent resumes the step before and
+	// saves the same step again; the older copy is free to take, or the
+	// pin would hold both and leave no slot.
+	pinned := map[int64]*slot{}
+	for _, s := range r.slots {
+		if s.State == stateCommitted && pins.holds(s.Step) && (pinned[s.Step] == nil || s.Seq > pinned[s.Step].Seq) {
+			pinned[s.Step] = s
+		}
+	}
 	var unused, oldest *slot
 	held := 0
 	for _, s := range r.slots {
 		if s.readers > 0 {
 			held++
 		}
-		if s == latest || s.readers > 0 || s.State == stateCommitted && pins.holds(s.Step) {
+		if s == latest || s.readers > 0 || s.State == stateCommitted && pinned[s.Step] == s {
 			continue
 		}
 		switch s.State {

@@ -12,13 +12,15 @@ import (
 
 // stalledPeer listens for one data-path request, answers that a shard of
 // size bytes follows, and then sends nothing, keeping the connection open
-// until the test ends.
-func stalledPeer(t *testing.T, size int64) string {
+// until the test ends. answered is closed once the answer is sent: the
+// copy then waits for bytes that never come.
+func stalledPeer(t *testing.T, size int64) (addr string, answered <-chan struct{}) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
+	done := make(chan struct{})
 	go func() {
 		c, err := ln.Accept()
 		if err != nil {
@@ -34,9 +36,11 @@ func stalledPeer(t *testing.T, size int64) string {
 		}
 		var ok [9]byte // status 0, then the size; the shard's bytes never come
 		binary.BigEndian.PutUint64(ok[1:], uint64(size))
-		_, _ = c.Write(ok[:])
+		if _, err := c.Write(ok[:]); err == nil {
+			close(done)
+		}
 	}()
-	return ln.Addr().String()
+	return ln.Addr().String(), done
 }
 
 // TestPeerCopyFromADeadNodeIsCut: a copy from a node this agent's failure
@@ -44,12 +48,17 @@ func stalledPeer(t *testing.T, size int64) string {
 func TestPeerCopyFromADeadNodeIsCut(t *testing.T) {
 	const size = 1 << 20
 	a := &Agent{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	ps := PeerShard{Job: "j", Rank: 0, WorldSize: 1, Step: 1, Size: size, HeaderSum: "x", Node: "paused", Addr: stalledPeer(t, size)}
+	addr, answered := stalledPeer(t, size)
+	ps := PeerShard{Job: "j", Rank: 0, WorldSize: 1, Step: 1, Size: size, HeaderSum: "x", Node: "paused", Addr: addr}
 	ctx, done := a.peers.copyContext(t.Context(), ps.Node)
 	defer done()
 	errc := make(chan error, 1)
 	go func() { errc <- a.receiveData(ctx, ps, make([]byte, size), nil) }()
-	time.Sleep(100 * time.Millisecond) // the copy waits for bytes
+	select { // the copy waits for bytes
+	case <-answered:
+	case err := <-errc:
+		t.Fatalf("the copy ended before the peer answered: %v", err)
+	}
 	if n := a.peers.cutCopies("paused"); n != 1 {
 		t.Fatalf("cut %d copies from the dead node, want 1", n)
 	}
@@ -75,7 +84,8 @@ func TestPeerCopyFromAStalledPeerFails(t *testing.T) {
 	peerStall = 300 * time.Millisecond
 	const size = 1 << 20
 	a := &Agent{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	ps := PeerShard{Job: "j", Rank: 0, WorldSize: 1, Step: 1, Size: size, HeaderSum: "x", Node: "paused", Addr: stalledPeer(t, size)}
+	addr, _ := stalledPeer(t, size)
+	ps := PeerShard{Job: "j", Rank: 0, WorldSize: 1, Step: 1, Size: size, HeaderSum: "x", Node: "paused", Addr: addr}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second) // the caller's deadline, far beyond the stall bound
 	defer cancel()
 	start := time.Now()

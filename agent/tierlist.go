@@ -39,11 +39,12 @@ const (
 
 // TierListing says how the listing of one tier went.
 type TierListing struct {
-	Tier, Store string
-	Jobs        int
-	Manifests   int  // valid manifests handed to the caller
-	Skipped     int  // manifests that do not decode or validate
-	Truncated   bool // a bound stopped the listing
+	Tier      tiers.Name
+	Store     string
+	Jobs      int
+	Manifests int  // valid manifests handed to the caller
+	Skipped   int  // manifests that do not decode or validate
+	Truncated bool // a bound stopped the listing
 	// Err is set when the tier could not be listed whole: the store
 	// failed, or some manifest could not be read. The manifests handed
 	// over are good; asking again later may find the rest.
@@ -59,8 +60,8 @@ type TierListing struct {
 // failed) is skipped too, and the tier's listing then carries an error.
 // emit is called from the calling goroutine, in order; its error ends the
 // listing and is returned, as is the context's.
-func (a *Agent) ListTierCopies(ctx context.Context, names []string, maxManifests, maxPerJob int,
-	emit func(tier string, m *tiers.Manifest) error) ([]TierListing, error) {
+func (a *Agent) ListTierCopies(ctx context.Context, names []tiers.Name, maxManifests, maxPerJob int,
+	emit func(tier tiers.Name, m *tiers.Manifest) error) ([]TierListing, error) {
 	if maxManifests <= 0 {
 		maxManifests = defaultMaxListedManifests
 	}
@@ -72,8 +73,8 @@ func (a *Agent) ListTierCopies(ctx context.Context, names []string, maxManifests
 	}
 	var out []TierListing
 	for _, name := range names {
-		if !slices.Contains([]string{"nvme", "pfs", "s3"}, name) {
-			return nil, fmt.Errorf("%w: agent: unknown tier %q: want nvme, pfs or s3", ErrInvalid, name)
+		if _, err := tiers.ParseName(string(name)); err != nil {
+			return nil, fmt.Errorf("%w: agent: %w", ErrInvalid, err)
 		}
 		st := a.cfg.Stores[name]
 		if st == nil {
@@ -90,8 +91,8 @@ func (a *Agent) ListTierCopies(ctx context.Context, names []string, maxManifests
 }
 
 // listTier lists one tier; the error is emit's or the context's.
-func (a *Agent) listTier(ctx context.Context, name string, st tiers.Store, maxManifests, maxPerJob int,
-	emit func(tier string, m *tiers.Manifest) error) (TierListing, error) {
+func (a *Agent) listTier(ctx context.Context, name tiers.Name, st tiers.Store, maxManifests, maxPerJob int,
+	emit func(tier tiers.Name, m *tiers.Manifest) error) (TierListing, error) {
 	l := TierListing{Tier: name, Store: st.String()}
 	start := time.Now()
 	jobs, err := tiers.Jobs(ctx, st)
@@ -203,8 +204,8 @@ func (s *server) TierCopies(req *agentpb.TierCopiesRequest, stream agentpb.Agent
 		page, size = &agentpb.TierCopiesPage{}, 0
 		return err
 	}
-	listings, err := s.a.ListTierCopies(stream.Context(), req.Tiers, int(req.MaxManifests), int(req.MaxStepsPerJob),
-		func(tier string, m *tiers.Manifest) error {
+	listings, err := s.a.ListTierCopies(stream.Context(), tierNames(req.Tiers), int(req.MaxManifests), int(req.MaxStepsPerJob),
+		func(tier tiers.Name, m *tiers.Manifest) error {
 			pm := tierManifestProto(tier, m)
 			if n := proto.Size(pm); size > 0 && size+n > tierPageBytes {
 				if err := send(); err != nil {
@@ -222,7 +223,7 @@ func (s *server) TierCopies(req *agentpb.TierCopiesRequest, stream agentpb.Agent
 		return err
 	}
 	for _, l := range listings {
-		pl := &agentpb.TierListing{Tier: l.Tier, Store: l.Store, Jobs: uint32(l.Jobs), Manifests: uint32(l.Manifests),
+		pl := &agentpb.TierListing{Tier: string(l.Tier), Store: l.Store, Jobs: uint32(l.Jobs), Manifests: uint32(l.Manifests),
 			Skipped: uint32(l.Skipped), Truncated: l.Truncated}
 		if l.Err != nil {
 			pl.Error = l.Err.Error()
@@ -232,8 +233,8 @@ func (s *server) TierCopies(req *agentpb.TierCopiesRequest, stream agentpb.Agent
 	return send()
 }
 
-func tierManifestProto(tier string, m *tiers.Manifest) *agentpb.TierManifest {
-	pm := &agentpb.TierManifest{Tier: tier, Job: m.Job, Step: m.Step, WorldSize: m.WorldSize, RanksHere: m.Here,
+func tierManifestProto(tier tiers.Name, m *tiers.Manifest) *agentpb.TierManifest {
+	pm := &agentpb.TierManifest{Tier: string(tier), Job: m.Job, Step: m.Step, WorldSize: m.WorldSize, RanksHere: m.Here,
 		Shards: make([]*agentpb.TierShard, len(m.Shards))}
 	if !m.WrittenAt.IsZero() {
 		pm.WrittenUnixNano = m.WrittenAt.UnixNano()

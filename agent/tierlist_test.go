@@ -18,7 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"rewind.dev/rewind/api/agentpb"
-	"rewind.dev/rewind/internal/agenttest"
+	"rewind.dev/rewind/internal/testcluster"
 	"rewind.dev/rewind/tiers"
 )
 
@@ -92,9 +92,9 @@ func TestTierCopiesListing(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cfg := agenttest.Config(t)
-	cfg.Stores = map[string]tiers.Store{"nvme": nvme, "pfs": pfs}
-	agenttest.Start(t, cfg)
+	cfg := testcluster.AgentConfig(t)
+	cfg.Stores = map[tiers.Name]tiers.Store{"nvme": nvme, "pfs": pfs}
+	testcluster.StartAgent(t, cfg)
 	conn, err := grpc.NewClient("unix://"+cfg.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

@@ -2,10 +2,10 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -99,6 +99,31 @@ type FetchAttempt struct {
 	Err  error
 }
 
+// fetchFailed is the error of a Fetch that no source served: not found
+// (the code callers act on), naming every attempt and why on one line.
+// The attempts' own errors are text, not wrapped: one that wraps
+// ErrInvalid (a source this node has no tier for) must not make the whole
+// fetch an invalid argument. A fetch cut short by its caller's deadline
+// or cancellation is that, not a missing shard.
+func fetchFailed(ctx context.Context, what string, failed []FetchAttempt) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("agent: %s: stopped after %d sources: %w", what, len(failed), err)
+	}
+	if len(failed) == 0 {
+		return fmt.Errorf("%w: agent: %s: no source to try", ErrNotFound, what)
+	}
+	return fmt.Errorf("%w: agent: %s (%d tried): %s", ErrNotFound, what, len(failed), attemptsText(failed))
+}
+
+// attemptsText lists failed attempts on one line: "TIER: ERROR; ...".
+func attemptsText(fs []FetchAttempt) string {
+	parts := make([]string, len(fs))
+	for i, f := range fs {
+		parts[i] = f.Tier + ": " + strings.Join(strings.Fields(f.Err.Error()), " ")
+	}
+	return strings.Join(parts, "; ")
+}
+
 // FetchResult says where a Fetch found the shard.
 type FetchResult struct {
 	Step   int64
@@ -109,17 +134,17 @@ type FetchResult struct {
 
 // Fetch brings rank's shard of step (the newest the first tier holds when
 // step < 0) into shared memory from the agent's tiers, in the order given
-// (all of them, nearest first, when tierNames is empty), falling back to
+// (all of them, nearest first, when names is empty), falling back to
 // the next tier on any error, a corrupt byte included. A shard already
 // committed in shared memory is not fetched again.
-func (a *Agent) Fetch(ctx context.Context, job string, rank uint32, step int64, tierNames []string) (FetchResult, error) {
+func (a *Agent) Fetch(ctx context.Context, job string, rank uint32, step int64, names []tiers.Name) (FetchResult, error) {
 	if err := validateRank(job, rank, 0); err != nil {
 		return FetchResult{}, err
 	}
-	if len(tierNames) == 0 {
-		tierNames = tierOrder(a.cfg.Stores)
+	if len(names) == 0 {
+		names = tierOrder(a.cfg.Stores)
 	}
-	if len(tierNames) == 0 {
+	if len(names) == 0 {
 		return FetchResult{}, fmt.Errorf("%w: agent: node %s has no durable tiers to fetch from", ErrNotFound, a.cfg.Node)
 	}
 	if step >= 0 {
@@ -129,30 +154,26 @@ func (a *Agent) Fetch(ctx context.Context, job string, rank uint32, step int64, 
 		}
 	}
 	var res FetchResult
-	for _, name := range tierNames {
+	for _, name := range names {
 		size, got, err := a.fetchFrom(ctx, name, job, rank, step)
 		if err == nil {
-			res.Step, res.Tier, res.Size = got, name, size
-			a.metrics.transfers.WithLabelValues(name, "fetch", "ok").Inc()
-			a.metrics.tierBytes.WithLabelValues(name).Add(float64(size))
+			res.Step, res.Tier, res.Size = got, string(name), size
+			a.metrics.transfers.WithLabelValues(string(name), "fetch", "ok").Inc()
+			a.metrics.tierBytes.WithLabelValues(string(name)).Add(float64(size))
 			return res, nil
 		}
-		a.metrics.transfers.WithLabelValues(name, "fetch", "failed").Inc()
+		a.metrics.transfers.WithLabelValues(string(name), "fetch", "failed").Inc()
 		a.log.Warn("fetch from tier failed; trying the next", "job", job, "rank", rank, "step", step, "tier", name, "err", err)
-		res.Failed = append(res.Failed, FetchAttempt{Tier: name, Err: err})
+		res.Failed = append(res.Failed, FetchAttempt{Tier: string(name), Err: err})
 		if ctx.Err() != nil {
 			break
 		}
 	}
-	errs := make([]error, len(res.Failed))
-	for i, f := range res.Failed {
-		errs[i] = fmt.Errorf("%s: %w", f.Tier, f.Err)
-	}
-	return res, fmt.Errorf("%w: agent: no tier could restore job %s rank %d%s: %w", ErrNotFound, job, rank, stepSuffix(step, step < 0), errors.Join(errs...))
+	return res, fetchFailed(ctx, fmt.Sprintf("no tier could restore job %s rank %d%s", job, rank, stepSuffix(step, step < 0)), res.Failed)
 }
 
 // fetchFrom pulls from one tier and returns the shard's size and step.
-func (a *Agent) fetchFrom(ctx context.Context, tier, job string, rank uint32, step int64) (int64, int64, error) {
+func (a *Agent) fetchFrom(ctx context.Context, tier tiers.Name, job string, rank uint32, step int64) (int64, int64, error) {
 	st := a.cfg.Stores[tier]
 	if st == nil {
 		return 0, 0, fmt.Errorf("%w: node %s has no tier %q", ErrInvalid, a.cfg.Node, tier)
@@ -185,7 +206,7 @@ func (a *Agent) fetchFrom(ctx context.Context, tier, job string, rank uint32, st
 // and checks it against the manifest and its own checksums, into memory
 // mapped for the purpose (not the Go heap; shards are large). It returns
 // the bytes checked; a mismatch is an error wrapping shm.ErrCorrupt.
-func (a *Agent) VerifyTier(ctx context.Context, tier, job string, rank uint32, step int64) (int64, error) {
+func (a *Agent) VerifyTier(ctx context.Context, tier tiers.Name, job string, rank uint32, step int64) (int64, error) {
 	st := a.cfg.Stores[tier]
 	if st == nil {
 		return 0, fmt.Errorf("%w: agent: node %s has no tier %q", ErrInvalid, a.cfg.Node, tier)
@@ -210,4 +231,27 @@ func (a *Agent) VerifyTier(ctx context.Context, tier, job string, rank uint32, s
 		return 0, fmt.Errorf("agent: %s copy of job %s rank %d step %d: %w", tier, job, rank, step, err)
 	}
 	return size, nil
+}
+
+// tierNames converts the tier names of a request, which the wire carries
+// as strings. An unknown name is left for the caller to report, as a tier
+// this node does not have.
+func tierNames(ss []string) []tiers.Name {
+	if ss == nil {
+		return nil
+	}
+	out := make([]tiers.Name, len(ss))
+	for i, s := range ss {
+		out[i] = tiers.Name(s)
+	}
+	return out
+}
+
+// tierStrings converts tier names for the wire.
+func tierStrings(ns []tiers.Name) []string {
+	out := make([]string, len(ns))
+	for i, n := range ns {
+		out[i] = string(n)
+	}
+	return out
 }

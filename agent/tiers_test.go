@@ -10,8 +10,8 @@ import (
 	"path/filepath"
 	"testing"
 
-	"rewind.dev/rewind/internal/agenttest"
 	"rewind.dev/rewind/internal/miniotest"
+	"rewind.dev/rewind/internal/testcluster"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
@@ -45,21 +45,18 @@ func s3Store(t *testing.T) tiers.Store {
 // alone brings the newest step it holds back, bit-identical.
 func TestEachTierAloneRestores(t *testing.T) {
 	const ranks = 3
-	stores := map[string]tiers.Store{}
+	stores := map[tiers.Name]tiers.Store{}
 	fst, err := tiers.NewFileStore(filepath.Join(t.TempDir(), "nvme"), tiers.NVMeOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
-	stores["nvme"], stores["s3"] = fst, s3Store(t)
-	pushed := map[string]int64{"nvme": 2, "s3": 3}
+	stores[tiers.NVMe], stores[tiers.S3] = fst, s3Store(t)
+	pushed := map[tiers.Name]int64{tiers.NVMe: 2, tiers.S3: 3}
 
-	cfg := agenttest.Config(t)
-	r := agenttest.Start(t, cfg)
+	cfg := testcluster.AgentConfig(t)
+	r := testcluster.StartAgent(t, cfg)
 	ctx := context.Background()
-	c, err := sdk.Dial(ctx, cfg.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := testcluster.Dial(t, cfg.Socket)
 	for step := int64(1); step <= 3; step++ {
 		for rank := range uint32(ranks) {
 			s, _ := c.Session("tiered", rank, ranks)
@@ -89,10 +86,10 @@ func TestEachTierAloneRestores(t *testing.T) {
 	r.Stop()
 
 	for tier, st := range stores {
-		t.Run(tier, func(t *testing.T) {
+		t.Run(string(tier), func(t *testing.T) {
 			// A fresh node: empty shared memory.
-			cfg := agenttest.Config(t)
-			r := agenttest.Start(t, cfg)
+			cfg := testcluster.AgentConfig(t)
+			r := testcluster.StartAgent(t, cfg)
 			steps, err := tiers.Steps(ctx, st, "tiered")
 			if err != nil || len(steps) != 1 || steps[0] != pushed[tier] {
 				t.Fatalf("steps on %s: %v %v", tier, steps, err)
@@ -101,11 +98,7 @@ func TestEachTierAloneRestores(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c, err := sdk.Dial(ctx, cfg.Socket)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
+			c := testcluster.Dial(t, cfg.Socket)
 			for rank := range uint32(ranks) {
 				if err := r.Agent.Pull(ctx, st, man, rank); err != nil {
 					t.Fatalf("pull rank %d from %s: %v", rank, tier, err)
@@ -133,14 +126,10 @@ func TestPullOfACorruptTierCopyCommitsNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := agenttest.Config(t)
-	r := agenttest.Start(t, cfg)
+	cfg := testcluster.AgentConfig(t)
+	r := testcluster.StartAgent(t, cfg)
 	ctx := context.Background()
-	c, err := sdk.Dial(ctx, cfg.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := testcluster.Dial(t, cfg.Socket)
 	s, _ := c.Session("rot", 0, 1)
 	defer s.Close()
 	if err := s.Save(ctx, 5, stateOf(0, 5), nil); err != nil {

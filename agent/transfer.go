@@ -59,9 +59,9 @@ func newTransfers(a *Agent) *transfers {
 	t := &transfers{a: a, c: a.rep.c, lim: tiers.NewLimiter(a.cfg.TransferBandwidth, a.cfg.Clock),
 		queue: make(chan *coordpb.TransferOrder, maxQueuedTransfers), peerQ: make(chan *coordpb.TransferOrder, maxQueuedTransfers), health: map[string]*tierHealth{}, wake: make(chan struct{}, 1)}
 	for _, n := range tierOrder(a.cfg.Stores) {
-		t.names = append(t.names, n)
+		t.names = append(t.names, string(n))
 		h := &tierHealth{store: a.cfg.Stores[n].String()}
-		t.health[n] = h
+		t.health[string(n)] = h
 		if w, ok := a.cfg.Stores[n].(tiers.RetryWatcher); ok {
 			// A store that retries inside one call (S3, for minutes)
 			// shows degraded from its first retry, not once it gives up;
@@ -74,10 +74,11 @@ func newTransfers(a *Agent) *transfers {
 	return t
 }
 
-// tierOrder lists tier names nearest (cheapest to restore from) first.
-func tierOrder(stores map[string]tiers.Store) []string {
-	var out []string
-	for _, n := range []string{"nvme", "pfs", "s3"} {
+// tierOrder lists the tiers of stores nearest (cheapest to restore from)
+// first.
+func tierOrder(stores map[tiers.Name]tiers.Store) []tiers.Name {
+	var out []tiers.Name
+	for _, n := range tiers.Names() {
 		if stores[n] != nil {
 			out = append(out, n)
 		}
@@ -124,21 +125,23 @@ func (t *transfers) subscribe(ctx context.Context) {
 }
 
 func (t *transfers) enqueue(o *coordpb.TransferOrder) {
-	switch o.Kind { // at once, not behind transfers
-	case "abort":
-		t.a.gang.abort(o.Job, o.Step, o.Reason)
-		t.a.log.Warn("job's gang broken: its ranks' calls fail until the recovery is done", "job", o.Job, "restoring", o.Step, "reason", o.Reason)
+	switch x := o.Order.(type) { // gang orders at once, not behind transfers
+	case *coordpb.TransferOrder_Abort:
+		t.a.gang.abort(o.Job, o.Step, x.Abort.Reason)
+		t.a.log.Warn("job's gang broken: its ranks' calls fail until the recovery is done", "job", o.Job, "restoring", o.Step, "reason", x.Abort.Reason)
 		t.a.discardAfter(o.Job, o.Step)
 		return
-	case "resume":
+	case *coordpb.TransferOrder_Resume:
 		// The coordinator sends a job's last gang order again (replay)
 		// when this stream reconnects or this agent reports the job's
 		// gang broken (coordinator/gang.go): a replayed resume only ends
 		// a break; the steps after its step may be the job's since.
-		if o.Replay {
+		if x.Resume.Replay {
 			if t.a.gang.breaking(o.Job) {
 				t.a.gang.resume(o.Job, o.Step)
 				t.a.log.Info("job recovered (its resume sent again): its ranks may save again", "job", o.Job, "step", o.Step)
+			} else {
+				t.a.log.Debug("job's resume sent again; its gang is not broken here: nothing to do", "job", o.Job, "step", o.Step)
 			}
 			return
 		}
@@ -148,13 +151,13 @@ func (t *transfers) enqueue(o *coordpb.TransferOrder) {
 		return
 	}
 	t.mu.Lock()
-	h := t.health[o.Tier]
+	h := t.health[o.TierName()]
 	if h != nil {
 		h.queued++
 	}
 	t.mu.Unlock()
 	q := t.queue
-	if o.Kind == "replicate" {
+	if o.GetReplicate() != nil {
 		q = t.peerQ
 	}
 	select {
@@ -177,17 +180,17 @@ func (t *transfers) work(ctx context.Context, q <-chan *coordpb.TransferOrder) {
 
 // run1 runs one order, with retries, and records how it ended.
 func (t *transfers) run1(ctx context.Context, o *coordpb.TransferOrder) {
-	st := t.a.cfg.Stores[o.Tier]
+	st := t.a.cfg.Stores[tiers.Name(o.TierName())]
 	t.mu.Lock()
-	h := t.health[o.Tier]
+	h := t.health[o.TierName()]
 	if h != nil {
 		h.queued--
 		h.running++
 		t.dirty = true
 	}
 	t.mu.Unlock()
-	if st == nil && o.Kind != "replicate" {
-		t.finish(o, nil, 0, 0, fmt.Errorf("%w: agent: node %s has no tier %q", ErrInvalid, t.a.cfg.Node, o.Tier))
+	if st == nil && o.GetReplicate() == nil {
+		t.finish(o, nil, 0, 0, fmt.Errorf("%w: agent: node %s has no tier %q", ErrInvalid, t.a.cfg.Node, o.TierName()))
 		return
 	}
 	start := t.a.cfg.Clock.Now()
@@ -201,9 +204,9 @@ func (t *transfers) run1(ctx context.Context, o *coordpb.TransferOrder) {
 
 // do runs one attempt of an order and returns the bytes it moved.
 func (t *transfers) do(ctx context.Context, st tiers.Store, o *coordpb.TransferOrder, h *tierHealth) (int64, error) {
-	switch o.Kind {
-	case "push":
-		e, err := t.a.push(ctx, st, o.Job, o.Rank, o.Step, func(size int64, src io.ReaderAt) io.ReaderAt {
+	switch x := o.Order.(type) {
+	case *coordpb.TransferOrder_Push:
+		e, err := t.a.push(ctx, st, o.Job, x.Push.Rank, o.Step, func(size int64, src io.ReaderAt) io.ReaderAt {
 			t.mu.Lock()
 			h.bytesTotal += size
 			t.mu.Unlock()
@@ -215,35 +218,37 @@ func (t *transfers) do(ctx context.Context, st tiers.Store, o *coordpb.TransferO
 			t.mu.Unlock()
 		})
 		return e.Size, err
-	case "manifest":
-		m := &tiers.Manifest{Job: o.Job, Step: o.Step, WorldSize: o.WorldSize}
-		for _, s := range o.Shards {
+	case *coordpb.TransferOrder_Manifest:
+		mo := x.Manifest
+		m := &tiers.Manifest{Job: o.Job, Step: o.Step, WorldSize: mo.WorldSize}
+		for _, s := range mo.Shards {
 			m.Shards = append(m.Shards, tiers.ShardEntry{Rank: s.Rank, Size: int64(s.SizeBytes), HeaderChecksum: s.HeaderChecksum})
 		}
-		if tiers.TierNodeLocal(o.Tier) {
-			m.Here = slices.Sorted(slices.Values(o.Ranks))
+		if tiers.Name(mo.Tier).NodeLocal() {
+			m.Here = slices.Sorted(slices.Values(mo.Ranks))
 		}
 		if err := tiers.WriteManifest(ctx, st, m); err != nil {
 			return 0, err
 		}
 		return 0, t.a.cfg.Faults.Check(ctx, faultinject.AgentTierManifest)
-	case "replicate":
-		return t.a.CopyFromPeer(ctx, PeerShard{Job: o.Job, Rank: o.Rank, WorldSize: o.WorldSize, Step: o.Step,
-			Size: int64(o.SizeBytes), HeaderSum: o.HeaderChecksum, Node: o.SourceNode, Addr: o.SourceAddr}, t.lim)
-	case "delete":
+	case *coordpb.TransferOrder_Replicate:
+		r := x.Replicate
+		return t.a.CopyFromPeer(ctx, PeerShard{Job: o.Job, Rank: r.Rank, WorldSize: r.WorldSize, Step: o.Step,
+			Size: int64(r.SizeBytes), HeaderSum: r.HeaderChecksum, Node: r.SourceNode, Addr: r.SourceAddr}, t.lim)
+	case *coordpb.TransferOrder_Delete:
 		// The manifest goes first: from then on the copy does not exist,
 		// whatever happens to the deletion of its shards.
 		if err := st.Delete(ctx, tiers.ManifestName(o.Job, o.Step)); err != nil {
 			return 0, err
 		}
-		for _, r := range o.Ranks {
+		for _, r := range x.Delete.Ranks {
 			if err := st.Delete(ctx, tiers.ShardName(o.Job, o.Step, r)); err != nil {
 				return 0, err
 			}
 		}
 		return 0, nil
 	default:
-		return 0, fmt.Errorf("%w: agent: unknown transfer kind %q", ErrInvalid, o.Kind)
+		return 0, fmt.Errorf("%w: agent: unknown transfer order kind %v", ErrInvalid, o.Kind())
 	}
 }
 
@@ -252,7 +257,7 @@ func (t *transfers) do(ctx context.Context, st tiers.Store, o *coordpb.TransferO
 func (t *transfers) retry(ctx context.Context, o *coordpb.TransferOrder, h *tierHealth, f func(context.Context) error) error {
 	backoff := t.a.cfg.TransferBackoff
 	attempts := t.a.cfg.TransferAttempts
-	if o.Kind == "replicate" {
+	if o.GetReplicate() != nil {
 		attempts = 1 // the rank's next commit brings a newer replica sooner than a retry
 	}
 	for attempt := 1; ; attempt++ {
@@ -261,8 +266,8 @@ func (t *transfers) retry(ctx context.Context, o *coordpb.TransferOrder, h *tier
 			return err
 		}
 		t.setHealth(h, err)
-		t.a.log.Warn("tier transfer failed; retrying", "kind", o.Kind, "job", o.Job, "step", o.Step, "rank", o.Rank,
-			"tier", o.Tier, "attempt", attempt, "in", backoff, "err", err)
+		t.a.log.Warn("tier transfer failed; retrying", "kind", o.Kind().Label(), "job", o.Job, "step", o.Step, "rank", o.RankOf(),
+			"tier", o.TierName(), "attempt", attempt, "in", backoff, "err", err)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -294,32 +299,32 @@ func (t *transfers) setHealth(h *tierHealth, err error) {
 
 // finish records an order's outcome for the coordinator and the metrics.
 func (t *transfers) finish(o *coordpb.TransferOrder, h *tierHealth, n int64, d time.Duration, err error) {
-	ev := &coordpb.TierEvent{Order: o.Id, Kind: o.Kind, Job: o.Job, Step: o.Step, Tier: o.Tier, Rank: o.Rank,
+	kind, tier, rank := o.Kind(), o.TierName(), o.RankOf()
+	ev := &coordpb.TierEvent{Order: o.Id, Kind: kind, Job: o.Job, Step: o.Step, Tier: tier, Rank: rank,
 		Ok: err == nil, Bytes: uint64(n), DurationNanos: int64(d)}
 	result := "ok"
 	if err != nil {
 		ev.Error, result = err.Error(), "failed"
-		t.a.log.Error("tier transfer failed", "kind", o.Kind, "job", o.Job, "step", o.Step, "rank", o.Rank, "tier", o.Tier, "err", err)
-	} else if o.Kind == "push" {
-		t.a.log.Info("shard pushed to tier", "job", o.Job, "rank", o.Rank, "step", o.Step, "tier", o.Tier, "bytes", n, "seconds", d.Seconds())
+		t.a.log.Error("tier transfer failed", "kind", kind.Label(), "job", o.Job, "step", o.Step, "rank", rank, "tier", tier, "err", err)
+	} else if kind == coordpb.OrderKind_ORDER_KIND_PUSH {
+		t.a.log.Info("shard pushed to tier", "job", o.Job, "rank", rank, "step", o.Step, "tier", tier, "bytes", n, "seconds", d.Seconds())
 	}
-	tier := o.Tier
 	if tier == "" { // a replica, into this node's shared memory
 		tier = "shm"
 	}
-	t.a.metrics.transfers.WithLabelValues(tier, o.Kind, result).Inc()
+	t.a.metrics.transfers.WithLabelValues(tier, kind.Label(), result).Inc()
 	t.a.metrics.tierBytes.WithLabelValues(tier).Add(float64(n))
 	t.mu.Lock()
 	if h != nil {
 		h.running--
-		if o.Kind == "push" && err == nil && d > 0 {
+		if kind == coordpb.OrderKind_ORDER_KIND_PUSH && err == nil && d > 0 {
 			h.rate = float64(n) / d.Seconds()
 		}
 		// Only a write proves the tier healthy again: a deletion that
 		// works on a full disk does not.
 		if err != nil {
 			h.degraded, h.err = true, err.Error()
-		} else if o.Kind != "delete" {
+		} else if kind != coordpb.OrderKind_ORDER_KIND_DELETE {
 			h.degraded, h.err = false, ""
 		}
 	}

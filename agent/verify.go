@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/shm"
 )
 
@@ -58,7 +59,7 @@ func (a *Agent) verify(r *lockedRank, s *slot) error {
 	if s.State != stateCorrupt {
 		a.log.Error("checkpoint corrupt: it will not be served", "job", r.job, "rank", r.rank, "step", s.Step, "err", err)
 		a.metrics.corrupt.Inc()
-		a.rep.shard(r.job, r.rank, s.WorldSize, s.Step, s.Size, s.HeaderSum, "corrupt")
+		a.rep.shard(r.job, r.rank, s.WorldSize, s.Step, s.Size, s.HeaderSum, coordpb.CopyState_COPY_STATE_CORRUPT)
 	}
 	s.State, s.Problem, s.verified = stateCorrupt, err.Error(), false
 	if perr := a.persist(&r.rankState); perr != nil {

@@ -15,6 +15,12 @@ import (
 // adopts the warm segment instead (renamed into the rank's slot, truncated
 // to the shard's size), and a new one is made in the background once the
 // copy into it is done.
+//
+// The segment is made under fillingName and renamed to warmName only once
+// it is mapped and faulted in, in the same critical section that makes it
+// adoptable: a file named warmName is always a segment a restore would
+// take, so whoever watches the shm root (a test, an operator) sees the
+// moment it is ready, not the moment its allocation began.
 type warm struct {
 	mu      sync.Mutex
 	m       *shm.Mapping // nil while none is ready
@@ -25,7 +31,10 @@ type warm struct {
 	adopted map[string]*shm.Mapping
 }
 
-const warmName = ".warm"
+const (
+	warmName    = ".warm"         // a warm segment ready to adopt
+	fillingName = ".warm.filling" // one being allocated and faulted in
+)
 
 // fillWarm makes the warm segment, if configured and none is ready or
 // being made. The lock is not held while the memory is allocated and
@@ -43,14 +52,26 @@ func (a *Agent) fillWarm() {
 	}
 	a.warm.filling = true
 	a.warm.mu.Unlock()
-	path := filepath.Join(a.cfg.ShmRoot, warmName)
-	m := a.makeWarm(path, size)
+	path, filling := filepath.Join(a.cfg.ShmRoot, warmName), filepath.Join(a.cfg.ShmRoot, fillingName)
+	// A warm segment left by an agent that died is reused (Reserve keeps a
+	// file of the right size), not allocated beside it.
+	_ = a.cfg.FS.Rename(path, filling)
+	m := a.makeWarm(filling, size)
 	a.warm.mu.Lock()
 	defer a.warm.mu.Unlock()
-	a.warm.m, a.warm.path, a.warm.filling = m, path, false
-	if m != nil {
-		a.log.Info("warm segment ready", "bytes", size)
+	a.warm.filling = false
+	if m == nil {
+		return
 	}
+	if err := a.cfg.FS.Rename(filling, path); err != nil {
+		a.log.Warn("no warm segment", "err", err)
+		m.Close()
+		_ = a.cfg.FS.Remove(filling)
+		a.releaseBudget(0, size)
+		return
+	}
+	a.warm.m, a.warm.path = m, path
+	a.log.Info("warm segment ready", "bytes", size)
 }
 
 // makeWarm allocates and maps the warm segment at path, or returns nil.

@@ -3,22 +3,19 @@ package coordinator_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/coordinator"
-	"rewind.dev/rewind/internal/agenttest"
+	"rewind.dev/rewind/internal/testcluster"
+	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
 )
@@ -31,10 +28,12 @@ type cluster struct {
 	addr    string
 	stop    func()
 	api     coordpb.CoordinatorClient
-	agents  []*agenttest.Running
+	agents  []*testcluster.Agent
 	clients []*sdk.Client
 }
 
+// startCoordinator starts a coordinator on addr with its store in
+// dataDir, changed by mods, and returns its address and a stop function.
 func startCoordinator(t *testing.T, dataDir, addr string, mods ...func(*coordinator.Config)) (string, func()) {
 	t.Helper()
 	_, got, stop := runCoordinator(t, dataDir, addr, mods...)
@@ -44,33 +43,14 @@ func startCoordinator(t *testing.T, dataDir, addr string, mods ...func(*coordina
 // runCoordinator is startCoordinator, also returning the coordinator.
 func runCoordinator(t *testing.T, dataDir, addr string, mods ...func(*coordinator.Config)) (*coordinator.Coordinator, string, func()) {
 	t.Helper()
-	cfg := coordinator.DefaultConfig()
-	cfg.ListenAddr, cfg.MetricsAddr, cfg.DataDir = addr, "", dataDir
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg := testcluster.CoordinatorConfig(t)
+	cfg.ListenAddr, cfg.DataDir = addr, dataDir
 	cfg.Replicas = 0 // the replication tests ask for replicas
 	for _, m := range mods {
 		m(&cfg)
 	}
-	c, err := coordinator.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
-	done := make(chan struct{})
-	go func() { c.Run(ctx, func(a, _ string) { ready <- a }); close(done) }()
-	got := <-ready
-	var stopped bool
-	stop := func() {
-		if !stopped {
-			stopped = true
-			cancel()
-			<-done
-			c.Close()
-		}
-	}
-	t.Cleanup(stop)
-	return c, got, stop
+	c := testcluster.StartCoordinator(t, cfg)
+	return c.Coordinator, c.Addr, c.Stop
 }
 
 func newCluster(t *testing.T, nodes int) *cluster {
@@ -82,41 +62,46 @@ func newCluster(t *testing.T, nodes int) *cluster {
 			cfg.Node, cfg.FailureDomain = fmt.Sprintf("node-%d", i), fmt.Sprintf("rack-%d", i%2)
 		})
 	}
+	cl.waitOrderStreams()
 	return cl
 }
 
-// dial connects the cluster's client to its coordinator.
-func (cl *cluster) dial() {
-	conn, err := grpc.NewClient(cl.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		cl.t.Fatal(err)
-	}
-	cl.t.Cleanup(func() { conn.Close() })
-	cl.api = coordpb.NewCoordinatorClient(conn)
+// waitOrderStreams waits until every agent of the cluster has its order
+// stream open on the coordinator: until then the coordinator sends it no
+// tier copy and picks it as no step's peer (a step replicated while a
+// peer was not connected keeps fewer replicas).
+func (cl *cluster) waitOrderStreams() {
+	cl.t.Helper()
+	want := len(cl.agents)
+	wait.ForNil(cl.t, 10*time.Second, fmt.Sprintf("the order streams of the %d agents open", want), func() error {
+		resp, err := cl.api.TierStatus(ctxT(cl.t), &coordpb.TierStatusRequest{})
+		if err == nil && len(resp.Nodes) < want {
+			err = fmt.Errorf("%d open", len(resp.Nodes))
+		}
+		return err
+	})
 }
+
+// dial connects the cluster's client to its coordinator.
+func (cl *cluster) dial() { cl.api = testcluster.DialCoordinator(cl.t, cl.addr) }
 
 // addAgent starts an agent of the cluster, mod naming it.
 func (cl *cluster) addAgent(mod func(*agent.Config)) {
 	t := cl.t
-	cfg := agenttest.Config(t)
+	cfg := testcluster.AgentConfig(t)
 	cfg.ListenAddr, cfg.CoordinatorAddr = "127.0.0.1:0", cl.addr
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg.Logger = testcluster.Discard()
 	mod(&cfg)
 	cl.agents = append(cl.agents, startAgent(t, cfg))
-	c, err := sdk.Dial(context.Background(), cfg.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	cl.clients = append(cl.clients, c)
+	cl.clients = append(cl.clients, testcluster.Dial(t, cfg.Socket))
 }
 
 // startAgent starts an agent whose advertised address is its real TCP port.
-func startAgent(t *testing.T, cfg agent.Config) *agenttest.Running {
+func startAgent(t *testing.T, cfg agent.Config) *testcluster.Agent {
 	// The TCP port is known only once listening: reserve one first.
-	l := agenttest.FreePort(t)
+	l := testcluster.FreeAddr(t)
 	cfg.ListenAddr, cfg.AdvertiseAddr = l, l
-	return agenttest.Start(t, cfg)
+	return testcluster.StartAgent(t, cfg)
 }
 
 func ctxT(t *testing.T) context.Context {
@@ -158,19 +143,16 @@ func (cl *cluster) saveSteps(job string, ws uint32, last int64, ranks ...uint32)
 // consistent step.
 func (cl *cluster) waitLatest(job string, step int64) {
 	cl.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	var last int64 = -2
-	for time.Now().Before(deadline) {
+	wait.ForNil(cl.t, 10*time.Second, fmt.Sprintf("step %d as the latest consistent step of %s", step, job), func() error {
 		resp, err := cl.api.Latest(ctxT(cl.t), &coordpb.LatestRequest{Job: job})
-		if err == nil {
-			last = resp.Step
-			if resp.Step == step {
-				return
-			}
+		if err != nil {
+			return err
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	cl.t.Fatalf("latest consistent step of %s is %d, want %d", job, last, step)
+		if resp.Step != step {
+			return fmt.Errorf("latest consistent step %d", resp.Step)
+		}
+		return nil
+	})
 }
 
 func TestGlobalCommitAcrossNodes(t *testing.T) {
@@ -180,11 +162,22 @@ func TestGlobalCommitAcrossNodes(t *testing.T) {
 	cl.waitLatest("llm", 1)
 	// Step 2: three ranks of four; it stays partial and latest stays 1.
 	cl.saveStep("llm", 4, 2, 0, 1, 2)
-	time.Sleep(100 * time.Millisecond)
-	cl.waitLatest("llm", 1)
+	wait.ForNil(t, 10*time.Second, "the coordinator to record three commits of step 2", func() error {
+		st, err := cl.api.InspectStep(ctx, &coordpb.StepRequest{Job: "llm", Step: 2})
+		if err != nil {
+			return err
+		}
+		if st.Step.RanksCommitted != 3 {
+			return fmt.Errorf("step 2 %s, %d ranks committed", st.Step.State, st.Step.RanksCommitted)
+		}
+		return nil
+	})
 	st, err := cl.api.InspectStep(ctx, &coordpb.StepRequest{Job: "llm", Step: 2})
-	if err != nil || st.Step.State != "partial" || st.Step.RanksCommitted != 3 {
+	if err != nil || st.Step.State != coordpb.StepState_STEP_STATE_PARTIAL || st.Step.RanksCommitted != 3 {
 		t.Fatalf("step 2 after three of four ranks: %v %v", st, err)
+	}
+	if l, err := cl.api.Latest(ctx, &coordpb.LatestRequest{Job: "llm"}); err != nil || l.Step != 1 {
+		t.Fatalf("latest consistent step with step 2 partial: %v %v, want 1", l, err)
 	}
 	cl.saveStep("llm", 4, 2, 3)
 	cl.waitLatest("llm", 2)
@@ -250,7 +243,7 @@ func TestCoordinatorRebuildsFromAgents(t *testing.T) {
 	startCoordinator(t, filepath.Join(t.TempDir(), "empty"), cl.addr)
 	cl.waitLatest("job", 6)
 	steps, err := cl.api.ListSteps(ctxT(t), &coordpb.ListStepsRequest{Job: "job"})
-	if err != nil || len(steps.Steps) != 2 || steps.Steps[0].State != "consistent" {
+	if err != nil || len(steps.Steps) != 2 || steps.Steps[0].State != coordpb.StepState_STEP_STATE_CONSISTENT {
 		t.Fatalf("steps rebuilt from the agents: %v %v", steps, err)
 	}
 	// Saves go on and reach the new coordinator.
@@ -261,14 +254,14 @@ func TestCoordinatorRebuildsFromAgents(t *testing.T) {
 func TestUnknownJobAndBadRankRefused(t *testing.T) {
 	cl := newCluster(t, 1)
 	ctx := ctxT(t)
-	_, err := cl.api.Report(ctx, &coordpb.ReportRequest{Node: "x", Shards: []*coordpb.ShardRecord{{Job: "nope", Step: 1, Rank: 0, WorldSize: 1, State: "committed"}}})
+	_, err := cl.api.Report(ctx, &coordpb.ReportRequest{Node: "x", Shards: []*coordpb.ShardRecord{{Job: "nope", Step: 1, Rank: 0, WorldSize: 1, State: coordpb.CopyState_COPY_STATE_COMMITTED}}})
 	if status.Code(err) != codes.NotFound || !strings.Contains(err.Error(), "not registered") {
 		t.Fatalf("report for an unknown job: %v", err)
 	}
 	if _, err := cl.api.RegisterJob(ctx, &coordpb.RegisterJobRequest{Job: "j", WorldSize: 2}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = cl.api.Report(ctx, &coordpb.ReportRequest{Node: "x", Shards: []*coordpb.ShardRecord{{Job: "j", Step: 1, Rank: 2, WorldSize: 2, State: "committed"}}})
+	_, err = cl.api.Report(ctx, &coordpb.ReportRequest{Node: "x", Shards: []*coordpb.ShardRecord{{Job: "j", Step: 1, Rank: 2, WorldSize: 2, State: coordpb.CopyState_COPY_STATE_COMMITTED}}})
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "rank 2 out of range") {
 		t.Fatalf("report for rank 2 of 2: %v", err)
 	}

@@ -45,30 +45,56 @@ type Config struct {
 	// lease: only the leader serves (leader.go). Nil: always serving.
 	Leading func() bool
 
+	// Limits on what callers can make the coordinator hold (DESIGN
+	// invariant 10), checked before anything changes; a request over
+	// one is refused and names the limit's flag (limits.go).
+	//
+	// MaxWorldSize bounds the ranks of one job: a restore plan, a
+	// listing or a check of a step walks every rank.
+	MaxWorldSize uint32
+	// MaxJobs bounds the jobs in the index.
+	MaxJobs int
+	// MaxStepsPerJob bounds the steps of one job the index holds,
+	// partial, consistent and abandoned together.
+	MaxStepsPerJob int
+	// MaxCopiesPerShard bounds the copies of one rank's shard of one
+	// step: in nodes' memory and on the tiers.
+	MaxCopiesPerShard int
+
 	// Faults, when set, fires the armed fault points of the coordinator
 	// (faultinject); nil unless the daemon runs with --fault-injection.
 	Faults *faultinject.Injector
 
-	Clock    clock.Clock
-	Logger   *slog.Logger
+	Clock  clock.Clock
+	Logger *slog.Logger
+	// Registry takes the coordinator's metrics, served on MetricsAddr;
+	// nil gives each coordinator New makes a registry of its own.
 	Registry prometheus.Registerer
 }
 
 // DefaultConfig returns a coordinator configuration for one cluster.
 func DefaultConfig() Config {
 	return Config{
-		ListenAddr:   ":7080",
-		MetricsAddr:  ":9465",
-		DataDir:      "/var/lib/rewind/coordinator",
-		AgentTimeout: 2 * time.Minute, // verifying a large shard reads every byte
-		Policy:       tiers.DefaultPolicy(),
-		Replicas:     1,                // survives any one node; a second costs another shard of memory per rank
-		LeaveGrace:   10 * time.Second, // an agent restart takes about a second
+		ListenAddr:   ":7080",                       // every interface: agents reach it from other nodes
+		MetricsAddr:  ":9465",                       // the agent's metrics port plus one, so both run on one host
+		DataDir:      "/var/lib/rewind/coordinator", // state of a system daemon, kept across restarts (FHS)
+		AgentTimeout: 2 * time.Minute,               // verifying a large shard reads every byte
+		Policy:       tiers.DefaultPolicy(),         // see DefaultPolicy: NVMe often, PFS less, the object store on a clock
+		Replicas:     1,                             // survives any one node; a second costs another shard of memory per rank
+		LeaveGrace:   10 * time.Second,              // an agent restart takes about a second
+		Clock:        clock.Real,                    // tests pass a fake one
+		Logger:       slog.Default(),                // the daemon passes its own
+
+		MaxWorldSize:      65536, // the largest runs have tens of thousands of ranks; a whole-job plan this size is some MiB, tens of ms
+		MaxJobs:           10000, // far more than one cluster runs at once; a job costs the index little until it saves
+		MaxStepsPerJob:    1024,  // memory holds 2-3 steps per rank, each tier its keep=: room for long keeps and steps on their way out
+		MaxCopiesPerShard: 64,    // own memory, up to MaxReplicas peers, one per tier, and what a recovery adds before old copies go
 	}
 }
 
-// Validate checks the configuration and fills in the parts left nil.
-func (c *Config) Validate() error {
+// Validate reports what is wrong with the configuration; it changes
+// nothing.
+func (c Config) Validate() error {
 	var errs []error
 	if c.ListenAddr == "" {
 		errs = append(errs, errors.New("listen address is empty"))
@@ -79,23 +105,24 @@ func (c *Config) Validate() error {
 	if c.AgentTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("agent timeout %v must be positive", c.AgentTimeout))
 	}
-	if c.Replicas < 0 || c.Replicas > 8 {
-		errs = append(errs, fmt.Errorf("replicas %d out of range [0, 8]", c.Replicas))
+	if c.MaxWorldSize < 1 || c.MaxJobs < 1 || c.MaxStepsPerJob < 1 || c.MaxCopiesPerShard < 1 {
+		errs = append(errs, fmt.Errorf("limits must be positive: max world size %d, jobs %d, steps per job %d, copies per shard %d",
+			c.MaxWorldSize, c.MaxJobs, c.MaxStepsPerJob, c.MaxCopiesPerShard))
+	}
+	if c.LeaveGrace < 0 {
+		errs = append(errs, fmt.Errorf("leave grace %v must not be negative", c.LeaveGrace))
+	}
+	if c.Replicas < 0 || c.Replicas > MaxReplicas {
+		errs = append(errs, fmt.Errorf("replicas %d out of range [0, %d]", c.Replicas, MaxReplicas))
 	}
 	if err := c.Policy.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if c.Clock == nil || c.Logger == nil {
+		errs = append(errs, errors.New("clock and logger must be set (DefaultConfig sets both)"))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("coordinator: invalid config: %w", err)
-	}
-	if c.Clock == nil {
-		c.Clock = clock.Real
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.Registry == nil {
-		c.Registry = prometheus.NewRegistry()
 	}
 	return nil
 }

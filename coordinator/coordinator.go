@@ -31,7 +31,12 @@ type Coordinator struct {
 	watchers   watchers               // WatchJob streams
 	members    atomic.Value           // *membership.Members, with Config.Gossip
 
-	tiers *tierer // tier transfers (tiering.go)
+	// The parts that send orders on the agents' order streams, each
+	// under its own lock (transfers.go).
+	streams     *orderStreams // the agents' order streams (orders.go)
+	tiers       *tiering      // tier copies and retention (tiering.go)
+	replication *replication  // replicas in peers' memory (replicate.go)
+	gangs       *gangs        // gang orders (gang.go)
 
 	// qmu guards queue, the reports waiting to be applied (group.go).
 	qmu   sync.Mutex
@@ -49,6 +54,9 @@ func New(cfg Config) (*Coordinator, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
 	store, err := OpenStore(cfg.DataDir, cfg.Logger.With("component", "pebble"))
 	if err != nil {
 		return nil, err
@@ -56,7 +64,7 @@ func New(cfg Config) (*Coordinator, error) {
 	c := &Coordinator{
 		cfg:   cfg,
 		log:   cfg.Logger.With("component", "coordinator"),
-		state: NewState(cfg.Clock.Now),
+		state: cfg.newState(),
 		store: store,
 		down:  map[string]time.Time{},
 	}
@@ -67,12 +75,15 @@ func New(cfg Config) (*Coordinator, error) {
 		return nil, err
 	}
 	c.metrics = newMetrics(cfg.Registry, c)
-	c.tiers = newTierer(c)
-	c.tiers.registerMetrics(cfg.Registry)
-	if err := c.tiers.load(); err != nil {
+	tm := c.registerTierMetrics(cfg.Registry)
+	c.streams, c.tiers, c.replication, c.gangs = newOrderStreams(), newTiering(c, tm), newReplication(c, tm), newGangs(c)
+	copies, policies, replicas, err := store.loadTiering()
+	if err != nil {
 		store.Close()
 		return nil, fmt.Errorf("coordinator: loading tier copies: %w", err)
 	}
+	c.replication.load(replicas)
+	c.tiers.load(copies, policies)
 	c.log.Info("index loaded", "jobs", len(c.state.Jobs), "nodes", len(c.state.Nodes),
 		"took", time.Since(start).Round(time.Millisecond), "incarnation", c.Incarnation())
 	return c, nil
@@ -123,7 +134,9 @@ func newMetrics(reg prometheus.Registerer, c *Coordinator) *metrics {
 
 // Close closes the store.
 func (c *Coordinator) Close() error {
+	c.streams.shutdown()
 	c.tiers.close()
+	c.replication.close()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.store.Close()
@@ -150,7 +163,7 @@ func (c *Coordinator) persist(ch *Changes) error {
 		// a new incarnation makes every agent register its inventory again.
 		c.incarnation.Store(newIncarnation())
 		c.log.Error("persisting index change failed; reloading, agents will re-register", "err", err)
-		fresh := NewState(c.cfg.Clock.Now)
+		fresh := c.cfg.newState()
 		if lerr := c.store.Load(fresh); lerr == nil {
 			c.state = fresh
 		}

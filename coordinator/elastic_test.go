@@ -1,10 +1,12 @@
 package coordinator_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/shm"
 )
 
@@ -47,21 +49,19 @@ func TestStaleWritingSlotKeepsNewWorldSize(t *testing.T) {
 // waitWorldSize waits until the coordinator has job at world size ws.
 func (cl *cluster) waitWorldSize(job string, ws uint32) {
 	cl.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	var last uint32
-	for time.Now().Before(deadline) {
+	wait.ForNil(cl.t, 10*time.Second, fmt.Sprintf("job %s at world size %d", job, ws), func() error {
 		jobs, err := cl.api.ListJobs(ctxT(cl.t), &coordpb.ListJobsRequest{})
-		if err == nil {
-			for _, j := range jobs.Jobs {
-				if j.Id == job {
-					last = j.WorldSize
-				}
+		if err != nil {
+			return err
+		}
+		for _, j := range jobs.Jobs {
+			if j.Id == job && j.WorldSize != ws {
+				return fmt.Errorf("world size %d", j.WorldSize)
 			}
-			if last == ws {
-				return
+			if j.Id == job {
+				return nil
 			}
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	cl.t.Fatalf("job %s has world size %d, want %d", job, last, ws)
+		return fmt.Errorf("no job %s", job)
+	})
 }

@@ -1,107 +1,43 @@
 package coordinator_test
 
 import (
-	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
-	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/coordinator"
-	"rewind.dev/rewind/internal/agenttest"
+	"rewind.dev/rewind/internal/testcluster"
+	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/membership"
-	"rewind.dev/rewind/sdk"
 )
-
-// childAgent is the test binary as an agent process, configured by
-// REWIND_TEST_AGENT, "node,domain,shm root,socket,listen,coordinator,gossip seed".
-func childAgent() int {
-	f := strings.Split(os.Getenv("REWIND_TEST_AGENT"), ",")
-	cfg := agent.DefaultConfig()
-	cfg.Node, cfg.FailureDomain, cfg.ShmRoot, cfg.Socket = f[0], f[1], f[2], f[3]
-	cfg.ListenAddr, cfg.AdvertiseAddr, cfg.CoordinatorAddr, cfg.MetricsAddr = f[4], f[4], f[5], ""
-	if f[6] != "" {
-		g := gossipConfig(nil)
-		cfg.Gossip, cfg.GossipJoin = &g, []string{f[6]}
-	}
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	var err error
-	if cfg.Faults, err = childFaults(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	a, err := agent.New(cfg)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
-	if err := a.Run(ctx, nil); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return 0
-}
-
-// gossipConfig is failure detection on loopback, on a free port.
-func gossipConfig(faults *membership.FaultNetwork) membership.Config {
-	g := membership.DefaultConfig()
-	g.BindAddr, g.BindPort, g.Faults = "127.0.0.1", 0, faults
-	g.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	return g
-}
 
 // spawnAgent starts an agent process of the cluster (without failure
 // detection when gossipSeed is empty), env added to its environment; it
-// returns the process and the agent's shm root.
-func (cl *cluster) spawnAgent(node, domain, gossipSeed string, env ...string) (*exec.Cmd, string) {
+// returns the process and its configuration.
+func (cl *cluster) spawnAgent(node, domain, gossipSeed string, env ...string) (*testcluster.Proc, testcluster.AgentProcess) {
 	t := cl.t
-	cfg := agenttest.Config(t)
-	listen := agenttest.FreePort(t)
-	args := "REWIND_TEST_AGENT=" + strings.Join([]string{node, domain, cfg.ShmRoot, cfg.Socket, listen, cl.addr, gossipSeed}, ",")
-	cmd := cl.startAgentProcess(args, env...)
-	var c *sdk.Client
-	var err error
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if c, err = sdk.Dial(ctxT(t), cfg.Socket); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("agent process %s: %v", node, err)
-		}
-	}
-	t.Cleanup(func() { c.Close() })
-	cl.clients = append(cl.clients, c)
-	return cmd, cfg.ShmRoot
-}
-
-// startAgentProcess starts the test binary as an agent configured by args
-// (REWIND_TEST_AGENT=...), env added to its environment.
-func (cl *cluster) startAgentProcess(args string, env ...string) *exec.Cmd {
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(append(os.Environ(), "REWIND_TEST_ROLE=agent", args), env...)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		cl.t.Fatal(err)
-	}
-	cl.t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	return cmd
+	cfg := testcluster.AgentConfig(t)
+	spec := testcluster.AgentProcess{Node: node, FailureDomain: domain, ShmRoot: cfg.ShmRoot, Socket: cfg.Socket,
+		Listen: testcluster.FreeAddr(t), Coordinator: cl.addr, GossipSeed: gossipSeed}
+	p := testcluster.SpawnAgent(t, spec, env...)
+	cl.clients = append(cl.clients, testcluster.Dial(t, spec.Socket))
+	return p, spec
 }
 
 // gossipCoordinator starts a coordinator that runs failure detection.
-func gossipCoordinator(t *testing.T, faults *membership.FaultNetwork) (*cluster, string) {
+// mods change its configuration after that.
+func gossipCoordinator(t *testing.T, faults *membership.FaultNetwork, mods ...func(*coordinator.Config)) (*cluster, string) {
 	cl := &cluster{t: t, dataDir: t.TempDir()}
-	g := gossipConfig(faults)
-	c, addr, stop := runCoordinator(t, cl.dataDir, "127.0.0.1:0", func(cfg *coordinator.Config) { cfg.Gossip, cfg.Replicas = &g, 1 })
+	g := testcluster.GossipConfig(faults)
+	mods = append([]func(*coordinator.Config){func(cfg *coordinator.Config) { cfg.Gossip, cfg.Replicas = &g, 1 }}, mods...)
+	c, addr, stop := runCoordinator(t, cl.dataDir, "127.0.0.1:0", mods...)
 	cl.addr, cl.stop = addr, stop
 	cl.dial()
 	return cl, c.GossipAddr()
@@ -114,18 +50,17 @@ func gossipCoordinator(t *testing.T, faults *membership.FaultNetwork) (*cluster,
 func TestFailureDetectionRecoversAKilledNode(t *testing.T) {
 	const job, ws = "detect", 2
 	cl, seed := gossipCoordinator(t, nil)
-	var procs []*exec.Cmd
+	var procs []*testcluster.Proc
 	var roots []string
 	for i, d := range []string{"rack-a", "rack-b", "rack-a"} {
-		p, root := cl.spawnAgent(fmt.Sprintf("node-%d", i), d, seed)
-		procs, roots = append(procs, p), append(roots, root)
+		p, spec := cl.spawnAgent(fmt.Sprintf("node-%d", i), d, seed)
+		procs, roots = append(procs, p), append(roots, spec.ShmRoot)
 	}
 	cl.saveSteps(job, ws, 2, 0, 1)
 	waitReplicas(t, cl, job, 2, ws, 2)
 	events := cl.watch(job)
 	killed := time.Now()
-	procs[1].Process.Kill()
-	procs[1].Wait()
+	procs[1].Kill()
 	os.RemoveAll(filepath.Dir(roots[1]))
 	ev := nextEvent(t, events)
 	if !ev.Ok || ev.Step != 2 || ev.Placement[1] != "node-2" || !strings.Contains(ev.Reason, "declared dead") {
@@ -147,28 +82,51 @@ func TestFailureDetectionRecoversAKilledNode(t *testing.T) {
 func TestPartitionDoesNotRecover(t *testing.T) {
 	const job, ws = "split", 4
 	faults := membership.NewFaultNetwork()
-	cl, seed := gossipCoordinator(t, faults)
+	var logs testcluster.Logs
+	reg := prometheus.NewRegistry()
+	cl, seed := gossipCoordinator(t, faults, func(cfg *coordinator.Config) {
+		cfg.Logger, cfg.Gossip.Registry = logs.Logger(slog.LevelInfo), reg
+	})
 	for i := range 4 {
 		cl.addAgent(func(cfg *agent.Config) {
-			g := gossipConfig(faults)
+			g := testcluster.GossipConfig(faults)
 			cfg.Node, cfg.FailureDomain = fmt.Sprintf("node-%d", i), fmt.Sprintf("rack-%d", i%2)
 			cfg.Gossip, cfg.GossipJoin = &g, []string{seed}
 		})
 	}
+	wait.For(t, 10*time.Second, "the coordinator to see every agent alive", func() bool { return members(t, reg, "alive") == 5 })
 	cl.saveStep(job, ws, 1, 0, 1, 2, 3)
 	cl.waitLatest(job, 1)
 	events := cl.watch(job)
-	for _, far := range []string{"node-1", "node-2", "node-3"} {
-		faults.Cut("coordinator", far)
-		faults.Cut("node-0", far)
+	far := []string{"node-1", "node-2", "node-3"}
+	for _, n := range far {
+		faults.Cut("coordinator", n)
+		faults.Cut("node-0", n)
 	}
+	// Each far node is declared dead, and its recovery refused for want
+	// of quorum (a recovery goes ahead only past that check).
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(logs.String())
+		}
+	})
+	wait.For(t, 20*time.Second, "the coordinator to refuse to recover each far node", func() bool {
+		for _, n := range far {
+			if !logs.Has(`msg="not recovering"`, " node="+n+" ") {
+				return false
+			}
+		}
+		return true
+	})
 	select {
 	case ev := <-events:
 		t.Fatalf("a recovery from the minority side of a partition: %v", ev)
-	case <-time.After(6 * time.Second): // three times the detection bound
+	default:
 	}
 	faults.Heal()
-	time.Sleep(2 * time.Second)
+	wait.For(t, 20*time.Second, "the coordinator to see every agent alive after the partition healed", func() bool {
+		return members(t, reg, "alive") == 5
+	})
 	cl.saveStep(job, ws, 2, 0, 1, 2, 3)
 	cl.waitLatest(job, 2)
 	select {
@@ -176,4 +134,26 @@ func TestPartitionDoesNotRecover(t *testing.T) {
 		t.Fatalf("a recovery after the partition healed: %v", ev)
 	default:
 	}
+}
+
+// members reads rewind_membership_members{state} from reg.
+func members(t *testing.T, reg *prometheus.Registry, state string) int {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "rewind_membership_members" {
+			continue
+		}
+		for _, m := range mf.Metric {
+			for _, l := range m.Label {
+				if l.GetName() == "state" && l.GetValue() == state {
+					return int(m.Gauge.GetValue())
+				}
+			}
+		}
+	}
+	return -1
 }

@@ -14,9 +14,11 @@ import (
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/coordinator"
 	"rewind.dev/rewind/faultinject"
-	"rewind.dev/rewind/internal/agenttest"
+	"rewind.dev/rewind/internal/testcluster"
+	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/tiers"
 )
 
 // The tests of this file fire the agent's and the coordinator's fault
@@ -100,7 +102,7 @@ func TestFaultCoordinatorFailsToRecordConsistent(t *testing.T) {
 		t.Fatalf("before-consistent fired %d times", h)
 	}
 	resp, err := cl.api.InspectStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: 1})
-	if err != nil || resp.Step.State != "consistent" {
+	if err != nil || resp.Step.State != coordpb.StepState_STEP_STATE_CONSISTENT {
 		t.Fatalf("step 1: %v %v", resp, err)
 	}
 }
@@ -114,7 +116,7 @@ func TestFaultReplicaDamagedInFlight(t *testing.T) {
 	cl := rackClusterWith(t, 2, func(c *coordinator.Config) { c.Replicas = 1 }, func(_ int, cfg *agent.Config) { cfg.Faults = in })
 	cl.saveStep(job, ws, 1, 0)
 	cl.waitLatest(job, 1)
-	eventually(t, 10*time.Second, "the damaged replica was refused", func() bool {
+	wait.For(t, 10*time.Second, "the damaged replica was refused", func() bool {
 		return in.Hits()[faultinject.AgentReplicaReceived] == 1
 	})
 	cl.saveStep(job, ws, 2, 0)
@@ -148,7 +150,7 @@ func TestFaultReplicaRotsRestoreFallsBack(t *testing.T) {
 	waitReplicas(t, cl, job, 1, ws, 3)
 	cl.agents[0].Stop() // node-0 loses its memory and comes back empty
 	cl.addAgent(func(cfg *agent.Config) { cfg.Node, cfg.FailureDomain = "node-0", "rack-a" })
-	eventually(t, 10*time.Second, "node-0's old copy left the index", func() bool { return len(cl.replicaNodes(job, 1)[0]) == 2 })
+	wait.For(t, 10*time.Second, "node-0's old copy left the index", func() bool { return len(cl.replicaNodes(job, 1)[0]) == 2 })
 	plan, err := cl.api.PlanRestore(ctxT(t), &coordpb.PlanRestoreRequest{Job: job, Step: -1, RequestedBy: "test"})
 	if err != nil || !plan.Executed || !plan.Ok {
 		t.Fatalf("restore: %v %v", plan, err)
@@ -201,7 +203,7 @@ func TestFaultRecoveryCutBeforeRegang(t *testing.T) {
 	in := injector(t, "coordinator/before-regang=1*error(EIO)")
 	cl := rackClusterWith(t, 3, func(c *coordinator.Config) { c.Replicas, c.Faults = 1, in }, nil)
 	ev := nextEvent(t, cl.loseNode1(job, ws))
-	if ev.Ok || ev.Kind != "failed" || !strings.Contains(ev.Error, "injected fault at coordinator/before-regang") {
+	if ev.Ok || ev.Kind != coordpb.JobEventKind_JOB_EVENT_KIND_FAILED || !strings.Contains(ev.Error, "injected fault at coordinator/before-regang") {
 		t.Fatalf("event: %v", ev)
 	}
 	cl.waitLatest(job, 1)
@@ -258,18 +260,14 @@ func TestFaultTierTransfers(t *testing.T) {
 	}
 	// Shared memory is lost: every durable copy restores from its tier.
 	tc.agents[0].Stop()
-	cfg := agenttest.Config(t)
+	cfg := testcluster.AgentConfig(t)
 	cfg.Node, cfg.Stores = "node-0", tc.cfgs[0].Stores
-	r := agenttest.Start(t, cfg)
-	c, err := sdk.Dial(ctxT(t), cfg.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	r := testcluster.StartAgent(t, cfg)
+	c := testcluster.Dial(t, cfg.Socket)
 	s, _ := c.Session(job, 0, 1)
 	for tier, steps := range durable {
 		for _, step := range steps {
-			if _, err := r.Agent.Fetch(ctxT(t), job, 0, step, []string{tier}); err != nil {
+			if _, err := r.Agent.Fetch(ctxT(t), job, 0, step, []tiers.Name{tiers.Name(tier)}); err != nil {
 				t.Fatalf("step %d, durable on %s, does not restore from it: %v", step, tier, err)
 			}
 			got, err := s.RestoreStep(ctxT(t), step)
@@ -290,8 +288,7 @@ func TestFaultAgentCrashBeforeReport(t *testing.T) {
 	cl := &cluster{t: t}
 	cl.addr, cl.stop = startCoordinator(t, t.TempDir(), "127.0.0.1:0")
 	cl.dial()
-	cmd, _ := cl.spawnAgent("node-0", "rack-a", "", faultinject.EnvSpec+"=agent/committed-unreported=1*exit(137)")
-	args := cmd.Env[len(cmd.Env)-2]
+	p, spec := cl.spawnAgent("node-0", "rack-a", "", faultinject.EnvSpec+"=agent/committed-unreported=1*exit(137)")
 	s, err := cl.clients[0].Session(job, 0, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -299,21 +296,14 @@ func TestFaultAgentCrashBeforeReport(t *testing.T) {
 	if err := s.Save(ctxT(t), 1, u8(rankData(1, 0)), nil); err == nil {
 		t.Fatal("a save whose agent died during the commit returned no error")
 	}
-	if err := cmd.Wait(); err == nil || cmd.ProcessState.ExitCode() != 137 {
+	if err := p.Wait(); err == nil || p.Cmd.ProcessState.ExitCode() != 137 {
 		t.Fatalf("the agent exited with %v, want status 137 from the fault point", err)
 	}
 	if l, err := cl.api.Latest(ctxT(t), &coordpb.LatestRequest{Job: job}); err == nil && l.Step >= 0 {
 		t.Fatalf("the coordinator knows step %d although the only commit was never reported", l.Step)
 	}
-	cl.startAgentProcess(args) // the same node, shm root and socket; no faults
-	c, err := sdk.Dial(ctxT(t), strings.Split(strings.TrimPrefix(args, "REWIND_TEST_AGENT="), ",")[3])
-	for deadline := time.Now().Add(10 * time.Second); err != nil && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		c, err = sdk.Dial(ctxT(t), strings.Split(strings.TrimPrefix(args, "REWIND_TEST_AGENT="), ",")[3])
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	testcluster.SpawnAgent(t, spec) // the same node, shm root and socket; no faults
+	c := testcluster.Dial(t, spec.Socket)
 	cl.waitLatest(job, 1)
 	s2, _ := c.Session(job, 0, 1)
 	got, err := s2.Restore(ctxT(t))

@@ -3,6 +3,7 @@ package coordinator
 import (
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	"rewind.dev/rewind/api/coordpb"
@@ -22,29 +23,46 @@ import (
 // broken again, nor their newer steps discarded). A replayed resume ends
 // the agent's break and discards nothing (agent/transfer.go).
 
+// gangs keeps each job's last gang order and the recoveries agents hold
+// unfinished (unfinished.go). Its orders go through the order streams
+// (orders.go), and no outcome comes back for them. Lock order: gangs.mu,
+// then Coordinator.mu, then the order streams' lock.
+type gangs struct {
+	c *Coordinator
+
+	mu         sync.Mutex
+	records    map[string]*gangRecord // job -> its last gang order
+	unfinished map[string]int64       // job -> step: a gang an agent holds broken, no recovery of it known here (unfinished.go)
+}
+
+func newGangs(c *Coordinator) *gangs {
+	return &gangs{c: c, records: map[string]*gangRecord{}, unfinished: map[string]int64{}}
+}
+
 // gangRecord is a job's last gang order and every node a gang order of the
 // job was sent to.
 type gangRecord struct {
-	kind   string // "abort" (its recovery runs), "resume", or "failed" (the recovery failed after its abort)
+	kind   coordpb.OrderKind // ORDER_KIND_ABORT or ORDER_KIND_RESUME
+	failed bool              // an abort whose recovery failed: not sent again
 	step   int64
 	reason string
 	nodes  map[string]bool
 }
 
-// gangOrders sends kind ("abort", "resume") to the agents of the job's
+// gangOrders sends kind (abort, resume) to the agents of the job's
 // nodes that are up (a resume also to every node an earlier gang order of
 // the job went to), and waits (up to 2 s) until their order streams have
 // taken them: a rank restarted on a recovery's event must not find its
 // agent still saying the gang is broken.
-func (c *Coordinator) gangOrders(job, kind string, step int64, reason string) {
-	t := c.tiers
+func (c *Coordinator) gangOrders(job string, kind coordpb.OrderKind, step int64, reason string) {
+	g := c.gangs
 	nodes := map[string]bool{} // where its ranks run, and where copies of its shards live
-	if kind == "resume" {
-		t.mu.Lock() // before c.mu, never inside it: other paths take t.mu, then c.mu
-		if rec := t.gangs[job]; rec != nil {
+	if kind == coordpb.OrderKind_ORDER_KIND_RESUME {
+		g.mu.Lock() // before c.mu, never inside it
+		if rec := g.records[job]; rec != nil {
 			maps.Copy(nodes, rec.nodes)
 		}
-		t.mu.Unlock()
+		g.mu.Unlock()
 	}
 	c.mu.Lock()
 	maps.Copy(nodes, c.jobNodes(job))
@@ -52,32 +70,28 @@ func (c *Coordinator) gangOrders(job, kind string, step int64, reason string) {
 		delete(nodes, n)
 	}
 	c.mu.Unlock()
-	t.mu.Lock()
-	rec := t.gangs[job]
+	g.mu.Lock()
+	rec := g.records[job]
 	if rec == nil {
 		rec = &gangRecord{nodes: map[string]bool{}}
-		t.gangs[job] = rec
+		g.records[job] = rec
 	}
-	rec.kind, rec.step, rec.reason = kind, step, reason
+	rec.kind, rec.failed, rec.step, rec.reason = kind, false, step, reason
 	var ids []uint64
 	for _, n := range slices.Sorted(maps.Keys(nodes)) {
 		rec.nodes[n] = true
 		o := rec.order(job, false)
-		t.send(n, o)
-		if t.subs[n] != nil {
+		if c.streams.send(n, o) {
 			ids = append(ids, o.Id)
 		}
 	}
-	t.mu.Unlock()
+	g.mu.Unlock()
 	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		t.mu.Lock()
-		pending := slices.ContainsFunc(ids, func(id uint64) bool { return t.orders[id] != nil })
-		t.mu.Unlock()
-		if !pending {
+		if !c.streams.pending(ids) {
 			return
 		}
 	}
-	c.log.Warn("gang orders not taken by every agent within 2 s", "job", job, "kind", kind)
+	c.log.Warn("gang orders not taken by every agent within 2 s", "job", job, "kind", kind.Label())
 }
 
 // jobNodes returns the nodes job's ranks run on and the nodes holding
@@ -97,50 +111,62 @@ func (c *Coordinator) jobNodes(job string) map[string]bool {
 	return nodes
 }
 
-// gangFailed notes that job's recovery failed after its abort: the abort
-// is not sent again.
-func (t *tierer) gangFailed(job string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if rec := t.gangs[job]; rec != nil && rec.kind == "abort" {
-		rec.kind = "failed"
+// failed notes that job's recovery failed after its abort: the abort is
+// not sent again.
+func (g *gangs) failed(job string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if rec := g.records[job]; rec != nil && rec.kind == coordpb.OrderKind_ORDER_KIND_ABORT {
+		rec.failed = true
 	}
 }
 
-func (r *gangRecord) order(job string, replay bool) *coordpb.TransferOrder {
-	return &coordpb.TransferOrder{Kind: r.kind, Job: job, Step: r.step, Reason: r.reason, Replay: replay}
+// reconnected sends node, whose order stream just opened, the gang orders
+// it missed, and notes the gangs it holds broken that no recovery here
+// knows of (broken: job -> the step its abort named).
+func (g *gangs) reconnected(node string, broken map[string]int64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.replay(node, broken)
+	g.noteBroken(node, broken)
 }
 
-// replayGangs queues, for node whose order stream just opened, the last
+func (r *gangRecord) order(job string, replay bool) *coordpb.TransferOrder {
+	o := &coordpb.TransferOrder{Job: job, Step: r.step}
+	if r.kind == coordpb.OrderKind_ORDER_KIND_ABORT {
+		o.Order = &coordpb.TransferOrder_Abort{Abort: &coordpb.AbortOrder{Reason: r.reason, Replay: replay}}
+	} else {
+		o.Order = &coordpb.TransferOrder_Resume{Resume: &coordpb.ResumeOrder{Replay: replay}}
+	}
+	return o
+}
+
+// replay queues, for node whose order stream just opened, the last
 // gang order of every job that sent one to it or that it holds broken
 // (broken: job -> the step its abort named), unless one is waiting unsent
 // already. A job whose record is missing is left to noteBroken. The
-// caller holds t.mu.
-func (t *tierer) replayGangs(node string, broken map[string]int64) {
-	for _, job := range slices.Sorted(maps.Keys(t.gangs)) {
-		rec := t.gangs[job]
+// caller holds g.mu.
+func (g *gangs) replay(node string, broken map[string]int64) {
+	for _, job := range slices.Sorted(maps.Keys(g.records)) {
+		rec := g.records[job]
 		_, holds := broken[job]
 		if holds {
 			rec.nodes[node] = true // so that the resume to come reaches it
 		}
 		switch {
-		case rec.kind == "failed":
+		case rec.failed:
 			continue
-		case rec.kind == "abort" && !rec.nodes[node]:
+		case rec.kind == coordpb.OrderKind_ORDER_KIND_ABORT && !rec.nodes[node]:
 			continue
-		case rec.kind == "resume" && !rec.nodes[node] && !holds:
+		case rec.kind == coordpb.OrderKind_ORDER_KIND_RESUME && !rec.nodes[node] && !holds:
 			continue
 		}
-		waiting := false
-		for _, od := range t.orders {
-			if od.node == node && !od.sent && od.o.Job == job && od.o.Kind == rec.kind && od.o.Step == rec.step {
-				waiting = true
-				break
-			}
-		}
+		waiting := g.c.streams.count(func(n string, o *coordpb.TransferOrder, sent bool) bool {
+			return n == node && !sent && o.Job == job && o.Kind() == rec.kind && o.Step == rec.step
+		}) > 0
 		if !waiting {
-			t.send(node, rec.order(job, true))
-			t.c.log.Debug("gang order sent again to a reconnected agent", "node", node, "job", job, "kind", rec.kind, "step", rec.step)
+			g.c.streams.send(node, rec.order(job, true))
+			g.c.log.Debug("gang order sent again to a reconnected agent", "node", node, "job", job, "kind", rec.kind.Label(), "step", rec.step)
 		}
 	}
 }

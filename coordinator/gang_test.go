@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +13,8 @@ import (
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/coordinator"
 	"rewind.dev/rewind/faultinject"
+	"rewind.dev/rewind/internal/testcluster"
+	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/sdk"
 )
 
@@ -39,12 +41,12 @@ func TestFaultResumeLostWithItsStream(t *testing.T) {
 	// the resume discards nothing (step 2 is not a step "since the abort").
 	cfg := cl.agents[0].Config
 	cl.agents[0].Stop()
+	var logs testcluster.Logs
+	cfg.Logger = logs.Logger(slog.LevelDebug)
 	cl.agents[0] = startAgent(t, cfg)
-	eventually(t, 10*time.Second, "node-0's order stream open again", func() bool {
-		resp, err := cl.api.TierStatus(ctxT(t), &coordpb.TierStatusRequest{})
-		return err == nil && slices.ContainsFunc(resp.Nodes, func(n *coordpb.NodeTiers) bool { return n.Node == "node-0" })
+	wait.For(t, 10*time.Second, "node-0 to take the resume sent again on its new order stream", func() bool {
+		return logs.Has("resume sent again")
 	})
-	time.Sleep(500 * time.Millisecond) // the replayed resume is taken at once
 	held := false
 	for _, sh := range cl.agents[0].Agent.List(job) {
 		held = held || sh.Rank == 0 && sh.Step == 2 && sh.State == "committed"
@@ -75,7 +77,7 @@ func TestRecoveryLeftUnfinishedIsFinished(t *testing.T) {
 	cl.stop()
 	cl.addr, cl.stop = startCoordinator(t, cl.dataDir, cl.addr, func(c *coordinator.Config) { c.Replicas, c.LeaveGrace = 1, time.Second })
 	ev, err := cl.lastEvent(job)
-	if err != nil || !ev.Ok || ev.Kind != "regang" || ev.Step != 1 || ev.Placement[1] != "node-2" {
+	if err != nil || !ev.Ok || ev.Kind != coordpb.JobEventKind_JOB_EVENT_KIND_REGANG || ev.Step != 1 || ev.Placement[1] != "node-2" {
 		t.Fatalf("the restarted coordinator's event: %v %v; want the re-gang at step 1 with rank 1 on node-2", ev, err)
 	}
 	cl.ranksSaveOn(job, ws, ev)
@@ -99,15 +101,10 @@ func (cl *cluster) ranksSaveOn(job string, ws uint32, ev *coordpb.JobEvent) {
 		if _, err := s.RestoreStep(ctxT(t), ev.Step); err != nil {
 			t.Fatalf("rank %d on %s: restore: %v", rank, node, err)
 		}
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		wait.ForNil(t, 10*time.Second, fmt.Sprintf("rank %d on %s answered after the recovery", rank, node), func() error {
 			_, _, err := s.LatestConsistent(ctxT(t))
-			if err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("rank %d on %s, 10 s after the recovery: %v", rank, node, err)
-			}
-		}
+			return err
+		})
 		if err := s.Save(ctxT(t), ev.Step+1, u8(rankData(ev.Step+1, rank)), nil); err != nil {
 			t.Fatalf("rank %d on %s: save after the recovery: %v", rank, node, err)
 		}
@@ -125,7 +122,7 @@ func TestNodeLostWhileNoCoordinatorRanIsRecovered(t *testing.T) {
 	cl, seed := gossipCoordinator(t, nil)
 	for i := range 3 {
 		cl.addAgent(func(cfg *agent.Config) {
-			g := gossipConfig(nil)
+			g := testcluster.GossipConfig(nil)
 			cfg.Node, cfg.FailureDomain = fmt.Sprintf("node-%d", i), []string{"rack-a", "rack-b"}[i%2]
 			cfg.Gossip, cfg.GossipJoin = &g, []string{seed}
 		})
@@ -135,7 +132,7 @@ func TestNodeLostWhileNoCoordinatorRanIsRecovered(t *testing.T) {
 	waitReplicas(t, cl, job, 1, ws, 2)
 	cl.stop()
 	cl.agents[1].Stop()
-	g := gossipConfig(nil)
+	g := testcluster.GossipConfig(nil)
 	cl.addr, cl.stop = startCoordinator(t, cl.dataDir, cl.addr, func(c *coordinator.Config) {
 		c.Gossip, c.Replicas, c.LeaveGrace = &g, 1, time.Second
 	})
@@ -150,7 +147,7 @@ func TestNodeLostWhileNoCoordinatorRanIsRecovered(t *testing.T) {
 // coordinator that may still be starting.
 func (cl *cluster) lastEvent(job string) (*coordpb.JobEvent, error) {
 	var stream coordpb.Coordinator_WatchJobClient
-	eventually(cl.t, 10*time.Second, "a watch on the coordinator", func() bool {
+	wait.For(cl.t, 10*time.Second, "a watch on the coordinator", func() bool {
 		var err error
 		stream, err = cl.api.WatchJob(ctxT(cl.t), &coordpb.WatchJobRequest{Job: job, Replay: true})
 		return err == nil
@@ -183,21 +180,32 @@ func TestStaleBrokenGangIsResumedNotRestarted(t *testing.T) {
 	cl.waitLatest(job, 2)
 
 	cl.stop()
-	cl.addr, cl.stop = startCoordinator(t, cl.dataDir, cl.addr, func(c *coordinator.Config) { c.Replicas, c.LeaveGrace = 1, time.Second })
+	var logs testcluster.Logs
+	cl.addr, cl.stop = startCoordinator(t, cl.dataDir, cl.addr, func(c *coordinator.Config) {
+		c.Replicas, c.LeaveGrace, c.Logger = 1, time.Second, logs.Logger(slog.LevelInfo)
+	})
+	wait.For(t, 10*time.Second, "the restarted coordinator to tell the agents the job resumes", func() bool {
+		return logs.Has("it is told to resume")
+	})
 	for rank, i := range placement {
 		s, _ := cl.clients[i].Session(job, rank, ws)
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		wait.ForNil(t, 10*time.Second, fmt.Sprintf("rank %d after the restart at step 2, its gang not broken", rank), func() error {
 			step, _, err := s.LatestConsistent(ctxT(t))
-			if err == nil && step == 2 {
-				break
+			if err == nil && step != 2 {
+				err = fmt.Errorf("step %d", step)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("rank %d after the restart: step %d, %v; want step 2 and no broken gang", rank, step, err)
-			}
-		}
+			return err
+		})
 	}
-	time.Sleep(1500 * time.Millisecond) // past the grace: no restart comes either
-	cl.waitLatest(job, 2)
+	// Past the grace (1 s from the restart), a node still absent would be
+	// declared down and the job restarted: none is, and step 2 stays.
+	wait.Holds(t, 1500*time.Millisecond, "step 2 as the latest consistent step", func() error {
+		l, err := cl.api.Latest(ctxT(t), &coordpb.LatestRequest{Job: job})
+		if err == nil && l.Step != 2 {
+			err = fmt.Errorf("latest consistent step %d", l.Step)
+		}
+		return err
+	})
 	ctx, cancel := context.WithTimeout(ctxT(t), time.Second)
 	defer cancel()
 	stream, err := cl.api.WatchJob(ctx, &coordpb.WatchJobRequest{Job: job, Replay: true})

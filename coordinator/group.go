@@ -136,7 +136,7 @@ func (c *Coordinator) applyGroup(group []*pendingReport) {
 	}
 	for _, p := range group {
 		if p.err == nil {
-			c.tiers.noteCommits(p.recs)
+			c.replication.noteCommits(p.recs)
 		}
 	}
 }
@@ -144,7 +144,7 @@ func (c *Coordinator) applyGroup(group []*pendingReport) {
 // reportCount keys the report counter: a shard state and whether it was
 // recorded.
 type reportCount struct {
-	state string
+	state CopyState
 	ok    bool
 }
 
@@ -153,9 +153,9 @@ type reportCount struct {
 // set.
 func (m *metrics) countReports(counts map[reportCount]int) {
 	for k, n := range counts {
-		state, result := k.state, "ok"
-		switch state {
-		case "committed", "deleted", "corrupt":
+		state, result := string(k.state), "ok"
+		switch k.state {
+		case CopyCommitted, CopyDeleted, CopyCorrupt:
 		default:
 			state = "other"
 		}

@@ -1,70 +1,24 @@
 package coordinator_test
 
 import (
-	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/exec"
-	"os/signal"
+	"slices"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
 	"rewind.dev/rewind/api/coordpb"
-	"rewind.dev/rewind/coordinator"
-	"rewind.dev/rewind/faultinject"
+	"rewind.dev/rewind/internal/testcluster"
+	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
 )
 
-// The test binary doubles as the coordinator process the randomized test
-// kills.
-func TestMain(m *testing.M) {
-	switch os.Getenv("REWIND_TEST_ROLE") {
-	case "coordinator":
-		os.Exit(childCoordinator())
-	case "agent":
-		os.Exit(childAgent())
-	}
-	os.Exit(m.Run())
-}
-
-func childCoordinator() int {
-	cfg := coordinator.DefaultConfig()
-	cfg.ListenAddr, cfg.MetricsAddr, cfg.DataDir = os.Getenv("REWIND_TEST_ADDR"), "", os.Getenv("REWIND_TEST_DATA")
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	var err error
-	if cfg.Faults, err = childFaults(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	c, err := coordinator.New(cfg)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
-	if err := c.Run(ctx, nil); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return 0
-}
-
-// childFaults is the injector of a child process: armed from
-// REWIND_FAULTS, seeded by REWIND_FAULT_SEED; nil when no spec is set.
-func childFaults() (*faultinject.Injector, error) {
-	if os.Getenv(faultinject.EnvSpec) == "" {
-		return nil, nil
-	}
-	seed, _ := strconv.ParseUint(os.Getenv("REWIND_FAULT_SEED"), 10, 64)
-	return faultinject.FromEnv(nil, seed)
-}
+// The test binary doubles as the coordinator and agent processes the
+// tests kill (testcluster's roles).
+func TestMain(m *testing.M) { testcluster.Main(m, nil) }
 
 // coordProc is a coordinator process of a test; env is added to its
 // environment (a fault spec). It notices when the process exits by itself.
@@ -77,8 +31,7 @@ type coordProc struct {
 	env       []string
 	faultSeed uint64
 	starts    uint64
-	cmd       *exec.Cmd
-	exited    chan struct{}
+	proc      *testcluster.Proc
 	crashes   int // exits of its own, at a fault point
 }
 
@@ -88,40 +41,26 @@ func spawnCoordinator(t *testing.T, addr, dataDir string, faultSeed uint64, env 
 	t.Helper()
 	p := &coordProc{t: t, addr: addr, env: env, faultSeed: faultSeed}
 	p.start(dataDir)
-	t.Cleanup(p.kill)
 	return p
 }
 
 func (p *coordProc) start(dataDir string) {
 	p.t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "REWIND_TEST_ROLE=coordinator", "REWIND_TEST_ADDR="+p.addr, "REWIND_TEST_DATA="+dataDir)
+	var env []string
 	if p.crashes < maxCrashes && len(p.env) > 0 {
-		cmd.Env = append(cmd.Env, p.env...)
-		cmd.Env = append(cmd.Env, "REWIND_FAULT_SEED="+strconv.FormatUint(p.faultSeed+p.starts, 10))
+		env = append(slices.Clone(p.env), testcluster.FaultSeed(p.faultSeed+p.starts))
 	}
 	p.starts++
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		p.t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	p.cmd, p.exited = cmd, exited
+	p.proc = testcluster.SpawnCoordinator(p.t, testcluster.CoordinatorProcess{Addr: p.addr, DataDir: dataDir}, env...)
 }
 
 // kill SIGKILLs the process and waits for it.
-func (p *coordProc) kill() {
-	p.cmd.Process.Signal(syscall.SIGKILL)
-	<-p.exited
-}
+func (p *coordProc) kill() { p.proc.Kill() }
 
 // restartIfCrashed restarts the process on dataDir if it exited by itself
 // (a fault point's exit), and reports whether it did.
 func (p *coordProc) restartIfCrashed(dataDir string) bool {
-	select {
-	case <-p.exited:
-	default:
+	if !p.proc.Exited() {
 		return false
 	}
 	p.crashes++
@@ -174,21 +113,21 @@ func latestOf(t *testing.T, api coordpb.CoordinatorClient, job string, def int64
 	return resp.Step
 }
 
-// waitLatestAtLeast waits for job's latest consistent step to reach want;
-// each poll calls each of also (a restart of a crashed coordinator).
+// waitLatestAtLeast waits for job's latest consistent step to reach want
+// and returns it; each poll calls each of also (a restart of a crashed
+// coordinator). It fails the test if the step does not come.
 func waitLatestAtLeast(t *testing.T, api coordpb.CoordinatorClient, job string, want int64, also ...func()) int64 {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
 	got := int64(-1)
-	for time.Now().Before(deadline) {
+	wait.ForNil(t, 15*time.Second, fmt.Sprintf("the latest consistent step of %s to reach %d", job, want), func() error {
 		for _, f := range also {
 			f()
 		}
-		if got = latestOf(t, api, job, -1); got >= want {
-			return got
+		if got = latestOf(t, api, job, -1); got < want {
+			return fmt.Errorf("latest consistent step %d", got)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	return got
 }
 
@@ -201,7 +140,7 @@ func checkConsistent(t *testing.T, api coordpb.CoordinatorClient, committed map[
 		return // the coordinator is restarting or has not heard of the job yet
 	}
 	for _, st := range resp.Steps {
-		if st.State != "consistent" {
+		if st.State != coordpb.StepState_STEP_STATE_CONSISTENT {
 			continue
 		}
 		for r := range ranks {
@@ -214,14 +153,8 @@ func checkConsistent(t *testing.T, api coordpb.CoordinatorClient, committed map[
 
 func waitUp(t *testing.T, api coordpb.CoordinatorClient) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		if _, err := api.ListJobs(ctxT(t), &coordpb.ListJobsRequest{}); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("coordinator did not come up within 15s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.ForNil(t, 15*time.Second, "the coordinator to answer", func() error {
+		_, err := api.ListJobs(ctxT(t), &coordpb.ListJobsRequest{})
+		return err
+	})
 }

@@ -1,7 +1,6 @@
 package coordinator_test
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,7 +15,8 @@ import (
 
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/faultinject"
-	"rewind.dev/rewind/internal/agenttest"
+	"rewind.dev/rewind/internal/testcluster"
+	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/sdk"
 )
 
@@ -39,7 +39,7 @@ func TestRandomizedCoordinatorKills(t *testing.T) {
 	s := seed(t)
 	rng := rand.New(rand.NewPCG(s, 0))
 	const nodes, ranks, steps, kills = 3, 5, 24, 4
-	addr := agenttest.FreePort(t)
+	addr := testcluster.FreeAddr(t)
 	dataDir := filepath.Join(t.TempDir(), "store")
 	coord := spawnCoordinator(t, addr, dataDir, rng.Uint64(), faultinject.EnvSpec+"=coordinator/before-consistent=4%exit(137)")
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -115,16 +115,13 @@ func randomizedAgents(t *testing.T, rng *rand.Rand, addr string, nodes, ranks in
 	}
 	sessions := make([]*sdk.Session, ranks)
 	for n := range nodes {
-		cfg := agenttest.Config(t)
+		cfg := testcluster.AgentConfig(t)
 		cfg.Node, cfg.CoordinatorAddr, cfg.Faults = fmt.Sprintf("node-%d", n), addr, in
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 		startAgent(t, cfg)
-		c, err := sdk.Dial(context.Background(), cfg.Socket)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
+		c := testcluster.Dial(t, cfg.Socket)
 		for r := n; r < ranks; r += nodes {
+			var err error
 			if sessions[r], err = c.Session("rand", uint32(r), uint32(ranks)); err != nil {
 				t.Fatal(err)
 			}
@@ -138,23 +135,24 @@ func randomizedAgents(t *testing.T, rng *rand.Rand, addr string, nodes, ranks in
 // is down (crashed at a fault point) the agent cannot learn that the step
 // before is consistent, so it keeps that step's slot and a save one step
 // on may find no free slot: that clear error is retried too, once the
-// coordinator is restarted. Any other error fails the test.
+// coordinator is restarted, until the agent has learnt it. Any other error
+// fails the test.
 func saveRetrying(t *testing.T, s *sdk.Session, r int, step int64, restart func()) {
 	t.Helper()
-	for try := 1; ; try++ {
+	wait.ForNil(t, 30*time.Second, fmt.Sprintf("save %d of rank %d to succeed", step, r), func() error {
 		err := s.Save(ctxT(t), step, tinyState(r, step), nil)
 		if err == nil {
-			return
+			return nil
 		}
 		// The SDK carries the agent's message, not its Go error.
 		msg := err.Error()
 		injected, noSlot := strings.Contains(msg, "injected fault at "), strings.Contains(msg, "slot not available")
-		if !injected && !noSlot || try == 100 {
-			t.Fatalf("save %d of rank %d (try %d): %v", step, r, try, err)
+		if !injected && !noSlot {
+			t.Fatalf("save %d of rank %d: %v", step, r, err)
 		}
 		if noSlot {
 			restart()
-			time.Sleep(50 * time.Millisecond)
 		}
-	}
+		return err
+	})
 }

@@ -12,6 +12,7 @@ import (
 
 	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/tiers"
 )
 
 // Register records an agent and merges its inventory: jobs it holds are
@@ -68,46 +69,37 @@ func maxStep(j *Job) int64 {
 	return m
 }
 
-func (c *Coordinator) step(job string, step int64) (*coordpb.Step, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	j := c.state.Jobs[job]
-	if j == nil {
-		return nil, fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, job)
+// step returns a step as the API shows it; the index is locked only to
+// copy it (view.go).
+func (c *Coordinator) step(ctx context.Context, job string, step int64) (*coordpb.Step, error) {
+	v, err := c.view(ctx, job, step, -1, nil)
+	if err != nil {
+		return nil, err
 	}
-	st := j.Steps[step]
-	if st == nil {
-		return nil, fmt.Errorf("%w: coordinator: job %s has no step %d", ErrNotFound, job, step)
-	}
-	return stepProto(st), nil
+	return v.proto(ctx)
 }
 
 // sourceCost orders a rank's copies for a restore onto target, cheapest
 // first: its own memory, a peer's memory in its failure domain, a peer's
 // memory elsewhere, its own NVMe, another node's NVMe, the parallel
-// filesystem, the object store. The caller holds c.mu.
-func (c *Coordinator) sourceCost(cp *Copy, target string) int {
+// filesystem, the object store.
+func sourceCost(cp *Copy, target string, sameDomain func(a, b string) bool) int {
 	switch {
 	case cp.Tier == "shm" && cp.Node == target:
 		return 0
-	case cp.Tier == "shm" && c.sameDomain(cp.Node, target):
+	case cp.Tier == "shm" && sameDomain(cp.Node, target):
 		return 1
 	case cp.Tier == "shm":
 		return 2
-	case cp.Tier == "nvme" && cp.Node == target:
+	case tiers.Name(cp.Tier) == tiers.NVMe && cp.Node == target:
 		return 3
-	case cp.Tier == "nvme":
+	case tiers.Name(cp.Tier) == tiers.NVMe:
 		return 4
-	case cp.Tier == "pfs":
+	case tiers.Name(cp.Tier) == tiers.PFS:
 		return 5
 	default:
 		return 6
 	}
-}
-
-func (c *Coordinator) sameDomain(a, b string) bool {
-	na, nb := c.state.Nodes[a], c.state.Nodes[b]
-	return na != nil && nb != nil && na.FailureDomain != "" && na.FailureDomain == nb.FailureDomain
 }
 
 // agentCall runs f against the agent of node over TCP.
@@ -130,7 +122,7 @@ func (c *Coordinator) agentCall(ctx context.Context, node string, f func(context
 
 // VerifyStep asks every agent holding a copy of the step to verify it.
 func (c *Coordinator) VerifyStep(ctx context.Context, job string, step int64) (*coordpb.VerifyStepResponse, error) {
-	st, err := c.step(job, step)
+	st, err := c.step(ctx, job, step)
 	if err != nil {
 		return nil, err
 	}
@@ -141,6 +133,9 @@ func (c *Coordinator) VerifyStep(ctx context.Context, job string, step int64) (*
 	}
 	readers := map[string]found{} // by tier:node, so that a missing reader is waited for once
 	for _, cp := range st.Copies {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("coordinator: verifying job %s step %d: %w", job, step, err)
+		}
 		check := &coordpb.CopyCheck{Copy: cp}
 		node, tier := cp.Node, ""
 		var err error
@@ -196,7 +191,7 @@ func (c *Coordinator) DeleteStep(ctx context.Context, job string, step int64, fo
 	if step == latest && !force {
 		return 0, fmt.Errorf("%w: coordinator: step %d is the latest consistent step of job %s; deleting it would leave nothing newer to restore (use --force)", ErrRefused, step, job)
 	}
-	st, err := c.step(job, step)
+	st, err := c.step(ctx, job, step)
 	if err != nil {
 		return 0, err
 	}
@@ -208,9 +203,13 @@ func (c *Coordinator) DeleteStep(ctx context.Context, job string, step int64, fo
 		if cp.Tier != "shm" {
 			continue
 		}
+		if err := ctx.Err(); err != nil { // what was deleted is still recorded below
+			errs = append(errs, err)
+			break
+		}
 		if c.isDown(cp.Node) { // its memory is gone with it
 			n++
-			gone = append(gone, Record{Job: job, Step: step, Rank: cp.Rank, WorldSize: st.WorldSize, Node: cp.Node, Tier: cp.Tier, Sum: cp.HeaderChecksum, State: "deleted"})
+			gone = append(gone, Record{Job: job, Step: step, Rank: cp.Rank, WorldSize: st.WorldSize, Node: cp.Node, Tier: cp.Tier, Sum: cp.HeaderChecksum, State: CopyDeleted})
 			continue
 		}
 		err := c.agentCall(ctx, cp.Node, func(ctx context.Context, a agentpb.AgentClient) error {
@@ -222,7 +221,7 @@ func (c *Coordinator) DeleteStep(ctx context.Context, job string, step int64, fo
 			continue
 		}
 		n++
-		gone = append(gone, Record{Job: job, Step: step, Rank: cp.Rank, WorldSize: st.WorldSize, Node: cp.Node, Tier: cp.Tier, State: "deleted"})
+		gone = append(gone, Record{Job: job, Step: step, Rank: cp.Rank, WorldSize: st.WorldSize, Node: cp.Node, Tier: cp.Tier, State: CopyDeleted})
 	}
 	if len(gone) > 0 {
 		if _, err := c.report("", gone); err != nil {

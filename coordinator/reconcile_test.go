@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/shm"
 )
 
@@ -39,13 +40,9 @@ func TestAgentCrashMidPrepareIsReconciled(t *testing.T) {
 		t.Fatalf("before the agent is back the index lists %d copies of step 1, want the stale 1", got)
 	}
 	startAgent(t, a.Config)
-	deadline := time.Now().Add(10 * time.Second)
-	for copiesOf(t, cl, "job", 1) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the restarted agent's inventory did not remove step 1, whose slot was reused")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.For(t, 10*time.Second, "the restarted agent's inventory to remove step 1, whose slot was reused", func() bool {
+		return copiesOf(t, cl, "job", 1) == 0
+	})
 	cl.waitLatest("job", 2)
 }
 

@@ -96,7 +96,17 @@ func (c *Coordinator) NodeDown(node, reason string) ([]string, error) {
 	}
 	now := c.cfg.Clock.Now()
 	c.mu.Lock()
-	if _, ok := c.state.Nodes[node]; !ok {
+	var jobs []string
+	for id, j := range c.state.Jobs {
+		if slices.Contains(slices.Collect(maps.Values(j.Placement)), node) {
+			jobs = append(jobs, id)
+		}
+	}
+	// A node known only from a job's placement (its agent never
+	// registered here: it died before this coordinator began to lead,
+	// whose index was rebuilt from the agents still alive) is declared
+	// down all the same.
+	if _, ok := c.state.Nodes[node]; !ok && len(jobs) == 0 {
 		c.mu.Unlock()
 		return nil, fmt.Errorf("%w: coordinator: no node %q", ErrNotFound, node)
 	}
@@ -105,12 +115,6 @@ func (c *Coordinator) NodeDown(node, reason string) ([]string, error) {
 		return nil, nil
 	}
 	c.down[node] = now
-	var jobs []string
-	for id, j := range c.state.Jobs {
-		if slices.Contains(slices.Collect(maps.Values(j.Placement)), node) {
-			jobs = append(jobs, id)
-		}
-	}
 	c.mu.Unlock()
 	slices.Sort(jobs)
 	c.log.Warn("node down", "node", node, "reason", reason, "jobs", jobs)
@@ -133,14 +137,14 @@ func (c *Coordinator) recoverJob(ctx context.Context, job, node, reason string, 
 	lock := c.jobLock(job)
 	lock.Lock()
 	defer lock.Unlock()
-	ev := &coordpb.JobEvent{Job: job, Kind: "regang", Reason: fmt.Sprintf("node %s down: %s", node, reason), Node: node,
+	ev := &coordpb.JobEvent{Job: job, Kind: coordpb.JobEventKind_JOB_EVENT_KIND_REGANG, Reason: fmt.Sprintf("node %s down: %s", node, reason), Node: node,
 		DetectedUnixNano: detected.UnixNano(), Sources: map[string]uint32{}}
 	placement, err := c.replace(job)
 	if err != nil {
 		c.failRegang(ev, err)
 		return
 	}
-	plan, err := c.plan(job, -1, placement)
+	plan, err := c.plan(ctx, job, -1, placement)
 	if err != nil {
 		c.failRegang(ev, err)
 		return
@@ -150,8 +154,8 @@ func (c *Coordinator) recoverJob(ctx context.Context, job, node, reason string, 
 
 // failRegang tells the job's watchers that its re-gang failed, and why.
 func (c *Coordinator) failRegang(ev *coordpb.JobEvent, err error) {
-	ev.Kind, ev.Error = "failed", err.Error()
-	c.tiers.gangFailed(ev.Job)
+	ev.Kind, ev.Error = coordpb.JobEventKind_JOB_EVENT_KIND_FAILED, err.Error()
+	c.gangs.failed(ev.Job)
 	c.log.Error("job re-gang failed", "job", ev.Job, "node", ev.Node, "reason", ev.Reason, "err", err)
 	c.watchers.publish(ev)
 }
@@ -167,7 +171,7 @@ func (c *Coordinator) regang(ctx context.Context, plan *coordpb.PlanRestoreRespo
 		ev.Sources = map[string]uint32{}
 	}
 	ev.Step, ev.Placement, ev.PlannedUnixNano = plan.Step, placement, c.cfg.Clock.Now().UnixNano()
-	c.gangOrders(job, "abort", plan.Step, ev.Reason)
+	c.gangOrders(job, coordpb.OrderKind_ORDER_KIND_ABORT, plan.Step, ev.Reason)
 	dropped, err := c.moveJob(ctx, job, plan.Step, placement)
 	if err != nil {
 		c.failRegang(ev, err)
@@ -199,7 +203,7 @@ func (c *Coordinator) regang(ctx context.Context, plan *coordpb.PlanRestoreRespo
 		return false
 	}
 	ev.Ok = true
-	c.gangOrders(job, "resume", plan.Step, "")
+	c.gangOrders(job, coordpb.OrderKind_ORDER_KIND_RESUME, plan.Step, "")
 	c.log.Info("job re-ganged", "job", job, "step", plan.Step, "node", ev.Node, "reason", ev.Reason,
 		"plan_ms", (ev.PlannedUnixNano-ev.DetectedUnixNano)/1e6, "restore_ms", (ev.RestoredUnixNano-ev.PlannedUnixNano)/1e6,
 		"bytes", ev.Bytes, "sources", fmt.Sprint(ev.Sources))

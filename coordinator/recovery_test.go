@@ -11,6 +11,7 @@ import (
 	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/coordinator"
+	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
 )
@@ -38,13 +39,20 @@ func rackClusterWith(t *testing.T, n int, coordMod func(*coordinator.Config), ag
 			}
 		})
 	}
+	cl.waitOrderStreams()
 	return cl
 }
 
+// watch subscribes to job's events; it returns once the coordinator has
+// the subscription, so no event published from then on is missed.
 func (cl *cluster) watch(job string) <-chan *coordpb.JobEvent {
 	ch := make(chan *coordpb.JobEvent, 4)
 	stream, err := cl.api.WatchJob(ctxT(cl.t), &coordpb.WatchJobRequest{Job: job})
 	if err != nil {
+		cl.t.Fatal(err)
+	}
+	// The coordinator sends the header once it has subscribed the stream.
+	if _, err := stream.Header(); err != nil {
 		cl.t.Fatal(err)
 	}
 	go func() {
@@ -57,7 +65,6 @@ func (cl *cluster) watch(job string) <-chan *coordpb.JobEvent {
 			ch <- ev
 		}
 	}()
-	time.Sleep(50 * time.Millisecond) // the stream is open on the coordinator
 	return ch
 }
 
@@ -111,7 +118,7 @@ func TestRecoveryAfterANodeDies(t *testing.T) {
 		t.Fatalf("node down: %v %v", resp, err)
 	}
 	ev := nextEvent(t, events)
-	if !ev.Ok || ev.Kind != "regang" || ev.Step != 3 || ev.Placement[0] != "node-0" || ev.Placement[1] != "node-2" {
+	if !ev.Ok || ev.Kind != coordpb.JobEventKind_JOB_EVENT_KIND_REGANG || ev.Step != 3 || ev.Placement[0] != "node-0" || ev.Placement[1] != "node-2" {
 		t.Fatalf("recovery event: %v", ev)
 	}
 	if ev.DetectedUnixNano == 0 || ev.PlannedUnixNano < ev.DetectedUnixNano || ev.RestoredUnixNano < ev.PlannedUnixNano {
@@ -153,7 +160,7 @@ func TestRecoveryImpossible(t *testing.T) {
 		t.Fatal(err)
 	}
 	ev := nextEvent(t, events)
-	if ev.Ok || ev.Kind != "failed" || !strings.Contains(ev.Error, "no consistent step with a live copy") {
+	if ev.Ok || ev.Kind != coordpb.JobEventKind_JOB_EVENT_KIND_FAILED || !strings.Contains(ev.Error, "no consistent step with a live copy") {
 		t.Fatalf("event: %v", ev)
 	}
 }
@@ -188,19 +195,14 @@ func TestGangBrokenWhileRecovering(t *testing.T) {
 
 func waitReplicas(t *testing.T, cl *cluster, job string, step int64, ws uint32, copies int) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second) // replication runs beside everything else on a 2-core CI machine
-	for {
+	// 20 s: replication runs beside everything else on a 2-core CI machine.
+	wait.ForNil(t, 20*time.Second, fmt.Sprintf("%d memory copies of each rank of step %d", copies, step), func() error {
 		got := cl.replicaNodes(job, step)
-		ok := true
 		for r := range ws {
-			ok = ok && len(got[r]) >= copies
+			if len(got[r]) < copies {
+				return fmt.Errorf("copies %v", got)
+			}
 		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("memory copies of step %d after 20 s: %v, want %d per rank", step, got, copies)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }

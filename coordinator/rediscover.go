@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"slices"
 	"time"
 
@@ -61,7 +60,7 @@ const (
 )
 
 // rediscovery is the listings' bookkeeping. Every field but wake is
-// guarded by tierer.mu.
+// guarded by tiering.mu.
 type rediscovery struct {
 	wake chan struct{}
 
@@ -90,7 +89,7 @@ func (rd *rediscovery) poke() {
 // listingKey names what one listing covers: a node's own node-local tier,
 // or a shared tier.
 func listingKey(tier, node string) string {
-	if tiers.TierNodeLocal(tier) {
+	if tiers.Name(tier).NodeLocal() {
 		return tier + "@" + node
 	}
 	return tier
@@ -103,10 +102,10 @@ func newRediscoveredCounter() *prometheus.CounterVec {
 	}, []string{"tier"})
 }
 
-// forget removes a copy from the tierer; while a listing is in flight it
+// forget removes a copy from tiering; while a listing is in flight it
 // leaves a tombstone, so a manifest listed before the copy's deletion
 // does not bring it back. The caller holds t.mu.
-func (t *tierer) forget(tc *tierCopy) {
+func (t *tiering) forget(tc *tierCopy) {
 	delete(t.copies, tc.key())
 	if t.rd.running > 0 {
 		t.rd.gone[tc.key()] = true
@@ -115,7 +114,7 @@ func (t *tierer) forget(tc *tierCopy) {
 
 // stepDeleted records an operator's deletion of a step: a copy of it
 // found on a tier later is deleted, not indexed. The caller holds t.mu.
-func (t *tierer) stepDeleted(job string, step int64) {
+func (t *tiering) stepDeleted(job string, step int64) {
 	t.rd.deleted[StepKey{job, step}] = true
 }
 
@@ -127,12 +126,12 @@ func (t *tierer) stepDeleted(job string, step int64) {
 // no copy to the tier starts: its policy counts from the copies the tier
 // holds, retention counts them, and a new copy does not share its name
 // with one being deleted. The caller holds t.mu.
-func (t *tierer) listed(job string, step int64, tier string, holder map[uint32]string) bool {
+func (t *tiering) listed(job string, step int64, tier string, holder map[uint32]string) bool {
 	if tc := t.copies[tierKey{job, step, tier}]; tc != nil && tc.State == tcDeleting {
 		return false
 	}
 	settled := func(k string) bool { return t.rd.done[k] || t.rd.failures[k] > 0 }
-	if !tiers.TierNodeLocal(tier) {
+	if !tiers.Name(tier).NodeLocal() {
 		return settled(tier)
 	}
 	for _, node := range holder {
@@ -144,7 +143,7 @@ func (t *tierer) listed(job string, step int64, tier string, holder map[uint32]s
 }
 
 // rediscover starts the listings due until ctx ends.
-func (t *tierer) rediscover(ctx context.Context) {
+func (t *tiering) rediscover(ctx context.Context) {
 	tick := time.NewTicker(rediscoverEvery)
 	defer tick.Stop()
 	for {
@@ -169,7 +168,7 @@ type listing struct {
 // listingsDue picks the listings to start now and marks them busy: each
 // connected node's node-local tier not yet listed, and each shared tier
 // not yet listed from the first connected node that has it.
-func (t *tierer) listingsDue() []listing {
+func (t *tiering) listingsDue() []listing {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	rd := t.rd
@@ -185,7 +184,7 @@ func (t *tierer) listingsDue() []listing {
 	}
 	now := t.c.cfg.Clock.Now()
 	var out []listing
-	for _, node := range slices.Sorted(maps.Keys(t.subs)) {
+	for _, node := range t.c.streams.nodes() {
 		if rd.running+len(out) >= maxListings {
 			break
 		}
@@ -193,7 +192,8 @@ func (t *tierer) listingsDue() []listing {
 			continue
 		}
 		var names []string
-		for _, tier := range t.subs[node].tiers {
+		tierNames, _ := t.c.streams.tiersOf(node)
+		for _, tier := range tierNames {
 			k := listingKey(tier, node)
 			if !rd.done[k] && !rd.busy[k] && !now.Before(rd.retryAt[k]) && !slices.Contains(names, tier) {
 				names = append(names, tier)
@@ -226,7 +226,7 @@ type listStats struct {
 
 // list runs one listing: it asks the agent for its tiers' manifests and
 // merges them page by page, then records which tiers were listed whole.
-func (t *tierer) list(ctx context.Context, l listing) {
+func (t *tiering) list(ctx context.Context, l listing) {
 	start := time.Now()
 	var stats listStats
 	results, err := t.fetchListing(ctx, l, func(page []*agentpb.TierManifest) {
@@ -268,7 +268,7 @@ func (t *tierer) list(ctx context.Context, l listing) {
 		case unimplemented:
 			// An agent of a version without TierCopies: nothing to learn
 			// from it; another node may list a shared tier.
-			if tiers.TierNodeLocal(tier) {
+			if tiers.Name(tier).NodeLocal() {
 				rd.done[k] = true
 			} else {
 				rd.failures[k]++ // settled: copies to the tier go on
@@ -310,7 +310,7 @@ func (t *tierer) list(ctx context.Context, l listing) {
 
 // fetchListing streams an agent's listing, handing each page of manifests
 // to merge; it returns the tiers' outcomes from the last page.
-func (t *tierer) fetchListing(ctx context.Context, l listing, merge func([]*agentpb.TierManifest)) (map[string]*agentpb.TierListing, error) {
+func (t *tiering) fetchListing(ctx context.Context, l listing, merge func([]*agentpb.TierManifest)) (map[string]*agentpb.TierListing, error) {
 	conn, err := grpc.NewClient(l.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxListPage)))
 	if err != nil {

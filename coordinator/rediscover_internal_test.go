@@ -113,7 +113,7 @@ func TestRediscoveryMergeRules(t *testing.T) {
 	if s := merge("node-0", listed("s3", "j", 7, 2, nil, nil)); s.deleted != 1 || s.added != 0 {
 		t.Fatalf("a copy of a deleted step: %+v", s)
 	}
-	if tc := tr.copies[tierKey{"j", 7, "s3"}]; tc == nil || tc.State != tcDeleting || len(tr.pendingOrders(tc)) != 1 {
+	if tc := tr.copies[tierKey{"j", 7, "s3"}]; tc == nil || tc.State != tcDeleting || tr.pendingOrders(tc) != 1 {
 		t.Fatalf("the deleted step's copy: %+v", tc)
 	}
 	if c.state.Jobs["j"].Steps[7] != nil {

@@ -23,8 +23,25 @@ type found struct {
 	ranks []uint32
 }
 
+// verdict is what a listed manifest is to the index (classify).
+type verdict int
+
+const (
+	// verdictRefused: the manifest does not validate, or disagrees with
+	// the index; the error says why.
+	verdictRefused verdict = iota
+	// verdictAdd: a copy the index does not know, or a node's part of a
+	// node-local copy it knows from other nodes: merged.
+	verdictAdd
+	// verdictKnown: the index has it already: left alone.
+	verdictKnown
+	// verdictDeleted: a copy of a step being deleted: its deletion is
+	// ordered, and it is not indexed.
+	verdictDeleted
+)
+
 // mergePage merges one page of manifests listed by node.
-func (t *tierer) mergePage(node string, page []*agentpb.TierManifest) listStats {
+func (t *tiering) mergePage(node string, page []*agentpb.TierManifest) listStats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var s listStats
@@ -39,9 +56,9 @@ func (t *tierer) mergePage(node string, page []*agentpb.TierManifest) listStats 
 		case err != nil:
 			s.conflicts++
 			t.c.log.Warn("tier copy found on a tier not merged", "node", node, "tier", pm.Tier, "job", pm.Job, "step", pm.Step, "err", err)
-		case what == "known":
+		case what == verdictKnown:
 			s.known++
-		case what == "deleted":
+		case what == verdictDeleted:
 			s.deleted++
 		default:
 			todo = append(todo, f)
@@ -71,21 +88,21 @@ func (t *tierer) mergePage(node string, page []*agentpb.TierManifest) listStats 
 	return s
 }
 
-// classify decides what a listed manifest is to the index: "known" (left
-// alone), "deleted" (a copy of a deleted step, whose deletion it orders),
-// or a copy to add or extend. The caller holds t.mu.
-func (t *tierer) classify(node string, pm *agentpb.TierManifest) (found, string, error) {
-	if !slices.Contains([]string{"nvme", "pfs", "s3"}, pm.Tier) {
-		return found{}, "", fmt.Errorf("%w: coordinator: unknown tier %q", ErrInvalid, pm.Tier)
+// classify decides what a listed manifest is to the index, and returns
+// the copy to add or extend with verdictAdd; with verdictDeleted it has
+// ordered the copy's deletion. The caller holds t.mu.
+func (t *tiering) classify(node string, pm *agentpb.TierManifest) (found, verdict, error) {
+	if _, err := tiers.ParseName(pm.Tier); err != nil {
+		return found{}, verdictRefused, fmt.Errorf("%w: coordinator: %w", ErrInvalid, err)
 	}
 	m := manifestOf(pm)
 	if err := m.Validate(); err != nil {
-		return found{}, "", fmt.Errorf("%w: coordinator: %v", ErrInvalid, err)
+		return found{}, verdictRefused, fmt.Errorf("%w: coordinator: %v", ErrInvalid, err)
 	}
-	local := tiers.TierNodeLocal(pm.Tier)
+	local := tiers.Name(pm.Tier).NodeLocal()
 	k := tierKey{m.Job, m.Step, pm.Tier}
 	if t.rd.gone[k] {
-		return found{}, "known", nil // deleted while the listing ran
+		return found{}, verdictKnown, nil // deleted while the listing ran
 	}
 	ranks := held(m)
 	tc := t.copies[k]
@@ -108,12 +125,12 @@ func (t *tierer) classify(node string, pm *agentpb.TierManifest) (found, string,
 			t.copies[k] = tc
 			t.sendDeletes(tc)
 			t.c.log.Info("tier copy of a deleted step found; deleting it", "job", m.Job, "step", m.Step, "tier", pm.Tier, "node", node)
-			return found{}, "deleted", nil
+			return found{}, verdictDeleted, nil
 		}
-		return found{tc: tc, ranks: ranks}, "", nil
+		return found{tc: tc, ranks: ranks}, verdictAdd, nil
 	}
 	if !local || tc.Manifests[node] || tc.Deletes[node] {
-		return found{}, "known", nil
+		return found{}, verdictKnown, nil
 	}
 	// A node-local copy known from other nodes: this node's part of it.
 	var add []uint32
@@ -125,17 +142,17 @@ func (t *tierer) classify(node string, pm *agentpb.TierManifest) (found, string,
 	switch {
 	case tc.State == tcDeleting:
 		if _, asked := tc.Deletes[node]; asked {
-			return found{}, "known", nil
+			return found{}, verdictKnown, nil
 		}
 		for _, r := range add {
 			tc.Holders[r] = node
 		}
 		t.sendDeletes(tc) // asks the nodes not asked yet: this one
-		return found{}, "deleted", nil
+		return found{}, verdictDeleted, nil
 	case !tc.Rediscovered || tc.State != tcDurable || len(add) == 0:
-		return found{}, "known", nil
+		return found{}, verdictKnown, nil
 	case tc.WorldSize != m.WorldSize || !slices.Equal(tc.Shards, m.Shards):
-		return found{}, "", fmt.Errorf("%w: coordinator: %s's manifest of %s disagrees with the other nodes' (world size %d, shards differ)",
+		return found{}, verdictRefused, fmt.Errorf("%w: coordinator: %s's manifest of %s disagrees with the other nodes' (world size %d, shards differ)",
 			ErrRefused, node, tc, m.WorldSize)
 	}
 	ext := *tc
@@ -144,7 +161,7 @@ func (t *tierer) classify(node string, pm *agentpb.TierManifest) (found, string,
 		ext.Holders[r], ext.Done[r] = node, uint64(m.Shards[r].Size)
 	}
 	ext.Manifests[node] = true
-	return found{tc: &ext, ranks: add}, "", nil
+	return found{tc: &ext, ranks: add}, verdictAdd, nil
 }
 
 // merge records rediscovered copies: in one synced batch their tier copy
@@ -153,7 +170,7 @@ func (t *tierer) classify(node string, pm *agentpb.TierManifest) (found, string,
 // disagrees with the index (another world size or checksum for a step it
 // holds) is left out and logged. It returns what was merged. The caller
 // holds t.mu.
-func (t *tierer) merge(todo []found) ([]found, error) {
+func (t *tiering) merge(todo []found) ([]found, error) {
 	var merged []found
 	_, err := t.c.apply(func(ch *Changes) error {
 		s := t.c.state
@@ -192,7 +209,7 @@ func (t *tierer) merge(todo []found) ([]found, error) {
 // must have the manifest's world size and, for every rank with a copy,
 // its checksum (a step number saved again after a restart from an older
 // step is another checkpoint). The caller holds c.mu.
-func (t *tierer) agrees(f found) error {
+func (t *tiering) agrees(f found) error {
 	j := t.c.state.Jobs[f.tc.Job]
 	if j == nil {
 		return nil
@@ -221,9 +238,9 @@ func (t *tierer) agrees(f found) error {
 // (with the manifest's world size) and step when the index lacks them. A
 // node-local copy places the ranks it holds on its node where the job has
 // no placement for them. The caller holds c.mu.
-func (t *tierer) indexFound(s *State, f found, ch *Changes) error {
+func (t *tiering) indexFound(s *State, f found, ch *Changes) error {
 	tc := f.tc
-	local := tiers.TierNodeLocal(tc.Tier)
+	local := tiers.Name(tc.Tier).NodeLocal()
 	j := s.Jobs[tc.Job]
 	if j == nil {
 		if _, err := s.RegisterJob(tc.Job, tc.WorldSize, nil, ch); err != nil {
@@ -256,7 +273,7 @@ func (t *tierer) indexFound(s *State, f found, ch *Changes) error {
 	for _, r := range f.ranks {
 		e := tc.Shards[r]
 		rec := Record{Job: tc.Job, Step: tc.Step, Rank: r, WorldSize: tc.WorldSize, Node: tc.copyNode(r), Tier: tc.Tier,
-			Size: uint64(e.Size), Sum: e.HeaderChecksum, State: "committed"}
+			Size: uint64(e.Size), Sum: e.HeaderChecksum, State: CopyCommitted}
 		if err := s.Apply(rec, ch); err != nil {
 			errs = append(errs, err)
 		}

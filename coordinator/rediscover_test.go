@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,8 +20,8 @@ import (
 	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/coordinator"
-	"rewind.dev/rewind/internal/agenttest"
-	"rewind.dev/rewind/sdk"
+	"rewind.dev/rewind/internal/testcluster"
+	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/tiers"
 )
 
@@ -45,23 +44,19 @@ func (tc *tierCluster) restartEmpty(policy string, reg *prometheus.Registry) {
 // tier state aside, and returns them.
 func (tc *tierCluster) waitDurable(job string, want map[string][]int64) {
 	tc.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var got map[string][]int64
-		if _, err := tc.api.Latest(ctxT(tc.t), &coordpb.LatestRequest{Job: job}); err == nil {
-			got = map[string][]int64{}
-			for tier, states := range tc.tierStates(job) {
-				got[tier] = states["durable"]
-			}
-			if maps.EqualFunc(got, want, slices.Equal) {
-				return
-			}
+	wait.ForNil(tc.t, 10*time.Second, fmt.Sprintf("durable tier copies of %s %v", job, want), func() error {
+		if _, err := tc.api.Latest(ctxT(tc.t), &coordpb.LatestRequest{Job: job}); err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			tc.t.Fatalf("durable tier copies of %s: %v, want %v", job, got, want)
+		got := map[string][]int64{}
+		for tier, states := range tc.tierStates(job) {
+			got[tier] = states["durable"]
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		if !maps.EqualFunc(got, want, slices.Equal) {
+			return fmt.Errorf("durable copies %v", got)
+		}
+		return nil
+	})
 }
 
 // rediscovered reads rewind_coordinator_tier_copies_rediscovered_total by tier.
@@ -107,17 +102,14 @@ func TestTierCopiesRediscoveredOnEmptyStore(t *testing.T) {
 	tc.waitLatest(job, 6)
 	// Each node's listing is counted as it is merged: the copies may be
 	// durable before the last one is counted.
-	var got map[string]float64
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if got = rediscovered(t, reg); got["nvme"] == 4 && got["pfs"] == 2 && got["s3"] == 2 {
-			break
+	wait.ForNil(t, 10*time.Second, "rediscovered counter: nvme 4 (2 steps on 2 nodes), pfs 2, s3 2", func() error {
+		if got := rediscovered(t, reg); got["nvme"] != 4 || got["pfs"] != 2 || got["s3"] != 2 {
+			return fmt.Errorf("counter %v", got)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("rediscovered counter: %v, want nvme 4 (2 steps on 2 nodes), pfs 2, s3 2", got)
-		}
-	}
+		return nil
+	})
 	st, err := tc.api.InspectStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: 1})
-	if err != nil || st.Step.State != "consistent" || st.Step.WorldSize != ws || len(st.Step.Copies) != ws || st.Step.Copies[0].Tier != "s3" {
+	if err != nil || st.Step.State != coordpb.StepState_STEP_STATE_CONSISTENT || st.Step.WorldSize != ws || len(st.Step.Copies) != ws || st.Step.Copies[0].Tier != "s3" {
 		t.Fatalf("step 1, on S3 alone: %v %v", st, err)
 	}
 
@@ -127,31 +119,23 @@ func TestTierCopiesRediscoveredOnEmptyStore(t *testing.T) {
 	}
 	tc.clients = nil
 	for i := range 2 {
-		cfg := agenttest.Config(t)
+		cfg := testcluster.AgentConfig(t)
 		cfg.Node, cfg.CoordinatorAddr, cfg.Stores = fmt.Sprintf("node-%d", i), tc.addr, tc.cfgs[i].Stores
 		cfg.TransferBackoff = 50 * time.Millisecond
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 		startAgent(t, cfg)
-		c, err := sdk.Dial(ctxT(t), cfg.Socket)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		tc.clients = append(tc.clients, c)
+		tc.clients = append(tc.clients, testcluster.Dial(t, cfg.Socket))
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for { // the fresh agents' empty inventories take the memory copies out
+	// The fresh agents' empty inventories take the memory copies out.
+	wait.ForNil(t, 10*time.Second, "a plan of step 6 with no memory copy after every node lost its memory", func() error {
 		plan, err := tc.api.PlanRestore(ctxT(t), &coordpb.PlanRestoreRequest{Job: job, Step: -1, DryRun: true})
-		if err == nil && plan.Step == 6 && !slices.ContainsFunc(plan.Ranks, func(rp *coordpb.RankPlan) bool {
+		if err == nil && (plan.Step != 6 || slices.ContainsFunc(plan.Ranks, func(rp *coordpb.RankPlan) bool {
 			return slices.ContainsFunc(rp.Sources, func(c *coordpb.Copy) bool { return c.Tier == "shm" })
-		}) {
-			break
+		})) {
+			err = fmt.Errorf("plan %v", plan)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("plan after every node lost its memory: %v %v", plan, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err
+	})
 	for _, c := range []struct {
 		step int64
 		used func(rank uint32) string
@@ -188,29 +172,11 @@ func TestTierCopiesRediscoveredOnEmptyStore(t *testing.T) {
 	if got := tc.waitTiers(job); !maps.EqualFunc(got, want, slices.Equal) {
 		t.Fatalf("durable copies after two more steps: %v, want %v", got, want)
 	}
-	for tier, st := range map[string]tiers.Store{"nvme": tc.storeOf(1, "nvme"), "pfs": tc.storeOf(0, "pfs"), "s3": tc.storeOf(0, "s3")} {
-		if steps, _ := onStore(t, st, job); !slices.Equal(steps, want[tier]) {
-			t.Fatalf("manifests on %s: %v, want %v", tier, steps, want[tier])
+	for tier, st := range map[tiers.Name]tiers.Store{"nvme": tc.storeOf(1, "nvme"), "pfs": tc.storeOf(0, "pfs"), "s3": tc.storeOf(0, "s3")} {
+		if steps, _ := onStore(t, st, job); !slices.Equal(steps, want[string(tier)]) {
+			t.Fatalf("manifests on %s: %v, want %v", tier, steps, want[string(tier)])
 		}
 	}
-}
-
-// logBuffer is a log destination tests read while agents write.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // TestCorruptManifestNotRediscovered: a manifest damaged on the parallel
@@ -219,7 +185,7 @@ func (l *logBuffer) String() string {
 // back, and the tier's other copies do.
 func TestCorruptManifestNotRediscovered(t *testing.T) {
 	const job, policy = "rot", "pfs:every=1,keep=3"
-	var logs logBuffer
+	var logs testcluster.Logs
 	tc := newTierCluster(t, 1, policy, func(_ int, cfg *agent.Config) {
 		cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	})
@@ -237,13 +203,7 @@ func TestCorruptManifestNotRediscovered(t *testing.T) {
 	}
 	tc.restartEmpty(policy, nil)
 	tc.waitDurable(job, map[string][]int64{"pfs": {3}})
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(logs.String(), "tier copies listed") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the agent never finished listing its tiers:\n%s", logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	wait.For(t, 10*time.Second, "the agent to finish listing its tiers", func() bool { return logs.Has("tier copies listed") })
 	if _, err := tc.api.InspectStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: 1}); status.Code(err) != codes.NotFound {
 		t.Fatalf("step 1, whose only copy has a corrupt manifest: %v, want not found", err)
 	}

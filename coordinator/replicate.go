@@ -3,8 +3,10 @@ package coordinator
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	"rewind.dev/rewind/api/coordpb"
@@ -23,75 +25,165 @@ import (
 // As with tiers, one step of a job is replicated at a time; a step that
 // becomes consistent meanwhile waits, and only the latest is replicated.
 
-// replication is a job's replication in flight.
+// replication orders the replicas of shards in peers' shared memory: of
+// each job's latest consistent step, and of each primary commit. Its
+// orders go through the order streams (orders.go), whose outcomes it
+// claims. Lock order: replication.mu, then Coordinator.mu, then the order
+// streams' lock.
 type replication struct {
+	c *Coordinator
+	m *tierMetrics
+
+	commits chan commitRec // primary commits to replicate, queued without a lock
+
+	mu           sync.Mutex
+	closed       bool                        // the store is closing: nothing changes
+	jobReplicas  map[string]int              // per job; absent: the default
+	replicated   map[string]int64            // job -> newest step replicated
+	steps        map[string]*stepReplication // job -> replication of a step in flight
+	rankRepl     map[rankKey]int             // replica orders of commits in flight per rank
+	rankNext     map[rankKey]commitRec       // per rank, the newest commit waiting for them
+	commitOrders map[uint64]rankKey          // replica order of a commit -> its rank
+}
+
+// stepReplication is a job's replication of a step in flight.
+type stepReplication struct {
 	step    int64
 	pending map[uint64]bool // order ids not yet reported
 	failed  int
 	started time.Time
 }
 
+func newReplication(c *Coordinator, m *tierMetrics) *replication {
+	return &replication{c: c, m: m, commits: make(chan commitRec, 1<<16), jobReplicas: map[string]int{},
+		replicated: map[string]int64{}, steps: map[string]*stepReplication{}, rankRepl: map[rankKey]int{},
+		rankNext: map[rankKey]commitRec{}, commitOrders: map[uint64]rankKey{}}
+}
+
+// load restores the jobs' replica counts read from the store.
+func (rp *replication) load(replicas map[string]int) {
+	rp.mu.Lock()
+	defer rp.mu.Unlock()
+	maps.Copy(rp.jobReplicas, replicas)
+}
+
+// MaxReplicas is the most peers that may keep a copy of each shard: each
+// costs a shard of memory on another node per rank.
+const MaxReplicas = 8
+
+// validateReplicas checks a job's replica count; it changes nothing.
+func validateReplicas(job string, n int) error {
+	if n < 0 || n > MaxReplicas {
+		return fmt.Errorf("%w: coordinator: job %s: replicas %d out of range [0, %d]", ErrInvalid, job, n, MaxReplicas)
+	}
+	return nil
+}
+
+// setReplicas sets how many peers keep a copy of each of job's shards.
+func (rp *replication) setReplicas(job string, n int) error {
+	if err := validateReplicas(job, n); err != nil {
+		return err
+	}
+	rp.mu.Lock()
+	defer rp.mu.Unlock()
+	if old, ok := rp.jobReplicas[job]; ok && old == n {
+		return nil
+	}
+	if err := rp.c.store.putReplicas(job, n); err != nil {
+		return err
+	}
+	rp.jobReplicas[job] = n
+	rp.c.log.Info("job replicas set", "job", job, "replicas", n)
+	return nil
+}
+
+// close stops every change: the coordinator is shutting down.
+func (rp *replication) close() {
+	rp.mu.Lock()
+	rp.closed = true
+	rp.mu.Unlock()
+}
+
 // replicas returns how many peer copies a job keeps.
-func (t *tierer) replicas(job string) int {
-	if n, ok := t.jobReplicas[job]; ok {
+func (rp *replication) replicas(job string) int {
+	if n, ok := rp.jobReplicas[job]; ok {
 		return n
 	}
-	return t.c.cfg.Replicas
+	return rp.c.cfg.Replicas
+}
+
+// scan starts the replication of each job's latest consistent step not
+// replicated yet. It runs on the tiers' scan (transfers.go).
+func (rp *replication) scan() {
+	rp.mu.Lock()
+	defer rp.mu.Unlock()
+	if rp.closed {
+		return
+	}
+	rp.c.mu.Lock()
+	defer rp.c.mu.Unlock()
+	for _, j := range rp.c.state.Jobs {
+		rp.replicate(j)
+	}
 }
 
 // replicate starts the replication of job's latest consistent step when
-// it is not replicated yet; the caller holds t.mu and t.c.mu.
-func (t *tierer) replicate(j *Job) {
-	want := t.replicas(j.ID)
-	if done, ok := t.replicated[j.ID]; want <= 0 || j.Latest < 0 || ok && done >= j.Latest || t.repl[j.ID] != nil {
+// it is not replicated yet; the caller holds rp.mu and rp.c.mu.
+func (rp *replication) replicate(j *Job) {
+	want := rp.replicas(j.ID)
+	if done, ok := rp.replicated[j.ID]; want <= 0 || j.Latest < 0 || ok && done >= j.Latest || rp.steps[j.ID] != nil {
 		return
 	}
 	st := j.Steps[j.Latest]
 	if st == nil || st.State != Consistent {
 		return
 	}
-	r := &replication{step: st.Step, pending: map[uint64]bool{}, started: t.c.cfg.Clock.Now()}
+	r := &stepReplication{step: st.Step, pending: map[uint64]bool{}, started: rp.c.cfg.Clock.Now()}
 	for rank := range st.WorldSize {
 		var src *Copy
 		have := map[string]bool{}
 		for _, cp := range st.Copies[rank] {
-			if cp.Tier == "shm" && cp.State == "committed" {
+			if cp.Tier == "shm" && cp.State == CopyCommitted {
 				have[cp.Node] = true
 				if src == nil || cp.Node == j.Placement[rank] {
 					src = cp
 				}
 			}
 		}
-		if src == nil || t.rankRepl[rankKey{j.ID, rank}] != 0 {
+		if src == nil || rp.rankRepl[rankKey{j.ID, rank}] != 0 {
 			continue // no copy, or its commit is being replicated
 		}
-		srcNode := t.c.state.Nodes[src.Node]
+		srcNode := rp.c.state.Nodes[src.Node]
 		if srcNode == nil || srcNode.Addr == "" {
 			continue
 		}
-		for _, peer := range t.peersOf(src.Node, want) {
+		for _, peer := range rp.peersOf(src.Node, want) {
 			if have[peer] {
 				continue
 			}
-			o := &coordpb.TransferOrder{Kind: "replicate", Job: j.ID, Step: st.Step, Rank: rank, WorldSize: st.WorldSize,
-				SourceNode: src.Node, SourceAddr: srcNode.Addr, SizeBytes: src.Size, HeaderChecksum: src.Sum}
-			t.send(peer, o)
+			o := replicateOrder(j.ID, st.Step, &coordpb.ReplicateOrder{Rank: rank, WorldSize: st.WorldSize,
+				SourceNode: src.Node, SourceAddr: srcNode.Addr, SizeBytes: src.Size, HeaderChecksum: src.Sum})
+			rp.c.streams.send(peer, o)
 			r.pending[o.Id] = true
 		}
 	}
 	if len(r.pending) == 0 {
-		t.replicated[j.ID] = st.Step
+		rp.replicated[j.ID] = st.Step
 		return
 	}
-	t.repl[j.ID] = r
+	rp.steps[j.ID] = r
+}
+
+func replicateOrder(job string, step int64, r *coordpb.ReplicateOrder) *coordpb.TransferOrder {
+	return &coordpb.TransferOrder{Job: job, Step: step, Order: &coordpb.TransferOrder_Replicate{Replicate: r}}
 }
 
 // peersOf returns the nodes that keep replicas of node's shards: connected
 // agents, other failure domains first, then in ring order after node.
-func (t *tierer) peersOf(node string, n int) []string {
-	names := slices.Sorted(maps.Keys(t.subs))
+func (rp *replication) peersOf(node string, n int) []string {
+	names := rp.c.streams.nodes()
 	domain := func(x string) string {
-		if ni := t.c.state.Nodes[x]; ni != nil {
+		if ni := rp.c.state.Nodes[x]; ni != nil {
 			return ni.FailureDomain
 		}
 		return ""
@@ -116,25 +208,62 @@ func (t *tierer) peersOf(node string, n int) []string {
 	return cands[:min(n, len(cands))]
 }
 
-// replicaDone records a replicate order's outcome.
-func (t *tierer) replicaDone(job string, id uint64, ev *coordpb.TierEvent) {
-	r := t.repl[job]
+// outcome applies the outcome of a replicate order reported by node. The
+// order is claimed under rp.mu, so that it is pending until its outcome is
+// applied.
+func (rp *replication) outcome(node string, ev *coordpb.TierEvent) {
+	rp.mu.Lock()
+	defer rp.mu.Unlock()
+	if rp.closed {
+		return
+	}
+	if od := rp.c.streams.claim(node, ev); od != nil {
+		rp.handle(od, ev)
+	} // else an order of an earlier run, or a duplicate report
+}
+
+// lost fails the replicate orders s, a stream that ended, was sent and
+// never reported.
+func (rp *replication) lost(s *subscriber, why string) {
+	rp.mu.Lock()
+	defer rp.mu.Unlock()
+	if rp.closed {
+		return
+	}
+	for _, od := range rp.c.streams.claimSent(s, coordpb.OrderKind_ORDER_KIND_REPLICATE) {
+		rp.handle(od, lostEvent(od, why))
+	}
+}
+
+// handle applies the outcome of od, a replicate order. The caller holds
+// rp.mu.
+func (rp *replication) handle(od *order, ev *coordpb.TierEvent) {
+	rp.m.transfers.WithLabelValues("shm", coordpb.OrderKind_ORDER_KIND_REPLICATE.Label(), okResult(ev.Ok)).Inc()
+	rp.m.bytes.WithLabelValues("shm").Add(float64(ev.Bytes))
+	if !rp.commitReplicaDone(ev.Order, ev) {
+		rp.replicaDone(od.o.Job, ev.Order, ev)
+	}
+}
+
+// replicaDone records the outcome of a replicate order of a step.
+func (rp *replication) replicaDone(job string, id uint64, ev *coordpb.TierEvent) {
+	r := rp.steps[job]
 	if r == nil || !r.pending[id] {
 		return
 	}
 	delete(r.pending, id)
 	if !ev.Ok {
 		r.failed++
-		t.c.log.Warn("replica failed", "job", job, "step", ev.Step, "rank", ev.Rank, "err", ev.Error)
+		rp.c.log.Warn("replica failed", "job", job, "step", ev.Step, "rank", ev.Rank, "err", ev.Error)
 	}
 	if len(r.pending) > 0 {
 		return
 	}
-	delete(t.repl, job)
-	t.replicated[job] = r.step
-	t.m.replicaSeconds.Observe(t.c.cfg.Clock.Now().Sub(r.started).Seconds())
+	delete(rp.steps, job)
+	rp.replicated[job] = r.step
+	rp.m.replicaSeconds.Observe(rp.c.cfg.Clock.Now().Sub(r.started).Seconds())
 	if r.failed == 0 {
-		t.c.log.Debug("step replicated", "job", job, "step", r.step)
+		rp.c.log.Debug("step replicated", "job", job, "step", r.step)
 	}
 }
 
@@ -162,45 +291,45 @@ type rankKey struct {
 
 // noteCommits queues the primary shared-memory commits of applied records
 // for replication; it never blocks (the caller holds the index lock).
-func (t *tierer) noteCommits(recs []Record) {
+func (rp *replication) noteCommits(recs []Record) {
 	for _, r := range recs {
-		if r.State != "committed" || r.tier() != "shm" {
+		if r.State != CopyCommitted || r.tier() != "shm" {
 			continue
 		}
 		select {
-		case t.commits <- commitRec{job: r.Job, rank: r.Rank, ws: r.WorldSize, step: r.Step, node: r.Node, sum: r.Sum, size: r.Size}:
+		case rp.commits <- commitRec{job: r.Job, rank: r.Rank, ws: r.WorldSize, step: r.Step, node: r.Node, sum: r.Sum, size: r.Size}:
 		default: // the scan replicates the step once it is consistent
 		}
 	}
 }
 
 // replicateCommits runs until ctx ends, replicating queued commits.
-func (t *tierer) replicateCommits(ctx context.Context) {
+func (rp *replication) replicateCommits(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case cr := <-t.commits:
-			t.mu.Lock()
+		case cr := <-rp.commits:
+			rp.mu.Lock()
 			k := rankKey{cr.job, cr.rank}
-			if t.rankRepl[k] != 0 {
-				t.rankNext[k] = cr // newer than what waited: replace it
+			if rp.rankRepl[k] != 0 {
+				rp.rankNext[k] = cr // newer than what waited: replace it
 			} else {
-				t.replicateCommit(cr)
+				rp.replicateCommit(cr)
 			}
-			t.mu.Unlock()
+			rp.mu.Unlock()
 		}
 	}
 }
 
 // replicateCommit orders the replicas of one primary commit; the caller
-// holds t.mu.
-func (t *tierer) replicateCommit(cr commitRec) {
-	t.c.mu.Lock()
-	defer t.c.mu.Unlock()
-	j := t.c.state.Jobs[cr.job]
-	src := t.c.state.Nodes[cr.node]
-	if j == nil || j.Placement[cr.rank] != cr.node || src == nil || src.Addr == "" || t.closed {
+// holds rp.mu.
+func (rp *replication) replicateCommit(cr commitRec) {
+	rp.c.mu.Lock()
+	defer rp.c.mu.Unlock()
+	j := rp.c.state.Jobs[cr.job]
+	src := rp.c.state.Nodes[cr.node]
+	if j == nil || j.Placement[cr.rank] != cr.node || src == nil || src.Addr == "" || rp.closed {
 		return // a replica's own commit, or an unknown node
 	}
 	have := map[string]bool{}
@@ -211,36 +340,36 @@ func (t *tierer) replicateCommit(cr commitRec) {
 			}
 		}
 	}
-	for _, peer := range t.peersOf(cr.node, t.replicas(cr.job)) {
+	for _, peer := range rp.peersOf(cr.node, rp.replicas(cr.job)) {
 		if have[peer] {
 			continue
 		}
-		o := &coordpb.TransferOrder{Kind: "replicate", Job: cr.job, Step: cr.step, Rank: cr.rank, WorldSize: cr.ws,
-			SourceNode: cr.node, SourceAddr: src.Addr, SizeBytes: cr.size, HeaderChecksum: cr.sum}
-		t.send(peer, o)
-		t.rankRepl[rankKey{cr.job, cr.rank}]++
-		t.commitOrders[o.Id] = rankKey{cr.job, cr.rank}
+		o := replicateOrder(cr.job, cr.step, &coordpb.ReplicateOrder{Rank: cr.rank, WorldSize: cr.ws,
+			SourceNode: cr.node, SourceAddr: src.Addr, SizeBytes: cr.size, HeaderChecksum: cr.sum})
+		rp.c.streams.send(peer, o)
+		rp.rankRepl[rankKey{cr.job, cr.rank}]++
+		rp.commitOrders[o.Id] = rankKey{cr.job, cr.rank}
 	}
 }
 
 // commitReplicaDone records the end of a commit's replica order and starts
-// the rank's waiting commit, if any; the caller holds t.mu.
-func (t *tierer) commitReplicaDone(id uint64, ev *coordpb.TierEvent) bool {
-	k, ok := t.commitOrders[id]
+// the rank's waiting commit, if any; the caller holds rp.mu.
+func (rp *replication) commitReplicaDone(id uint64, ev *coordpb.TierEvent) bool {
+	k, ok := rp.commitOrders[id]
 	if !ok {
 		return false
 	}
-	delete(t.commitOrders, id)
+	delete(rp.commitOrders, id)
 	if !ev.Ok {
-		t.c.log.Debug("replica of a commit failed", "job", k.job, "rank", k.rank, "step", ev.Step, "err", ev.Error)
+		rp.c.log.Debug("replica of a commit failed", "job", k.job, "rank", k.rank, "step", ev.Step, "err", ev.Error)
 	}
-	if t.rankRepl[k]--; t.rankRepl[k] > 0 {
+	if rp.rankRepl[k]--; rp.rankRepl[k] > 0 {
 		return true
 	}
-	delete(t.rankRepl, k)
-	if next, ok := t.rankNext[k]; ok {
-		delete(t.rankNext, k)
-		t.replicateCommit(next)
+	delete(rp.rankRepl, k)
+	if next, ok := rp.rankNext[k]; ok {
+		delete(rp.rankNext, k)
+		rp.replicateCommit(next)
 	}
 	return true
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -14,8 +13,8 @@ import (
 	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/coordinator"
-	"rewind.dev/rewind/internal/agenttest"
-	"rewind.dev/rewind/sdk"
+	"rewind.dev/rewind/internal/testcluster"
+	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/shm"
 )
 
@@ -48,39 +47,28 @@ func TestPeerReplication(t *testing.T) {
 	for step := int64(1); step <= 3; step++ {
 		cl.saveStep(job, ws, step, 0, 1, 2)
 		cl.waitLatest(job, step)
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		wait.ForNil(t, 10*time.Second, fmt.Sprintf("step %d's ranks copied also to %v", step, want), func() error {
 			got := cl.replicaNodes(job, step)
-			ok := true
 			for r := range uint32(ws) {
-				nodes := got[r]
-				ok = ok && len(nodes) == 2 && (nodes[0] == want[r] || nodes[1] == want[r])
+				if nodes := got[r]; len(nodes) != 2 || nodes[0] != want[r] && nodes[1] != want[r] {
+					return fmt.Errorf("memory copies %v", got)
+				}
 			}
-			if ok {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("step %d: memory copies %v, want each rank also on %v", step, got, want)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 	// node-1 loses its memory; its rank comes back from node-2's replica.
 	cl.agents[1].Stop()
-	cfg := agenttest.Config(t)
+	cfg := testcluster.AgentConfig(t)
 	cfg.Node, cfg.Logger = "node-1", slog.New(slog.NewTextHandler(io.Discard, nil))
-	r := agenttest.Start(t, cfg)
+	r := testcluster.StartAgent(t, cfg)
 	src := cl.agents[2]
 	n, err := r.Agent.CopyFromPeer(ctxT(t), agent.PeerShard{Job: job, Rank: 1, WorldSize: ws, Step: 3,
 		Size: sizeOf(t, cl, job, 3, 1), HeaderSum: sumOf(t, cl, job, 3, 1), Node: "node-2", Addr: src.Addrs.TCP}, nil)
 	if err != nil || n == 0 {
 		t.Fatalf("copy of rank 1 from node-2's replica: %d %v", n, err)
 	}
-	c, err := sdk.Dial(ctxT(t), cfg.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := testcluster.Dial(t, cfg.Socket)
 	s, _ := c.Session(job, 1, ws)
 	got, err := s.RestoreStep(ctxT(t), 3)
 	if err != nil || !bytes.Equal(got.Tensors[0].Data, rankData(3, 1)) {
@@ -143,30 +131,27 @@ func TestRestoreFallsBackFromACorruptReplica(t *testing.T) {
 	// node-2 is node-0's nearest peer (same rack): once its background
 	// verification has passed, flip a byte of its replica.
 	var shards []*agentpb.Shard
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	wait.ForNil(t, 10*time.Second, "node-2's replica, verified", func() error {
 		var err error
 		shards, err = cl.clients[2].List(ctxT(t), job)
-		if err == nil && len(shards) == 1 && shards[0].Verified {
-			break
+		if err == nil && (len(shards) != 1 || !shards[0].Verified) {
+			err = fmt.Errorf("shards %v", shards)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node-2's replica, verified: %v %v", shards, err)
-		}
-	}
-	flipByte(t, shards[0].Path, -10)
+		return err
+	})
+	testcluster.Flip(t, shards[0].Path, -10)
 	// node-0 loses its memory and comes back empty.
 	cl.agents[0].Stop()
-	cfg := agenttest.Config(t)
+	cfg := testcluster.AgentConfig(t)
 	cfg.Node, cfg.FailureDomain, cfg.CoordinatorAddr = "node-0", "rack-a", cl.addr
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	startAgent(t, cfg)
-	deadline := time.Now().Add(10 * time.Second)
-	for len(cl.replicaNodes(job, 1)[0]) != 2 { // the new node-0 registered: its old copy left the index
-		if time.Now().After(deadline) {
-			t.Fatalf("copies after node-0 came back empty: %v", cl.replicaNodes(job, 1))
+	wait.ForNil(t, 10*time.Second, "the new node-0 registered: its old copy out of the index", func() error {
+		if got := cl.replicaNodes(job, 1); len(got[0]) != 2 {
+			return fmt.Errorf("copies %v", got)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	plan, err := cl.api.PlanRestore(ctxT(t), &coordpb.PlanRestoreRequest{Job: job, Step: -1, RequestedBy: "test"})
 	if err != nil || !plan.Executed || !plan.Ok {
 		t.Fatalf("restore: %v %v", plan, err)
@@ -175,37 +160,11 @@ func TestRestoreFallsBackFromACorruptReplica(t *testing.T) {
 	if rp.Used != "shm:node-1" || len(rp.Failed) != 1 || !strings.Contains(rp.Failed[0], "shm:node-2") || !strings.Contains(rp.Failed[0], "corrupt") {
 		t.Fatalf("rank 0 restored from %q after %q, want node-1 after node-2's corrupt replica", rp.Used, rp.Failed)
 	}
-	c, err := sdk.Dial(ctxT(t), cfg.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := testcluster.Dial(t, cfg.Socket)
 	s, _ := c.Session(job, 0, ws)
 	got, err := s.RestoreStep(ctxT(t), 1)
 	if err != nil || !bytes.Equal(got.Tensors[0].Data, rankData(1, 0)) {
 		t.Fatalf("rank 0 after the fallback: %v", err)
-	}
-}
-
-// flipByte flips one bit of a file, at off from its end when negative.
-func flipByte(t *testing.T, path string, off int64) {
-	t.Helper()
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if off < 0 {
-		st, _ := f.Stat()
-		off += st.Size()
-	}
-	b := make([]byte, 1)
-	if _, err := f.ReadAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-	b[0] ^= 0x04
-	if _, err := f.WriteAt(b, off); err != nil {
-		t.Fatal(err)
 	}
 }
 
@@ -231,17 +190,13 @@ func TestReplicasGiveWayToSaves(t *testing.T) {
 	}
 	for step := int64(1); step <= 3; step++ {
 		cl.saveStep(job, ws, step, 1)
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		wait.ForNil(t, 10*time.Second, fmt.Sprintf("a replica of rank 1 step %d on node-0", step), func() error {
 			st, err := cl.api.InspectStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: step})
-			if err == nil && len(st.Step.Copies) == 2 { // rank 1 on node-1 and its replica
-				break
+			if err == nil && len(st.Step.Copies) != 2 { // rank 1 on node-1 and its replica
+				err = fmt.Errorf("step %v", st)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("no replica of rank 1 step %d on node-0: %v %v", step, st, err)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			return err
+		})
 	}
 	st, err := cl.clients[0].Status(ctxT(t))
 	if err != nil || st.UsedBytes < uint64(3*l.Size) {

@@ -28,7 +28,7 @@ func (c *Coordinator) RestartJob(ctx context.Context, job string, step int64, wh
 	lock := c.jobLock(job)
 	lock.Lock()
 	defer lock.Unlock()
-	plan, err := c.plan(job, step, nil)
+	plan, err := c.plan(ctx, job, step, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -42,7 +42,7 @@ func (c *Coordinator) RestartJob(ctx context.Context, job string, step int64, wh
 		return plan, nil
 	}
 	c.log.Warn("job restart asked", "job", job, "step", plan.Step, "requested_by", who, "deleting_steps", later)
-	ev := &coordpb.JobEvent{Job: job, Kind: "regang", Reason: fmt.Sprintf("operator restore of step %d asked by %s", plan.Step, who),
+	ev := &coordpb.JobEvent{Job: job, Kind: coordpb.JobEventKind_JOB_EVENT_KIND_REGANG, Reason: fmt.Sprintf("operator restore of step %d asked by %s", plan.Step, who),
 		DetectedUnixNano: c.cfg.Clock.Now().UnixNano()}
 	plan.Restarted = c.regang(ctx, plan, placement, ev)
 	if !plan.Restarted && (!plan.Executed || plan.Ok) {

@@ -45,7 +45,7 @@ func TestOperatorRestartGoesBack(t *testing.T) {
 		t.Fatalf("restart: %v %v", plan, err)
 	}
 	ev := nextEvent(t, events)
-	if !ev.Ok || ev.Kind != "regang" || ev.Step != 3 || ev.Node != "" || !strings.Contains(ev.Reason, "operator restore of step 3 asked by alice") ||
+	if !ev.Ok || ev.Kind != coordpb.JobEventKind_JOB_EVENT_KIND_REGANG || ev.Step != 3 || ev.Node != "" || !strings.Contains(ev.Reason, "operator restore of step 3 asked by alice") ||
 		ev.Placement[0] != "node-0" || ev.Placement[1] != "node-1" {
 		t.Fatalf("event: %v", ev)
 	}

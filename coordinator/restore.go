@@ -1,9 +1,10 @@
 package coordinator
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -53,6 +54,10 @@ func (c *Coordinator) restoreRank(ctx context.Context, plan *coordpb.PlanRestore
 		rp.Error = fmt.Sprintf("rank %d has no node to run on or no copy", rp.Rank)
 		return
 	}
+	if err := ctx.Err(); err != nil { // the request is over: start no more fetches
+		rp.Error = fmt.Sprintf("rank %d not restored: %v", rp.Rank, err)
+		return
+	}
 	req := &agentpb.FetchRequest{Job: plan.Job, Rank: rp.Rank, Step: plan.Step, WorldSize: uint32(len(plan.Ranks)),
 		SizeBytes: rp.Sources[0].SizeBytes, HeaderChecksum: rp.Sources[0].HeaderChecksum}
 	for _, s := range rp.Sources {
@@ -79,80 +84,108 @@ func (c *Coordinator) restoreRank(ctx context.Context, plan *coordpb.PlanRestore
 // cheapest first. Copies on nodes that are down are left out; the newest
 // restorable step is the newest consistent step whose every rank has a
 // copy that is not.
-func (c *Coordinator) PlanRestore(job string, step int64) (*coordpb.PlanRestoreResponse, error) {
-	return c.plan(job, step, nil)
+func (c *Coordinator) PlanRestore(ctx context.Context, job string, step int64) (*coordpb.PlanRestoreResponse, error) {
+	return c.plan(ctx, job, step, nil)
 }
 
 // plan is PlanRestore onto placement (rank -> node); nil keeps the job's.
-func (c *Coordinator) plan(job string, step int64, placement map[uint32]string) (*coordpb.PlanRestoreResponse, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	j := c.state.Jobs[job]
-	if j == nil {
-		return nil, fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, job)
+// The index is locked only to copy what the plan needs (view.go).
+func (c *Coordinator) plan(ctx context.Context, job string, step int64, placement map[uint32]string) (*coordpb.PlanRestoreResponse, error) {
+	v, nv, place, err := c.chooseStep(ctx, job, step, -1, placement == nil)
+	if err != nil {
+		return nil, err
 	}
 	if placement == nil {
-		placement = j.Placement
+		placement = place
 	}
-	var st *Step
-	if step < 0 {
-		steps := j.SortedSteps()
-		for i := len(steps) - 1; i >= 0 && st == nil; i-- {
-			if c.restorable(steps[i]) {
-				st = steps[i]
-			}
+	plan := &coordpb.PlanRestoreResponse{Job: job, Step: v.Step, Ranks: make([]*coordpb.RankPlan, 0, v.WorldSize)}
+	cs := v.byRank()
+	i := 0
+	for r := range v.WorldSize {
+		if r%ctxEvery == 0 && ctx.Err() != nil {
+			return nil, fmt.Errorf("coordinator: planning a restore of job %s: %w", job, ctx.Err())
 		}
-		if st == nil {
-			return nil, fmt.Errorf("%w: coordinator: job %s has no consistent step with a live copy of every rank", ErrNotFound, job)
+		k := i
+		for k < len(cs) && cs[k].Rank == r {
+			k++
 		}
-	} else if st = j.Steps[step]; st == nil || !c.restorable(st) {
-		return nil, fmt.Errorf("%w: coordinator: job %s step %d is not restorable (not consistent, or some rank has no copy on a live node); the latest consistent step is %d",
-			ErrRefused, job, step, j.Latest)
-	}
-	plan := &coordpb.PlanRestoreResponse{Job: job, Step: st.Step}
-	for r := range st.WorldSize {
-		target := placement[r]
-		srcs := slices.DeleteFunc(slices.Clone(st.Copies[r]), func(cp *Copy) bool { return !c.live(cp) })
-		slices.SortStableFunc(srcs, func(a, b *Copy) int {
-			return c.sourceCost(a, target) - c.sourceCost(b, target)
-		})
-		rp := &coordpb.RankPlan{Rank: r, TargetNode: target}
-		for _, cp := range srcs {
-			rp.Sources = append(rp.Sources, copyProto(cp))
-		}
-		plan.Ranks = append(plan.Ranks, rp)
+		plan.Ranks = append(plan.Ranks, nv.rankPlan(r, placement[r], cs[i:k]))
+		i = k
 	}
 	return plan, nil
 }
 
-// restorable reports whether every rank of a consistent step has a copy
-// on a live node or a shared tier; the caller holds c.mu.
-func (c *Coordinator) restorable(st *Step) bool {
-	if st.State != Consistent || !st.complete() {
-		return false
+// chooseStep finds the step a restore of job uses (step, or the newest
+// restorable one when step < 0) and returns a copy of it, of the nodes'
+// state, and, with wantPlacement, of the job's placement. The index is
+// locked to copy, one step at a time; the O(world size) check that every
+// rank has a live copy runs outside it. rank >= 0 copies only that rank's
+// copies when no node is down (then every copy is live, and a consistent,
+// complete step is restorable as it stands).
+func (c *Coordinator) chooseStep(ctx context.Context, job string, step, rank int64, wantPlacement bool) (*stepView, nodeView, map[uint32]string, error) {
+	c.mu.Lock()
+	j := c.state.Jobs[job]
+	if j == nil {
+		c.mu.Unlock()
+		return nil, nodeView{}, nil, fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, job)
 	}
-	for r := range st.WorldSize {
-		if !slices.ContainsFunc(st.Copies[r], c.live) {
-			return false
+	latest := j.Latest
+	var candidates []int64 // newest first
+	if step >= 0 {
+		candidates = []int64{step}
+	} else {
+		for n, st := range j.Steps {
+			if st.State == Consistent && st.complete() {
+				candidates = append(candidates, n)
+			}
+		}
+		slices.SortFunc(candidates, func(a, b int64) int { return cmp.Compare(b, a) })
+	}
+	nv := c.viewNodes()
+	c.mu.Unlock()
+	var placement map[uint32]string
+	if wantPlacement {
+		var err error
+		if placement, err = c.viewPlacement(ctx, job); err != nil {
+			return nil, nodeView{}, nil, err
 		}
 	}
-	return true
-}
-
-// live reports whether a copy can be read: it is on a shared tier, or its
-// node is not down. The caller holds c.mu.
-func (c *Coordinator) live(cp *Copy) bool {
-	if cp.Node == sharedNode {
-		return true
+	for _, n := range candidates {
+		if err := ctx.Err(); err != nil {
+			return nil, nodeView{}, nil, fmt.Errorf("coordinator: planning a restore of job %s: %w", job, err)
+		}
+		r := rank
+		if len(nv.down) > 0 { // every rank's copies, to see which are live
+			r = -1
+		}
+		v, err := c.view(ctx, job, n, r, func(st *Step) bool { return st.State == Consistent && st.complete() })
+		switch {
+		case errors.Is(err, ErrNotFound): // gone since
+			continue
+		case err != nil:
+			return nil, nodeView{}, nil, err
+		case v == nil: // no longer consistent and complete
+			continue
+		}
+		ok, err := v.restorable(ctx, nv)
+		if err != nil {
+			return nil, nodeView{}, nil, fmt.Errorf("coordinator: planning a restore of job %s: %w", job, err)
+		}
+		if ok {
+			return v, nv, placement, nil
+		}
 	}
-	_, down := c.down[cp.Node]
-	return !down
+	if step < 0 {
+		return nil, nodeView{}, nil, fmt.Errorf("%w: coordinator: job %s has no consistent step with a live copy of every rank", ErrNotFound, job)
+	}
+	return nil, nodeView{}, nil, fmt.Errorf("%w: coordinator: job %s step %d is not restorable (not consistent, or some rank has no copy on a live node); the latest consistent step is %d",
+		ErrRefused, job, step, latest)
 }
 
 // RankSources returns where rank's shard of step (the newest restorable
 // step when step < 0) can come from for the rank running on node: its live
 // copies, cheapest first for that node, with each node's agent address.
-func (c *Coordinator) RankSources(job string, step int64, rank uint32, node string) (*coordpb.RankSourcesResponse, error) {
+func (c *Coordinator) RankSources(ctx context.Context, job string, step int64, rank uint32, node string) (*coordpb.RankSourcesResponse, error) {
 	c.mu.Lock()
 	j := c.state.Jobs[job]
 	if j == nil {
@@ -163,19 +196,26 @@ func (c *Coordinator) RankSources(job string, step int64, rank uint32, node stri
 		c.mu.Unlock()
 		return nil, fmt.Errorf("%w: coordinator: job %s has %d ranks, not rank %d", ErrInvalid, job, j.WorldSize, rank)
 	}
-	placement := maps.Clone(j.Placement)
-	placement[rank] = node
 	addrs := c.agentAddrsLocked()
 	c.mu.Unlock()
-	plan, err := c.plan(job, step, placement)
+	v, nv, _, err := c.chooseStep(ctx, job, step, int64(rank), false)
 	if err != nil {
 		return nil, err
 	}
-	rp := plan.Ranks[rank]
-	if len(rp.Sources) == 0 {
-		return nil, fmt.Errorf("%w: coordinator: job %s step %d rank %d has no live copy", ErrNotFound, job, plan.Step, rank)
+	if rank >= v.WorldSize {
+		return nil, fmt.Errorf("%w: coordinator: job %s step %d has %d ranks, not rank %d", ErrInvalid, job, v.Step, v.WorldSize, rank)
 	}
-	resp := &coordpb.RankSourcesResponse{WorldSize: uint32(len(plan.Ranks)), SizeBytes: rp.Sources[0].SizeBytes,
+	var cs []*Copy
+	for _, cp := range v.byRank() {
+		if cp.Rank == rank {
+			cs = append(cs, cp)
+		}
+	}
+	rp := nv.rankPlan(rank, node, cs)
+	if len(rp.Sources) == 0 {
+		return nil, fmt.Errorf("%w: coordinator: job %s step %d rank %d has no live copy", ErrNotFound, job, v.Step, rank)
+	}
+	resp := &coordpb.RankSourcesResponse{WorldSize: v.WorldSize, SizeBytes: rp.Sources[0].SizeBytes,
 		HeaderChecksum: rp.Sources[0].HeaderChecksum}
 	for _, s := range rp.Sources {
 		resp.Sources = append(resp.Sources, &coordpb.RankSource{Tier: s.Tier, Node: s.Node, Addr: addrs[s.Node]})

@@ -24,7 +24,7 @@ func (c *Coordinator) Run(ctx context.Context, ready func(grpcAddr, metricsAddr 
 	if err != nil {
 		return fmt.Errorf("coordinator: listen %s: %w", c.cfg.ListenAddr, err)
 	}
-	srv := grpc.NewServer(append([]grpc.ServerOption{grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))), grpc.SharedWriteBuffer(true),
+	srv := grpc.NewServer(append([]grpc.ServerOption{grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 		// Reports are small requests answered one by one. With dynamic
 		// flow control every message received sends a BDP ping that the
 		// peer answers: two more packets, and two more wake-ups on each
@@ -58,8 +58,7 @@ func (c *Coordinator) Run(ctx context.Context, ready func(grpcAddr, metricsAddr 
 			}
 		}
 	}()
-	go c.tiers.run(ctx)
-	go c.tiers.replicateCommits(ctx)
+	go c.runTransfers(ctx)
 	if c.cfg.Gossip != nil {
 		leave, err := c.startMembership(ctx, l.Addr().String())
 		if err != nil {

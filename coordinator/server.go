@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
 )
 
@@ -41,14 +42,16 @@ func toStatus(err error) error {
 		code = codes.FailedPrecondition
 	case errors.Is(err, context.DeadlineExceeded):
 		code = codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
 	}
 	return status.Error(code, err.Error())
 }
 
 func (s *server) Register(ctx context.Context, req *coordpb.RegisterRequest) (*coordpb.RegisterResponse, error) {
 	n := req.GetNode()
-	if n.GetName() == "" {
-		return nil, toStatus(fmt.Errorf("%w: coordinator: register without a node name", ErrInvalid))
+	if err := shm.ValidateNode(n.GetName()); err != nil {
+		return nil, toStatus(fmt.Errorf("%w: coordinator: register: %w", ErrInvalid, err))
 	}
 	pins, err := s.c.Register(&NodeInfo{Name: n.Name, Addr: n.Addr, FailureDomain: n.FailureDomain, BudgetBytes: n.ShmBudgetBytes}, recordsOf(req.Inventory))
 	if err != nil {
@@ -57,7 +60,15 @@ func (s *server) Register(ctx context.Context, req *coordpb.RegisterRequest) (*c
 	return &coordpb.RegisterResponse{Incarnation: s.c.Incarnation(), Pins: pins}, nil
 }
 
+// RegisterJob checks the whole request before it changes anything: a
+// refused request (a bad policy, replicas out of range, a world size over
+// the limit) leaves the job as it was, or unregistered.
 func (s *server) RegisterJob(ctx context.Context, req *coordpb.RegisterJobRequest) (*coordpb.RegisterJobResponse, error) {
+	if req.Replicas != nil {
+		if err := validateReplicas(req.Job, int(*req.Replicas)); err != nil {
+			return nil, toStatus(err)
+		}
+	}
 	var policy *tiers.Policy // refused before the job is touched; none keeps the job's
 	if req.Policy != "" {
 		p, err := tiers.ParsePolicy(req.Policy)
@@ -76,7 +87,7 @@ func (s *server) RegisterJob(ctx context.Context, req *coordpb.RegisterJobReques
 		err = s.c.tiers.setPolicy(req.Job, *policy)
 	}
 	if err == nil && req.Replicas != nil {
-		err = s.c.tiers.setReplicas(req.Job, int(*req.Replicas))
+		err = s.c.replication.setReplicas(req.Job, int(*req.Replicas))
 	}
 	if err != nil {
 		return nil, toStatus(err)
@@ -129,7 +140,7 @@ func recordsOf(shards []*coordpb.ShardRecord) []Record {
 	out := make([]Record, len(shards))
 	for i, r := range shards {
 		out[i] = Record{Job: r.Job, Step: r.Step, Rank: r.Rank, WorldSize: r.WorldSize, Node: r.Node,
-			Size: r.SizeBytes, Sum: r.HeaderChecksum, State: r.State}
+			Size: r.SizeBytes, Sum: r.HeaderChecksum, State: copyStateOf(r.State)}
 	}
 	return out
 }
@@ -172,6 +183,9 @@ func cmpString(a, b string) int {
 	return 0
 }
 
+// ListSteps lists a job's steps, oldest first. The index is locked for
+// one step at a time, to copy it (view.go): a listing of a large job does
+// not hold up the others, and a step that goes meanwhile is left out.
 func (s *server) ListSteps(ctx context.Context, req *coordpb.ListStepsRequest) (*coordpb.ListStepsResponse, error) {
 	s.c.mu.Lock()
 	j := s.c.state.Jobs[req.Job]
@@ -179,36 +193,29 @@ func (s *server) ListSteps(ctx context.Context, req *coordpb.ListStepsRequest) (
 		s.c.mu.Unlock()
 		return nil, toStatus(fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, req.Job))
 	}
-	resp := &coordpb.ListStepsResponse{}
-	for _, st := range j.SortedSteps() {
-		resp.Steps = append(resp.Steps, stepProto(st))
-	}
+	steps := slices.Sorted(maps.Keys(j.Steps))
 	s.c.mu.Unlock()
-	for _, st := range resp.Steps {
+	resp := &coordpb.ListStepsResponse{}
+	for _, n := range steps {
+		st, err := s.c.step(ctx, req.Job, n)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			continue // deleted since
+		case err != nil:
+			return nil, toStatus(err)
+		}
 		st.Tiers = s.c.tiers.copiesOf(st.Job, st.Step)
+		resp.Steps = append(resp.Steps, st)
 	}
 	return resp, nil
 }
 
-func stepProto(st *Step) *coordpb.Step {
-	p := &coordpb.Step{Job: st.Job, Step: st.Step, WorldSize: st.WorldSize, State: string(st.State), RanksCommitted: uint32(len(st.Copies))}
-	if !st.ConsistentAt.IsZero() {
-		p.ConsistentUnixNano = st.ConsistentAt.UnixNano()
-	}
-	for r := range st.WorldSize {
-		for _, c := range st.Copies[r] {
-			p.Copies = append(p.Copies, copyProto(c))
-		}
-	}
-	return p
-}
-
 func copyProto(c *Copy) *coordpb.Copy {
-	return &coordpb.Copy{Rank: c.Rank, Node: c.Node, Tier: c.Tier, SizeBytes: c.Size, HeaderChecksum: c.Sum, State: c.State}
+	return &coordpb.Copy{Rank: c.Rank, Node: c.Node, Tier: c.Tier, SizeBytes: c.Size, HeaderChecksum: c.Sum, State: c.State.proto()}
 }
 
 func (s *server) InspectStep(ctx context.Context, req *coordpb.StepRequest) (*coordpb.InspectStepResponse, error) {
-	st, err := s.c.step(req.Job, req.Step)
+	st, err := s.c.step(ctx, req.Job, req.Step)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -233,7 +240,7 @@ func (s *server) PlanRestore(ctx context.Context, req *coordpb.PlanRestoreReques
 		}
 		return plan, nil
 	}
-	plan, err := s.c.PlanRestore(req.Job, req.Step)
+	plan, err := s.c.PlanRestore(ctx, req.Job, req.Step)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -253,9 +260,39 @@ func (s *server) DeleteStep(ctx context.Context, req *coordpb.DeleteStepRequest)
 }
 
 func (s *server) RankSources(ctx context.Context, req *coordpb.RankSourcesRequest) (*coordpb.RankSourcesResponse, error) {
-	resp, err := s.c.RankSources(req.Job, req.Step, req.Rank, req.Node)
+	resp, err := s.c.RankSources(ctx, req.Job, req.Step, req.Rank, req.Node)
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	return resp, nil
+}
+
+// proto returns the state as the coordinator's API shows it.
+func (s StepState) proto() coordpb.StepState {
+	switch s {
+	case Partial:
+		return coordpb.StepState_STEP_STATE_PARTIAL
+	case Consistent:
+		return coordpb.StepState_STEP_STATE_CONSISTENT
+	case Abandoned:
+		return coordpb.StepState_STEP_STATE_ABANDONED
+	}
+	return coordpb.StepState_STEP_STATE_UNSPECIFIED
+}
+
+// copyStateOf returns a reported state; one that is none of the copy
+// states is refused by name when the report is applied.
+func copyStateOf(s coordpb.CopyState) CopyState { return CopyState(s.Label()) }
+
+// proto returns the state as the coordinator's API shows it.
+func (s CopyState) proto() coordpb.CopyState {
+	switch s {
+	case CopyCommitted:
+		return coordpb.CopyState_COPY_STATE_COMMITTED
+	case CopyCorrupt:
+		return coordpb.CopyState_COPY_STATE_CORRUPT
+	case CopyDeleted:
+		return coordpb.CopyState_COPY_STATE_DELETED
+	}
+	return coordpb.CopyState_COPY_STATE_UNSPECIFIED
 }

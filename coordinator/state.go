@@ -28,6 +28,18 @@ const (
 	Abandoned  StepState = "abandoned"
 )
 
+// CopyState is where a copy of a rank's shard stands, as agents report
+// it (the labels of coordpb.CopyState): only a committed copy is in the
+// index; a report of a deleted or corrupt one removes it.
+type CopyState string
+
+// The copy states.
+const (
+	CopyCommitted CopyState = "committed"
+	CopyCorrupt   CopyState = "corrupt"
+	CopyDeleted   CopyState = "deleted"
+)
+
 // Errors, wrapped with details; the server maps them to gRPC codes.
 var (
 	ErrUnknownJob = errors.New("unknown job")
@@ -36,14 +48,16 @@ var (
 	ErrRefused    = errors.New("refused")
 )
 
-// Copy is one copy of one rank's shard of a step.
+// Copy is one copy of one rank's shard of a step. Once in the index a
+// Copy is never changed (a change records a new one): reads share them
+// outside the lock (view.go).
 type Copy struct {
-	Rank  uint32 `json:"rank"`
-	Node  string `json:"node"`
-	Tier  string `json:"tier"`
-	Size  uint64 `json:"size"`
-	Sum   string `json:"sum"`
-	State string `json:"state"`
+	Rank  uint32    `json:"rank"`
+	Node  string    `json:"node"`
+	Tier  string    `json:"tier"`
+	Size  uint64    `json:"size"`
+	Sum   string    `json:"sum"`
+	State CopyState `json:"state"`
 }
 
 // Step is a step of a job and its copies.
@@ -126,6 +140,8 @@ type State struct {
 	// nodeJobs is the set of jobs placed on or holding copies on each
 	// node: the jobs whose pins the node's agent needs.
 	nodeJobs map[string]map[string]bool
+	// limits bound what registrations and reports may add (limits.go).
+	limits Limits
 }
 
 func (s *State) noteNode(node, job string) {
@@ -149,9 +165,18 @@ type NodeInfo struct {
 	RegisteredAt  time.Time `json:"registered_at"`
 }
 
-// NewState returns an empty index.
+// NewState returns an empty index, with DefaultConfig's limits.
 func NewState(now func() time.Time) *State {
-	return &State{Jobs: map[string]*Job{}, Nodes: map[string]*NodeInfo{}, now: now, nodeJobs: map[string]map[string]bool{}}
+	return &State{Jobs: map[string]*Job{}, Nodes: map[string]*NodeInfo{}, now: now, nodeJobs: map[string]map[string]bool{},
+		limits: DefaultConfig().limits()}
+}
+
+// newState returns an empty index with the configuration's clock and
+// limits.
+func (c Config) newState() *State {
+	s := NewState(c.Clock.Now)
+	s.limits = c.limits()
+	return s
 }
 
 // Changes lists what an operation modified, for the store to persist.
@@ -196,6 +221,9 @@ func (s *State) RegisterJob(job string, worldSize uint32, placement map[uint32]s
 			return false, fmt.Errorf("%w: coordinator: job %s: rank %d placed but world size is %d", ErrInvalid, job, r, worldSize)
 		}
 	}
+	if err := s.checkRegister(job, worldSize); err != nil {
+		return false, err
+	}
 	j := s.Jobs[job]
 	switch {
 	case j == nil:
@@ -228,10 +256,15 @@ func (s *State) Apply(rec Record, ch *Changes) error {
 	if rec.Step < 0 {
 		return fmt.Errorf("%w: coordinator: job %s: negative step %d", ErrInvalid, rec.Job, rec.Step)
 	}
+	if rec.State == CopyCommitted {
+		if err := s.checkCommit(j, rec); err != nil {
+			return err
+		}
+	}
 	want, what := j.WorldSize, "job"
 	if st := j.Steps[rec.Step]; st != nil {
 		want, what = st.WorldSize, "step"
-		if st.WorldSize != j.WorldSize && rec.WorldSize == j.WorldSize && rec.State == "committed" {
+		if st.WorldSize != j.WorldSize && rec.WorldSize == j.WorldSize && rec.State == CopyCommitted {
 			if st.State == Consistent {
 				return fmt.Errorf("%w: coordinator: job %s step %d is a consistent checkpoint at world size %d; the job now runs with %d and cannot save that step number again until it is deleted (rewind delete %s %d --force)",
 					ErrRefused, rec.Job, rec.Step, st.WorldSize, j.WorldSize, rec.Job, rec.Step)
@@ -248,13 +281,13 @@ func (s *State) Apply(rec Record, ch *Changes) error {
 		return fmt.Errorf("%w: coordinator: job %s step %d: rank %d out of range for world size %d", ErrInvalid, rec.Job, rec.Step, rec.Rank, rec.WorldSize)
 	}
 	switch rec.State {
-	case "committed":
+	case CopyCommitted:
 		if rec.Sum == "" || strings.ContainsAny(rec.Sum, " \t\n") || strings.ContainsAny(rec.Node, " \t\n/") || rec.Node == "" {
 			return fmt.Errorf("%w: coordinator: job %s step %d rank %d: commit without a node or header checksum (node %q, checksum %q)",
 				ErrInvalid, rec.Job, rec.Step, rec.Rank, rec.Node, rec.Sum)
 		}
 		s.commit(j, rec, ch)
-	case "deleted", "corrupt":
+	case CopyDeleted, CopyCorrupt:
 		s.remove(j, rec, ch)
 	default:
 		return fmt.Errorf("%w: coordinator: unknown shard state %q", ErrInvalid, rec.State)
@@ -286,7 +319,7 @@ func (s *State) commit(j *Job, rec Record, ch *Changes) {
 	}
 	was := survives(st.Copies[rec.Rank])
 	others := slices.DeleteFunc(st.Copies[rec.Rank], func(c *Copy) bool { return c.Node == rec.Node && c.Tier == tier })
-	c := &Copy{Rank: rec.Rank, Node: rec.Node, Tier: tier, Size: rec.Size, Sum: rec.Sum, State: "committed"}
+	c := &Copy{Rank: rec.Rank, Node: rec.Node, Tier: tier, Size: rec.Size, Sum: rec.Sum, State: CopyCommitted}
 	st.Copies[rec.Rank] = append(others, c)
 	st.noteSafe(was, survives(st.Copies[rec.Rank]))
 	ch.Copies = append(ch.Copies, CopyKey{Job: j.ID, Step: rec.Step, Rank: rec.Rank, Node: rec.Node, Tier: tier, Copy: c})
@@ -352,7 +385,7 @@ func (s *State) remove(j *Job, rec Record, ch *Changes) {
 	// recorded, and giving up the slot of the older one leaves it. A
 	// corrupt copy goes whatever its checksum.
 	st.Copies[rec.Rank] = slices.DeleteFunc(st.Copies[rec.Rank], func(c *Copy) bool {
-		return c.Node == rec.Node && c.Tier == tier && (rec.State != "deleted" || rec.Sum == "" || c.Sum == rec.Sum)
+		return c.Node == rec.Node && c.Tier == tier && (rec.State != CopyDeleted || rec.Sum == "" || c.Sum == rec.Sum)
 	})
 	if len(st.Copies[rec.Rank]) == before {
 		return
@@ -415,7 +448,7 @@ type Record struct {
 	Tier      string // "" means "shm"
 	Size      uint64
 	Sum       string
-	State     string // committed, deleted, corrupt
+	State     CopyState
 }
 
 func (r Record) tier() string {
@@ -455,7 +488,7 @@ func (s *State) Reconcile(node string, inventory []Record, ch *Changes) {
 			for rank, cs := range st.Copies {
 				for _, c := range cs {
 					if c.Node == node && c.Tier == "shm" && !have[key{j.ID, st.Step, rank}] {
-						gone = append(gone, Record{Job: j.ID, Step: st.Step, Rank: rank, WorldSize: st.WorldSize, Node: node, State: "deleted"})
+						gone = append(gone, Record{Job: j.ID, Step: st.Step, Rank: rank, WorldSize: st.WorldSize, Node: node, State: CopyDeleted})
 					}
 				}
 			}

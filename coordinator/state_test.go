@@ -93,7 +93,7 @@ func runStateCmd(t *testing.T, s *State, d *datadriven.TestData) string {
 		}
 		for _, r := range ranks(t, d) {
 			rec := Record{Job: job, Step: num(t, d, "step", "0"), Rank: r, WorldSize: uint32(num(t, d, "ws", wsOf(s, job))),
-				Node: arg(d, "node", fmt.Sprintf("n%d", r)), Tier: arg(d, "tier", ""), Size: 100, Sum: arg(d, "sum", "s"), State: state}
+				Node: arg(d, "node", fmt.Sprintf("n%d", r)), Tier: arg(d, "tier", ""), Size: 100, Sum: arg(d, "sum", "s"), State: CopyState(state)}
 			if err := s.Apply(rec, &ch); err != nil {
 				out = append(out, fmt.Sprintf("rank %d: error: %v", r, err))
 			}

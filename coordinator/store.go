@@ -315,5 +315,5 @@ func decodeCopy(v []byte) (*Copy, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Copy{Size: size, Sum: f[1], State: f[2]}, nil
+	return &Copy{Size: size, Sum: f[1], State: CopyState(f[2])}, nil
 }

@@ -104,7 +104,7 @@ func TestStoreStepDroppedAndRecreated(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := func(step int64, state string) Record {
-		return Record{Job: "j", Step: step, Rank: 0, WorldSize: 2, Node: "n0", Sum: "s", State: state}
+		return Record{Job: "j", Step: step, Rank: 0, WorldSize: 2, Node: "n0", Sum: "s", State: CopyState(state)}
 	}
 	for _, r := range []Record{rec(1, "committed"), rec(1, "deleted"), rec(1, "committed"), rec(2, "committed"), rec(2, "deleted")} {
 		if err := s.Apply(r, &ch); err != nil {

@@ -13,42 +13,56 @@ import (
 	"rewind.dev/rewind/tiers"
 )
 
-// handle applies one transfer outcome reported by node.
-func (t *tierer) handle(node string, ev *coordpb.TierEvent) {
+// tierKinds are the orders of tier copies.
+var tierKinds = []coordpb.OrderKind{coordpb.OrderKind_ORDER_KIND_PUSH, coordpb.OrderKind_ORDER_KIND_MANIFEST, coordpb.OrderKind_ORDER_KIND_DELETE}
+
+// outcome applies one transfer outcome reported by node. The order is
+// claimed under t.mu, so that an order is pending until its outcome is
+// applied.
+func (t *tiering) outcome(node string, ev *coordpb.TierEvent) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed || !slices.Contains(tierKinds, ev.Kind) {
+		return
+	}
+	if od := t.c.streams.claim(node, ev); od != nil {
+		t.handle(node, od, ev)
+	} // else an order of an earlier run, or a duplicate report
+}
+
+// lost fails the tier orders node's stream s was sent and never reported.
+func (t *tiering) lost(node string, s *subscriber, why string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	if t.closed {
 		return
 	}
-	od := t.orders[ev.Order]
-	if od == nil || od.node != node || od.o.Kind != ev.Kind {
-		return // an order of an earlier run, or a duplicate report
+	for _, od := range t.c.streams.claimSent(s, tierKinds...) {
+		t.handle(node, od, lostEvent(od, why))
 	}
-	delete(t.orders, ev.Order)
+}
+
+// handle applies the outcome of od, a tier order. The caller holds t.mu.
+func (t *tiering) handle(node string, od *order, ev *coordpb.TierEvent) {
 	o := od.o
-	if o.Kind == "replicate" {
-		t.m.transfers.WithLabelValues("shm", o.Kind, okResult(ev.Ok)).Inc()
-		t.m.bytes.WithLabelValues("shm").Add(float64(ev.Bytes))
-		if !t.commitReplicaDone(ev.Order, ev) {
-			t.replicaDone(o.Job, ev.Order, ev)
-		}
-		return
-	}
-	tc := t.copies[tierKey{o.Job, o.Step, o.Tier}]
+	kind, tier := o.Kind(), o.TierName()
+	tc := t.copies[tierKey{o.Job, o.Step, tier}]
 	if tc == nil {
 		return
 	}
-	t.m.transfers.WithLabelValues(o.Tier, o.Kind, okResult(ev.Ok)).Inc()
-	t.m.bytes.WithLabelValues(o.Tier).Add(float64(ev.Bytes))
-	switch o.Kind {
-	case "push":
-		t.pushed(tc, o.Rank, ev)
-	case "manifest":
+	t.m.transfers.WithLabelValues(tier, kind.Label(), okResult(ev.Ok)).Inc()
+	t.m.bytes.WithLabelValues(tier).Add(float64(ev.Bytes))
+	switch kind {
+	case coordpb.OrderKind_ORDER_KIND_PUSH:
+		t.pushed(tc, o.RankOf(), ev)
+	case coordpb.OrderKind_ORDER_KIND_MANIFEST:
 		t.manifested(tc, node, ev)
-	case "delete":
+	case coordpb.OrderKind_ORDER_KIND_DELETE:
 		t.deleted(tc, node, ev)
 	}
 }
 
-func (t *tierer) pushed(tc *tierCopy, rank uint32, ev *coordpb.TierEvent) {
+func (t *tiering) pushed(tc *tierCopy, rank uint32, ev *coordpb.TierEvent) {
 	if tc.State != tcCopying {
 		return
 	}
@@ -69,16 +83,16 @@ func (t *tierer) pushed(tc *tierCopy, rank uint32, ev *coordpb.TierEvent) {
 	// Every shard is on the tier: the manifests make the copy exist.
 	for node, ranks := range t.manifestNodes(tc) {
 		tc.Manifests[node] = false
-		t.send(node, &coordpb.TransferOrder{Kind: "manifest", Job: tc.Job, Step: tc.Step, Tier: tc.Tier,
-			WorldSize: tc.WorldSize, Ranks: ranks, Shards: tc.shardsProto()})
+		t.send(node, &coordpb.TransferOrder{Job: tc.Job, Step: tc.Step, Order: &coordpb.TransferOrder_Manifest{Manifest: &coordpb.ManifestOrder{
+			Tier: tc.Tier, WorldSize: tc.WorldSize, Ranks: ranks, Shards: tc.shardsProto()}}})
 	}
 	t.persist(tc)
 }
 
 // manifestNodes returns who writes a copy's manifests, with the ranks each
 // names: every holder on a node-local tier, one node on a shared one.
-func (t *tierer) manifestNodes(tc *tierCopy) map[string][]uint32 {
-	if tiers.TierNodeLocal(tc.Tier) {
+func (t *tiering) manifestNodes(tc *tierCopy) map[string][]uint32 {
+	if tiers.Name(tc.Tier).NodeLocal() {
 		return tc.nodesOf()
 	}
 	all := make([]uint32, tc.WorldSize)
@@ -91,19 +105,17 @@ func (t *tierer) manifestNodes(tc *tierCopy) map[string][]uint32 {
 // sharedWriter picks the node that writes a shared tier's manifest or runs
 // its deletion: the holder of rank 0 if it is connected, else any
 // connected node with the tier.
-func (t *tierer) sharedWriter(tc *tierCopy) string {
-	if n := tc.Holders[0]; t.subs[n] != nil && slices.Contains(t.subs[n].tiers, tc.Tier) {
+func (t *tiering) sharedWriter(tc *tierCopy) string {
+	if n := tc.Holders[0]; t.c.streams.has(n, tc.Tier) {
 		return n
 	}
-	for _, n := range slices.Sorted(maps.Keys(t.subs)) {
-		if slices.Contains(t.subs[n].tiers, tc.Tier) {
-			return n
-		}
+	if n := t.c.streams.withTier(tc.Tier); n != "" {
+		return n
 	}
 	return tc.Holders[0] // waits for it to connect
 }
 
-func (t *tierer) manifested(tc *tierCopy, node string, ev *coordpb.TierEvent) {
+func (t *tiering) manifested(tc *tierCopy, node string, ev *coordpb.TierEvent) {
 	if tc.State != tcCopying {
 		return
 	}
@@ -124,7 +136,7 @@ func (t *tierer) manifested(tc *tierCopy, node string, ev *coordpb.TierEvent) {
 	}
 	tc.State, tc.Finished = tcDurable, t.c.cfg.Clock.Now()
 	t.persist(tc)
-	if err := t.index(tc, "committed"); err != nil {
+	if err := t.index(tc, CopyCommitted); err != nil {
 		t.c.log.Error("recording tier copies in the index", "copy", tc.String(), "err", err)
 	}
 	t.c.log.Info("step durable on tier", "job", tc.Job, "step", tc.Step, "tier", tc.Tier,
@@ -134,7 +146,7 @@ func (t *tierer) manifested(tc *tierCopy, node string, ev *coordpb.TierEvent) {
 }
 
 // fail ends a copy that cannot complete and removes what it wrote.
-func (t *tierer) fail(tc *tierCopy, why string) {
+func (t *tiering) fail(tc *tierCopy, why string) {
 	tc.State, tc.Error, tc.Finished = tcFailed, why, t.c.cfg.Clock.Now()
 	t.persist(tc)
 	t.c.log.Warn("tier copy failed; a later step will be copied", "copy", tc.String(), "err", why)
@@ -142,9 +154,9 @@ func (t *tierer) fail(tc *tierCopy, why string) {
 }
 
 // sendDeletes orders the removal of a copy's manifests and shards.
-func (t *tierer) sendDeletes(tc *tierCopy) {
+func (t *tiering) sendDeletes(tc *tierCopy) {
 	nodes := tc.nodesOf()
-	if !tiers.TierNodeLocal(tc.Tier) {
+	if !tiers.Name(tc.Tier).NodeLocal() {
 		nodes = t.manifestNodes(tc)
 	}
 	for node, ranks := range nodes {
@@ -152,13 +164,13 @@ func (t *tierer) sendDeletes(tc *tierCopy) {
 			continue
 		}
 		tc.Deletes[node] = false
-		t.send(node, &coordpb.TransferOrder{Kind: "delete", Job: tc.Job, Step: tc.Step, Tier: tc.Tier,
-			WorldSize: tc.WorldSize, Ranks: ranks})
+		t.send(node, &coordpb.TransferOrder{Job: tc.Job, Step: tc.Step, Order: &coordpb.TransferOrder_Delete{Delete: &coordpb.DeleteOrder{
+			Tier: tc.Tier, WorldSize: tc.WorldSize, Ranks: ranks}}})
 	}
 	t.persist(tc)
 }
 
-func (t *tierer) deleted(tc *tierCopy, node string, ev *coordpb.TierEvent) {
+func (t *tiering) deleted(tc *tierCopy, node string, ev *coordpb.TierEvent) {
 	if !ev.Ok {
 		tc.Error = "deleting on " + node + ": " + ev.Error
 		delete(tc.Deletes, node) // the next retention pass asks again
@@ -184,33 +196,29 @@ func (t *tierer) deleted(tc *tierCopy, node string, ev *coordpb.TierEvent) {
 }
 
 // prune forgets failed copies older than a durable one of the same tier.
-func (t *tierer) prune(durable *tierCopy) {
+func (t *tiering) prune(durable *tierCopy) {
 	for _, tc := range t.copies {
 		if tc.Job == durable.Job && tc.Tier == durable.Tier && tc.State == tcFailed && tc.Step < durable.Step &&
-			len(t.pendingOrders(tc)) == 0 {
+			t.pendingOrders(tc) == 0 {
 			t.forget(tc)
 			_ = t.c.store.deleteTierCopy(tc)
 		}
 	}
 }
 
-// pendingOrders lists the orders of a copy not yet reported.
-func (t *tierer) pendingOrders(tc *tierCopy) []*order {
-	var out []*order
-	for _, od := range t.orders {
-		if od.o.Job == tc.Job && od.o.Step == tc.Step && od.o.Tier == tc.Tier {
-			out = append(out, od)
-		}
-	}
-	return out
+// pendingOrders counts the orders of a copy not yet reported.
+func (t *tiering) pendingOrders(tc *tierCopy) int {
+	return t.c.streams.count(func(_ string, o *coordpb.TransferOrder, _ bool) bool {
+		return o.Job == tc.Job && o.Step == tc.Step && o.TierName() == tc.Tier
+	})
 }
 
 // retain removes the tier's copies of job that the policy no longer keeps:
 // never the latest consistent step, never the tier's newest copy.
-func (t *tierer) retain(job, tier string) {
+func (t *tiering) retain(job, tier string) {
 	keep := -1
 	for _, tp := range t.policy(job).Tiers {
-		if tp.Tier == tier {
+		if string(tp.Tier) == tier {
 			keep = tp.Keep
 		}
 	}
@@ -241,21 +249,21 @@ func (t *tierer) retain(job, tier string) {
 		tc := t.copies[tierKey{job, step, tier}]
 		tc.State, tc.Error = tcDeleting, ""
 		// Out of the index first: from now on no restore plans on it.
-		if err := t.index(tc, "deleted"); err != nil {
+		if err := t.index(tc, CopyDeleted); err != nil {
 			t.c.log.Error("removing tier copies from the index", "copy", tc.String(), "err", err)
 		}
 		t.sendDeletes(tc)
 	}
 	for _, tc := range deleting { // deletions that failed earlier
-		if len(t.pendingOrders(tc)) == 0 {
+		if t.pendingOrders(tc) == 0 {
 			t.sendDeletes(tc)
 		}
 	}
 }
 
 // index records a copy's shards in the index as restore sources
-// ("committed"), or removes them ("deleted").
-func (t *tierer) index(tc *tierCopy, state string) error {
+// (CopyCommitted), or removes them (CopyDeleted).
+func (t *tiering) index(tc *tierCopy, state CopyState) error {
 	_, err := t.c.apply(func(ch *Changes) error {
 		var errs []error
 		for _, s := range tc.Shards {
@@ -280,13 +288,13 @@ func (t *tierer) index(tc *tierCopy, state string) error {
 // node-local tier, any connected node with the tier on a shared one. With
 // none connected (agents reconnecting after a coordinator restart), it
 // waits up to readerWait, then says so.
-func (t *tierer) reader(ctx context.Context, tier, node string) (string, error) {
+func (t *tiering) reader(ctx context.Context, tier, node string) (string, error) {
 	if node != sharedNode {
 		return node, nil
 	}
 	deadline := time.Now().Add(readerWait)
 	for {
-		if n := t.connectedWith(tier); n != "" {
+		if n := t.c.streams.withTier(tier); n != "" {
 			return n, nil
 		}
 		if time.Now().After(deadline) {
@@ -301,32 +309,20 @@ func (t *tierer) reader(ctx context.Context, tier, node string) (string, error) 
 // readerWait bounds reader's wait for an agent with the tier.
 const readerWait = 10 * time.Second
 
-// connectedWith returns a connected node with tier, "" if none.
-func (t *tierer) connectedWith(tier string) string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for _, n := range slices.Sorted(maps.Keys(t.subs)) {
-		if slices.Contains(t.subs[n].tiers, tier) {
-			return n
-		}
-	}
-	return ""
-}
-
 // deleteStep removes every tier copy of a step (an operator's delete) and
 // returns how many shard copies it removes.
-func (t *tierer) deleteStep(job string, step int64) int {
+func (t *tiering) deleteStep(job string, step int64) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.stepDeleted(job, step)
 	n := 0
-	for _, tier := range []string{"nvme", "pfs", "s3"} {
-		tc := t.copies[tierKey{job, step, tier}]
+	for _, tier := range tiers.Names() {
+		tc := t.copies[tierKey{job, step, string(tier)}]
 		if tc == nil || tc.State == tcDeleting {
 			continue
 		}
 		if tc.State == tcDurable {
-			if err := t.index(tc, "deleted"); err != nil {
+			if err := t.index(tc, CopyDeleted); err != nil {
 				t.c.log.Error("removing tier copies from the index", "copy", tc.String(), "err", err)
 			}
 			n += len(tc.Shards)

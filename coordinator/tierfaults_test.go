@@ -13,7 +13,8 @@ import (
 
 	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/api/coordpb"
-	"rewind.dev/rewind/internal/agenttest"
+	"rewind.dev/rewind/internal/testcluster"
+	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
@@ -47,18 +48,6 @@ func (tc *tierCluster) health(node, tier string) *coordpb.TierHealth {
 	return &coordpb.TierHealth{}
 }
 
-// eventually polls cond for up to limit.
-func eventually(t *testing.T, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %s", limit, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // TestTierObjectStoreRestartMidUpload: MinIO stops in the middle of a
 // shard's upload. The agent retries with backoff and the tier shows
 // degraded meanwhile; the copy stays "copying" with no manifest; after the
@@ -72,14 +61,14 @@ func TestTierObjectStoreRestartMidUpload(t *testing.T) {
 	if err := s.Save(ctxT(t), 1, bigState(1, size), nil); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "upload under way", func() bool {
+	wait.For(t, 10*time.Second, "upload under way", func() bool {
 		h := tc.health("node-0", "s3")
 		return h.Running > 0 && h.BytesDone > 0
 	})
 	if err := tc.minio.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 20*time.Second, "s3 tier degraded while MinIO is down", func() bool {
+	wait.For(t, 20*time.Second, "s3 tier degraded while MinIO is down", func() bool {
 		h := tc.health("node-0", "s3")
 		return h.Degraded && h.Error != ""
 	})
@@ -89,27 +78,23 @@ func TestTierObjectStoreRestartMidUpload(t *testing.T) {
 	if err := tc.minio.Start(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 60*time.Second, "copy durable after MinIO restarted", func() bool {
+	wait.For(t, 60*time.Second, "copy durable after MinIO restarted", func() bool {
 		return slices.Equal(tc.tierStates(job)["s3"]["durable"], []int64{1})
 	})
-	eventually(t, 5*time.Second, "s3 tier healthy again", func() bool { return !tc.health("node-0", "s3").Degraded })
+	wait.For(t, 5*time.Second, "s3 tier healthy again", func() bool { return !tc.health("node-0", "s3").Degraded })
 	st := tc.storeOf(0, "s3")
 	steps, names := onStore(t, st, job)
 	if !slices.Equal(steps, []int64{1}) || len(names) != 2 {
 		t.Fatalf("on MinIO after the restart: steps %v, objects %v", steps, names)
 	}
-	cfg := agenttest.Config(t) // a node that lost its memory
+	cfg := testcluster.AgentConfig(t) // a node that lost its memory
 	cfg.Node, cfg.Logger = "node-0", slog.New(slog.NewTextHandler(io.Discard, nil))
-	cfg.Stores = map[string]tiers.Store{"s3": st}
-	r := agenttest.Start(t, cfg)
+	cfg.Stores = map[tiers.Name]tiers.Store{"s3": st}
+	r := testcluster.StartAgent(t, cfg)
 	if res, err := r.Agent.Fetch(ctxT(t), job, 0, 1, nil); err != nil || res.Tier != "s3" {
 		t.Fatalf("fetch from the object store: %+v %v", res, err)
 	}
-	c, err := sdk.Dial(ctxT(t), cfg.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := testcluster.Dial(t, cfg.Socket)
 	s2, _ := c.Session(job, 0, 1)
 	got, err := s2.RestoreStep(ctxT(t), 1)
 	if err != nil || !bytes.Equal(got.Tensors[0].Data, bigState(1, size)[0].Data) {
@@ -135,7 +120,7 @@ func TestTierNVMeFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	tc.waitLatest(job, 1)
-	eventually(t, 10*time.Second, "nvme copy failed, pfs copy durable", func() bool {
+	wait.For(t, 10*time.Second, "nvme copy failed, pfs copy durable", func() bool {
 		st := tc.tierStates(job)
 		return slices.Equal(st["nvme"]["failed"], []int64{1}) && slices.Equal(st["pfs"]["durable"], []int64{1})
 	})
@@ -148,7 +133,7 @@ func TestTierNVMeFull(t *testing.T) {
 			t.Fatalf("failed nvme copy says %q, want the disk full", c.Error)
 		}
 	}
-	eventually(t, 5*time.Second, "nvme tier degraded", func() bool {
+	wait.For(t, 5*time.Second, "nvme tier degraded", func() bool {
 		h := tc.health("node-0", "nvme")
 		return h.Degraded && strings.Contains(h.Error, "no space left")
 	})

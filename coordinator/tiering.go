@@ -26,13 +26,31 @@ import (
 // slots. A step that comes due while another is in flight is skipped; the
 // next consistent step takes its place.
 
-// Tier copy states, as TierCopy.state shows them.
+// tierCopyState is where a tier copy stands (the labels of
+// coordpb.TierCopyState, as its record stores them).
+type tierCopyState string
+
+// The tier copy states.
 const (
-	tcCopying  = "copying"
-	tcDurable  = "durable"
-	tcFailed   = "failed"
-	tcDeleting = "deleting"
+	tcCopying  tierCopyState = "copying"
+	tcDurable  tierCopyState = "durable"
+	tcFailed   tierCopyState = "failed"
+	tcDeleting tierCopyState = "deleting"
 )
+
+func (s tierCopyState) proto() coordpb.TierCopyState {
+	switch s {
+	case tcCopying:
+		return coordpb.TierCopyState_TIER_COPY_STATE_COPYING
+	case tcDurable:
+		return coordpb.TierCopyState_TIER_COPY_STATE_DURABLE
+	case tcFailed:
+		return coordpb.TierCopyState_TIER_COPY_STATE_FAILED
+	case tcDeleting:
+		return coordpb.TierCopyState_TIER_COPY_STATE_DELETING
+	}
+	return coordpb.TierCopyState_TIER_COPY_STATE_UNSPECIFIED
+}
 
 // sharedNode is the node of a copy on a shared tier: every node reaches it.
 const sharedNode = "-"
@@ -42,7 +60,7 @@ type tierCopy struct {
 	Job       string             `json:"job"`
 	Step      int64              `json:"step"`
 	Tier      string             `json:"tier"`
-	State     string             `json:"state"`
+	State     tierCopyState      `json:"state"`
 	WorldSize uint32             `json:"world_size"`
 	Holders   map[uint32]string  `json:"holders"`          // rank -> node that pushed it
 	Done      map[uint32]uint64  `json:"done"`             // rank -> bytes, pushes that succeeded
@@ -68,7 +86,7 @@ type tierKey struct {
 func (tc *tierCopy) key() tierKey { return tierKey{tc.Job, tc.Step, tc.Tier} }
 
 func (tc *tierCopy) proto() *coordpb.TierCopy {
-	p := &coordpb.TierCopy{Tier: tc.Tier, State: tc.State, RanksDone: uint32(len(tc.Done)), Error: tc.Error,
+	p := &coordpb.TierCopy{Tier: tc.Tier, State: tc.State.proto(), RanksDone: uint32(len(tc.Done)), Error: tc.Error,
 		StartedUnixNano: tc.Started.UnixNano()}
 	for _, n := range tc.Done {
 		p.BytesDone += n
@@ -79,73 +97,36 @@ func (tc *tierCopy) proto() *coordpb.TierCopy {
 	return p
 }
 
-// tierer schedules tier transfers. Lock order: tierer.mu, then
-// Coordinator.mu.
-type tierer struct {
+// tiering schedules the copies of consistent steps to the durable tiers
+// and removes those retention no longer keeps; it owns every tier copy's
+// record and the rediscovery of copies from the tiers' manifests. Its
+// orders go through the order streams (orders.go), whose outcomes it
+// claims. Lock order: tiering.mu, then Coordinator.mu, then the order
+// streams' lock.
+type tiering struct {
 	c    *Coordinator
-	m    tierMetrics
+	m    *tierMetrics
 	wake chan struct{} // poke: scan now
 
 	mu       sync.Mutex
-	closed   bool // the store is closing: stream handlers still ending change nothing
-	nextID   uint64
-	subs     map[string]*subscriber           // node -> its open order stream
-	copies   map[tierKey]*tierCopy            // every tier copy known
-	orders   map[uint64]*order                // sent or waiting, not yet reported
-	policies map[string]tiers.Policy          // per job; absent: the default
-	last     map[string]time.Time             // job/tier -> when its last copy started
-	lastStep map[string]int64                 // job/tier -> the step of that copy
-	health   map[string][]*coordpb.TierHealth // node -> its tiers
-	skipped  map[string]bool                  // job/tier warned about a missing tier
-
-	commits      chan commitRec        // primary commits to replicate (replicate.go)
-	rankRepl     map[rankKey]int       // replica orders in flight per rank
-	rankNext     map[rankKey]commitRec // per rank, the newest commit waiting for them
-	commitOrders map[uint64]rankKey    // replica order -> its rank
-
-	jobReplicas map[string]int          // per job; absent: the default
-	replicated  map[string]int64        // job -> newest step replicated
-	repl        map[string]*replication // job -> replication in flight
+	closed   bool                    // the store is closing: stream handlers still ending change nothing
+	copies   map[tierKey]*tierCopy   // every tier copy known
+	policies map[string]tiers.Policy // per job; absent: the default
+	last     map[string]time.Time    // job/tier -> when its last copy started
+	lastStep map[string]int64        // job/tier -> the step of that copy
+	skipped  map[string]bool         // job/tier warned about a missing tier
 
 	rd *rediscovery // tier copies rebuilt from the tiers' manifests (rediscover.go)
-
-	gangs      map[string]*gangRecord // job -> its last gang order (gang.go)
-	unfinished map[string]int64       // job -> step: a gang an agent holds broken, no recovery of it known here (gang.go)
-	seen       map[string]bool        // nodes whose agent opened an order stream since this coordinator began to lead (unfinished.go)
 }
 
-// order is a transfer order and the node it is for.
-type order struct {
-	node string
-	o    *coordpb.TransferOrder
-	sent bool
-}
-
-// subscriber is an agent's open Transfers stream.
-type subscriber struct {
-	tiers []string
-	wake  chan struct{} // orders are waiting
-	done  chan struct{} // closed when a newer stream replaces this one
-}
-
-func (s *subscriber) poke() {
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
-}
-
-func newTierer(c *Coordinator) *tierer {
-	return &tierer{c: c, wake: make(chan struct{}, 1), subs: map[string]*subscriber{}, copies: map[tierKey]*tierCopy{}, orders: map[uint64]*order{},
+func newTiering(c *Coordinator, m *tierMetrics) *tiering {
+	return &tiering{c: c, m: m, wake: make(chan struct{}, 1), copies: map[tierKey]*tierCopy{},
 		policies: map[string]tiers.Policy{}, last: map[string]time.Time{}, lastStep: map[string]int64{},
-		health: map[string][]*coordpb.TierHealth{}, skipped: map[string]bool{},
-		commits: make(chan commitRec, 1<<16), rankRepl: map[rankKey]int{}, rankNext: map[rankKey]commitRec{}, commitOrders: map[uint64]rankKey{},
-		jobReplicas: map[string]int{}, replicated: map[string]int64{}, repl: map[string]*replication{}, rd: newRediscovery(),
-		gangs: map[string]*gangRecord{}, unfinished: map[string]int64{}, seen: map[string]bool{}}
+		skipped: map[string]bool{}, rd: newRediscovery()}
 }
 
 // policy returns a job's tier policy.
-func (t *tierer) policy(job string) tiers.Policy {
+func (t *tiering) policy(job string) tiers.Policy {
 	if p, ok := t.policies[job]; ok {
 		return p
 	}
@@ -153,7 +134,7 @@ func (t *tierer) policy(job string) tiers.Policy {
 }
 
 // inFlight reports whether a step of job is being copied to a tier.
-func (t *tierer) inFlight(job string) bool {
+func (t *tiering) inFlight(job string) bool {
 	for _, tc := range t.copies {
 		if tc.Job == job && tc.State == tcCopying {
 			return true
@@ -164,7 +145,7 @@ func (t *tierer) inFlight(job string) bool {
 
 // scan starts copies of newly consistent steps that their policy makes
 // due. It runs on a short tick and whenever a step becomes consistent.
-func (t *tierer) scan() {
+func (t *tiering) scan() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -181,7 +162,6 @@ func (t *tierer) scan() {
 	var todo []due
 	t.c.mu.Lock()
 	for id, j := range t.c.state.Jobs {
-		t.replicate(j)
 		if j.Latest < 0 || !t.anyDue(id, j.Latest, now) || t.inFlight(id) {
 			continue
 		}
@@ -192,7 +172,7 @@ func (t *tierer) scan() {
 		d := due{job: id, step: j.Latest, holder: map[uint32]string{}, ws: st.WorldSize}
 		for r := range st.WorldSize {
 			for _, cp := range st.Copies[r] {
-				if cp.Tier == "shm" && cp.State == "committed" {
+				if cp.Tier == "shm" && cp.State == CopyCommitted {
 					d.holder[r] = cp.Node
 					d.shards = append(d.shards, tiers.ShardEntry{Rank: r, Size: int64(cp.Size), HeaderChecksum: cp.Sum})
 					break
@@ -206,10 +186,11 @@ func (t *tierer) scan() {
 	t.c.mu.Unlock()
 	for _, d := range todo {
 		for _, tp := range t.policy(d.job).Tiers {
-			if !t.due(d.job, tp, d.step, now) || !t.reachable(d.job, tp.Tier, d.holder) || !t.listed(d.job, d.step, tp.Tier, d.holder) {
+			tier := string(tp.Tier)
+			if !t.due(d.job, tp, d.step, now) || !t.reachable(d.job, tier, d.holder) || !t.listed(d.job, d.step, tier, d.holder) {
 				continue
 			}
-			t.start(&tierCopy{Job: d.job, Step: d.step, Tier: tp.Tier, State: tcCopying, WorldSize: d.ws,
+			t.start(&tierCopy{Job: d.job, Step: d.step, Tier: tier, State: tcCopying, WorldSize: d.ws,
 				Holders: d.holder, Done: map[uint32]uint64{}, Failed: map[uint32]string{}, Shards: d.shards, Manifests: map[string]bool{},
 				Deletes: map[string]bool{}, Started: now})
 		}
@@ -220,8 +201,8 @@ func (t *tierer) scan() {
 // re-evaluated on every scan until it is copied, so a time-based tier
 // takes the last step of a job that stopped once the time has come, and a
 // tier a node could not write is tried again once it can.
-func (t *tierer) due(job string, tp tiers.TierPolicy, step int64, now time.Time) bool {
-	k := job + "/" + tp.Tier
+func (t *tiering) due(job string, tp tiers.TierPolicy, step int64, now time.Time) bool {
+	k := job + "/" + string(tp.Tier)
 	last, ok := t.lastStep[k]
 	if !ok {
 		last = -1
@@ -229,7 +210,7 @@ func (t *tierer) due(job string, tp tiers.TierPolicy, step int64, now time.Time)
 	return tp.Due(step, last, t.last[k], now)
 }
 
-func (t *tierer) anyDue(job string, step int64, now time.Time) bool {
+func (t *tiering) anyDue(job string, step int64, now time.Time) bool {
 	for _, tp := range t.policy(job).Tiers {
 		if t.due(job, tp, step, now) {
 			return true
@@ -239,15 +220,15 @@ func (t *tierer) anyDue(job string, step int64, now time.Time) bool {
 }
 
 // reachable reports whether every node holding a shard can write tier.
-func (t *tierer) reachable(job, tier string, holder map[uint32]string) bool {
+func (t *tiering) reachable(job, tier string, holder map[uint32]string) bool {
 	for _, node := range holder {
-		s := t.subs[node]
-		if s == nil || !slices.Contains(s.tiers, tier) {
+		names, connected := t.c.streams.tiersOf(node)
+		if !slices.Contains(names, tier) {
 			k := job + "/" + tier
 			if !t.skipped[k] {
 				t.skipped[k] = true
 				t.c.log.Warn("tier due but a node holding shards cannot write it; waiting until it can",
-					"job", job, "tier", tier, "node", node, "connected", s != nil)
+					"job", job, "tier", tier, "node", node, "connected", connected)
 				t.m.skipped.WithLabelValues(tier).Inc()
 			}
 			return false
@@ -258,30 +239,24 @@ func (t *tierer) reachable(job, tier string, holder map[uint32]string) bool {
 }
 
 // start records a copy and orders its pushes.
-func (t *tierer) start(tc *tierCopy) {
+func (t *tiering) start(tc *tierCopy) {
 	k := tc.Job + "/" + tc.Tier
 	t.last[k], t.lastStep[k] = tc.Started, tc.Step
 	t.copies[tc.key()] = tc
 	t.persist(tc)
 	for _, r := range slices.Sorted(maps.Keys(tc.Holders)) {
-		t.send(tc.Holders[r], &coordpb.TransferOrder{Kind: "push", Job: tc.Job, Step: tc.Step, Tier: tc.Tier, Rank: r, WorldSize: tc.WorldSize})
+		t.send(tc.Holders[r], &coordpb.TransferOrder{Job: tc.Job, Step: tc.Step, Order: &coordpb.TransferOrder_Push{Push: &coordpb.PushOrder{
+			Tier: tc.Tier, Rank: r, WorldSize: tc.WorldSize}}})
 	}
 	t.c.log.Info("tier copy started", "job", tc.Job, "step", tc.Step, "tier", tc.Tier, "ranks", len(tc.Holders))
 }
 
-// send queues an order for node and wakes its stream.
-func (t *tierer) send(node string, o *coordpb.TransferOrder) {
-	t.nextID++
-	o.Id = t.nextID
-	t.orders[o.Id] = &order{node: node, o: o}
-	if s := t.subs[node]; s != nil {
-		s.poke()
-	}
-}
+// send queues an order for node.
+func (t *tiering) send(node string, o *coordpb.TransferOrder) { t.c.streams.send(node, o) }
 
 // persist writes a tier copy's record; a failure is logged: the copy is
 // redone at a later step, never trusted without its record.
-func (t *tierer) persist(tc *tierCopy) {
+func (t *tiering) persist(tc *tierCopy) {
 	if t.closed {
 		return
 	}
@@ -313,7 +288,7 @@ func (tc *tierCopy) shardsProto() []*coordpb.ShardEntry {
 
 // copyNode is the node a tier copy of rank's shard is recorded on.
 func (tc *tierCopy) copyNode(rank uint32) string {
-	if tiers.TierNodeLocal(tc.Tier) {
+	if tiers.Name(tc.Tier).NodeLocal() {
 		return tc.Holders[rank]
 	}
 	return sharedNode
@@ -325,7 +300,7 @@ func (tc *tierCopy) String() string {
 
 // close stops every change: the coordinator is shutting down, and stream
 // handlers ending after it must not touch the store.
-func (t *tierer) close() {
+func (t *tiering) close() {
 	t.mu.Lock()
 	t.closed = true
 	t.mu.Unlock()

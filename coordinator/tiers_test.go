@@ -15,8 +15,9 @@ import (
 	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/coordinator"
-	"rewind.dev/rewind/internal/agenttest"
 	"rewind.dev/rewind/internal/miniotest"
+	"rewind.dev/rewind/internal/testcluster"
+	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/tiers"
 )
@@ -67,7 +68,7 @@ func newTierCluster(t *testing.T, nodes int, policy string, mod func(node int, c
 		tc.nvme = append(tc.nvme, filepath.Join(t.TempDir(), fmt.Sprintf("nvme-%d", i)))
 		tc.addAgent(func(cfg *agent.Config) {
 			cfg.Node = fmt.Sprintf("node-%d", i)
-			cfg.Stores = map[string]tiers.Store{"nvme": tc.storeOf(i, "nvme"), "pfs": tc.storeOf(i, "pfs"), "s3": tc.storeOf(i, "s3")}
+			cfg.Stores = map[tiers.Name]tiers.Store{"nvme": tc.storeOf(i, "nvme"), "pfs": tc.storeOf(i, "pfs"), "s3": tc.storeOf(i, "s3")}
 			cfg.TransferBackoff = 50 * time.Millisecond
 			if mod != nil {
 				mod(i, cfg)
@@ -75,6 +76,7 @@ func newTierCluster(t *testing.T, nodes int, policy string, mod func(node int, c
 			tc.cfgs = append(tc.cfgs, *cfg)
 		})
 	}
+	tc.waitOrderStreams()
 	return tc
 }
 
@@ -97,8 +99,8 @@ func (tc *tierCluster) saveByPolicy(job string, ws uint32, policy string, steps 
 		tc.waitLatest(job, step)
 		var due []string
 		for _, tp := range p.Tiers {
-			if l, ok := last[tp.Tier]; !ok || step-l >= tp.EverySteps {
-				due, last[tp.Tier] = append(due, tp.Tier), step
+			if l, ok := last[string(tp.Tier)]; !ok || step-l >= tp.EverySteps {
+				due, last[string(tp.Tier)] = append(due, string(tp.Tier)), step
 			}
 		}
 		tc.waitStarted(job, step, due)
@@ -128,7 +130,7 @@ func (tc *tierCluster) tierStates(job string) map[string]map[string][]int64 {
 			if out[c.Tier] == nil {
 				out[c.Tier] = map[string][]int64{}
 			}
-			out[c.Tier][c.State] = append(out[c.Tier][c.State], st.Step)
+			out[c.Tier][c.State.Label()] = append(out[c.Tier][c.State.Label()], st.Step)
 		}
 	}
 	return out
@@ -138,50 +140,40 @@ func (tc *tierCluster) tierStates(job string) map[string]map[string][]int64 {
 // returns the durable steps per tier.
 func (tc *tierCluster) waitTiers(job string) map[string][]int64 {
 	tc.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	var durable map[string][]int64
+	wait.ForNil(tc.t, 20*time.Second, "the tier copies of "+job+" to stop moving", func() error {
 		s := tc.tierStates(job)
 		busy := false
-		durable := map[string][]int64{}
+		durable = map[string][]int64{}
 		for tier, states := range s {
 			busy = busy || len(states["copying"]) > 0 || len(states["deleting"]) > 0
 			durable[tier] = states["durable"]
 		}
-		if !busy {
-			return durable
+		if busy {
+			return fmt.Errorf("tier copies %v", s)
 		}
-		if time.Now().After(deadline) {
-			tc.t.Fatalf("tier copies of %s still moving after 20 s: %v", job, s)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
+	return durable
 }
 
 // waitStarted waits until step of job has a copy, in any state, on each
 // of the tiers named.
 func (tc *tierCluster) waitStarted(job string, step int64, names []string) {
 	tc.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	wait.ForNil(tc.t, 10*time.Second, fmt.Sprintf("step %d of %s to start on %v", step, job, names), func() error {
 		s := tc.tierStates(job)
-		missing := ""
 		for _, tier := range names {
 			found := false
 			for _, steps := range s[tier] {
 				found = found || slices.Contains(steps, step)
 			}
 			if !found {
-				missing = tier
+				return fmt.Errorf("not on %s: %v", tier, s)
 			}
 		}
-		if missing == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			tc.t.Fatalf("step %d of %s never started on %s: %v", step, job, missing, s)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // onStore lists the steps with a manifest, and every object, under job.
@@ -245,14 +237,11 @@ func TestTiersPolicyRetentionAndEachTierAlone(t *testing.T) {
 	tc.stop()
 	for tier, newest := range map[string]int64{"nvme": 11, "pfs": 10, "s3": 9} {
 		for node := range 2 {
-			cfg := agenttest.Config(t) // a fresh, empty shm root
+			cfg := testcluster.AgentConfig(t) // a fresh, empty shm root
 			cfg.Node, cfg.Logger = fmt.Sprintf("node-%d", node), slog.New(slog.NewTextHandler(io.Discard, nil))
-			cfg.Stores = map[string]tiers.Store{tier: tc.storeOf(node, tier)}
-			r := agenttest.Start(t, cfg)
-			c, err := sdk.Dial(ctxT(t), cfg.Socket)
-			if err != nil {
-				t.Fatal(err)
-			}
+			cfg.Stores = map[tiers.Name]tiers.Store{tiers.Name(tier): tc.storeOf(node, tier)}
+			r := testcluster.StartAgent(t, cfg)
+			c := testcluster.Dial(t, cfg.Socket)
 			for rank := uint32(node); rank < ws; rank += 2 {
 				res, err := r.Agent.Fetch(ctxT(t), job, rank, -1, nil)
 				if err != nil || res.Step != newest || res.Tier != tier {
@@ -291,18 +280,14 @@ func TestTierFetchFallsBackFromACorruptCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	tc.agents[0].Stop()
-	cfg := agenttest.Config(t) // memory lost
+	cfg := testcluster.AgentConfig(t) // memory lost
 	cfg.Node, cfg.Stores = "node-0", tc.cfgs[0].Stores
-	r := agenttest.Start(t, cfg)
+	r := testcluster.StartAgent(t, cfg)
 	res, err := r.Agent.Fetch(ctxT(t), job, 0, 1, nil)
 	if err != nil || res.Tier != "pfs" || len(res.Failed) != 1 || res.Failed[0].Tier != "nvme" || !strings.Contains(res.Failed[0].Err.Error(), "corrupt") {
 		t.Fatalf("fetch with a corrupt NVMe copy: %+v %v, want pfs after an nvme corruption", res, err)
 	}
-	c, err := sdk.Dial(ctxT(t), cfg.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := testcluster.Dial(t, cfg.Socket)
 	s, _ := c.Session(job, 0, 1)
 	got, err := s.RestoreStep(ctxT(t), 1)
 	if err != nil || !bytes.Equal(got.Tensors[0].Data, rankData(1, 0)) {
@@ -349,7 +334,7 @@ func TestTierCopiesSurviveCoordinatorRestart(t *testing.T) {
 		t.Fatalf("pfs copies after a step past the restart: %v", got)
 	}
 	// The index drops a copy before its agent deletes it from the store.
-	eventually(t, 10*time.Second, "the manifests on pfs are not those of steps 2 and 3", func() bool {
+	wait.For(t, 10*time.Second, "the manifests on pfs are not those of steps 2 and 3", func() bool {
 		steps, _ := onStore(t, tc.storeOf(0, "pfs"), job)
 		return slices.Equal(steps, []int64{2, 3})
 	})
@@ -374,31 +359,23 @@ func TestAllNodesLostRestoreFromObjectStore(t *testing.T) {
 	s3 := tc.storeOf(0, "s3")
 	var clients []*sdk.Client
 	for i := range 2 {
-		cfg := agenttest.Config(t) // new memory, no NVMe
+		cfg := testcluster.AgentConfig(t) // new memory, no NVMe
 		cfg.Node, cfg.CoordinatorAddr = fmt.Sprintf("node-%d", i), tc.addr
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-		cfg.Stores = map[string]tiers.Store{"s3": s3}
+		cfg.Stores = map[tiers.Name]tiers.Store{"s3": s3}
 		startAgent(t, cfg)
-		c, err := sdk.Dial(ctxT(t), cfg.Socket)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
+		c := testcluster.Dial(t, cfg.Socket)
 		clients = append(clients, c)
 	}
-	var plan *coordpb.PlanRestoreResponse
-	deadline := time.Now().Add(10 * time.Second)
-	for { // the new agents' empty inventories take the lost memory copies out of the index
-		var err error
-		plan, err = tc.api.PlanRestore(ctxT(t), &coordpb.PlanRestoreRequest{Job: job, Step: -1, DryRun: true})
-		if err == nil && len(plan.Ranks[0].Sources) == 1 && len(plan.Ranks[1].Sources) == 1 {
-			break
+	// The new agents' empty inventories take the lost memory copies out
+	// of the index.
+	wait.ForNil(t, 10*time.Second, "a plan with one source per rank after every node lost its memory", func() error {
+		plan, err := tc.api.PlanRestore(ctxT(t), &coordpb.PlanRestoreRequest{Job: job, Step: -1, DryRun: true})
+		if err == nil && (len(plan.Ranks[0].Sources) != 1 || len(plan.Ranks[1].Sources) != 1) {
+			err = fmt.Errorf("plan %v", plan)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("plan after every node lost its memory: %v %v", plan, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err
+	})
 	plan, err := tc.api.PlanRestore(ctxT(t), &coordpb.PlanRestoreRequest{Job: job, Step: -1, RequestedBy: "test"})
 	if err != nil || !plan.Ok || plan.Step != 3 {
 		t.Fatalf("restore from the object store: %v %v", plan, err)

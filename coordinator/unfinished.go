@@ -27,16 +27,16 @@ import (
 // job.
 
 // noteBroken records the gangs node holds broken that no recovery here
-// knows of. The caller holds t.mu.
-func (t *tierer) noteBroken(node string, broken map[string]int64) {
+// knows of. The caller holds g.mu.
+func (g *gangs) noteBroken(node string, broken map[string]int64) {
 	for job, step := range broken {
-		if t.gangs[job] != nil {
-			continue // its last gang order was sent again (replayGangs)
+		if g.records[job] != nil {
+			continue // its last gang order was sent again (replay)
 		}
-		if _, ok := t.unfinished[job]; !ok {
-			t.c.log.Warn("an agent holds a job's gang broken with no recovery of it known here: the previous coordinator left it unfinished",
+		if _, ok := g.unfinished[job]; !ok {
+			g.c.log.Warn("an agent holds a job's gang broken with no recovery of it known here: the previous coordinator left it unfinished",
 				"node", node, "job", job, "step", step)
-			t.unfinished[job] = step
+			g.unfinished[job] = step
 		}
 	}
 }
@@ -48,46 +48,50 @@ func (t *tierer) noteBroken(node string, broken map[string]int64) {
 func (c *Coordinator) finishUnfinished(ctx context.Context) {
 	grace := max(c.cfg.LeaveGrace, time.Second)
 	var start time.Time // when this coordinator began to lead; zero while it does not
+	var since time.Time // the same, on the coordinator's clock (agents' RegisteredAt)
 	warned := map[string]bool{}
 	for clock.Sleep(ctx, 250*time.Millisecond) == nil {
 		if !c.leading() {
 			start = time.Time{}
 			continue
 		}
-		t := c.tiers
 		if start.IsZero() {
-			start = time.Now()
-			t.mu.Lock()
-			clear(t.seen) // from an earlier lead: the agents' streams went elsewhere since
-			for n := range t.subs {
-				t.seen[n] = true
-			}
-			t.mu.Unlock()
+			start, since = time.Now(), c.cfg.Clock.Now()
+			c.streams.resetSeen() // from an earlier lead: the agents' streams went elsewhere since
 		}
 		if time.Since(start) >= absentAfter*grace {
 			c.absentNodes(start, warned)
 		}
-		todo := t.unfinishedJobs()
+		todo := c.gangs.unfinishedJobs()
 		for _, job := range slices.Sorted(maps.Keys(todo)) {
-			c.finishRecovery(ctx, job, todo[job], time.Since(start) >= grace, warned)
+			c.finishRecovery(ctx, job, todo[job], since, time.Since(start) >= grace, warned)
 		}
 	}
 }
 
 // unfinishedJobs returns the unfinished recoveries still to finish, and
 // forgets those a recovery or restart has begun on since.
-func (t *tierer) unfinishedJobs() map[string]int64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+func (g *gangs) unfinishedJobs() map[string]int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	todo := map[string]int64{}
-	for job, step := range t.unfinished {
-		if t.gangs[job] == nil {
+	for job, step := range g.unfinished {
+		if g.records[job] == nil {
 			todo[job] = step
 		} else {
-			delete(t.unfinished, job)
+			delete(g.unfinished, job)
 		}
 	}
 	return todo
+}
+
+// forgetUnfinished gives up job's unfinished recovery, and reports
+// whether a gang order of the job was sent since (its re-gang began).
+func (g *gangs) forgetUnfinished(job string) (began bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.unfinished, job)
+	return g.records[job] != nil
 }
 
 // finishRecovery finishes job's unfinished recovery back to step: at once
@@ -95,14 +99,28 @@ func (t *tierer) unfinishedJobs() map[string]int64 {
 // the grace is over. It is tried again until a gang order of the job is
 // sent (the recovery or the restart began): a node declared down may wait
 // for quorum, and, within the grace, a restart may wait for the agents'
-// inventories (a standby's index is rebuilt from them).
-func (c *Coordinator) finishRecovery(ctx context.Context, job string, step int64, graceOver bool, warned map[string]bool) {
+// inventories (a standby's index is rebuilt from them). Nothing is
+// declared down or restarted while an agent that is back has not
+// registered its inventory since the lead began (since): a recovery
+// planned without it would find no step with a copy of every rank.
+func (c *Coordinator) finishRecovery(ctx context.Context, job string, step int64, since time.Time, graceOver bool, warned map[string]bool) {
 	c.mu.Lock()
 	var placed []string
 	later := false // a consistent step after the abort's: the job trained on since
 	if j := c.state.Jobs[job]; j != nil {
 		placed = slices.Sorted(maps.Values(j.Placement))
 		later = j.Latest > step
+	}
+	registered := func(n string) bool {
+		info := c.state.Nodes[n]
+		return info != nil && !info.RegisteredAt.Before(since)
+	}
+	placed = slices.Compact(placed)
+	var inventoryDue []string
+	for _, n := range placed {
+		if !registered(n) {
+			inventoryDue = append(inventoryDue, n)
+		}
 	}
 	c.mu.Unlock()
 	if later {
@@ -113,13 +131,12 @@ func (c *Coordinator) finishRecovery(ctx context.Context, job string, step int64
 		c.replayResume(job)
 		return
 	}
-	placed = slices.Compact(placed)
-	t := c.tiers
-	t.mu.Lock()
-	absent := slices.DeleteFunc(placed, func(n string) bool { return t.seen[n] })
-	t.mu.Unlock()
+	absent := c.streams.unseen(placed)
 	if len(absent) > 0 && !graceOver {
 		return
+	}
+	if len(slices.DeleteFunc(inventoryDue, func(n string) bool { return slices.Contains(absent, n) })) > 0 {
+		return // an agent is back but its inventory is not in yet
 	}
 	if len(absent) > 0 {
 		for _, n := range absent {
@@ -138,11 +155,7 @@ func (c *Coordinator) finishRecovery(ctx context.Context, job string, step int64
 	}
 	// Not tried again: the job's gang stays broken until an operator
 	// restores it (rewind restore), as after any failed recovery.
-	t.mu.Lock()
-	delete(t.unfinished, job)
-	began := t.gangs[job] != nil // the re-gang began, and published its failure
-	t.mu.Unlock()
-	if began {
+	if c.gangs.forgetUnfinished(job) { // the re-gang began, and published its failure
 		return
 	}
 	c.failRegang(&coordpb.JobEvent{Job: job, Step: step, Reason: "finishing a recovery the previous coordinator left unfinished",
@@ -154,18 +167,18 @@ func (c *Coordinator) finishRecovery(ctx context.Context, job string, step int64
 // broken end the break, the others change nothing.
 func (c *Coordinator) replayResume(job string) {
 	c.mu.Lock()
-	rec := &gangRecord{kind: "resume", step: -1, nodes: c.jobNodes(job)}
+	rec := &gangRecord{kind: coordpb.OrderKind_ORDER_KIND_RESUME, step: -1, nodes: c.jobNodes(job)}
 	if j := c.state.Jobs[job]; j != nil {
 		rec.step = j.Latest
 	}
 	c.mu.Unlock()
-	t := c.tiers
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.gangs[job] = rec
-	delete(t.unfinished, job)
+	g := c.gangs
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.records[job] = rec
+	delete(g.unfinished, job)
 	for _, n := range slices.Sorted(maps.Keys(rec.nodes)) {
-		t.send(n, rec.order(job, true))
+		c.streams.send(n, rec.order(job, true))
 	}
 }
 
@@ -199,11 +212,7 @@ func (c *Coordinator) absentNodes(start time.Time, warned map[string]bool) {
 		}
 	}
 	c.mu.Unlock()
-	t := c.tiers
-	t.mu.Lock()
-	maps.DeleteFunc(placed, func(n string, _ bool) bool { return t.seen[n] })
-	t.mu.Unlock()
-	for _, n := range slices.Sorted(maps.Keys(placed)) {
+	for _, n := range c.streams.unseen(slices.Sorted(maps.Keys(placed))) {
 		if mb, ok := m.Member(n); ok && (mb.State == membership.StateAlive || mb.State == membership.StateSuspect) {
 			continue
 		}

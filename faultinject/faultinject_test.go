@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/vfs"
 )
 
 func TestSpecErrors(t *testing.T) {
@@ -52,7 +52,7 @@ func TestNilInjectorNeverFires(t *testing.T) {
 	if err := in.Set("agent/shard-copied=error(EIO)"); err == nil || !strings.Contains(err.Error(), "--fault-injection") {
 		t.Fatalf("Set on a nil injector: %v", err)
 	}
-	if in.FS(shm.OSFS, "tier") != shm.OSFS {
+	if in.FS(vfs.Default, "tier") != vfs.Default {
 		t.Fatal("nil injector wrapped the FS")
 	}
 }
@@ -151,7 +151,7 @@ func TestExitAndSleep(t *testing.T) {
 func TestFSFaults(t *testing.T) {
 	dir := t.TempDir()
 	in := New(nil, 3)
-	fsys := in.FS(shm.OSFS, "tier")
+	fsys := in.FS(vfs.Default, "tier")
 	data := make([]byte, 16<<10)
 	for i := range data {
 		data[i] = byte(i)
@@ -196,7 +196,7 @@ func TestFSFaults(t *testing.T) {
 	if err := fsys.Rename(filepath.Join(dir, "short"), filepath.Join(dir, "x")); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("rename: %v", err)
 	}
-	shmFS := in.FS(shm.OSFS, "shm")
+	shmFS := in.FS(vfs.Default, "shm")
 	mustSet(t, in, "fs/shm/allocate=1*error(ENOSPC)")
 	g, err := shmFS.OpenFile(filepath.Join(dir, "seg"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {

@@ -6,7 +6,7 @@ import (
 	"os"
 	"unsafe"
 
-	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/vfs"
 )
 
 // FS wraps a file system so that the points of domain fire on its
@@ -14,7 +14,7 @@ import (
 // segments) fires fs/shm/allocate; domain "tier" (the NVMe and parallel
 // filesystem tiers) fires fs/tier/write, fs/tier/sync and fs/tier/rename.
 // A nil Injector returns inner itself.
-func (in *Injector) FS(inner shm.FS, domain string) shm.FS {
+func (in *Injector) FS(inner vfs.FS, domain string) vfs.FS {
 	if in == nil {
 		return inner
 	}
@@ -25,12 +25,12 @@ func (in *Injector) FS(inner shm.FS, domain string) shm.FS {
 }
 
 type faultyFS struct {
-	shm.FS
+	vfs.FS
 	in     *Injector
 	domain string
 }
 
-var _ shm.FS = (*faultyFS)(nil)
+var _ vfs.FS = (*faultyFS)(nil)
 
 func (f *faultyFS) Rename(oldpath, newpath string) error {
 	if f.domain == "tier" {
@@ -41,7 +41,7 @@ func (f *faultyFS) Rename(oldpath, newpath string) error {
 	return f.FS.Rename(oldpath, newpath)
 }
 
-func (f *faultyFS) OpenFile(name string, flag int, perm os.FileMode) (shm.File, error) {
+func (f *faultyFS) OpenFile(name string, flag int, perm os.FileMode) (vfs.File, error) {
 	file, err := f.FS.OpenFile(name, flag, perm)
 	if err != nil {
 		return nil, err
@@ -50,7 +50,7 @@ func (f *faultyFS) OpenFile(name string, flag int, perm os.FileMode) (shm.File, 
 }
 
 type faultyFile struct {
-	shm.File
+	vfs.File
 	fs   *faultyFS
 	name string
 }

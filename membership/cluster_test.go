@@ -2,12 +2,15 @@ package membership
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	"rewind.dev/rewind/internal/wait"
 )
 
 // testCluster is n members on loopback (real UDP and TCP on 127.0.0.1,
@@ -92,21 +95,16 @@ func (c *testCluster) waitState(observers, names []string, want State, timeout t
 	})
 }
 
-// waitFor polls cond every 10 ms until it returns "" or timeout passes; it
-// fails the test with cond's last answer.
+// waitFor waits until cond returns ""; until then cond's answer says what
+// it sees, and the last one is the test's failure after timeout.
 func waitFor(t *testing.T, timeout time.Duration, cond func() string) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		why := cond()
-		if why == "" {
-			return
+	wait.ForNil(t, timeout, "the members' views", func() error {
+		if why := cond(); why != "" {
+			return errors.New(why)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %s", timeout, why)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func except(names []string, drop ...string) []string {

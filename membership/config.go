@@ -67,8 +67,12 @@ type Config struct {
 	// delays it. The daemons set it with --fault-injection.
 	Injector *faultinject.Injector
 
-	Clock    clock.Clock
-	Logger   *slog.Logger
+	Clock clock.Clock
+	// Logger takes the member's log; nil means slog's default logger (an
+	// agent or a coordinator gives a member whose Logger is nil its own).
+	Logger *slog.Logger
+	// Registry takes the member's metrics; nil gives each member New
+	// starts a registry of its own.
 	Registry prometheus.Registerer
 }
 
@@ -124,11 +128,13 @@ func DefaultConfig() Config {
 		StatePollInterval: 100 * time.Millisecond, // suspicions last at least 0.6 s; 100 ms sees them early at the cost of one in-process table copy
 		ReconnectInterval: time.Second,            // after a partition heals, the sides find each other within about a second
 		EventQueueLimit:   4096,                   // far more than any burst of joins and deaths; memory stays bounded if nobody reads
+		Clock:             clock.Real,             // tests pass a fake one
 	}
 }
 
-// Validate checks the configuration and fills in the parts left nil.
-func (c *Config) Validate() error {
+// Validate reports what is wrong with the configuration; it changes
+// nothing.
+func (c Config) Validate() error {
 	var errs []error
 	if c.Name == "" {
 		errs = append(errs, errors.New("name is empty"))
@@ -179,17 +185,11 @@ func (c *Config) Validate() error {
 	if c.IndirectChecks < 0 {
 		errs = append(errs, fmt.Errorf("indirect checks %d must not be negative", c.IndirectChecks))
 	}
+	if c.Clock == nil {
+		errs = append(errs, errors.New("clock must be set (DefaultConfig sets it)"))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("membership: invalid config: %w", err)
-	}
-	if c.Clock == nil {
-		c.Clock = clock.Real
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.Registry == nil {
-		c.Registry = prometheus.NewRegistry()
 	}
 	return nil
 }

@@ -52,6 +52,7 @@ func TestConfigValidate(t *testing.T) {
 		"timeout≥interval": {func(c *Config) { c.ProbeTimeout = c.ProbeInterval }, "must be shorter than the probe interval"},
 		"zero poll":        {func(c *Config) { c.StatePollInterval = 0 }, "state poll interval 0s must be positive"},
 		"zero suspicion":   {func(c *Config) { c.SuspicionMult = 0 }, "suspicion multiplier 0"},
+		"no clock":         {func(c *Config) { c.Clock = nil }, "clock must be set"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := DefaultConfig()

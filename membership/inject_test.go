@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"rewind.dev/rewind/faultinject"
+	"rewind.dev/rewind/internal/wait"
 )
 
 // newInjectedCluster starts n members named m0, m1, ... joined to m0, each
@@ -77,14 +78,15 @@ func TestInjectedSendDropIsDeath(t *testing.T) {
 	// the others keep it dead. A member that cannot send must not be seen
 	// alive (it would be counted for quorum and trusted with shards).
 	hold := 3*c.cfg.ReconnectInterval + bound
-	for deadline := time.Now().Add(hold); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	wait.Holds(t, hold, victim+" dead to the others while every send of it is dropped", func() error {
 		for _, o := range others {
 			if mem, _ := c.members[o].Member(victim); mem.State != StateDead {
-				t.Fatalf("%s sees %s %v %v after it was declared dead, with every send of it dropped (events %v)",
-					o, victim, mem.State, time.Since(start).Round(time.Millisecond), kinds(c.recs[o].about(victim)))
+				return fmt.Errorf("%s sees it %v %v after it was declared dead (events %v)",
+					o, mem.State, time.Since(start).Round(time.Millisecond), kinds(c.recs[o].about(victim)))
 			}
 		}
-	}
+		return nil
+	})
 	for _, o := range others {
 		if !c.members[o].HasQuorum(n) {
 			t.Errorf("%s lost quorum with 3 of 4 alive", o)
@@ -138,15 +140,17 @@ func TestInjectedSendSleepIsSlowNotDead(t *testing.T) {
 	}
 	t.Logf("ping of the slow member: %v", rtt)
 
-	time.Sleep(2 * c.cfg.DetectionBound(n))
-	for _, o := range others {
-		if _, dead := c.recs[o].first(slow, EventDead); dead {
-			t.Errorf("%s declared a member %v slow dead: %v", o, delay, kinds(c.recs[o].about(slow)))
+	wait.Holds(t, 2*c.cfg.DetectionBound(n), fmt.Sprintf("a member %v slow never dead", delay), func() error {
+		for _, o := range others {
+			if _, dead := c.recs[o].first(slow, EventDead); dead {
+				return fmt.Errorf("%s declared it dead: %v", o, kinds(c.recs[o].about(slow)))
+			}
+			if mem, _ := c.members[o].Member(slow); mem.State == StateDead {
+				return fmt.Errorf("%s sees it dead", o)
+			}
 		}
-		if mem, _ := c.members[o].Member(slow); mem.State == StateDead {
-			t.Errorf("%s sees the slow member dead", o)
-		}
-	}
+		return nil
+	})
 	if h := injs[slow].Hits()[faultinject.GossipSend]; h < 10 {
 		t.Fatalf("gossip/send fired %d times in %v: the member was not slowed", h, 2*c.cfg.DetectionBound(n))
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Member is one member of the cluster as this member sees it.
@@ -65,6 +66,12 @@ type entry struct {
 func New(cfg Config) (*Members, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
 	}
 	meta, err := cfg.Meta.encode(false)
 	if err != nil {

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"rewind.dev/rewind/internal/wait"
 )
 
 func TestJoinSpreadsMetadata(t *testing.T) {
@@ -185,7 +187,16 @@ func TestSlowMemberSuspectedNotDead(t *testing.T) {
 		}
 		return "nobody suspected the slow member"
 	})
-	time.Sleep(2 * time.Second) // as long again as an unconfirmed suspicion, and more
+	// The member stays slow as long again as an unconfirmed suspicion, and
+	// more: had a suspicion of it gone unrefuted, it would be dead by then.
+	wait.Holds(t, 2*time.Second, "the slow member never declared dead", func() error {
+		for _, o := range others {
+			if _, dead := c.recs[o].first(slow, EventDead); dead {
+				return fmt.Errorf("%s declared it dead: %v", o, kinds(c.recs[o].about(slow)))
+			}
+		}
+		return nil
+	})
 	c.faults.Heal()
 	c.waitAlive(c.names, c.names, 5*time.Second)
 	for _, o := range others {

@@ -76,7 +76,7 @@ func TestFollowRetriesAFailedRegang(t *testing.T) {
 	defer cancel()
 	errc := make(chan error, 1)
 	go func() {
-		errc <- Follow(ctx, oneEvent{ev: &coordpb.JobEvent{Job: "j", Kind: "regang", Ok: true, Step: 7}}, "j", d, nil)
+		errc <- Follow(ctx, oneEvent{ev: &coordpb.JobEvent{Job: "j", Kind: coordpb.JobEventKind_JOB_EVENT_KIND_REGANG, Ok: true, Step: 7}}, "j", d, nil)
 	}()
 	select {
 	case <-d.done:

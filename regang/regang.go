@@ -95,7 +95,7 @@ func follow(ctx context.Context, api coordpb.CoordinatorClient, job string, d Dr
 			}
 			seen = max(seen, ev.Seq)
 			var rerr error
-			if ev.Kind == "regang" && ev.Ok {
+			if ev.Kind == coordpb.JobEventKind_JOB_EVENT_KIND_REGANG && ev.Ok {
 				rerr = regangRetrying(ctx, d, ev)
 			}
 			if observe != nil {

@@ -115,15 +115,26 @@ func (c *Client) Session(job string, rank, worldSize uint32) (*Session, error) {
 	return &Session{c: c, job: job, rank: rank, worldSize: worldSize, maps: map[string]*segmentMap{}}, nil
 }
 
-// SessionFromEnv builds a session from REWIND_JOB, REWIND_RANK and
-// REWIND_WORLD_SIZE, falling back to Open MPI's OMPI_COMM_WORLD_RANK and
-// OMPI_COMM_WORLD_SIZE as an MPIJob sets them.
+// SessionFromEnv builds a session from the environment. The job is
+// REWIND_JOB, or else the job id of the Kubernetes job named by
+// REWIND_NAMESPACE and REWIND_JOB_NAME (shm.KubeJobID: NAMESPACE.NAME, as
+// the controller registers it). Rank and world size are REWIND_RANK and
+// REWIND_WORLD_SIZE, else Open MPI's OMPI_COMM_WORLD_RANK and
+// OMPI_COMM_WORLD_SIZE (an MPIJob's ranks), else torchrun's RANK and
+// WORLD_SIZE.
 func (c *Client) SessionFromEnv() (*Session, error) {
 	job := os.Getenv("REWIND_JOB")
-	rank, err1 := envUint("REWIND_RANK", "OMPI_COMM_WORLD_RANK")
-	ws, err2 := envUint("REWIND_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE")
+	if job == "" {
+		id, err := shm.KubeJobFromEnv(os.Getenv)
+		if err != nil {
+			return nil, &Error{Op: "session", Msg: err.Error(), kind: ErrInvalid}
+		}
+		job = id
+	}
+	rank, err1 := envUint("REWIND_RANK", "OMPI_COMM_WORLD_RANK", "RANK")
+	ws, err2 := envUint("REWIND_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "WORLD_SIZE")
 	if job == "" || err1 != nil || err2 != nil {
-		return nil, &Error{Op: "session", Msg: fmt.Sprintf("job/rank/world size not set in the environment (REWIND_JOB=%q, rank: %v, world size: %v)", job, err1, err2), kind: ErrInvalid}
+		return nil, &Error{Op: "session", Msg: fmt.Sprintf("job/rank/world size not set in the environment (REWIND_JOB=%q or REWIND_NAMESPACE and REWIND_JOB_NAME, rank: %v, world size: %v)", job, err1, err2), kind: ErrInvalid}
 	}
 	return c.Session(job, rank, ws)
 }

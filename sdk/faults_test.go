@@ -19,6 +19,8 @@ import (
 	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/internal/clock"
+	"rewind.dev/rewind/internal/testcluster"
+	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
 )
@@ -96,24 +98,6 @@ func TestSaveLargerThanFreeTmpfs(t *testing.T) {
 	mustRestore(t, s, 1)
 }
 
-// flip inverts one byte of a file.
-func flip(t *testing.T, path string, off int64) {
-	t.Helper()
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	b := make([]byte, 1)
-	if _, err := f.ReadAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-	b[0] ^= 0x01
-	if _, err := f.WriteAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // shardPath returns the segment path and header of job/rank at step.
 func shardPath(t *testing.T, c *sdk.Client, job string, step int64) (string, *shm.Header) {
 	t.Helper()
@@ -122,7 +106,7 @@ func shardPath(t *testing.T, c *sdk.Client, job string, step int64) (string, *sh
 		t.Fatal(err)
 	}
 	for _, sh := range shards {
-		if sh.Step == step && sh.State == "committed" {
+		if sh.Step == step && sh.State == agentpb.ShardState_SHARD_STATE_COMMITTED {
 			data, err := os.ReadFile(sh.Path)
 			if err != nil {
 				t.Fatal(err)
@@ -154,7 +138,7 @@ func TestFlippedByteIsNeverServed(t *testing.T) {
 				}
 			}
 			path, h := shardPath(t, c, "flip", 2)
-			flip(t, path, where(h))
+			testcluster.Flip(t, path, where(h))
 			if _, err := s.Restore(ctx); !errors.Is(err, sdk.ErrCorrupt) {
 				t.Fatalf("restore of a flipped shard: %v, want ErrCorrupt", err)
 			}
@@ -165,7 +149,7 @@ func TestFlippedByteIsNeverServed(t *testing.T) {
 			}
 			shards, _ := c.List(ctx, "flip")
 			for _, sh := range shards {
-				if sh.Step == 2 && (sh.State != "corrupt" || sh.Problem == "") {
+				if sh.Step == 2 && (sh.State != agentpb.ShardState_SHARD_STATE_CORRUPT || sh.Problem == "") {
 					t.Fatalf("step 2 listed as %q (%q), want corrupt with the problem", sh.State, sh.Problem)
 				}
 			}
@@ -180,9 +164,12 @@ func TestBackgroundVerifyCatchesCorruption(t *testing.T) {
 	if err := s.Save(ctx, 1, state(1), nil); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { sh, _ := c.List(ctx, "scrub"); return len(sh) == 1 && sh[0].Verified })
+	wait.For(t, 10*time.Second, "the shard verified in the background", func() bool {
+		sh, _ := c.List(ctx, "scrub")
+		return len(sh) == 1 && sh[0].Verified
+	})
 	path, h := shardPath(t, c, "scrub", 1)
-	flip(t, path, h.DataStart)
+	testcluster.Flip(t, path, h.DataStart)
 	resp, err := c.API().Verify(ctx, &agentpb.VerifyRequest{Job: "scrub", Rank: 0, Step: 1})
 	if err != nil || resp.Ok || !strings.Contains(resp.Problem, "checksum") {
 		t.Fatalf("verify of a flipped shard: %v, %v; want ok=false naming the checksum", resp, err)
@@ -191,17 +178,6 @@ func TestBackgroundVerifyCatchesCorruption(t *testing.T) {
 		t.Fatalf("restore after the only shard went bad: %v, want ErrNotFound", err)
 	}
 	_ = r
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // writeShard writes a valid shard of state(step) for job/rank 0 at path
@@ -410,7 +386,7 @@ func TestReadStreamsVerifiedBytes(t *testing.T) {
 	if err != nil || string(got) != string(want) {
 		t.Fatalf("streamed %d bytes (%v), the shard has %d; equal: %v", len(got), err, len(want), string(got) == string(want))
 	}
-	flip(t, path, int64(len(want))-10)
+	testcluster.Flip(t, path, int64(len(want))-10)
 	if _, err := read(); status.Code(err) != codes.DataLoss {
 		t.Fatalf("read of a corrupt shard: %v, want DataLoss", err)
 	}

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"rewind.dev/rewind/agent"
-	"rewind.dev/rewind/internal/agenttest"
+	"rewind.dev/rewind/internal/testcluster"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
 )
@@ -23,13 +23,13 @@ func ctxT(t *testing.T) context.Context {
 
 // start runs an in-process agent, letting mod adjust its config, and
 // returns a client connected to it.
-func start(t *testing.T, mod func(*agent.Config)) (*sdk.Client, *agenttest.Running) {
+func start(t *testing.T, mod func(*agent.Config)) (*sdk.Client, *testcluster.Agent) {
 	t.Helper()
-	cfg := agenttest.Config(t)
+	cfg := testcluster.AgentConfig(t)
 	if mod != nil {
 		mod(&cfg)
 	}
-	r := agenttest.Start(t, cfg)
+	r := testcluster.StartAgent(t, cfg)
 	c, err := sdk.Dial(ctxT(t), cfg.Socket, sdk.Options{CallTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)

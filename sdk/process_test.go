@@ -1,53 +1,24 @@
 package sdk_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
-	"os/signal"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
-	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/api/agentpb"
-	"rewind.dev/rewind/internal/agenttest"
+	"rewind.dev/rewind/internal/testcluster"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
 )
 
-// The test binary doubles as the processes these tests kill: an agent, and
-// a rank that dies between Prepare and Commit.
+// The test binary doubles as the processes these tests kill: an agent
+// (testcluster's role), and a rank that dies between Prepare and Commit.
 func TestMain(m *testing.M) {
-	switch os.Getenv("REWIND_TEST_ROLE") {
-	case "agent":
-		os.Exit(childAgent())
-	case "half-writer":
-		os.Exit(childHalfWriter())
-	}
-	os.Exit(m.Run())
-}
-
-func childAgent() int {
-	cfg := agent.DefaultConfig()
-	cfg.Node, cfg.ShmRoot, cfg.Socket = "child", os.Getenv("REWIND_TEST_SHM"), os.Getenv("REWIND_TEST_SOCK")
-	cfg.ListenAddr, cfg.MetricsAddr = "", ""
-	a, err := agent.New(cfg)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
-	if err := a.Run(ctx, nil); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return 0
+	testcluster.Main(m, map[string]testcluster.Role{"half-writer": childHalfWriter})
 }
 
 // childHalfWriter prepares a save of step REWIND_TEST_STEP, writes half of
@@ -79,7 +50,7 @@ func childHalfWriter() int {
 	junk := pattern(uint64(step), int(size/2))
 	copy(m.Data, junk) // a torn write: half of a shard, header and all
 	fmt.Println("HALF")
-	time.Sleep(time.Minute)
+	testcluster.Hang() // mid-save, until the test kills it
 	return 0
 }
 
@@ -95,48 +66,6 @@ func shardSize(step int64) int64 {
 	return l.Size
 }
 
-// spawn starts the test binary in a role.
-func spawn(t *testing.T, role string, env ...string) (*exec.Cmd, *bufio.Scanner) {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), append(env, "REWIND_TEST_ROLE="+role)...)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	return cmd, bufio.NewScanner(out)
-}
-
-func kill(t *testing.T, cmd *exec.Cmd) {
-	t.Helper()
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	cmd.Wait()
-}
-
-// dialRetry dials until an agent answers on sock.
-func dialRetry(t *testing.T, sock string) *sdk.Client {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		c, err := sdk.Dial(ctxT(t), sock, sdk.Options{CallTimeout: 5 * time.Second})
-		if err == nil {
-			t.Cleanup(func() { c.Close() })
-			return c
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no agent on %s after 20s: %v", sock, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func TestSaveKilledBetweenPrepareAndCommit(t *testing.T) {
 	c, r := start(t, nil)
 	s := session(t, c, "killed", 0, 1)
@@ -148,11 +77,11 @@ func TestSaveKilledBetweenPrepareAndCommit(t *testing.T) {
 	}
 	// Twice, so the torn save lands in each of the two slots in turn.
 	for _, torn := range []int64{3, 4} {
-		cmd, out := spawn(t, "half-writer", "REWIND_TEST_SOCK="+r.Config.Socket, "REWIND_TEST_STEP="+strconv.FormatInt(torn, 10))
-		if !out.Scan() || out.Text() != "HALF" {
-			t.Fatalf("half-writer did not get half-way: %q", out.Text())
+		p := testcluster.Spawn(t, "half-writer", "REWIND_TEST_SOCK="+r.Config.Socket, "REWIND_TEST_STEP="+strconv.FormatInt(torn, 10))
+		if line := p.NextLine(t, 30*time.Second); line != "HALF" {
+			t.Fatalf("half-writer did not get half-way: %q", line)
 		}
-		kill(t, cmd)
+		p.Kill()
 		latest := torn - 1
 		mustRestore(t, s, latest)
 		if got, ok, err := s.Latest(ctx); err != nil || !ok || got != latest {
@@ -167,10 +96,10 @@ func TestSaveKilledBetweenPrepareAndCommit(t *testing.T) {
 }
 
 func TestAgentKilledAndRestartedServesCheckpoints(t *testing.T) {
-	cfg := agenttest.Config(t)
-	env := []string{"REWIND_TEST_SHM=" + cfg.ShmRoot, "REWIND_TEST_SOCK=" + cfg.Socket}
-	agentCmd, _ := spawn(t, "agent", env...)
-	c := dialRetry(t, cfg.Socket)
+	cfg := testcluster.AgentConfig(t)
+	spec := testcluster.AgentProcess{Node: "child", ShmRoot: cfg.ShmRoot, Socket: cfg.Socket, Logs: true}
+	agentProc := testcluster.SpawnAgent(t, spec)
+	c := testcluster.Dial(t, cfg.Socket, sdk.Options{CallTimeout: 5 * time.Second})
 	ctx := ctxT(t)
 	ranks := []uint32{0, 1}
 	for _, rank := range ranks {
@@ -187,11 +116,11 @@ func TestAgentKilledAndRestartedServesCheckpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	rotPath, rotHeader := shardPath(t, c, "bitrot", 9)
-	kill(t, agentCmd)
-	flip(t, rotPath, rotHeader.DataStart+5)
+	agentProc.Kill()
+	testcluster.Flip(t, rotPath, rotHeader.DataStart+5)
 
-	spawn(t, "agent", env...)
-	c2 := dialRetry(t, cfg.Socket)
+	testcluster.SpawnAgent(t, spec)
+	c2 := testcluster.Dial(t, cfg.Socket, sdk.Options{CallTimeout: 5 * time.Second})
 	for _, rank := range ranks {
 		s := session(t, c2, "survivor", rank, 2)
 		got, err := s.Restore(ctx)
@@ -217,7 +146,7 @@ func TestAgentKilledAndRestartedServesCheckpoints(t *testing.T) {
 		t.Fatalf("restore of a shard corrupted while the agent was down: %v, want ErrNotFound (never served)", err)
 	}
 	shards, _ := c2.List(ctx, "bitrot")
-	if len(shards) != 1 || shards[0].State != "corrupt" {
+	if len(shards) != 1 || shards[0].State != agentpb.ShardState_SHARD_STATE_CORRUPT {
 		t.Fatalf("bitrot shard listed as %v, want corrupt", shards)
 	}
 }

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"rewind.dev/rewind/agent"
-	"rewind.dev/rewind/internal/agenttest"
+	"rewind.dev/rewind/internal/testcluster"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
 )
@@ -181,7 +181,7 @@ func TestLatestConsistentNeedsACoordinator(t *testing.T) {
 }
 
 func TestUnreachableCoordinatorIsNotAMissingAgent(t *testing.T) {
-	c, _ := start(t, func(cfg *agent.Config) { cfg.CoordinatorAddr = agenttest.FreePort(t) })
+	c, _ := start(t, func(cfg *agent.Config) { cfg.CoordinatorAddr = testcluster.FreeAddr(t) })
 	s := session(t, c, "lonely", 0, 1)
 	_, _, err := s.LatestConsistent(ctxT(t))
 	if !errors.Is(err, sdk.ErrCoordinatorUnavailable) || errors.Is(err, sdk.ErrNoAgent) {
@@ -194,7 +194,7 @@ func TestUnreachableCoordinatorIsNotAMissingAgent(t *testing.T) {
 }
 
 func TestNoAgentIsAClearError(t *testing.T) {
-	sock := agenttest.Config(t).Socket
+	sock := testcluster.AgentConfig(t).Socket
 	_, err := sdk.Dial(ctxT(t), sock)
 	if !errors.Is(err, sdk.ErrNoAgent) || !strings.Contains(err.Error(), sock) {
 		t.Fatalf("Dial with no agent: %v; want ErrNoAgent naming %s", err, sock)

@@ -14,6 +14,7 @@ import (
 
 	"rewind.dev/rewind/faultinject"
 	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/vfs"
 )
 
 // The file tiers (NVMe, parallel filesystem) under faults injected into
@@ -49,7 +50,7 @@ func newFaultyFileStore(t *testing.T, opts FileOptions, seed uint64) (*FileStore
 	t.Helper()
 	in := faultinject.New(nil, seed)
 	dir := t.TempDir()
-	opts.FS = in.FS(shm.OSFS, "tier")
+	opts.FS = in.FS(vfs.Default, "tier")
 	st, err := NewFileStore(dir, opts)
 	if err != nil {
 		t.Fatal(err)

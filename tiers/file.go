@@ -17,7 +17,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/internal/units"
+	"rewind.dev/rewind/vfs"
 )
 
 // FileOptions tune a FileStore.
@@ -34,7 +35,7 @@ type FileOptions struct {
 	Direct         bool
 	DirectMinBytes int64
 	// FS is the file system; nil means the operating system's.
-	FS shm.FS
+	FS vfs.FS
 }
 
 // NVMeOptions suit a node-local NVMe drive.
@@ -61,7 +62,7 @@ func PFSOptions() FileOptions {
 type FileStore struct {
 	root string
 	opts FileOptions
-	fs   shm.FS
+	fs   vfs.FS
 }
 
 var _ Store = (*FileStore)(nil)
@@ -73,12 +74,40 @@ func NewFileStore(dir string, opts FileOptions) (*FileStore, error) {
 	}
 	fsys := opts.FS
 	if fsys == nil {
-		fsys = shm.OSFS
+		fsys = vfs.Default
 	}
 	if err := fsys.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("tiers: file store: %w", err)
 	}
+	if err := checkStoreDir(fsys, dir); err != nil {
+		return nil, err
+	}
 	return &FileStore{root: dir, opts: opts, fs: fsys}, nil
+}
+
+// checkStoreDir refuses a directory that cannot hold a tier: one that is
+// not a directory, one on a kernel pseudo file system (/proc, /sys: it
+// stores nothing, and writing there changes the kernel, not a disk), or
+// one this process may not write.
+func checkStoreDir(fsys vfs.FS, dir string) error {
+	fi, err := fsys.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("tiers: file store: %w", err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("tiers: file store %s is not a directory", dir)
+	}
+	st, err := fsys.Statfs(dir)
+	if err != nil {
+		return fmt.Errorf("tiers: file store: %w", err)
+	}
+	if st.Pseudo {
+		return fmt.Errorf("tiers: file store %s is on %s, a kernel pseudo file system that stores nothing; give a directory on a disk or a shared file system", dir, st.Type)
+	}
+	if err := unix.Access(dir, unix.W_OK|unix.X_OK); err != nil {
+		return fmt.Errorf("tiers: file store %s (on %s) cannot be written by this process: %w", dir, st.Type, err)
+	}
+	return nil
 }
 
 func (s *FileStore) String() string { return "file://" + s.root }
@@ -121,7 +150,7 @@ func (s *FileStore) Put(ctx context.Context, name string, src io.ReaderAt, size 
 		// Reserve the space first: a full disk is one clear error before
 		// any byte is written.
 		if err := f.Allocate(0, size); err != nil && !errors.Is(err, syscall.EOPNOTSUPP) {
-			return fmt.Errorf("tiers: %s: reserving %s for %s: %w", s, shm.Bytes(uint64(size)), name, err)
+			return fmt.Errorf("tiers: %s: reserving %s for %s: %w", s, units.Bytes(uint64(size)), name, err)
 		}
 	}
 	if err := s.write(ctx, f, src, size, direct); err != nil {
@@ -146,7 +175,7 @@ func (s *FileStore) Put(ctx context.Context, name string, src io.ReaderAt, size 
 
 // create opens a new file, with O_DIRECT when asked and the file system
 // takes it; it reports whether the file is direct.
-func (s *FileStore) create(path string, direct bool) (shm.File, bool, error) {
+func (s *FileStore) create(path string, direct bool) (vfs.File, bool, error) {
 	flags := os.O_WRONLY | os.O_CREATE | os.O_EXCL
 	if direct {
 		f, err := s.fs.OpenFile(path, flags|syscall.O_DIRECT, 0o640)
@@ -164,7 +193,7 @@ func (s *FileStore) create(path string, direct bool) (shm.File, bool, error) {
 // write copies size bytes from src to f with the configured writers, each
 // with its own page-aligned buffer (O_DIRECT needs aligned memory, offsets
 // and lengths; the last chunk is padded and truncated by the caller).
-func (s *FileStore) write(ctx context.Context, f shm.File, src io.ReaderAt, size int64, direct bool) error {
+func (s *FileStore) write(ctx context.Context, f vfs.File, src io.ReaderAt, size int64, direct bool) error {
 	chunk := int64(s.opts.ChunkBytes)
 	alignedBuf := func() ([]byte, func(), error) {
 		buf, err := unix.Mmap(-1, 0, int(chunk), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)

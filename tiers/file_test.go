@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/vfs"
 )
 
 // buffer is an io.WriterAt over fixed memory, as a segment is.
@@ -207,16 +207,16 @@ func TestFileStoreFullDisk(t *testing.T) {
 
 // faultFS fails one kind of operation, as faultinject will.
 type faultFS struct {
-	shm.FS
+	vfs.FS
 	syncErr error
 }
 
 type faultFile struct {
-	shm.File
+	vfs.File
 	syncErr error
 }
 
-func (f faultFS) OpenFile(name string, flag int, perm os.FileMode) (shm.File, error) {
+func (f faultFS) OpenFile(name string, flag int, perm os.FileMode) (vfs.File, error) {
 	file, err := f.FS.OpenFile(name, flag, perm)
 	if err != nil {
 		return nil, err
@@ -234,7 +234,7 @@ func (f faultFile) Sync() error {
 func TestFileStoreFsyncErrorIsNotSuccess(t *testing.T) {
 	dir := t.TempDir()
 	o := NVMeOptions()
-	o.FS = faultFS{FS: shm.OSFS, syncErr: syscall.EIO}
+	o.FS = faultFS{FS: vfs.Default, syncErr: syscall.EIO}
 	s, err := NewFileStore(dir, o)
 	if err != nil {
 		t.Fatal(err)

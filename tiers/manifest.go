@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -191,6 +192,11 @@ func GetShard(ctx context.Context, st Store, m *Manifest, rank uint32, dst []byt
 		return fmt.Errorf("tiers: %s: destination is %d bytes, shard of rank %d is %d", st, len(dst), rank, e.Size)
 	}
 	n, err := st.Get(ctx, ShardName(m.Job, m.Step, rank), &memWriter{b: dst})
+	if past := (*pastDestError)(nil); errors.As(err, &past) {
+		// The object is larger than the manifest says: one of them lies.
+		return fmt.Errorf("%w: tiers: %s: shard of %s step %d rank %d is larger than the %d bytes its manifest says (%v)",
+			shm.ErrCorrupt, st, m.Job, m.Step, rank, e.Size, err)
+	}
 	if err != nil {
 		return err
 	}
@@ -218,7 +224,20 @@ type memWriter struct{ b []byte }
 
 func (w *memWriter) WriteAt(p []byte, off int64) (int, error) {
 	if off < 0 || off+int64(len(p)) > int64(len(w.b)) {
-		return 0, fmt.Errorf("tiers: write of %d bytes at %d past a %d-byte destination: %w", len(p), off, len(w.b), io.ErrShortWrite)
+		return 0, &pastDestError{n: int64(len(p)), off: off, size: len(w.b)}
 	}
 	return copy(w.b[off:], p), nil
 }
+
+// pastDestError is a write past the end of a memWriter: what is read is
+// larger than its reader was told. It is a short write.
+type pastDestError struct {
+	n, off int64
+	size   int
+}
+
+func (e *pastDestError) Error() string {
+	return fmt.Sprintf("tiers: write of %d bytes at %d past a %d-byte destination: %v", e.n, e.off, e.size, io.ErrShortWrite)
+}
+
+func (e *pastDestError) Unwrap() error { return io.ErrShortWrite }

@@ -3,17 +3,9 @@ package tiers
 import (
 	"fmt"
 	"net/url"
-	"slices"
-	"strings"
 
-	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/vfs"
 )
-
-// TierNodeLocal reports whether a tier's store is private to one node (a
-// local NVMe drive) rather than shared by every node (a parallel
-// filesystem, an object store). A node-local tier holds the shards of the
-// ranks that ran on its node.
-func TierNodeLocal(tier string) bool { return tier == "nvme" }
 
 // Open returns the store a URL names, for a tier:
 //
@@ -22,15 +14,15 @@ func TierNodeLocal(tier string) bool { return tier == "nvme" }
 //
 // The store is checked for reachability by its first use, not here, so an
 // agent starts while an object store is down (its tier shows degraded).
-func Open(tier, rawURL string, s3 S3Config) (Store, error) {
+func Open(tier Name, rawURL string, s3 S3Config) (Store, error) {
 	return OpenFS(tier, rawURL, s3, nil)
 }
 
 // OpenFS is Open with the file system of a file:// tier (nil: the
 // operating system's), which fault injection wraps.
-func OpenFS(tier, rawURL string, s3 S3Config, fsys shm.FS) (Store, error) {
-	if !slices.Contains(tierNames, tier) {
-		return nil, fmt.Errorf("tiers: unknown tier %q: want one of %s", tier, strings.Join(tierNames, ", "))
+func OpenFS(tier Name, rawURL string, s3 S3Config, fsys vfs.FS) (Store, error) {
+	if _, err := ParseName(string(tier)); err != nil {
+		return nil, err
 	}
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -42,7 +34,7 @@ func OpenFS(tier, rawURL string, s3 S3Config, fsys shm.FS) (Store, error) {
 			return nil, fmt.Errorf("tiers: tier %s: %q: want file:///absolute/directory", tier, rawURL)
 		}
 		opts := PFSOptions()
-		if TierNodeLocal(tier) {
+		if tier.NodeLocal() {
 			opts = NVMeOptions()
 		}
 		opts.FS = fsys

@@ -10,7 +10,8 @@ func TestOpen(t *testing.T) {
 	s3 := DefaultS3Config()
 	s3.Endpoint, s3.AccessKey, s3.SecretKey = "127.0.0.1:9", "ak", "sk"
 	for _, tc := range []struct {
-		tier, url, want, err string
+		tier           Name
+		url, want, err string
 	}{
 		{tier: "nvme", url: "file://" + dir + "/nvme", want: "file://" + dir + "/nvme"},
 		{tier: "pfs", url: "file://" + dir + "/pfs", want: "file://" + dir + "/pfs"},

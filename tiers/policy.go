@@ -22,14 +22,11 @@ type Policy struct {
 
 // TierPolicy is one tier's clause.
 type TierPolicy struct {
-	Tier       string
+	Tier       Name
 	EverySteps int64         // 0 when EveryTime is set
 	EveryTime  time.Duration // 0 when EverySteps is set
 	Keep       int
 }
-
-// Tier names a policy may use.
-var tierNames = []string{"nvme", "pfs", "s3"}
 
 // DefaultPolicy suits a job that checkpoints to memory every step: local
 // NVMe often (cheap, survives a process and agent crash), the shared
@@ -37,9 +34,9 @@ var tierNames = []string{"nvme", "pfs", "s3"}
 // every node, and costs money per request).
 func DefaultPolicy() Policy {
 	return Policy{Tiers: []TierPolicy{
-		{Tier: "nvme", EverySteps: 10, Keep: 2},
-		{Tier: "pfs", EverySteps: 100, Keep: 2},
-		{Tier: "s3", EveryTime: 30 * time.Minute, Keep: 3},
+		{Tier: NVMe, EverySteps: 10, Keep: 2},
+		{Tier: PFS, EverySteps: 100, Keep: 2},
+		{Tier: S3, EveryTime: 30 * time.Minute, Keep: 3},
 	}}
 }
 
@@ -49,10 +46,12 @@ func ParsePolicy(s string) (Policy, error) {
 		return DefaultPolicy(), nil
 	}
 	var p Policy
-	for _, clause := range strings.Split(s, ";") {
+	for i, clause := range strings.Split(s, ";") {
 		clause = strings.TrimSpace(clause)
 		if clause == "" {
-			continue
+			// Not a policy of no tiers: a slip (";;", a stray ';') that
+			// would silently turn off every durable copy.
+			return Policy{}, fmt.Errorf("tiers: policy %q: clause %d is empty (';' twice, or at an end); want clauses TIER:every=N|DURATION,keep=K joined by ';'", s, i+1)
 		}
 		tp, err := parseClause(clause)
 		if err != nil {
@@ -68,7 +67,7 @@ func ParsePolicy(s string) (Policy, error) {
 
 func parseClause(clause string) (TierPolicy, error) {
 	name, opts, ok := strings.Cut(clause, ":")
-	tp := TierPolicy{Tier: strings.TrimSpace(name)}
+	tp := TierPolicy{Tier: Name(strings.TrimSpace(name))}
 	if !ok {
 		return tp, fmt.Errorf("clause %q: want TIER:every=N|DURATION,keep=K", clause)
 	}
@@ -101,11 +100,11 @@ func parseClause(clause string) (TierPolicy, error) {
 
 // Validate checks every clause.
 func (p Policy) Validate() error {
-	seen := map[string]bool{}
+	seen := map[Name]bool{}
 	for _, t := range p.Tiers {
 		switch {
-		case !slices.Contains(tierNames, t.Tier):
-			return fmt.Errorf("unknown tier %q (%s)", t.Tier, strings.Join(tierNames, ", "))
+		case !t.Tier.Valid():
+			return fmt.Errorf("unknown tier %q (%s)", t.Tier, nameList())
 		case seen[t.Tier]:
 			return fmt.Errorf("tier %s given twice", t.Tier)
 		case t.EverySteps < 0 || t.EveryTime < 0 || (t.EverySteps == 0) == (t.EveryTime == 0):

@@ -29,6 +29,8 @@ func TestParsePolicy(t *testing.T) {
 		"nvme every=1":                            "want TIER:",
 		"nvme:every=1,keep=2,colour=red":          "unknown key",
 		"s3:every=10ms,keep=1":                    "shorter than a second",
+		";;;":                                     "clause 1 is empty",
+		"nvme:every=1,keep=2;":                    "clause 2 is empty",
 	}
 	for in, want := range bad {
 		_, err := ParsePolicy(in)

@@ -87,6 +87,29 @@ func NewS3Store(cfg S3Config) (*S3Store, error) {
 	return s, nil
 }
 
+// MinioClient returns a new minio-go client for the store's server and
+// credentials, with minio-go's own default options, and the bucket and
+// key prefix the store writes under. It is for measuring the store
+// against minio-go itself (internal/bench); the store never uses it, and
+// objects written through it are the caller's to delete.
+func (s *S3Store) MinioClient() (c *minio.Client, bucket, prefix string, err error) {
+	host, secure, _ := parseS3Endpoint(s.cfg.Endpoint, s.cfg.Secure)
+	access, secret, token, err := s.cfg.s3Credentials()
+	if err != nil {
+		return nil, "", "", err
+	}
+	c, err = minio.New(host, &minio.Options{
+		Creds:     credentials.NewStaticV4(access.reveal(), secret.reveal(), token.reveal()),
+		Secure:    secure,
+		Region:    s.cfg.Region,
+		Transport: s.cfg.Transport,
+	})
+	if err != nil {
+		return nil, "", "", fmt.Errorf("tiers: minio-go client for %s: %w", host, err)
+	}
+	return c, s.bucket, s.prefix, nil
+}
+
 // String names the store: its URL and endpoint, never its credentials.
 func (s *S3Store) String() string {
 	return "s3://" + s.bucket + "/" + s.prefix + " at " + s.endpoint

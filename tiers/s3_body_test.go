@@ -1,10 +1,13 @@
 package tiers
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"rewind.dev/rewind/internal/wait"
 )
 
 // lateReader is a source that notes any read begun after the Put reading
@@ -54,12 +57,15 @@ func TestS3PutNeverReadsSourceAfterReturn(t *testing.T) {
 				t.Logf("put of %d bytes refused: %v", size, err)
 			}
 		}
-		time.Sleep(300 * time.Millisecond) // let a transport still writing a body run into the cut
-		src.mu.Lock()
-		late, reads := src.late, src.reads
-		src.mu.Unlock()
-		if late > 0 {
-			t.Errorf("put of %d bytes: %d of %d reads of the source came after Put returned", size, late, reads)
-		}
+		// Nothing says a transport is done with a body it was still
+		// writing: give one the time to run into the cut, watching.
+		wait.Holds(t, 300*time.Millisecond, fmt.Sprintf("no read of the %d-byte source after Put returned", size), func() error {
+			src.mu.Lock()
+			defer src.mu.Unlock()
+			if src.late > 0 {
+				return fmt.Errorf("%d of %d reads came after Put returned", src.late, src.reads)
+			}
+			return nil
+		})
 	}
 }

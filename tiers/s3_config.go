@@ -89,13 +89,16 @@ func DefaultS3Config() S3Config {
 		RetryMax:       10 * time.Second,       // a restarting server gets polled, not hammered
 		RetryTimeout:   2 * time.Minute,        // after this the tier is down, not flaky: fail and let the caller mark it degraded
 		RequestTimeout: 2 * time.Minute,        // a 64 MiB part at 1 MB/s; anything slower is a stuck connection
+		Clock:          clock.Real,             // tests pass a fake one
+		Logger:         slog.Default(),         // the process's; a caller with a logger of its own sets it
 	}
 }
 
 const s3MinPartSize = 5 << 20 // S3's smallest part (all but the last)
 
-// Validate checks the configuration and fills in the parts left nil.
-func (c *S3Config) Validate() error {
+// Validate reports what is wrong with the configuration; it changes
+// nothing.
+func (c S3Config) Validate() error {
 	var errs []error
 	if _, _, err := parseS3URL(c.URL); err != nil {
 		errs = append(errs, err)
@@ -127,14 +130,11 @@ func (c *S3Config) Validate() error {
 	if (c.AccessKey == "") != (c.SecretKey == "") {
 		errs = append(errs, errors.New("access key and secret key must be given together"))
 	}
+	if c.Clock == nil || c.Logger == nil {
+		errs = append(errs, errors.New("clock and logger must be set (DefaultS3Config sets both)"))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("tiers: invalid s3 config: %w", err)
-	}
-	if c.Clock == nil {
-		c.Clock = clock.Real
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
 	}
 	return nil
 }

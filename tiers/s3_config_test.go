@@ -123,6 +123,7 @@ func TestS3Config(t *testing.T) {
 		"no attempts":         {edit: func(c *S3Config) { c.MaxAttempts = 0 }, wantErr: "attempts"},
 		"backoff":             {edit: func(c *S3Config) { c.RetryMax = c.RetryBase / 2 }, wantErr: "backoff"},
 		"half credentials":    {edit: func(c *S3Config) { c.SecretKey = "" }, wantErr: "together"},
+		"no logger":           {edit: func(c *S3Config) { c.Logger = nil }, wantErr: "clock and logger must be set"},
 	} {
 		t.Run(name, func(t *testing.T) { run(t, c) })
 	}

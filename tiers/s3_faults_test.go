@@ -199,9 +199,9 @@ func TestS3InjectedTimeout(t *testing.T) {
 
 	bounded := func(t *testing.T, what string, f func(ctx context.Context) error) {
 		t.Helper()
+		start := time.Now() // before the deadline is set: the deadline is deadline after this at most
 		ctx, cancel := context.WithTimeout(t.Context(), deadline)
 		defer cancel()
-		start := time.Now()
 		err := f(ctx)
 		took := time.Since(start)
 		if !errors.Is(err, context.DeadlineExceeded) {

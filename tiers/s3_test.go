@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -249,12 +248,17 @@ func TestS3PutCancelledLeavesOldObject(t *testing.T) {
 }
 
 // TestS3ServerRestartMidUpload kills MinIO in the middle of a multipart
-// upload and starts it again a moment later: the store retries the parts
-// that failed, and the Put completes whole.
+// upload and starts it again once the store has retried a request: the
+// store retries the parts that failed, and the Put completes whole.
 func TestS3ServerRestartMidUpload(t *testing.T) {
 	var retries atomic.Int64
+	retried := make(chan struct{})
+	var firstRetry sync.Once
 	s, srv := newS3(t, func(c *S3Config) {
-		c.OnRetry = func(op, name string, attempt int, err error) { retries.Add(1) }
+		c.OnRetry = func(op, name string, attempt int, err error) {
+			retries.Add(1)
+			firstRetry.Do(func() { close(retried) })
+		}
 	})
 	old := s3Rand(3, s3MinPartSize+9)
 	if err := s.Put(t.Context(), "x", bytes.NewReader(old), int64(len(old))); err != nil {
@@ -273,7 +277,10 @@ func TestS3ServerRestartMidUpload(t *testing.T) {
 				t.Error(err)
 			}
 			go func() {
-				time.Sleep(time.Second)
+				select { // the server is down while the store notices
+				case <-retried:
+				case <-t.Context().Done():
+				}
 				restarted <- srv.Start()
 			}()
 		})
@@ -410,56 +417,6 @@ func TestS3ConcurrentPutsAndGets(t *testing.T) {
 		})
 	}
 	wg.Wait()
-}
-
-func TestS3BenchRuns(t *testing.T) {
-	srv := miniotest.Start(t)
-	cfg := DefaultS3Config()
-	cfg.URL = "s3://" + srv.Bucket + "/bench"
-	cfg.Endpoint = srv.URL()
-	cfg.AccessKey, cfg.SecretKey = Secret(srv.AccessKey), Secret(srv.SecretKey)
-	cfg.PartSize = s3MinPartSize
-	r, err := BenchS3(t.Context(), cfg, S3BenchOptions{Size: 4*s3MinPartSize + 3, Runs: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out bytes.Buffer
-	PrintS3Bench(&out, r)
-	t.Log("\n" + out.String())
-	if r.Put <= 0 || r.Get <= 0 || r.MinioPut <= 0 || r.MinioGet <= 0 {
-		t.Fatalf("a figure is missing: %+v", r)
-	}
-}
-
-// BenchmarkS3 reports the store's Put and Get throughput beside a single
-// minio-go PutObject and GetObject of the same bytes to the same MinIO:
-//
-//	REWIND_S3_BENCH_BYTES=1073741824 go test ./tiers -run '^$' -bench S3 -benchtime 1x
-func BenchmarkS3(b *testing.B) {
-	srv := miniotest.Start(b)
-	cfg := DefaultS3Config()
-	cfg.URL = "s3://" + srv.Bucket + "/bench"
-	cfg.Endpoint = srv.URL()
-	cfg.AccessKey, cfg.SecretKey = Secret(srv.AccessKey), Secret(srv.SecretKey)
-	size := int64(1 << 30)
-	if v := os.Getenv("REWIND_S3_BENCH_BYTES"); v != "" {
-		if _, err := fmt.Sscan(v, &size); err != nil {
-			b.Fatal(err)
-		}
-	}
-	for b.Loop() {
-		r, err := BenchS3(b.Context(), cfg, S3BenchOptions{Size: size, Runs: 3})
-		if err != nil {
-			b.Fatal(err)
-		}
-		var out bytes.Buffer
-		PrintS3Bench(&out, r)
-		b.Log("\n" + out.String())
-		b.ReportMetric(r.Put/1e6, "put-MB/s")
-		b.ReportMetric(r.Get/1e6, "get-MB/s")
-		b.ReportMetric(r.MinioPut/1e6, "minio-put-MB/s")
-		b.ReportMetric(r.MinioGet/1e6, "minio-get-MB/s")
-	}
 }
 
 // TestS3ShortSource: a source shorter than the size given is the caller's

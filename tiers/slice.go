@@ -73,7 +73,7 @@ func DestSliceAt(dst io.WriterAt, off int64, n int) ([]byte, error) {
 // (memWriter is a SliceWriterAt: GetShard and ReadManifest read into it).
 func (w *memWriter) SliceAt(off int64, n int) ([]byte, error) {
 	if off < 0 || n < 0 || off+int64(n) > int64(len(w.b)) {
-		return nil, fmt.Errorf("tiers: write of %d bytes at %d past a %d-byte destination: %w", n, off, len(w.b), io.ErrShortWrite)
+		return nil, &pastDestError{n: int64(n), off: off, size: len(w.b)}
 	}
 	return w.b[off : off+int64(n) : off+int64(n)], nil
 }

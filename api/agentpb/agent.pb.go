@@ -24,6 +24,66 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ShardState is where a slot's shard stands.
+type ShardState int32
+
+const (
+	ShardState_SHARD_STATE_UNSPECIFIED ShardState = 0
+	// Written and committed: the rank's checkpoint of the step.
+	ShardState_SHARD_STATE_COMMITTED ShardState = 1
+	// Prepared, being written by the rank.
+	ShardState_SHARD_STATE_WRITING ShardState = 2
+	// A checksum did not match: never served again.
+	ShardState_SHARD_STATE_CORRUPT ShardState = 3
+	// Holds nothing (its segment may stay mapped, for the next save).
+	ShardState_SHARD_STATE_FREE ShardState = 4
+)
+
+// Enum value maps for ShardState.
+var (
+	ShardState_name = map[int32]string{
+		0: "SHARD_STATE_UNSPECIFIED",
+		1: "SHARD_STATE_COMMITTED",
+		2: "SHARD_STATE_WRITING",
+		3: "SHARD_STATE_CORRUPT",
+		4: "SHARD_STATE_FREE",
+	}
+	ShardState_value = map[string]int32{
+		"SHARD_STATE_UNSPECIFIED": 0,
+		"SHARD_STATE_COMMITTED":   1,
+		"SHARD_STATE_WRITING":     2,
+		"SHARD_STATE_CORRUPT":     3,
+		"SHARD_STATE_FREE":        4,
+	}
+)
+
+func (x ShardState) Enum() *ShardState {
+	p := new(ShardState)
+	*p = x
+	return p
+}
+
+func (x ShardState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ShardState) Descriptor() protoreflect.EnumDescriptor {
+	return file_agent_proto_enumTypes[0].Descriptor()
+}
+
+func (ShardState) Type() protoreflect.EnumType {
+	return &file_agent_proto_enumTypes[0]
+}
+
+func (x ShardState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ShardState.Descriptor instead.
+func (ShardState) EnumDescriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{0}
+}
+
 type TierCopiesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Tier names ("nvme", "pfs", "s3") to list; empty: all of the agent's.
@@ -1498,8 +1558,7 @@ type Shard struct {
 	Slot      uint32                 `protobuf:"varint,5,opt,name=slot,proto3" json:"slot,omitempty"`
 	Path      string                 `protobuf:"bytes,6,opt,name=path,proto3" json:"path,omitempty"`
 	SizeBytes uint64                 `protobuf:"varint,7,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
-	// "committed", "writing", "corrupt" or "free".
-	State string `protobuf:"bytes,8,opt,name=state,proto3" json:"state,omitempty"`
+	State     ShardState             `protobuf:"varint,8,opt,name=state,proto3,enum=rewind.agent.v1.ShardState" json:"state,omitempty"`
 	// Commit sequence: higher is newer; the latest shard of a rank has the highest.
 	Seq               uint64 `protobuf:"varint,9,opt,name=seq,proto3" json:"seq,omitempty"`
 	HeaderChecksum    string `protobuf:"bytes,10,opt,name=header_checksum,json=headerChecksum,proto3" json:"header_checksum,omitempty"`
@@ -1592,11 +1651,11 @@ func (x *Shard) GetSizeBytes() uint64 {
 	return 0
 }
 
-func (x *Shard) GetState() string {
+func (x *Shard) GetState() ShardState {
 	if x != nil {
 		return x.State
 	}
-	return ""
+	return ShardState_SHARD_STATE_UNSPECIFIED
 }
 
 func (x *Shard) GetSeq() uint64 {
@@ -2165,7 +2224,7 @@ const file_agent_proto_rawDesc = "" +
 	"\vListRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\">\n" +
 	"\fListResponse\x12.\n" +
-	"\x06shards\x18\x01 \x03(\v2\x16.rewind.agent.v1.ShardR\x06shards\"\xf8\x02\n" +
+	"\x06shards\x18\x01 \x03(\v2\x16.rewind.agent.v1.ShardR\x06shards\"\x95\x03\n" +
 	"\x05Shard\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\rR\x04rank\x12\x1d\n" +
@@ -2175,8 +2234,8 @@ const file_agent_proto_rawDesc = "" +
 	"\x04slot\x18\x05 \x01(\rR\x04slot\x12\x12\n" +
 	"\x04path\x18\x06 \x01(\tR\x04path\x12\x1d\n" +
 	"\n" +
-	"size_bytes\x18\a \x01(\x04R\tsizeBytes\x12\x14\n" +
-	"\x05state\x18\b \x01(\tR\x05state\x12\x10\n" +
+	"size_bytes\x18\a \x01(\x04R\tsizeBytes\x121\n" +
+	"\x05state\x18\b \x01(\x0e2\x1b.rewind.agent.v1.ShardStateR\x05state\x12\x10\n" +
 	"\x03seq\x18\t \x01(\x04R\x03seq\x12'\n" +
 	"\x0fheader_checksum\x18\n" +
 	" \x01(\tR\x0eheaderChecksum\x12.\n" +
@@ -2218,7 +2277,14 @@ const file_agent_proto_rawDesc = "" +
 	"\x0eslots_per_rank\x18\b \x01(\rR\fslotsPerRank\x12\x18\n" +
 	"\aversion\x18\t \x01(\tR\aversion\x12\x14\n" +
 	"\x05tiers\x18\n" +
-	" \x03(\tR\x05tiers2\xe3\a\n" +
+	" \x03(\tR\x05tiers*\x8c\x01\n" +
+	"\n" +
+	"ShardState\x12\x1b\n" +
+	"\x17SHARD_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15SHARD_STATE_COMMITTED\x10\x01\x12\x17\n" +
+	"\x13SHARD_STATE_WRITING\x10\x02\x12\x17\n" +
+	"\x13SHARD_STATE_CORRUPT\x10\x03\x12\x14\n" +
+	"\x10SHARD_STATE_FREE\x10\x042\xe3\a\n" +
 	"\x05Agent\x12L\n" +
 	"\aPrepare\x12\x1f.rewind.agent.v1.PrepareRequest\x1a .rewind.agent.v1.PrepareResponse\x12I\n" +
 	"\x06Commit\x12\x1e.rewind.agent.v1.CommitRequest\x1a\x1f.rewind.agent.v1.CommitResponse\x12C\n" +
@@ -2248,79 +2314,82 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
+var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_agent_proto_goTypes = []any{
-	(*TierCopiesRequest)(nil),  // 0: rewind.agent.v1.TierCopiesRequest
-	(*TierCopiesPage)(nil),     // 1: rewind.agent.v1.TierCopiesPage
-	(*TierManifest)(nil),       // 2: rewind.agent.v1.TierManifest
-	(*TierShard)(nil),          // 3: rewind.agent.v1.TierShard
-	(*TierListing)(nil),        // 4: rewind.agent.v1.TierListing
-	(*FetchRequest)(nil),       // 5: rewind.agent.v1.FetchRequest
-	(*FetchSource)(nil),        // 6: rewind.agent.v1.FetchSource
-	(*FetchAttempt)(nil),       // 7: rewind.agent.v1.FetchAttempt
-	(*FetchResponse)(nil),      // 8: rewind.agent.v1.FetchResponse
-	(*ConsistentRequest)(nil),  // 9: rewind.agent.v1.ConsistentRequest
-	(*ConsistentResponse)(nil), // 10: rewind.agent.v1.ConsistentResponse
-	(*PrepareRequest)(nil),     // 11: rewind.agent.v1.PrepareRequest
-	(*PrepareResponse)(nil),    // 12: rewind.agent.v1.PrepareResponse
-	(*CommitRequest)(nil),      // 13: rewind.agent.v1.CommitRequest
-	(*CommitResponse)(nil),     // 14: rewind.agent.v1.CommitResponse
-	(*OpenRequest)(nil),        // 15: rewind.agent.v1.OpenRequest
-	(*OpenResponse)(nil),       // 16: rewind.agent.v1.OpenResponse
-	(*ReleaseRequest)(nil),     // 17: rewind.agent.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),    // 18: rewind.agent.v1.ReleaseResponse
-	(*ReadRequest)(nil),        // 19: rewind.agent.v1.ReadRequest
-	(*ReadChunk)(nil),          // 20: rewind.agent.v1.ReadChunk
-	(*ListRequest)(nil),        // 21: rewind.agent.v1.ListRequest
-	(*ListResponse)(nil),       // 22: rewind.agent.v1.ListResponse
-	(*Shard)(nil),              // 23: rewind.agent.v1.Shard
-	(*VerifyRequest)(nil),      // 24: rewind.agent.v1.VerifyRequest
-	(*VerifyResponse)(nil),     // 25: rewind.agent.v1.VerifyResponse
-	(*DeleteRequest)(nil),      // 26: rewind.agent.v1.DeleteRequest
-	(*DeleteResponse)(nil),     // 27: rewind.agent.v1.DeleteResponse
-	(*StatusRequest)(nil),      // 28: rewind.agent.v1.StatusRequest
-	(*StatusResponse)(nil),     // 29: rewind.agent.v1.StatusResponse
+	(ShardState)(0),            // 0: rewind.agent.v1.ShardState
+	(*TierCopiesRequest)(nil),  // 1: rewind.agent.v1.TierCopiesRequest
+	(*TierCopiesPage)(nil),     // 2: rewind.agent.v1.TierCopiesPage
+	(*TierManifest)(nil),       // 3: rewind.agent.v1.TierManifest
+	(*TierShard)(nil),          // 4: rewind.agent.v1.TierShard
+	(*TierListing)(nil),        // 5: rewind.agent.v1.TierListing
+	(*FetchRequest)(nil),       // 6: rewind.agent.v1.FetchRequest
+	(*FetchSource)(nil),        // 7: rewind.agent.v1.FetchSource
+	(*FetchAttempt)(nil),       // 8: rewind.agent.v1.FetchAttempt
+	(*FetchResponse)(nil),      // 9: rewind.agent.v1.FetchResponse
+	(*ConsistentRequest)(nil),  // 10: rewind.agent.v1.ConsistentRequest
+	(*ConsistentResponse)(nil), // 11: rewind.agent.v1.ConsistentResponse
+	(*PrepareRequest)(nil),     // 12: rewind.agent.v1.PrepareRequest
+	(*PrepareResponse)(nil),    // 13: rewind.agent.v1.PrepareResponse
+	(*CommitRequest)(nil),      // 14: rewind.agent.v1.CommitRequest
+	(*CommitResponse)(nil),     // 15: rewind.agent.v1.CommitResponse
+	(*OpenRequest)(nil),        // 16: rewind.agent.v1.OpenRequest
+	(*OpenResponse)(nil),       // 17: rewind.agent.v1.OpenResponse
+	(*ReleaseRequest)(nil),     // 18: rewind.agent.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),    // 19: rewind.agent.v1.ReleaseResponse
+	(*ReadRequest)(nil),        // 20: rewind.agent.v1.ReadRequest
+	(*ReadChunk)(nil),          // 21: rewind.agent.v1.ReadChunk
+	(*ListRequest)(nil),        // 22: rewind.agent.v1.ListRequest
+	(*ListResponse)(nil),       // 23: rewind.agent.v1.ListResponse
+	(*Shard)(nil),              // 24: rewind.agent.v1.Shard
+	(*VerifyRequest)(nil),      // 25: rewind.agent.v1.VerifyRequest
+	(*VerifyResponse)(nil),     // 26: rewind.agent.v1.VerifyResponse
+	(*DeleteRequest)(nil),      // 27: rewind.agent.v1.DeleteRequest
+	(*DeleteResponse)(nil),     // 28: rewind.agent.v1.DeleteResponse
+	(*StatusRequest)(nil),      // 29: rewind.agent.v1.StatusRequest
+	(*StatusResponse)(nil),     // 30: rewind.agent.v1.StatusResponse
 }
 var file_agent_proto_depIdxs = []int32{
-	2,  // 0: rewind.agent.v1.TierCopiesPage.manifests:type_name -> rewind.agent.v1.TierManifest
-	4,  // 1: rewind.agent.v1.TierCopiesPage.listings:type_name -> rewind.agent.v1.TierListing
-	3,  // 2: rewind.agent.v1.TierManifest.shards:type_name -> rewind.agent.v1.TierShard
-	6,  // 3: rewind.agent.v1.FetchRequest.sources:type_name -> rewind.agent.v1.FetchSource
-	7,  // 4: rewind.agent.v1.FetchResponse.failed:type_name -> rewind.agent.v1.FetchAttempt
-	23, // 5: rewind.agent.v1.OpenResponse.shard:type_name -> rewind.agent.v1.Shard
-	23, // 6: rewind.agent.v1.ReadChunk.shard:type_name -> rewind.agent.v1.Shard
-	23, // 7: rewind.agent.v1.ListResponse.shards:type_name -> rewind.agent.v1.Shard
-	11, // 8: rewind.agent.v1.Agent.Prepare:input_type -> rewind.agent.v1.PrepareRequest
-	13, // 9: rewind.agent.v1.Agent.Commit:input_type -> rewind.agent.v1.CommitRequest
-	15, // 10: rewind.agent.v1.Agent.Open:input_type -> rewind.agent.v1.OpenRequest
-	17, // 11: rewind.agent.v1.Agent.Release:input_type -> rewind.agent.v1.ReleaseRequest
-	19, // 12: rewind.agent.v1.Agent.Read:input_type -> rewind.agent.v1.ReadRequest
-	21, // 13: rewind.agent.v1.Agent.List:input_type -> rewind.agent.v1.ListRequest
-	24, // 14: rewind.agent.v1.Agent.Verify:input_type -> rewind.agent.v1.VerifyRequest
-	24, // 15: rewind.agent.v1.Agent.ReportCorrupt:input_type -> rewind.agent.v1.VerifyRequest
-	26, // 16: rewind.agent.v1.Agent.Delete:input_type -> rewind.agent.v1.DeleteRequest
-	28, // 17: rewind.agent.v1.Agent.Status:input_type -> rewind.agent.v1.StatusRequest
-	9,  // 18: rewind.agent.v1.Agent.Consistent:input_type -> rewind.agent.v1.ConsistentRequest
-	5,  // 19: rewind.agent.v1.Agent.Fetch:input_type -> rewind.agent.v1.FetchRequest
-	0,  // 20: rewind.agent.v1.Agent.TierCopies:input_type -> rewind.agent.v1.TierCopiesRequest
-	12, // 21: rewind.agent.v1.Agent.Prepare:output_type -> rewind.agent.v1.PrepareResponse
-	14, // 22: rewind.agent.v1.Agent.Commit:output_type -> rewind.agent.v1.CommitResponse
-	16, // 23: rewind.agent.v1.Agent.Open:output_type -> rewind.agent.v1.OpenResponse
-	18, // 24: rewind.agent.v1.Agent.Release:output_type -> rewind.agent.v1.ReleaseResponse
-	20, // 25: rewind.agent.v1.Agent.Read:output_type -> rewind.agent.v1.ReadChunk
-	22, // 26: rewind.agent.v1.Agent.List:output_type -> rewind.agent.v1.ListResponse
-	25, // 27: rewind.agent.v1.Agent.Verify:output_type -> rewind.agent.v1.VerifyResponse
-	25, // 28: rewind.agent.v1.Agent.ReportCorrupt:output_type -> rewind.agent.v1.VerifyResponse
-	27, // 29: rewind.agent.v1.Agent.Delete:output_type -> rewind.agent.v1.DeleteResponse
-	29, // 30: rewind.agent.v1.Agent.Status:output_type -> rewind.agent.v1.StatusResponse
-	10, // 31: rewind.agent.v1.Agent.Consistent:output_type -> rewind.agent.v1.ConsistentResponse
-	8,  // 32: rewind.agent.v1.Agent.Fetch:output_type -> rewind.agent.v1.FetchResponse
-	1,  // 33: rewind.agent.v1.Agent.TierCopies:output_type -> rewind.agent.v1.TierCopiesPage
-	21, // [21:34] is the sub-list for method output_type
-	8,  // [8:21] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	3,  // 0: rewind.agent.v1.TierCopiesPage.manifests:type_name -> rewind.agent.v1.TierManifest
+	5,  // 1: rewind.agent.v1.TierCopiesPage.listings:type_name -> rewind.agent.v1.TierListing
+	4,  // 2: rewind.agent.v1.TierManifest.shards:type_name -> rewind.agent.v1.TierShard
+	7,  // 3: rewind.agent.v1.FetchRequest.sources:type_name -> rewind.agent.v1.FetchSource
+	8,  // 4: rewind.agent.v1.FetchResponse.failed:type_name -> rewind.agent.v1.FetchAttempt
+	24, // 5: rewind.agent.v1.OpenResponse.shard:type_name -> rewind.agent.v1.Shard
+	24, // 6: rewind.agent.v1.ReadChunk.shard:type_name -> rewind.agent.v1.Shard
+	24, // 7: rewind.agent.v1.ListResponse.shards:type_name -> rewind.agent.v1.Shard
+	0,  // 8: rewind.agent.v1.Shard.state:type_name -> rewind.agent.v1.ShardState
+	12, // 9: rewind.agent.v1.Agent.Prepare:input_type -> rewind.agent.v1.PrepareRequest
+	14, // 10: rewind.agent.v1.Agent.Commit:input_type -> rewind.agent.v1.CommitRequest
+	16, // 11: rewind.agent.v1.Agent.Open:input_type -> rewind.agent.v1.OpenRequest
+	18, // 12: rewind.agent.v1.Agent.Release:input_type -> rewind.agent.v1.ReleaseRequest
+	20, // 13: rewind.agent.v1.Agent.Read:input_type -> rewind.agent.v1.ReadRequest
+	22, // 14: rewind.agent.v1.Agent.List:input_type -> rewind.agent.v1.ListRequest
+	25, // 15: rewind.agent.v1.Agent.Verify:input_type -> rewind.agent.v1.VerifyRequest
+	25, // 16: rewind.agent.v1.Agent.ReportCorrupt:input_type -> rewind.agent.v1.VerifyRequest
+	27, // 17: rewind.agent.v1.Agent.Delete:input_type -> rewind.agent.v1.DeleteRequest
+	29, // 18: rewind.agent.v1.Agent.Status:input_type -> rewind.agent.v1.StatusRequest
+	10, // 19: rewind.agent.v1.Agent.Consistent:input_type -> rewind.agent.v1.ConsistentRequest
+	6,  // 20: rewind.agent.v1.Agent.Fetch:input_type -> rewind.agent.v1.FetchRequest
+	1,  // 21: rewind.agent.v1.Agent.TierCopies:input_type -> rewind.agent.v1.TierCopiesRequest
+	13, // 22: rewind.agent.v1.Agent.Prepare:output_type -> rewind.agent.v1.PrepareResponse
+	15, // 23: rewind.agent.v1.Agent.Commit:output_type -> rewind.agent.v1.CommitResponse
+	17, // 24: rewind.agent.v1.Agent.Open:output_type -> rewind.agent.v1.OpenResponse
+	19, // 25: rewind.agent.v1.Agent.Release:output_type -> rewind.agent.v1.ReleaseResponse
+	21, // 26: rewind.agent.v1.Agent.Read:output_type -> rewind.agent.v1.ReadChunk
+	23, // 27: rewind.agent.v1.Agent.List:output_type -> rewind.agent.v1.ListResponse
+	26, // 28: rewind.agent.v1.Agent.Verify:output_type -> rewind.agent.v1.VerifyResponse
+	26, // 29: rewind.agent.v1.Agent.ReportCorrupt:output_type -> rewind.agent.v1.VerifyResponse
+	28, // 30: rewind.agent.v1.Agent.Delete:output_type -> rewind.agent.v1.DeleteResponse
+	30, // 31: rewind.agent.v1.Agent.Status:output_type -> rewind.agent.v1.StatusResponse
+	11, // 32: rewind.agent.v1.Agent.Consistent:output_type -> rewind.agent.v1.ConsistentResponse
+	9,  // 33: rewind.agent.v1.Agent.Fetch:output_type -> rewind.agent.v1.FetchResponse
+	2,  // 34: rewind.agent.v1.Agent.TierCopies:output_type -> rewind.agent.v1.TierCopiesPage
+	22, // [22:35] is the sub-list for method output_type
+	9,  // [9:22] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2333,13 +2402,14 @@ func file_agent_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_agent_proto_goTypes,
 		DependencyIndexes: file_agent_proto_depIdxs,
+		EnumInfos:         file_agent_proto_enumTypes,
 		MessageInfos:      file_agent_proto_msgTypes,
 	}.Build()
 	File_agent_proto = out.File

@@ -24,6 +24,291 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// CopyState is where one copy of a rank's shard stands.
+type CopyState int32
+
+const (
+	CopyState_COPY_STATE_UNSPECIFIED CopyState = 0
+	// Written whole and checked: a restore source.
+	CopyState_COPY_STATE_COMMITTED CopyState = 1
+	// A checksum did not match: never served again.
+	CopyState_COPY_STATE_CORRUPT CopyState = 2
+	// Gone (retention, an operator, a slot reused).
+	CopyState_COPY_STATE_DELETED CopyState = 3
+)
+
+// Enum value maps for CopyState.
+var (
+	CopyState_name = map[int32]string{
+		0: "COPY_STATE_UNSPECIFIED",
+		1: "COPY_STATE_COMMITTED",
+		2: "COPY_STATE_CORRUPT",
+		3: "COPY_STATE_DELETED",
+	}
+	CopyState_value = map[string]int32{
+		"COPY_STATE_UNSPECIFIED": 0,
+		"COPY_STATE_COMMITTED":   1,
+		"COPY_STATE_CORRUPT":     2,
+		"COPY_STATE_DELETED":     3,
+	}
+)
+
+func (x CopyState) Enum() *CopyState {
+	p := new(CopyState)
+	*p = x
+	return p
+}
+
+func (x CopyState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (CopyState) Descriptor() protoreflect.EnumDescriptor {
+	return file_coordinator_proto_enumTypes[0].Descriptor()
+}
+
+func (CopyState) Type() protoreflect.EnumType {
+	return &file_coordinator_proto_enumTypes[0]
+}
+
+func (x CopyState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use CopyState.Descriptor instead.
+func (CopyState) EnumDescriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{0}
+}
+
+// StepState is where a step stands: partial until every rank committed,
+// then consistent; abandoned when ranks committed a later step without it.
+type StepState int32
+
+const (
+	StepState_STEP_STATE_UNSPECIFIED StepState = 0
+	StepState_STEP_STATE_PARTIAL     StepState = 1
+	StepState_STEP_STATE_CONSISTENT  StepState = 2
+	StepState_STEP_STATE_ABANDONED   StepState = 3
+)
+
+// Enum value maps for StepState.
+var (
+	StepState_name = map[int32]string{
+		0: "STEP_STATE_UNSPECIFIED",
+		1: "STEP_STATE_PARTIAL",
+		2: "STEP_STATE_CONSISTENT",
+		3: "STEP_STATE_ABANDONED",
+	}
+	StepState_value = map[string]int32{
+		"STEP_STATE_UNSPECIFIED": 0,
+		"STEP_STATE_PARTIAL":     1,
+		"STEP_STATE_CONSISTENT":  2,
+		"STEP_STATE_ABANDONED":   3,
+	}
+)
+
+func (x StepState) Enum() *StepState {
+	p := new(StepState)
+	*p = x
+	return p
+}
+
+func (x StepState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (StepState) Descriptor() protoreflect.EnumDescriptor {
+	return file_coordinator_proto_enumTypes[1].Descriptor()
+}
+
+func (StepState) Type() protoreflect.EnumType {
+	return &file_coordinator_proto_enumTypes[1]
+}
+
+func (x StepState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use StepState.Descriptor instead.
+func (StepState) EnumDescriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{1}
+}
+
+// TierCopyState is where a step's copy on a durable tier stands.
+type TierCopyState int32
+
+const (
+	TierCopyState_TIER_COPY_STATE_UNSPECIFIED TierCopyState = 0
+	// Shards are being pushed, or manifests written.
+	TierCopyState_TIER_COPY_STATE_COPYING TierCopyState = 1
+	// Every shard and the manifest written: a restore source.
+	TierCopyState_TIER_COPY_STATE_DURABLE TierCopyState = 2
+	// A push or a manifest failed; what it wrote is removed.
+	TierCopyState_TIER_COPY_STATE_FAILED TierCopyState = 3
+	// Retention or an operator removes it.
+	TierCopyState_TIER_COPY_STATE_DELETING TierCopyState = 4
+)
+
+// Enum value maps for TierCopyState.
+var (
+	TierCopyState_name = map[int32]string{
+		0: "TIER_COPY_STATE_UNSPECIFIED",
+		1: "TIER_COPY_STATE_COPYING",
+		2: "TIER_COPY_STATE_DURABLE",
+		3: "TIER_COPY_STATE_FAILED",
+		4: "TIER_COPY_STATE_DELETING",
+	}
+	TierCopyState_value = map[string]int32{
+		"TIER_COPY_STATE_UNSPECIFIED": 0,
+		"TIER_COPY_STATE_COPYING":     1,
+		"TIER_COPY_STATE_DURABLE":     2,
+		"TIER_COPY_STATE_FAILED":      3,
+		"TIER_COPY_STATE_DELETING":    4,
+	}
+)
+
+func (x TierCopyState) Enum() *TierCopyState {
+	p := new(TierCopyState)
+	*p = x
+	return p
+}
+
+func (x TierCopyState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TierCopyState) Descriptor() protoreflect.EnumDescriptor {
+	return file_coordinator_proto_enumTypes[2].Descriptor()
+}
+
+func (TierCopyState) Type() protoreflect.EnumType {
+	return &file_coordinator_proto_enumTypes[2]
+}
+
+func (x TierCopyState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TierCopyState.Descriptor instead.
+func (TierCopyState) EnumDescriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{2}
+}
+
+// OrderKind is what a transfer order asks of an agent.
+type OrderKind int32
+
+const (
+	OrderKind_ORDER_KIND_UNSPECIFIED OrderKind = 0
+	OrderKind_ORDER_KIND_PUSH        OrderKind = 1
+	OrderKind_ORDER_KIND_MANIFEST    OrderKind = 2
+	OrderKind_ORDER_KIND_DELETE      OrderKind = 3
+	OrderKind_ORDER_KIND_REPLICATE   OrderKind = 4
+	OrderKind_ORDER_KIND_ABORT       OrderKind = 5
+	OrderKind_ORDER_KIND_RESUME      OrderKind = 6
+)
+
+// Enum value maps for OrderKind.
+var (
+	OrderKind_name = map[int32]string{
+		0: "ORDER_KIND_UNSPECIFIED",
+		1: "ORDER_KIND_PUSH",
+		2: "ORDER_KIND_MANIFEST",
+		3: "ORDER_KIND_DELETE",
+		4: "ORDER_KIND_REPLICATE",
+		5: "ORDER_KIND_ABORT",
+		6: "ORDER_KIND_RESUME",
+	}
+	OrderKind_value = map[string]int32{
+		"ORDER_KIND_UNSPECIFIED": 0,
+		"ORDER_KIND_PUSH":        1,
+		"ORDER_KIND_MANIFEST":    2,
+		"ORDER_KIND_DELETE":      3,
+		"ORDER_KIND_REPLICATE":   4,
+		"ORDER_KIND_ABORT":       5,
+		"ORDER_KIND_RESUME":      6,
+	}
+)
+
+func (x OrderKind) Enum() *OrderKind {
+	p := new(OrderKind)
+	*p = x
+	return p
+}
+
+func (x OrderKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OrderKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_coordinator_proto_enumTypes[3].Descriptor()
+}
+
+func (OrderKind) Type() protoreflect.EnumType {
+	return &file_coordinator_proto_enumTypes[3]
+}
+
+func (x OrderKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OrderKind.Descriptor instead.
+func (OrderKind) EnumDescriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{3}
+}
+
+// JobEventKind is what a recovery of a job came to.
+type JobEventKind int32
+
+const (
+	JobEventKind_JOB_EVENT_KIND_UNSPECIFIED JobEventKind = 0
+	// Restart every rank on placement, restoring step (already in each
+	// node's shared memory when ok).
+	JobEventKind_JOB_EVENT_KIND_REGANG JobEventKind = 1
+	// The job cannot be recovered (error says why).
+	JobEventKind_JOB_EVENT_KIND_FAILED JobEventKind = 2
+)
+
+// Enum value maps for JobEventKind.
+var (
+	JobEventKind_name = map[int32]string{
+		0: "JOB_EVENT_KIND_UNSPECIFIED",
+		1: "JOB_EVENT_KIND_REGANG",
+		2: "JOB_EVENT_KIND_FAILED",
+	}
+	JobEventKind_value = map[string]int32{
+		"JOB_EVENT_KIND_UNSPECIFIED": 0,
+		"JOB_EVENT_KIND_REGANG":      1,
+		"JOB_EVENT_KIND_FAILED":      2,
+	}
+)
+
+func (x JobEventKind) Enum() *JobEventKind {
+	p := new(JobEventKind)
+	*p = x
+	return p
+}
+
+func (x JobEventKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (JobEventKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_coordinator_proto_enumTypes[4].Descriptor()
+}
+
+func (JobEventKind) Type() protoreflect.EnumType {
+	return &file_coordinator_proto_enumTypes[4]
+}
+
+func (x JobEventKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use JobEventKind.Descriptor instead.
+func (JobEventKind) EnumDescriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{4}
+}
+
 type Node struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -102,10 +387,9 @@ type ShardRecord struct {
 	Node           string                 `protobuf:"bytes,5,opt,name=node,proto3" json:"node,omitempty"`
 	SizeBytes      uint64                 `protobuf:"varint,6,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	HeaderChecksum string                 `protobuf:"bytes,7,opt,name=header_checksum,json=headerChecksum,proto3" json:"header_checksum,omitempty"`
-	// "committed", "corrupt" or "deleted".
-	State         string `protobuf:"bytes,8,opt,name=state,proto3" json:"state,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	State          CopyState              `protobuf:"varint,8,opt,name=state,proto3,enum=rewind.coordinator.v1.CopyState" json:"state,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ShardRecord) Reset() {
@@ -187,11 +471,11 @@ func (x *ShardRecord) GetHeaderChecksum() string {
 	return ""
 }
 
-func (x *ShardRecord) GetState() string {
+func (x *ShardRecord) GetState() CopyState {
 	if x != nil {
 		return x.State
 	}
-	return ""
+	return CopyState_COPY_STATE_UNSPECIFIED
 }
 
 type RegisterRequest struct {
@@ -963,11 +1247,12 @@ type Copy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Rank  uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
 	Node  string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
-	// "shm" for a node's shared memory; tiers later.
-	Tier           string `protobuf:"bytes,3,opt,name=tier,proto3" json:"tier,omitempty"`
-	SizeBytes      uint64 `protobuf:"varint,4,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
-	HeaderChecksum string `protobuf:"bytes,5,opt,name=header_checksum,json=headerChecksum,proto3" json:"header_checksum,omitempty"`
-	State          string `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
+	// "shm" for a node's shared memory, else the durable tier's name
+	// ("nvme", "pfs", "s3").
+	Tier           string    `protobuf:"bytes,3,opt,name=tier,proto3" json:"tier,omitempty"`
+	SizeBytes      uint64    `protobuf:"varint,4,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	HeaderChecksum string    `protobuf:"bytes,5,opt,name=header_checksum,json=headerChecksum,proto3" json:"header_checksum,omitempty"`
+	State          CopyState `protobuf:"varint,6,opt,name=state,proto3,enum=rewind.coordinator.v1.CopyState" json:"state,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -1037,23 +1322,22 @@ func (x *Copy) GetHeaderChecksum() string {
 	return ""
 }
 
-func (x *Copy) GetState() string {
+func (x *Copy) GetState() CopyState {
 	if x != nil {
 		return x.State
 	}
-	return ""
+	return CopyState_COPY_STATE_UNSPECIFIED
 }
 
 type Step struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	Job       string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
-	Step      int64                  `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
-	WorldSize uint32                 `protobuf:"varint,3,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
-	// "partial", "consistent", "abandoned" or "deleted".
-	State              string  `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
-	RanksCommitted     uint32  `protobuf:"varint,5,opt,name=ranks_committed,json=ranksCommitted,proto3" json:"ranks_committed,omitempty"`
-	ConsistentUnixNano int64   `protobuf:"varint,6,opt,name=consistent_unix_nano,json=consistentUnixNano,proto3" json:"consistent_unix_nano,omitempty"`
-	Copies             []*Copy `protobuf:"bytes,7,rep,name=copies,proto3" json:"copies,omitempty"`
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	Job                string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Step               int64                  `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
+	WorldSize          uint32                 `protobuf:"varint,3,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
+	State              StepState              `protobuf:"varint,4,opt,name=state,proto3,enum=rewind.coordinator.v1.StepState" json:"state,omitempty"`
+	RanksCommitted     uint32                 `protobuf:"varint,5,opt,name=ranks_committed,json=ranksCommitted,proto3" json:"ranks_committed,omitempty"`
+	ConsistentUnixNano int64                  `protobuf:"varint,6,opt,name=consistent_unix_nano,json=consistentUnixNano,proto3" json:"consistent_unix_nano,omitempty"`
+	Copies             []*Copy                `protobuf:"bytes,7,rep,name=copies,proto3" json:"copies,omitempty"`
 	// The step's copies on durable tiers.
 	Tiers         []*TierCopy `protobuf:"bytes,8,rep,name=tiers,proto3" json:"tiers,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1111,11 +1395,11 @@ func (x *Step) GetWorldSize() uint32 {
 	return 0
 }
 
-func (x *Step) GetState() string {
+func (x *Step) GetState() StepState {
 	if x != nil {
 		return x.State
 	}
-	return ""
+	return StepState_STEP_STATE_UNSPECIFIED
 }
 
 func (x *Step) GetRanksCommitted() uint32 {
@@ -1148,16 +1432,14 @@ func (x *Step) GetTiers() []*TierCopy {
 
 // TierCopy is a step's copy on one durable tier.
 type TierCopy struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	Tier  string                 `protobuf:"bytes,1,opt,name=tier,proto3" json:"tier,omitempty"`
-	// "copying", "durable" (every shard and the manifest written), "failed",
-	// or "deleting" (retention removes it).
-	State           string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
-	RanksDone       uint32 `protobuf:"varint,3,opt,name=ranks_done,json=ranksDone,proto3" json:"ranks_done,omitempty"`
-	BytesDone       uint64 `protobuf:"varint,4,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
-	Error           string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
-	StartedUnixNano int64  `protobuf:"varint,6,opt,name=started_unix_nano,json=startedUnixNano,proto3" json:"started_unix_nano,omitempty"`
-	DoneUnixNano    int64  `protobuf:"varint,7,opt,name=done_unix_nano,json=doneUnixNano,proto3" json:"done_unix_nano,omitempty"`
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Tier            string                 `protobuf:"bytes,1,opt,name=tier,proto3" json:"tier,omitempty"`
+	State           TierCopyState          `protobuf:"varint,2,opt,name=state,proto3,enum=rewind.coordinator.v1.TierCopyState" json:"state,omitempty"`
+	RanksDone       uint32                 `protobuf:"varint,3,opt,name=ranks_done,json=ranksDone,proto3" json:"ranks_done,omitempty"`
+	BytesDone       uint64                 `protobuf:"varint,4,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
+	Error           string                 `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	StartedUnixNano int64                  `protobuf:"varint,6,opt,name=started_unix_nano,json=startedUnixNano,proto3" json:"started_unix_nano,omitempty"`
+	DoneUnixNano    int64                  `protobuf:"varint,7,opt,name=done_unix_nano,json=doneUnixNano,proto3" json:"done_unix_nano,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -1199,11 +1481,11 @@ func (x *TierCopy) GetTier() string {
 	return ""
 }
 
-func (x *TierCopy) GetState() string {
+func (x *TierCopy) GetState() TierCopyState {
 	if x != nil {
 		return x.State
 	}
-	return ""
+	return TierCopyState_TIER_COPY_STATE_UNSPECIFIED
 }
 
 func (x *TierCopy) GetRanksDone() uint32 {
@@ -2023,42 +2305,23 @@ func (x *ShardEntry) GetHeaderChecksum() string {
 	return ""
 }
 
+// TransferOrder is one order on an agent's order stream: a tier transfer
+// (push, manifest, delete), a replica to make (replicate), or a gang order
+// (abort, resume). Every order but a gang order gets a TierEvent back.
 type TransferOrder struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
-	// "push": copy rank's shard of step from shared memory to the tier.
-	// "manifest": write the step's manifest (shards) on the tier, naming the
+	Job   string                 `protobuf:"bytes,2,opt,name=job,proto3" json:"job,omitempty"`
+	Step  int64                  `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`
+	// Types that are valid to be assigned to Order:
 	//
-	//	ranks whose shards this node's store holds (all of them on a shared
-	//	tier).
-	//
-	// "delete": remove the step's copy from the tier (the manifest first).
-	// "replicate": see source_node.
-	// "abort": the job's gang is broken; the agent fails the job's ranks'
-	//
-	//	calls with "gang broken, restoring step" until "resume".
-	Kind      string        `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
-	Job       string        `protobuf:"bytes,3,opt,name=job,proto3" json:"job,omitempty"`
-	Step      int64         `protobuf:"varint,4,opt,name=step,proto3" json:"step,omitempty"`
-	Tier      string        `protobuf:"bytes,5,opt,name=tier,proto3" json:"tier,omitempty"`
-	Rank      uint32        `protobuf:"varint,6,opt,name=rank,proto3" json:"rank,omitempty"`
-	WorldSize uint32        `protobuf:"varint,7,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
-	Ranks     []uint32      `protobuf:"varint,8,rep,packed,name=ranks,proto3" json:"ranks,omitempty"`
-	Shards    []*ShardEntry `protobuf:"bytes,9,rep,name=shards,proto3" json:"shards,omitempty"`
-	// "replicate": copy rank's shard of step from the agent at source_addr
-	// (node source_node) into this agent's shared memory, checked against
-	// size_bytes and header_checksum and every tensor checksum before it is
-	// committed (tier is empty).
-	SourceNode     string `protobuf:"bytes,10,opt,name=source_node,json=sourceNode,proto3" json:"source_node,omitempty"`
-	SourceAddr     string `protobuf:"bytes,11,opt,name=source_addr,json=sourceAddr,proto3" json:"source_addr,omitempty"`
-	SizeBytes      uint64 `protobuf:"varint,12,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
-	HeaderChecksum string `protobuf:"bytes,13,opt,name=header_checksum,json=headerChecksum,proto3" json:"header_checksum,omitempty"`
-	// "abort": why the gang is broken.
-	Reason string `protobuf:"bytes,14,opt,name=reason,proto3" json:"reason,omitempty"`
-	// "abort", "resume": sent again, not live: the job's last gang order,
-	// to an agent whose order stream reconnected or that reports the job's
-	// gang broken. A replayed resume ends a break and discards nothing.
-	Replay        bool `protobuf:"varint,15,opt,name=replay,proto3" json:"replay,omitempty"`
+	//	*TransferOrder_Push
+	//	*TransferOrder_Manifest
+	//	*TransferOrder_Delete
+	//	*TransferOrder_Replicate
+	//	*TransferOrder_Abort
+	//	*TransferOrder_Resume
+	Order         isTransferOrder_Order `protobuf_oneof:"order"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2100,13 +2363,6 @@ func (x *TransferOrder) GetId() uint64 {
 	return 0
 }
 
-func (x *TransferOrder) GetKind() string {
-	if x != nil {
-		return x.Kind
-	}
-	return ""
-}
-
 func (x *TransferOrder) GetJob() string {
 	if x != nil {
 		return x.Job
@@ -2121,102 +2377,515 @@ func (x *TransferOrder) GetStep() int64 {
 	return 0
 }
 
-func (x *TransferOrder) GetTier() string {
+func (x *TransferOrder) GetOrder() isTransferOrder_Order {
+	if x != nil {
+		return x.Order
+	}
+	return nil
+}
+
+func (x *TransferOrder) GetPush() *PushOrder {
+	if x != nil {
+		if x, ok := x.Order.(*TransferOrder_Push); ok {
+			return x.Push
+		}
+	}
+	return nil
+}
+
+func (x *TransferOrder) GetManifest() *ManifestOrder {
+	if x != nil {
+		if x, ok := x.Order.(*TransferOrder_Manifest); ok {
+			return x.Manifest
+		}
+	}
+	return nil
+}
+
+func (x *TransferOrder) GetDelete() *DeleteOrder {
+	if x != nil {
+		if x, ok := x.Order.(*TransferOrder_Delete); ok {
+			return x.Delete
+		}
+	}
+	return nil
+}
+
+func (x *TransferOrder) GetReplicate() *ReplicateOrder {
+	if x != nil {
+		if x, ok := x.Order.(*TransferOrder_Replicate); ok {
+			return x.Replicate
+		}
+	}
+	return nil
+}
+
+func (x *TransferOrder) GetAbort() *AbortOrder {
+	if x != nil {
+		if x, ok := x.Order.(*TransferOrder_Abort); ok {
+			return x.Abort
+		}
+	}
+	return nil
+}
+
+func (x *TransferOrder) GetResume() *ResumeOrder {
+	if x != nil {
+		if x, ok := x.Order.(*TransferOrder_Resume); ok {
+			return x.Resume
+		}
+	}
+	return nil
+}
+
+type isTransferOrder_Order interface {
+	isTransferOrder_Order()
+}
+
+type TransferOrder_Push struct {
+	Push *PushOrder `protobuf:"bytes,4,opt,name=push,proto3,oneof"`
+}
+
+type TransferOrder_Manifest struct {
+	Manifest *ManifestOrder `protobuf:"bytes,5,opt,name=manifest,proto3,oneof"`
+}
+
+type TransferOrder_Delete struct {
+	Delete *DeleteOrder `protobuf:"bytes,6,opt,name=delete,proto3,oneof"`
+}
+
+type TransferOrder_Replicate struct {
+	Replicate *ReplicateOrder `protobuf:"bytes,7,opt,name=replicate,proto3,oneof"`
+}
+
+type TransferOrder_Abort struct {
+	Abort *AbortOrder `protobuf:"bytes,8,opt,name=abort,proto3,oneof"`
+}
+
+type TransferOrder_Resume struct {
+	Resume *ResumeOrder `protobuf:"bytes,9,opt,name=resume,proto3,oneof"`
+}
+
+func (*TransferOrder_Push) isTransferOrder_Order() {}
+
+func (*TransferOrder_Manifest) isTransferOrder_Order() {}
+
+func (*TransferOrder_Delete) isTransferOrder_Order() {}
+
+func (*TransferOrder_Replicate) isTransferOrder_Order() {}
+
+func (*TransferOrder_Abort) isTransferOrder_Order() {}
+
+func (*TransferOrder_Resume) isTransferOrder_Order() {}
+
+// PushOrder: copy rank's shard of the step from shared memory to the tier.
+type PushOrder struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tier          string                 `protobuf:"bytes,1,opt,name=tier,proto3" json:"tier,omitempty"`
+	Rank          uint32                 `protobuf:"varint,2,opt,name=rank,proto3" json:"rank,omitempty"`
+	WorldSize     uint32                 `protobuf:"varint,3,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushOrder) Reset() {
+	*x = PushOrder{}
+	mi := &file_coordinator_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushOrder) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushOrder) ProtoMessage() {}
+
+func (x *PushOrder) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushOrder.ProtoReflect.Descriptor instead.
+func (*PushOrder) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *PushOrder) GetTier() string {
 	if x != nil {
 		return x.Tier
 	}
 	return ""
 }
 
-func (x *TransferOrder) GetRank() uint32 {
+func (x *PushOrder) GetRank() uint32 {
 	if x != nil {
 		return x.Rank
 	}
 	return 0
 }
 
-func (x *TransferOrder) GetWorldSize() uint32 {
+func (x *PushOrder) GetWorldSize() uint32 {
 	if x != nil {
 		return x.WorldSize
 	}
 	return 0
 }
 
-func (x *TransferOrder) GetRanks() []uint32 {
+// ManifestOrder: write the step's manifest (shards) on the tier, naming
+// the ranks whose shards this node's store holds (all of them on a shared
+// tier).
+type ManifestOrder struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tier          string                 `protobuf:"bytes,1,opt,name=tier,proto3" json:"tier,omitempty"`
+	WorldSize     uint32                 `protobuf:"varint,2,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
+	Ranks         []uint32               `protobuf:"varint,3,rep,packed,name=ranks,proto3" json:"ranks,omitempty"`
+	Shards        []*ShardEntry          `protobuf:"bytes,4,rep,name=shards,proto3" json:"shards,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ManifestOrder) Reset() {
+	*x = ManifestOrder{}
+	mi := &file_coordinator_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ManifestOrder) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ManifestOrder) ProtoMessage() {}
+
+func (x *ManifestOrder) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ManifestOrder.ProtoReflect.Descriptor instead.
+func (*ManifestOrder) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ManifestOrder) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
+func (x *ManifestOrder) GetWorldSize() uint32 {
+	if x != nil {
+		return x.WorldSize
+	}
+	return 0
+}
+
+func (x *ManifestOrder) GetRanks() []uint32 {
 	if x != nil {
 		return x.Ranks
 	}
 	return nil
 }
 
-func (x *TransferOrder) GetShards() []*ShardEntry {
+func (x *ManifestOrder) GetShards() []*ShardEntry {
 	if x != nil {
 		return x.Shards
 	}
 	return nil
 }
 
-func (x *TransferOrder) GetSourceNode() string {
+// DeleteOrder: remove the step's copy from the tier, the manifest first,
+// then the shards of ranks.
+type DeleteOrder struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tier          string                 `protobuf:"bytes,1,opt,name=tier,proto3" json:"tier,omitempty"`
+	WorldSize     uint32                 `protobuf:"varint,2,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
+	Ranks         []uint32               `protobuf:"varint,3,rep,packed,name=ranks,proto3" json:"ranks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteOrder) Reset() {
+	*x = DeleteOrder{}
+	mi := &file_coordinator_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteOrder) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteOrder) ProtoMessage() {}
+
+func (x *DeleteOrder) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteOrder.ProtoReflect.Descriptor instead.
+func (*DeleteOrder) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *DeleteOrder) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
+func (x *DeleteOrder) GetWorldSize() uint32 {
+	if x != nil {
+		return x.WorldSize
+	}
+	return 0
+}
+
+func (x *DeleteOrder) GetRanks() []uint32 {
+	if x != nil {
+		return x.Ranks
+	}
+	return nil
+}
+
+// ReplicateOrder: copy rank's shard of the step from the agent at
+// source_addr (node source_node) into this agent's shared memory, checked
+// against size_bytes and header_checksum and every tensor checksum before
+// it is committed.
+type ReplicateOrder struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Rank           uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	WorldSize      uint32                 `protobuf:"varint,2,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
+	SourceNode     string                 `protobuf:"bytes,3,opt,name=source_node,json=sourceNode,proto3" json:"source_node,omitempty"`
+	SourceAddr     string                 `protobuf:"bytes,4,opt,name=source_addr,json=sourceAddr,proto3" json:"source_addr,omitempty"`
+	SizeBytes      uint64                 `protobuf:"varint,5,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	HeaderChecksum string                 `protobuf:"bytes,6,opt,name=header_checksum,json=headerChecksum,proto3" json:"header_checksum,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ReplicateOrder) Reset() {
+	*x = ReplicateOrder{}
+	mi := &file_coordinator_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicateOrder) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicateOrder) ProtoMessage() {}
+
+func (x *ReplicateOrder) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicateOrder.ProtoReflect.Descriptor instead.
+func (*ReplicateOrder) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *ReplicateOrder) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *ReplicateOrder) GetWorldSize() uint32 {
+	if x != nil {
+		return x.WorldSize
+	}
+	return 0
+}
+
+func (x *ReplicateOrder) GetSourceNode() string {
 	if x != nil {
 		return x.SourceNode
 	}
 	return ""
 }
 
-func (x *TransferOrder) GetSourceAddr() string {
+func (x *ReplicateOrder) GetSourceAddr() string {
 	if x != nil {
 		return x.SourceAddr
 	}
 	return ""
 }
 
-func (x *TransferOrder) GetSizeBytes() uint64 {
+func (x *ReplicateOrder) GetSizeBytes() uint64 {
 	if x != nil {
 		return x.SizeBytes
 	}
 	return 0
 }
 
-func (x *TransferOrder) GetHeaderChecksum() string {
+func (x *ReplicateOrder) GetHeaderChecksum() string {
 	if x != nil {
 		return x.HeaderChecksum
 	}
 	return ""
 }
 
-func (x *TransferOrder) GetReason() string {
+// AbortOrder: the job's gang is broken; the agent fails the job's ranks'
+// calls with "gang broken, restoring step" until a resume.
+type AbortOrder struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Why the gang is broken.
+	Reason string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Sent again, not live: the job's last gang order, to an agent whose
+	// order stream reconnected or that reports the job's gang broken.
+	Replay        bool `protobuf:"varint,2,opt,name=replay,proto3" json:"replay,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AbortOrder) Reset() {
+	*x = AbortOrder{}
+	mi := &file_coordinator_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AbortOrder) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AbortOrder) ProtoMessage() {}
+
+func (x *AbortOrder) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AbortOrder.ProtoReflect.Descriptor instead.
+func (*AbortOrder) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *AbortOrder) GetReason() string {
 	if x != nil {
 		return x.Reason
 	}
 	return ""
 }
 
-func (x *TransferOrder) GetReplay() bool {
+func (x *AbortOrder) GetReplay() bool {
 	if x != nil {
 		return x.Replay
 	}
 	return false
 }
 
+// ResumeOrder: the job's gang is whole again at the step; its ranks may
+// save.
+type ResumeOrder struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Sent again, not live (see AbortOrder): a replayed resume ends a break
+	// and discards nothing.
+	Replay        bool `protobuf:"varint,1,opt,name=replay,proto3" json:"replay,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeOrder) Reset() {
+	*x = ResumeOrder{}
+	mi := &file_coordinator_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeOrder) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeOrder) ProtoMessage() {}
+
+func (x *ResumeOrder) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeOrder.ProtoReflect.Descriptor instead.
+func (*ResumeOrder) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *ResumeOrder) GetReplay() bool {
+	if x != nil {
+		return x.Replay
+	}
+	return false
+}
+
+// TierEvent is how a transfer order ended.
 type TierEvent struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Order         uint64                 `protobuf:"varint,1,opt,name=order,proto3" json:"order,omitempty"`
-	Kind          string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
-	Job           string                 `protobuf:"bytes,3,opt,name=job,proto3" json:"job,omitempty"`
-	Step          int64                  `protobuf:"varint,4,opt,name=step,proto3" json:"step,omitempty"`
-	Tier          string                 `protobuf:"bytes,5,opt,name=tier,proto3" json:"tier,omitempty"`
-	Rank          uint32                 `protobuf:"varint,6,opt,name=rank,proto3" json:"rank,omitempty"`
-	Ok            bool                   `protobuf:"varint,7,opt,name=ok,proto3" json:"ok,omitempty"`
-	Error         string                 `protobuf:"bytes,8,opt,name=error,proto3" json:"error,omitempty"`
-	Bytes         uint64                 `protobuf:"varint,9,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	DurationNanos int64                  `protobuf:"varint,10,opt,name=duration_nanos,json=durationNanos,proto3" json:"duration_nanos,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Order uint64                 `protobuf:"varint,1,opt,name=order,proto3" json:"order,omitempty"`
+	// The order's kind: push, manifest, delete or replicate.
+	Kind          OrderKind `protobuf:"varint,2,opt,name=kind,proto3,enum=rewind.coordinator.v1.OrderKind" json:"kind,omitempty"`
+	Job           string    `protobuf:"bytes,3,opt,name=job,proto3" json:"job,omitempty"`
+	Step          int64     `protobuf:"varint,4,opt,name=step,proto3" json:"step,omitempty"`
+	Tier          string    `protobuf:"bytes,5,opt,name=tier,proto3" json:"tier,omitempty"`
+	Rank          uint32    `protobuf:"varint,6,opt,name=rank,proto3" json:"rank,omitempty"`
+	Ok            bool      `protobuf:"varint,7,opt,name=ok,proto3" json:"ok,omitempty"`
+	Error         string    `protobuf:"bytes,8,opt,name=error,proto3" json:"error,omitempty"`
+	Bytes         uint64    `protobuf:"varint,9,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	DurationNanos int64     `protobuf:"varint,10,opt,name=duration_nanos,json=durationNanos,proto3" json:"duration_nanos,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TierEvent) Reset() {
 	*x = TierEvent{}
-	mi := &file_coordinator_proto_msgTypes[31]
+	mi := &file_coordinator_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2228,7 +2897,7 @@ func (x *TierEvent) String() string {
 func (*TierEvent) ProtoMessage() {}
 
 func (x *TierEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[31]
+	mi := &file_coordinator_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2241,7 +2910,7 @@ func (x *TierEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierEvent.ProtoReflect.Descriptor instead.
 func (*TierEvent) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{31}
+	return file_coordinator_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *TierEvent) GetOrder() uint64 {
@@ -2251,11 +2920,11 @@ func (x *TierEvent) GetOrder() uint64 {
 	return 0
 }
 
-func (x *TierEvent) GetKind() string {
+func (x *TierEvent) GetKind() OrderKind {
 	if x != nil {
 		return x.Kind
 	}
-	return ""
+	return OrderKind_ORDER_KIND_UNSPECIFIED
 }
 
 func (x *TierEvent) GetJob() string {
@@ -2334,7 +3003,7 @@ type TierHealth struct {
 
 func (x *TierHealth) Reset() {
 	*x = TierHealth{}
-	mi := &file_coordinator_proto_msgTypes[32]
+	mi := &file_coordinator_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2346,7 +3015,7 @@ func (x *TierHealth) String() string {
 func (*TierHealth) ProtoMessage() {}
 
 func (x *TierHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[32]
+	mi := &file_coordinator_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2359,7 +3028,7 @@ func (x *TierHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierHealth.ProtoReflect.Descriptor instead.
 func (*TierHealth) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{32}
+	return file_coordinator_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *TierHealth) GetTier() string {
@@ -2436,7 +3105,7 @@ type TierReportRequest struct {
 
 func (x *TierReportRequest) Reset() {
 	*x = TierReportRequest{}
-	mi := &file_coordinator_proto_msgTypes[33]
+	mi := &file_coordinator_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2448,7 +3117,7 @@ func (x *TierReportRequest) String() string {
 func (*TierReportRequest) ProtoMessage() {}
 
 func (x *TierReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[33]
+	mi := &file_coordinator_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2461,7 +3130,7 @@ func (x *TierReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierReportRequest.ProtoReflect.Descriptor instead.
 func (*TierReportRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{33}
+	return file_coordinator_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *TierReportRequest) GetNode() string {
@@ -2493,7 +3162,7 @@ type TierReportResponse struct {
 
 func (x *TierReportResponse) Reset() {
 	*x = TierReportResponse{}
-	mi := &file_coordinator_proto_msgTypes[34]
+	mi := &file_coordinator_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2505,7 +3174,7 @@ func (x *TierReportResponse) String() string {
 func (*TierReportResponse) ProtoMessage() {}
 
 func (x *TierReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[34]
+	mi := &file_coordinator_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2518,7 +3187,7 @@ func (x *TierReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierReportResponse.ProtoReflect.Descriptor instead.
 func (*TierReportResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{34}
+	return file_coordinator_proto_rawDescGZIP(), []int{40}
 }
 
 type TierStatusRequest struct {
@@ -2529,7 +3198,7 @@ type TierStatusRequest struct {
 
 func (x *TierStatusRequest) Reset() {
 	*x = TierStatusRequest{}
-	mi := &file_coordinator_proto_msgTypes[35]
+	mi := &file_coordinator_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2541,7 +3210,7 @@ func (x *TierStatusRequest) String() string {
 func (*TierStatusRequest) ProtoMessage() {}
 
 func (x *TierStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[35]
+	mi := &file_coordinator_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2554,7 +3223,7 @@ func (x *TierStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierStatusRequest.ProtoReflect.Descriptor instead.
 func (*TierStatusRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{35}
+	return file_coordinator_proto_rawDescGZIP(), []int{41}
 }
 
 type NodeTiers struct {
@@ -2567,7 +3236,7 @@ type NodeTiers struct {
 
 func (x *NodeTiers) Reset() {
 	*x = NodeTiers{}
-	mi := &file_coordinator_proto_msgTypes[36]
+	mi := &file_coordinator_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2579,7 +3248,7 @@ func (x *NodeTiers) String() string {
 func (*NodeTiers) ProtoMessage() {}
 
 func (x *NodeTiers) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[36]
+	mi := &file_coordinator_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2592,7 +3261,7 @@ func (x *NodeTiers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeTiers.ProtoReflect.Descriptor instead.
 func (*NodeTiers) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{36}
+	return file_coordinator_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *NodeTiers) GetNode() string {
@@ -2618,7 +3287,7 @@ type TierStatusResponse struct {
 
 func (x *TierStatusResponse) Reset() {
 	*x = TierStatusResponse{}
-	mi := &file_coordinator_proto_msgTypes[37]
+	mi := &file_coordinator_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2630,7 +3299,7 @@ func (x *TierStatusResponse) String() string {
 func (*TierStatusResponse) ProtoMessage() {}
 
 func (x *TierStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[37]
+	mi := &file_coordinator_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2643,7 +3312,7 @@ func (x *TierStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierStatusResponse.ProtoReflect.Descriptor instead.
 func (*TierStatusResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{37}
+	return file_coordinator_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *TierStatusResponse) GetNodes() []*NodeTiers {
@@ -2663,7 +3332,7 @@ type NodeDownRequest struct {
 
 func (x *NodeDownRequest) Reset() {
 	*x = NodeDownRequest{}
-	mi := &file_coordinator_proto_msgTypes[38]
+	mi := &file_coordinator_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2675,7 +3344,7 @@ func (x *NodeDownRequest) String() string {
 func (*NodeDownRequest) ProtoMessage() {}
 
 func (x *NodeDownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[38]
+	mi := &file_coordinator_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2688,7 +3357,7 @@ func (x *NodeDownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeDownRequest.ProtoReflect.Descriptor instead.
 func (*NodeDownRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{38}
+	return file_coordinator_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *NodeDownRequest) GetNode() string {
@@ -2715,7 +3384,7 @@ type NodeDownResponse struct {
 
 func (x *NodeDownResponse) Reset() {
 	*x = NodeDownResponse{}
-	mi := &file_coordinator_proto_msgTypes[39]
+	mi := &file_coordinator_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2727,7 +3396,7 @@ func (x *NodeDownResponse) String() string {
 func (*NodeDownResponse) ProtoMessage() {}
 
 func (x *NodeDownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[39]
+	mi := &file_coordinator_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2740,7 +3409,7 @@ func (x *NodeDownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeDownResponse.ProtoReflect.Descriptor instead.
 func (*NodeDownResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{39}
+	return file_coordinator_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *NodeDownResponse) GetJobs() []string {
@@ -2766,7 +3435,7 @@ type WatchJobRequest struct {
 
 func (x *WatchJobRequest) Reset() {
 	*x = WatchJobRequest{}
-	mi := &file_coordinator_proto_msgTypes[40]
+	mi := &file_coordinator_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2778,7 +3447,7 @@ func (x *WatchJobRequest) String() string {
 func (*WatchJobRequest) ProtoMessage() {}
 
 func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[40]
+	mi := &file_coordinator_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2791,7 +3460,7 @@ func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobRequest.ProtoReflect.Descriptor instead.
 func (*WatchJobRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{40}
+	return file_coordinator_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *WatchJobRequest) GetJob() string {
@@ -2817,17 +3486,14 @@ func (x *WatchJobRequest) GetAfterSeq() uint64 {
 
 // JobEvent is a recovery of a job.
 type JobEvent struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	Job   string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
-	// "regang": restart every rank on placement, restoring step (already in
-	// each node's shared memory when ok); "failed": the job cannot be
-	// recovered (error says why).
-	Kind      string            `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
-	Step      int64             `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`
-	Placement map[uint32]string `protobuf:"bytes,4,rep,name=placement,proto3" json:"placement,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Reason    string            `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
-	Ok        bool              `protobuf:"varint,6,opt,name=ok,proto3" json:"ok,omitempty"`
-	Error     string            `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Job       string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Kind      JobEventKind           `protobuf:"varint,2,opt,name=kind,proto3,enum=rewind.coordinator.v1.JobEventKind" json:"kind,omitempty"`
+	Step      int64                  `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`
+	Placement map[uint32]string      `protobuf:"bytes,4,rep,name=placement,proto3" json:"placement,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Reason    string                 `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	Ok        bool                   `protobuf:"varint,6,opt,name=ok,proto3" json:"ok,omitempty"`
+	Error     string                 `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
 	// The timeline: the node declared dead, the plan made, every rank's
 	// shard in memory on its new node.
 	DetectedUnixNano int64  `protobuf:"varint,8,opt,name=detected_unix_nano,json=detectedUnixNano,proto3" json:"detected_unix_nano,omitempty"`
@@ -2849,7 +3515,7 @@ type JobEvent struct {
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_coordinator_proto_msgTypes[41]
+	mi := &file_coordinator_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2861,7 +3527,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[41]
+	mi := &file_coordinator_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2874,7 +3540,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{41}
+	return file_coordinator_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *JobEvent) GetJob() string {
@@ -2884,11 +3550,11 @@ func (x *JobEvent) GetJob() string {
 	return ""
 }
 
-func (x *JobEvent) GetKind() string {
+func (x *JobEvent) GetKind() JobEventKind {
 	if x != nil {
 		return x.Kind
 	}
-	return ""
+	return JobEventKind_JOB_EVENT_KIND_UNSPECIFIED
 }
 
 func (x *JobEvent) GetStep() int64 {
@@ -2987,7 +3653,7 @@ type RankSourcesRequest struct {
 
 func (x *RankSourcesRequest) Reset() {
 	*x = RankSourcesRequest{}
-	mi := &file_coordinator_proto_msgTypes[42]
+	mi := &file_coordinator_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2999,7 +3665,7 @@ func (x *RankSourcesRequest) String() string {
 func (*RankSourcesRequest) ProtoMessage() {}
 
 func (x *RankSourcesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[42]
+	mi := &file_coordinator_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3012,7 +3678,7 @@ func (x *RankSourcesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankSourcesRequest.ProtoReflect.Descriptor instead.
 func (*RankSourcesRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{42}
+	return file_coordinator_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RankSourcesRequest) GetJob() string {
@@ -3055,7 +3721,7 @@ type RankSource struct {
 
 func (x *RankSource) Reset() {
 	*x = RankSource{}
-	mi := &file_coordinator_proto_msgTypes[43]
+	mi := &file_coordinator_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3067,7 +3733,7 @@ func (x *RankSource) String() string {
 func (*RankSource) ProtoMessage() {}
 
 func (x *RankSource) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[43]
+	mi := &file_coordinator_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3080,7 +3746,7 @@ func (x *RankSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankSource.ProtoReflect.Descriptor instead.
 func (*RankSource) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{43}
+	return file_coordinator_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RankSource) GetTier() string {
@@ -3116,7 +3782,7 @@ type RankSourcesResponse struct {
 
 func (x *RankSourcesResponse) Reset() {
 	*x = RankSourcesResponse{}
-	mi := &file_coordinator_proto_msgTypes[44]
+	mi := &file_coordinator_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3128,7 +3794,7 @@ func (x *RankSourcesResponse) String() string {
 func (*RankSourcesResponse) ProtoMessage() {}
 
 func (x *RankSourcesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[44]
+	mi := &file_coordinator_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3141,7 +3807,7 @@ func (x *RankSourcesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankSourcesResponse.ProtoReflect.Descriptor instead.
 func (*RankSourcesResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{44}
+	return file_coordinator_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RankSourcesResponse) GetWorldSize() uint32 {
@@ -3181,7 +3847,7 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12%\n" +
 	"\x0efailure_domain\x18\x03 \x01(\tR\rfailureDomain\x12(\n" +
-	"\x10shm_budget_bytes\x18\x04 \x01(\x04R\x0eshmBudgetBytes\"\xd8\x01\n" +
+	"\x10shm_budget_bytes\x18\x04 \x01(\x04R\x0eshmBudgetBytes\"\xfa\x01\n" +
 	"\vShardRecord\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x12\n" +
@@ -3191,8 +3857,8 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x04node\x18\x05 \x01(\tR\x04node\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x06 \x01(\x04R\tsizeBytes\x12'\n" +
-	"\x0fheader_checksum\x18\a \x01(\tR\x0eheaderChecksum\x12\x14\n" +
-	"\x05state\x18\b \x01(\tR\x05state\"\x84\x01\n" +
+	"\x0fheader_checksum\x18\a \x01(\tR\x0eheaderChecksum\x126\n" +
+	"\x05state\x18\b \x01(\x0e2 .rewind.coordinator.v1.CopyStateR\x05state\"\x84\x01\n" +
 	"\x0fRegisterRequest\x12/\n" +
 	"\x04node\x18\x01 \x01(\v2\x1b.rewind.coordinator.v1.NodeR\x04node\x12@\n" +
 	"\tinventory\x18\x02 \x03(\v2\".rewind.coordinator.v1.ShardRecordR\tinventory\"I\n" +
@@ -3253,28 +3919,28 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x10ListJobsResponse\x12.\n" +
 	"\x04jobs\x18\x01 \x03(\v2\x1a.rewind.coordinator.v1.JobR\x04jobs\"$\n" +
 	"\x10ListStepsRequest\x12\x10\n" +
-	"\x03job\x18\x01 \x01(\tR\x03job\"\xa0\x01\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\"\xc2\x01\n" +
 	"\x04Copy\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x12\n" +
 	"\x04tier\x18\x03 \x01(\tR\x04tier\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x04 \x01(\x04R\tsizeBytes\x12'\n" +
-	"\x0fheader_checksum\x18\x05 \x01(\tR\x0eheaderChecksum\x12\x14\n" +
-	"\x05state\x18\x06 \x01(\tR\x05state\"\xa8\x02\n" +
+	"\x0fheader_checksum\x18\x05 \x01(\tR\x0eheaderChecksum\x126\n" +
+	"\x05state\x18\x06 \x01(\x0e2 .rewind.coordinator.v1.CopyStateR\x05state\"\xca\x02\n" +
 	"\x04Step\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x1d\n" +
 	"\n" +
-	"world_size\x18\x03 \x01(\rR\tworldSize\x12\x14\n" +
-	"\x05state\x18\x04 \x01(\tR\x05state\x12'\n" +
+	"world_size\x18\x03 \x01(\rR\tworldSize\x126\n" +
+	"\x05state\x18\x04 \x01(\x0e2 .rewind.coordinator.v1.StepStateR\x05state\x12'\n" +
 	"\x0franks_committed\x18\x05 \x01(\rR\x0eranksCommitted\x120\n" +
 	"\x14consistent_unix_nano\x18\x06 \x01(\x03R\x12consistentUnixNano\x123\n" +
 	"\x06copies\x18\a \x03(\v2\x1b.rewind.coordinator.v1.CopyR\x06copies\x125\n" +
-	"\x05tiers\x18\b \x03(\v2\x1f.rewind.coordinator.v1.TierCopyR\x05tiers\"\xda\x01\n" +
+	"\x05tiers\x18\b \x03(\v2\x1f.rewind.coordinator.v1.TierCopyR\x05tiers\"\x80\x02\n" +
 	"\bTierCopy\x12\x12\n" +
-	"\x04tier\x18\x01 \x01(\tR\x04tier\x12\x14\n" +
-	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1d\n" +
+	"\x04tier\x18\x01 \x01(\tR\x04tier\x12:\n" +
+	"\x05state\x18\x02 \x01(\x0e2$.rewind.coordinator.v1.TierCopyStateR\x05state\x12\x1d\n" +
 	"\n" +
 	"ranks_done\x18\x03 \x01(\rR\tranksDone\x12\x1d\n" +
 	"\n" +
@@ -3340,31 +4006,54 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x02 \x01(\x04R\tsizeBytes\x12'\n" +
-	"\x0fheader_checksum\x18\x03 \x01(\tR\x0eheaderChecksum\"\xab\x03\n" +
+	"\x0fheader_checksum\x18\x03 \x01(\tR\x0eheaderChecksum\"\xc8\x03\n" +
 	"\rTransferOrder\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
-	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x10\n" +
-	"\x03job\x18\x03 \x01(\tR\x03job\x12\x12\n" +
-	"\x04step\x18\x04 \x01(\x03R\x04step\x12\x12\n" +
-	"\x04tier\x18\x05 \x01(\tR\x04tier\x12\x12\n" +
-	"\x04rank\x18\x06 \x01(\rR\x04rank\x12\x1d\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x10\n" +
+	"\x03job\x18\x02 \x01(\tR\x03job\x12\x12\n" +
+	"\x04step\x18\x03 \x01(\x03R\x04step\x126\n" +
+	"\x04push\x18\x04 \x01(\v2 .rewind.coordinator.v1.PushOrderH\x00R\x04push\x12B\n" +
+	"\bmanifest\x18\x05 \x01(\v2$.rewind.coordinator.v1.ManifestOrderH\x00R\bmanifest\x12<\n" +
+	"\x06delete\x18\x06 \x01(\v2\".rewind.coordinator.v1.DeleteOrderH\x00R\x06delete\x12E\n" +
+	"\treplicate\x18\a \x01(\v2%.rewind.coordinator.v1.ReplicateOrderH\x00R\treplicate\x129\n" +
+	"\x05abort\x18\b \x01(\v2!.rewind.coordinator.v1.AbortOrderH\x00R\x05abort\x12<\n" +
+	"\x06resume\x18\t \x01(\v2\".rewind.coordinator.v1.ResumeOrderH\x00R\x06resumeB\a\n" +
+	"\x05order\"R\n" +
+	"\tPushOrder\x12\x12\n" +
+	"\x04tier\x18\x01 \x01(\tR\x04tier\x12\x12\n" +
+	"\x04rank\x18\x02 \x01(\rR\x04rank\x12\x1d\n" +
 	"\n" +
-	"world_size\x18\a \x01(\rR\tworldSize\x12\x14\n" +
-	"\x05ranks\x18\b \x03(\rR\x05ranks\x129\n" +
-	"\x06shards\x18\t \x03(\v2!.rewind.coordinator.v1.ShardEntryR\x06shards\x12\x1f\n" +
-	"\vsource_node\x18\n" +
-	" \x01(\tR\n" +
+	"world_size\x18\x03 \x01(\rR\tworldSize\"\x93\x01\n" +
+	"\rManifestOrder\x12\x12\n" +
+	"\x04tier\x18\x01 \x01(\tR\x04tier\x12\x1d\n" +
+	"\n" +
+	"world_size\x18\x02 \x01(\rR\tworldSize\x12\x14\n" +
+	"\x05ranks\x18\x03 \x03(\rR\x05ranks\x129\n" +
+	"\x06shards\x18\x04 \x03(\v2!.rewind.coordinator.v1.ShardEntryR\x06shards\"V\n" +
+	"\vDeleteOrder\x12\x12\n" +
+	"\x04tier\x18\x01 \x01(\tR\x04tier\x12\x1d\n" +
+	"\n" +
+	"world_size\x18\x02 \x01(\rR\tworldSize\x12\x14\n" +
+	"\x05ranks\x18\x03 \x03(\rR\x05ranks\"\xcd\x01\n" +
+	"\x0eReplicateOrder\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x1d\n" +
+	"\n" +
+	"world_size\x18\x02 \x01(\rR\tworldSize\x12\x1f\n" +
+	"\vsource_node\x18\x03 \x01(\tR\n" +
 	"sourceNode\x12\x1f\n" +
-	"\vsource_addr\x18\v \x01(\tR\n" +
+	"\vsource_addr\x18\x04 \x01(\tR\n" +
 	"sourceAddr\x12\x1d\n" +
 	"\n" +
-	"size_bytes\x18\f \x01(\x04R\tsizeBytes\x12'\n" +
-	"\x0fheader_checksum\x18\r \x01(\tR\x0eheaderChecksum\x12\x16\n" +
-	"\x06reason\x18\x0e \x01(\tR\x06reason\x12\x16\n" +
-	"\x06replay\x18\x0f \x01(\bR\x06replay\"\xe6\x01\n" +
+	"size_bytes\x18\x05 \x01(\x04R\tsizeBytes\x12'\n" +
+	"\x0fheader_checksum\x18\x06 \x01(\tR\x0eheaderChecksum\"<\n" +
+	"\n" +
+	"AbortOrder\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x16\n" +
+	"\x06replay\x18\x02 \x01(\bR\x06replay\"%\n" +
+	"\vResumeOrder\x12\x16\n" +
+	"\x06replay\x18\x01 \x01(\bR\x06replay\"\x88\x02\n" +
 	"\tTierEvent\x12\x14\n" +
-	"\x05order\x18\x01 \x01(\x04R\x05order\x12\x12\n" +
-	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x10\n" +
+	"\x05order\x18\x01 \x01(\x04R\x05order\x124\n" +
+	"\x04kind\x18\x02 \x01(\x0e2 .rewind.coordinator.v1.OrderKindR\x04kind\x12\x10\n" +
 	"\x03job\x18\x03 \x01(\tR\x03job\x12\x12\n" +
 	"\x04step\x18\x04 \x01(\x03R\x04step\x12\x12\n" +
 	"\x04tier\x18\x05 \x01(\tR\x04tier\x12\x12\n" +
@@ -3406,10 +4095,10 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x0fWatchJobRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x16\n" +
 	"\x06replay\x18\x02 \x01(\bR\x06replay\x12\x1b\n" +
-	"\tafter_seq\x18\x03 \x01(\x04R\bafterSeq\"\xd6\x04\n" +
+	"\tafter_seq\x18\x03 \x01(\x04R\bafterSeq\"\xfb\x04\n" +
 	"\bJobEvent\x12\x10\n" +
-	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
-	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x12\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x127\n" +
+	"\x04kind\x18\x02 \x01(\x0e2#.rewind.coordinator.v1.JobEventKindR\x04kind\x12\x12\n" +
 	"\x04step\x18\x03 \x01(\x03R\x04step\x12L\n" +
 	"\tplacement\x18\x04 \x03(\v2..rewind.coordinator.v1.JobEvent.PlacementEntryR\tplacement\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x0e\n" +
@@ -3445,7 +4134,35 @@ const file_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"size_bytes\x18\x02 \x01(\x04R\tsizeBytes\x12'\n" +
 	"\x0fheader_checksum\x18\x03 \x01(\tR\x0eheaderChecksum\x12;\n" +
-	"\asources\x18\x04 \x03(\v2!.rewind.coordinator.v1.RankSourceR\asources2\xdf\f\n" +
+	"\asources\x18\x04 \x03(\v2!.rewind.coordinator.v1.RankSourceR\asources*q\n" +
+	"\tCopyState\x12\x1a\n" +
+	"\x16COPY_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14COPY_STATE_COMMITTED\x10\x01\x12\x16\n" +
+	"\x12COPY_STATE_CORRUPT\x10\x02\x12\x16\n" +
+	"\x12COPY_STATE_DELETED\x10\x03*t\n" +
+	"\tStepState\x12\x1a\n" +
+	"\x16STEP_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12STEP_STATE_PARTIAL\x10\x01\x12\x19\n" +
+	"\x15STEP_STATE_CONSISTENT\x10\x02\x12\x18\n" +
+	"\x14STEP_STATE_ABANDONED\x10\x03*\xa4\x01\n" +
+	"\rTierCopyState\x12\x1f\n" +
+	"\x1bTIER_COPY_STATE_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17TIER_COPY_STATE_COPYING\x10\x01\x12\x1b\n" +
+	"\x17TIER_COPY_STATE_DURABLE\x10\x02\x12\x1a\n" +
+	"\x16TIER_COPY_STATE_FAILED\x10\x03\x12\x1c\n" +
+	"\x18TIER_COPY_STATE_DELETING\x10\x04*\xb3\x01\n" +
+	"\tOrderKind\x12\x1a\n" +
+	"\x16ORDER_KIND_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fORDER_KIND_PUSH\x10\x01\x12\x17\n" +
+	"\x13ORDER_KIND_MANIFEST\x10\x02\x12\x15\n" +
+	"\x11ORDER_KIND_DELETE\x10\x03\x12\x18\n" +
+	"\x14ORDER_KIND_REPLICATE\x10\x04\x12\x14\n" +
+	"\x10ORDER_KIND_ABORT\x10\x05\x12\x15\n" +
+	"\x11ORDER_KIND_RESUME\x10\x06*d\n" +
+	"\fJobEventKind\x12\x1e\n" +
+	"\x1aJOB_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15JOB_EVENT_KIND_REGANG\x10\x01\x12\x19\n" +
+	"\x15JOB_EVENT_KIND_FAILED\x10\x022\xdf\f\n" +
 	"\vCoordinator\x12[\n" +
 	"\bRegister\x12&.rewind.coordinator.v1.RegisterRequest\x1a'.rewind.coordinator.v1.RegisterResponse\x12d\n" +
 	"\vRegisterJob\x12).rewind.coordinator.v1.RegisterJobRequest\x1a*.rewind.coordinator.v1.RegisterJobResponse\x12U\n" +
@@ -3481,125 +4198,149 @@ func file_coordinator_proto_rawDescGZIP() []byte {
 	return file_coordinator_proto_rawDescData
 }
 
-var file_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
 var file_coordinator_proto_goTypes = []any{
-	(*Node)(nil),                // 0: rewind.coordinator.v1.Node
-	(*ShardRecord)(nil),         // 1: rewind.coordinator.v1.ShardRecord
-	(*RegisterRequest)(nil),     // 2: rewind.coordinator.v1.RegisterRequest
-	(*Pin)(nil),                 // 3: rewind.coordinator.v1.Pin
-	(*RegisterResponse)(nil),    // 4: rewind.coordinator.v1.RegisterResponse
-	(*RegisterJobRequest)(nil),  // 5: rewind.coordinator.v1.RegisterJobRequest
-	(*RegisterJobResponse)(nil), // 6: rewind.coordinator.v1.RegisterJobResponse
-	(*ReportRequest)(nil),       // 7: rewind.coordinator.v1.ReportRequest
-	(*ReportResponse)(nil),      // 8: rewind.coordinator.v1.ReportResponse
-	(*LatestRequest)(nil),       // 9: rewind.coordinator.v1.LatestRequest
-	(*LatestResponse)(nil),      // 10: rewind.coordinator.v1.LatestResponse
-	(*ListJobsRequest)(nil),     // 11: rewind.coordinator.v1.ListJobsRequest
-	(*Job)(nil),                 // 12: rewind.coordinator.v1.Job
-	(*ListJobsResponse)(nil),    // 13: rewind.coordinator.v1.ListJobsResponse
-	(*ListStepsRequest)(nil),    // 14: rewind.coordinator.v1.ListStepsRequest
-	(*Copy)(nil),                // 15: rewind.coordinator.v1.Copy
-	(*Step)(nil),                // 16: rewind.coordinator.v1.Step
-	(*TierCopy)(nil),            // 17: rewind.coordinator.v1.TierCopy
-	(*ListStepsResponse)(nil),   // 18: rewind.coordinator.v1.ListStepsResponse
-	(*StepRequest)(nil),         // 19: rewind.coordinator.v1.StepRequest
-	(*InspectStepResponse)(nil), // 20: rewind.coordinator.v1.InspectStepResponse
-	(*CopyCheck)(nil),           // 21: rewind.coordinator.v1.CopyCheck
-	(*VerifyStepResponse)(nil),  // 22: rewind.coordinator.v1.VerifyStepResponse
-	(*PlanRestoreRequest)(nil),  // 23: rewind.coordinator.v1.PlanRestoreRequest
-	(*RankPlan)(nil),            // 24: rewind.coordinator.v1.RankPlan
-	(*PlanRestoreResponse)(nil), // 25: rewind.coordinator.v1.PlanRestoreResponse
-	(*DeleteStepRequest)(nil),   // 26: rewind.coordinator.v1.DeleteStepRequest
-	(*DeleteStepResponse)(nil),  // 27: rewind.coordinator.v1.DeleteStepResponse
-	(*TransfersRequest)(nil),    // 28: rewind.coordinator.v1.TransfersRequest
-	(*ShardEntry)(nil),          // 29: rewind.coordinator.v1.ShardEntry
-	(*TransferOrder)(nil),       // 30: rewind.coordinator.v1.TransferOrder
-	(*TierEvent)(nil),           // 31: rewind.coordinator.v1.TierEvent
-	(*TierHealth)(nil),          // 32: rewind.coordinator.v1.TierHealth
-	(*TierReportRequest)(nil),   // 33: rewind.coordinator.v1.TierReportRequest
-	(*TierReportResponse)(nil),  // 34: rewind.coordinator.v1.TierReportResponse
-	(*TierStatusRequest)(nil),   // 35: rewind.coordinator.v1.TierStatusRequest
-	(*NodeTiers)(nil),           // 36: rewind.coordinator.v1.NodeTiers
-	(*TierStatusResponse)(nil),  // 37: rewind.coordinator.v1.TierStatusResponse
-	(*NodeDownRequest)(nil),     // 38: rewind.coordinator.v1.NodeDownRequest
-	(*NodeDownResponse)(nil),    // 39: rewind.coordinator.v1.NodeDownResponse
-	(*WatchJobRequest)(nil),     // 40: rewind.coordinator.v1.WatchJobRequest
-	(*JobEvent)(nil),            // 41: rewind.coordinator.v1.JobEvent
-	(*RankSourcesRequest)(nil),  // 42: rewind.coordinator.v1.RankSourcesRequest
-	(*RankSource)(nil),          // 43: rewind.coordinator.v1.RankSource
-	(*RankSourcesResponse)(nil), // 44: rewind.coordinator.v1.RankSourcesResponse
-	nil,                         // 45: rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
-	nil,                         // 46: rewind.coordinator.v1.Job.PlacementEntry
-	nil,                         // 47: rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
-	nil,                         // 48: rewind.coordinator.v1.JobEvent.PlacementEntry
-	nil,                         // 49: rewind.coordinator.v1.JobEvent.SourcesEntry
+	(CopyState)(0),              // 0: rewind.coordinator.v1.CopyState
+	(StepState)(0),              // 1: rewind.coordinator.v1.StepState
+	(TierCopyState)(0),          // 2: rewind.coordinator.v1.TierCopyState
+	(OrderKind)(0),              // 3: rewind.coordinator.v1.OrderKind
+	(JobEventKind)(0),           // 4: rewind.coordinator.v1.JobEventKind
+	(*Node)(nil),                // 5: rewind.coordinator.v1.Node
+	(*ShardRecord)(nil),         // 6: rewind.coordinator.v1.ShardRecord
+	(*RegisterRequest)(nil),     // 7: rewind.coordinator.v1.RegisterRequest
+	(*Pin)(nil),                 // 8: rewind.coordinator.v1.Pin
+	(*RegisterResponse)(nil),    // 9: rewind.coordinator.v1.RegisterResponse
+	(*RegisterJobRequest)(nil),  // 10: rewind.coordinator.v1.RegisterJobRequest
+	(*RegisterJobResponse)(nil), // 11: rewind.coordinator.v1.RegisterJobResponse
+	(*ReportRequest)(nil),       // 12: rewind.coordinator.v1.ReportRequest
+	(*ReportResponse)(nil),      // 13: rewind.coordinator.v1.ReportResponse
+	(*LatestRequest)(nil),       // 14: rewind.coordinator.v1.LatestRequest
+	(*LatestResponse)(nil),      // 15: rewind.coordinator.v1.LatestResponse
+	(*ListJobsRequest)(nil),     // 16: rewind.coordinator.v1.ListJobsRequest
+	(*Job)(nil),                 // 17: rewind.coordinator.v1.Job
+	(*ListJobsResponse)(nil),    // 18: rewind.coordinator.v1.ListJobsResponse
+	(*ListStepsRequest)(nil),    // 19: rewind.coordinator.v1.ListStepsRequest
+	(*Copy)(nil),                // 20: rewind.coordinator.v1.Copy
+	(*Step)(nil),                // 21: rewind.coordinator.v1.Step
+	(*TierCopy)(nil),            // 22: rewind.coordinator.v1.TierCopy
+	(*ListStepsResponse)(nil),   // 23: rewind.coordinator.v1.ListStepsResponse
+	(*StepRequest)(nil),         // 24: rewind.coordinator.v1.StepRequest
+	(*InspectStepResponse)(nil), // 25: rewind.coordinator.v1.InspectStepResponse
+	(*CopyCheck)(nil),           // 26: rewind.coordinator.v1.CopyCheck
+	(*VerifyStepResponse)(nil),  // 27: rewind.coordinator.v1.VerifyStepResponse
+	(*PlanRestoreRequest)(nil),  // 28: rewind.coordinator.v1.PlanRestoreRequest
+	(*RankPlan)(nil),            // 29: rewind.coordinator.v1.RankPlan
+	(*PlanRestoreResponse)(nil), // 30: rewind.coordinator.v1.PlanRestoreResponse
+	(*DeleteStepRequest)(nil),   // 31: rewind.coordinator.v1.DeleteStepRequest
+	(*DeleteStepResponse)(nil),  // 32: rewind.coordinator.v1.DeleteStepResponse
+	(*TransfersRequest)(nil),    // 33: rewind.coordinator.v1.TransfersRequest
+	(*ShardEntry)(nil),          // 34: rewind.coordinator.v1.ShardEntry
+	(*TransferOrder)(nil),       // 35: rewind.coordinator.v1.TransferOrder
+	(*PushOrder)(nil),           // 36: rewind.coordinator.v1.PushOrder
+	(*ManifestOrder)(nil),       // 37: rewind.coordinator.v1.ManifestOrder
+	(*DeleteOrder)(nil),         // 38: rewind.coordinator.v1.DeleteOrder
+	(*ReplicateOrder)(nil),      // 39: rewind.coordinator.v1.ReplicateOrder
+	(*AbortOrder)(nil),          // 40: rewind.coordinator.v1.AbortOrder
+	(*ResumeOrder)(nil),         // 41: rewind.coordinator.v1.ResumeOrder
+	(*TierEvent)(nil),           // 42: rewind.coordinator.v1.TierEvent
+	(*TierHealth)(nil),          // 43: rewind.coordinator.v1.TierHealth
+	(*TierReportRequest)(nil),   // 44: rewind.coordinator.v1.TierReportRequest
+	(*TierReportResponse)(nil),  // 45: rewind.coordinator.v1.TierReportResponse
+	(*TierStatusRequest)(nil),   // 46: rewind.coordinator.v1.TierStatusRequest
+	(*NodeTiers)(nil),           // 47: rewind.coordinator.v1.NodeTiers
+	(*TierStatusResponse)(nil),  // 48: rewind.coordinator.v1.TierStatusResponse
+	(*NodeDownRequest)(nil),     // 49: rewind.coordinator.v1.NodeDownRequest
+	(*NodeDownResponse)(nil),    // 50: rewind.coordinator.v1.NodeDownResponse
+	(*WatchJobRequest)(nil),     // 51: rewind.coordinator.v1.WatchJobRequest
+	(*JobEvent)(nil),            // 52: rewind.coordinator.v1.JobEvent
+	(*RankSourcesRequest)(nil),  // 53: rewind.coordinator.v1.RankSourcesRequest
+	(*RankSource)(nil),          // 54: rewind.coordinator.v1.RankSource
+	(*RankSourcesResponse)(nil), // 55: rewind.coordinator.v1.RankSourcesResponse
+	nil,                         // 56: rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
+	nil,                         // 57: rewind.coordinator.v1.Job.PlacementEntry
+	nil,                         // 58: rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
+	nil,                         // 59: rewind.coordinator.v1.JobEvent.PlacementEntry
+	nil,                         // 60: rewind.coordinator.v1.JobEvent.SourcesEntry
 }
 var file_coordinator_proto_depIdxs = []int32{
-	0,  // 0: rewind.coordinator.v1.RegisterRequest.node:type_name -> rewind.coordinator.v1.Node
-	1,  // 1: rewind.coordinator.v1.RegisterRequest.inventory:type_name -> rewind.coordinator.v1.ShardRecord
-	3,  // 2: rewind.coordinator.v1.RegisterResponse.pins:type_name -> rewind.coordinator.v1.Pin
-	45, // 3: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
-	1,  // 4: rewind.coordinator.v1.ReportRequest.shards:type_name -> rewind.coordinator.v1.ShardRecord
-	3,  // 5: rewind.coordinator.v1.ReportResponse.pins:type_name -> rewind.coordinator.v1.Pin
-	3,  // 6: rewind.coordinator.v1.ReportResponse.consistent:type_name -> rewind.coordinator.v1.Pin
-	46, // 7: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
-	12, // 8: rewind.coordinator.v1.ListJobsResponse.jobs:type_name -> rewind.coordinator.v1.Job
-	15, // 9: rewind.coordinator.v1.Step.copies:type_name -> rewind.coordinator.v1.Copy
-	17, // 10: rewind.coordinator.v1.Step.tiers:type_name -> rewind.coordinator.v1.TierCopy
-	16, // 11: rewind.coordinator.v1.ListStepsResponse.steps:type_name -> rewind.coordinator.v1.Step
-	16, // 12: rewind.coordinator.v1.InspectStepResponse.step:type_name -> rewind.coordinator.v1.Step
-	15, // 13: rewind.coordinator.v1.CopyCheck.copy:type_name -> rewind.coordinator.v1.Copy
-	21, // 14: rewind.coordinator.v1.VerifyStepResponse.checks:type_name -> rewind.coordinator.v1.CopyCheck
-	15, // 15: rewind.coordinator.v1.RankPlan.sources:type_name -> rewind.coordinator.v1.Copy
-	24, // 16: rewind.coordinator.v1.PlanRestoreResponse.ranks:type_name -> rewind.coordinator.v1.RankPlan
-	47, // 17: rewind.coordinator.v1.TransfersRequest.broken_gangs:type_name -> rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
-	29, // 18: rewind.coordinator.v1.TransferOrder.shards:type_name -> rewind.coordinator.v1.ShardEntry
-	31, // 19: rewind.coordinator.v1.TierReportRequest.events:type_name -> rewind.coordinator.v1.TierEvent
-	32, // 20: rewind.coordinator.v1.TierReportRequest.health:type_name -> rewind.coordinator.v1.TierHealth
-	32, // 21: rewind.coordinator.v1.NodeTiers.tiers:type_name -> rewind.coordinator.v1.TierHealth
-	36, // 22: rewind.coordinator.v1.TierStatusResponse.nodes:type_name -> rewind.coordinator.v1.NodeTiers
-	48, // 23: rewind.coordinator.v1.JobEvent.placement:type_name -> rewind.coordinator.v1.JobEvent.PlacementEntry
-	49, // 24: rewind.coordinator.v1.JobEvent.sources:type_name -> rewind.coordinator.v1.JobEvent.SourcesEntry
-	43, // 25: rewind.coordinator.v1.RankSourcesResponse.sources:type_name -> rewind.coordinator.v1.RankSource
-	2,  // 26: rewind.coordinator.v1.Coordinator.Register:input_type -> rewind.coordinator.v1.RegisterRequest
-	5,  // 27: rewind.coordinator.v1.Coordinator.RegisterJob:input_type -> rewind.coordinator.v1.RegisterJobRequest
-	7,  // 28: rewind.coordinator.v1.Coordinator.Report:input_type -> rewind.coordinator.v1.ReportRequest
-	7,  // 29: rewind.coordinator.v1.Coordinator.ReportStream:input_type -> rewind.coordinator.v1.ReportRequest
-	9,  // 30: rewind.coordinator.v1.Coordinator.Latest:input_type -> rewind.coordinator.v1.LatestRequest
-	11, // 31: rewind.coordinator.v1.Coordinator.ListJobs:input_type -> rewind.coordinator.v1.ListJobsRequest
-	14, // 32: rewind.coordinator.v1.Coordinator.ListSteps:input_type -> rewind.coordinator.v1.ListStepsRequest
-	19, // 33: rewind.coordinator.v1.Coordinator.InspectStep:input_type -> rewind.coordinator.v1.StepRequest
-	19, // 34: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
-	23, // 35: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
-	42, // 36: rewind.coordinator.v1.Coordinator.RankSources:input_type -> rewind.coordinator.v1.RankSourcesRequest
-	26, // 37: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
-	28, // 38: rewind.coordinator.v1.Coordinator.Transfers:input_type -> rewind.coordinator.v1.TransfersRequest
-	33, // 39: rewind.coordinator.v1.Coordinator.TierReport:input_type -> rewind.coordinator.v1.TierReportRequest
-	35, // 40: rewind.coordinator.v1.Coordinator.TierStatus:input_type -> rewind.coordinator.v1.TierStatusRequest
-	38, // 41: rewind.coordinator.v1.Coordinator.NodeDown:input_type -> rewind.coordinator.v1.NodeDownRequest
-	40, // 42: rewind.coordinator.v1.Coordinator.WatchJob:input_type -> rewind.coordinator.v1.WatchJobRequest
-	4,  // 43: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
-	6,  // 44: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
-	8,  // 45: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
-	8,  // 46: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
-	10, // 47: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
-	13, // 48: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
-	18, // 49: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
-	20, // 50: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
-	22, // 51: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
-	25, // 52: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
-	44, // 53: rewind.coordinator.v1.Coordinator.RankSources:output_type -> rewind.coordinator.v1.RankSourcesResponse
-	27, // 54: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
-	30, // 55: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
-	34, // 56: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
-	37, // 57: rewind.coordinator.v1.Coordinator.TierStatus:output_type -> rewind.coordinator.v1.TierStatusResponse
-	39, // 58: rewind.coordinator.v1.Coordinator.NodeDown:output_type -> rewind.coordinator.v1.NodeDownResponse
-	41, // 59: rewind.coordinator.v1.Coordinator.WatchJob:output_type -> rewind.coordinator.v1.JobEvent
-	43, // [43:60] is the sub-list for method output_type
-	26, // [26:43] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	0,  // 0: rewind.coordinator.v1.ShardRecord.state:type_name -> rewind.coordinator.v1.CopyState
+	5,  // 1: rewind.coordinator.v1.RegisterRequest.node:type_name -> rewind.coordinator.v1.Node
+	6,  // 2: rewind.coordinator.v1.RegisterRequest.inventory:type_name -> rewind.coordinator.v1.ShardRecord
+	8,  // 3: rewind.coordinator.v1.RegisterResponse.pins:type_name -> rewind.coordinator.v1.Pin
+	56, // 4: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
+	6,  // 5: rewind.coordinator.v1.ReportRequest.shards:type_name -> rewind.coordinator.v1.ShardRecord
+	8,  // 6: rewind.coordinator.v1.ReportResponse.pins:type_name -> rewind.coordinator.v1.Pin
+	8,  // 7: rewind.coordinator.v1.ReportResponse.consistent:type_name -> rewind.coordinator.v1.Pin
+	57, // 8: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
+	17, // 9: rewind.coordinator.v1.ListJobsResponse.jobs:type_name -> rewind.coordinator.v1.Job
+	0,  // 10: rewind.coordinator.v1.Copy.state:type_name -> rewind.coordinator.v1.CopyState
+	1,  // 11: rewind.coordinator.v1.Step.state:type_name -> rewind.coordinator.v1.StepState
+	20, // 12: rewind.coordinator.v1.Step.copies:type_name -> rewind.coordinator.v1.Copy
+	22, // 13: rewind.coordinator.v1.Step.tiers:type_name -> rewind.coordinator.v1.TierCopy
+	2,  // 14: rewind.coordinator.v1.TierCopy.state:type_name -> rewind.coordinator.v1.TierCopyState
+	21, // 15: rewind.coordinator.v1.ListStepsResponse.steps:type_name -> rewind.coordinator.v1.Step
+	21, // 16: rewind.coordinator.v1.InspectStepResponse.step:type_name -> rewind.coordinator.v1.Step
+	20, // 17: rewind.coordinator.v1.CopyCheck.copy:type_name -> rewind.coordinator.v1.Copy
+	26, // 18: rewind.coordinator.v1.VerifyStepResponse.checks:type_name -> rewind.coordinator.v1.CopyCheck
+	20, // 19: rewind.coordinator.v1.RankPlan.sources:type_name -> rewind.coordinator.v1.Copy
+	29, // 20: rewind.coordinator.v1.PlanRestoreResponse.ranks:type_name -> rewind.coordinator.v1.RankPlan
+	58, // 21: rewind.coordinator.v1.TransfersRequest.broken_gangs:type_name -> rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
+	36, // 22: rewind.coordinator.v1.TransferOrder.push:type_name -> rewind.coordinator.v1.PushOrder
+	37, // 23: rewind.coordinator.v1.TransferOrder.manifest:type_name -> rewind.coordinator.v1.ManifestOrder
+	38, // 24: rewind.coordinator.v1.TransferOrder.delete:type_name -> rewind.coordinator.v1.DeleteOrder
+	39, // 25: rewind.coordinator.v1.TransferOrder.replicate:type_name -> rewind.coordinator.v1.ReplicateOrder
+	40, // 26: rewind.coordinator.v1.TransferOrder.abort:type_name -> rewind.coordinator.v1.AbortOrder
+	41, // 27: rewind.coordinator.v1.TransferOrder.resume:type_name -> rewind.coordinator.v1.ResumeOrder
+	34, // 28: rewind.coordinator.v1.ManifestOrder.shards:type_name -> rewind.coordinator.v1.ShardEntry
+	3,  // 29: rewind.coordinator.v1.TierEvent.kind:type_name -> rewind.coordinator.v1.OrderKind
+	42, // 30: rewind.coordinator.v1.TierReportRequest.events:type_name -> rewind.coordinator.v1.TierEvent
+	43, // 31: rewind.coordinator.v1.TierReportRequest.health:type_name -> rewind.coordinator.v1.TierHealth
+	43, // 32: rewind.coordinator.v1.NodeTiers.tiers:type_name -> rewind.coordinator.v1.TierHealth
+	47, // 33: rewind.coordinator.v1.TierStatusResponse.nodes:type_name -> rewind.coordinator.v1.NodeTiers
+	4,  // 34: rewind.coordinator.v1.JobEvent.kind:type_name -> rewind.coordinator.v1.JobEventKind
+	59, // 35: rewind.coordinator.v1.JobEvent.placement:type_name -> rewind.coordinator.v1.JobEvent.PlacementEntry
+	60, // 36: rewind.coordinator.v1.JobEvent.sources:type_name -> rewind.coordinator.v1.JobEvent.SourcesEntry
+	54, // 37: rewind.coordinator.v1.RankSourcesResponse.sources:type_name -> rewind.coordinator.v1.RankSource
+	7,  // 38: rewind.coordinator.v1.Coordinator.Register:input_type -> rewind.coordinator.v1.RegisterRequest
+	10, // 39: rewind.coordinator.v1.Coordinator.RegisterJob:input_type -> rewind.coordinator.v1.RegisterJobRequest
+	12, // 40: rewind.coordinator.v1.Coordinator.Report:input_type -> rewind.coordinator.v1.ReportRequest
+	12, // 41: rewind.coordinator.v1.Coordinator.ReportStream:input_type -> rewind.coordinator.v1.ReportRequest
+	14, // 42: rewind.coordinator.v1.Coordinator.Latest:input_type -> rewind.coordinator.v1.LatestRequest
+	16, // 43: rewind.coordinator.v1.Coordinator.ListJobs:input_type -> rewind.coordinator.v1.ListJobsRequest
+	19, // 44: rewind.coordinator.v1.Coordinator.ListSteps:input_type -> rewind.coordinator.v1.ListStepsRequest
+	24, // 45: rewind.coordinator.v1.Coordinator.InspectStep:input_type -> rewind.coordinator.v1.StepRequest
+	24, // 46: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
+	28, // 47: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
+	53, // 48: rewind.coordinator.v1.Coordinator.RankSources:input_type -> rewind.coordinator.v1.RankSourcesRequest
+	31, // 49: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
+	33, // 50: rewind.coordinator.v1.Coordinator.Transfers:input_type -> rewind.coordinator.v1.TransfersRequest
+	44, // 51: rewind.coordinator.v1.Coordinator.TierReport:input_type -> rewind.coordinator.v1.TierReportRequest
+	46, // 52: rewind.coordinator.v1.Coordinator.TierStatus:input_type -> rewind.coordinator.v1.TierStatusRequest
+	49, // 53: rewind.coordinator.v1.Coordinator.NodeDown:input_type -> rewind.coordinator.v1.NodeDownRequest
+	51, // 54: rewind.coordinator.v1.Coordinator.WatchJob:input_type -> rewind.coordinator.v1.WatchJobRequest
+	9,  // 55: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
+	11, // 56: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
+	13, // 57: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
+	13, // 58: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
+	15, // 59: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
+	18, // 60: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
+	23, // 61: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
+	25, // 62: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
+	27, // 63: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
+	30, // 64: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
+	55, // 65: rewind.coordinator.v1.Coordinator.RankSources:output_type -> rewind.coordinator.v1.RankSourcesResponse
+	32, // 66: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
+	35, // 67: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
+	45, // 68: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
+	48, // 69: rewind.coordinator.v1.Coordinator.TierStatus:output_type -> rewind.coordinator.v1.TierStatusResponse
+	50, // 70: rewind.coordinator.v1.Coordinator.NodeDown:output_type -> rewind.coordinator.v1.NodeDownResponse
+	52, // 71: rewind.coordinator.v1.Coordinator.WatchJob:output_type -> rewind.coordinator.v1.JobEvent
+	55, // [55:72] is the sub-list for method output_type
+	38, // [38:55] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_coordinator_proto_init() }
@@ -3608,18 +4349,27 @@ func file_coordinator_proto_init() {
 		return
 	}
 	file_coordinator_proto_msgTypes[5].OneofWrappers = []any{}
+	file_coordinator_proto_msgTypes[30].OneofWrappers = []any{
+		(*TransferOrder_Push)(nil),
+		(*TransferOrder_Manifest)(nil),
+		(*TransferOrder_Delete)(nil),
+		(*TransferOrder_Replicate)(nil),
+		(*TransferOrder_Abort)(nil),
+		(*TransferOrder_Resume)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_coordinator_proto_rawDesc), len(file_coordinator_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   50,
+			NumEnums:      5,
+			NumMessages:   56,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_coordinator_proto_goTypes,
 		DependencyIndexes: file_coordinator_proto_depIdxs,
+		EnumInfos:         file_coordinator_proto_enumTypes,
 		MessageInfos:      file_coordinator_proto_msgTypes,
 	}.Build()
 	File_coordinator_proto = out.File

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -14,7 +13,7 @@ import (
 
 func runAgent(ctx context.Context, args []string) error {
 	cfg := agent.DefaultConfig()
-	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	fs := newFlagSet("agent", "agent [flags]", "")
 	fs.StringVar(&cfg.Node, "node", cfg.Node, "name of this node")
 	fs.StringVar(&cfg.ShmRoot, "shm-root", cfg.ShmRoot, "directory on tmpfs that holds the segments")
 	fs.StringVar(&cfg.Socket, "socket", cfg.Socket, "Unix socket for the SDK")
@@ -36,7 +35,7 @@ func runAgent(ctx context.Context, args []string) error {
 	var ff faultFlags
 	ff.register(fs)
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	var lvl slog.Level

@@ -3,16 +3,16 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"rewind.dev/rewind/coordinator"
-	"rewind.dev/rewind/internal/agenttest"
+	"rewind.dev/rewind/internal/testcluster"
+	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
@@ -37,35 +37,19 @@ func capture(t *testing.T, run func(context.Context, []string) error, args ...st
 // TestOperatorCommands runs the operator commands against a real
 // coordinator and agent on loopback, as an operator would.
 func TestOperatorCommands(t *testing.T) {
-	ccfg := coordinator.DefaultConfig()
-	ccfg.ListenAddr, ccfg.MetricsAddr, ccfg.DataDir = "127.0.0.1:0", "", filepath.Join(t.TempDir(), "c")
-	ccfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	c, err := coordinator.New(ccfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ready := make(chan string, 1)
-	go c.Run(ctx, func(a, _ string) { ready <- a })
-	addr := <-ready
-	defer c.Close()
-	acfg := agenttest.Config(t)
+	ctx := t.Context()
+	addr := testcluster.StartCoordinator(t, testcluster.CoordinatorConfig(t)).Addr
+	acfg := testcluster.AgentConfig(t)
 	acfg.Node, acfg.CoordinatorAddr = "node-a", addr
-	acfg.ListenAddr = agenttest.FreePort(t)
+	acfg.ListenAddr = testcluster.FreeAddr(t)
 	acfg.AdvertiseAddr = acfg.ListenAddr
-	acfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	acfg.Logger = testcluster.Discard()
 	nvme, err := tiers.NewFileStore(filepath.Join(t.TempDir(), "nvme"), tiers.NVMeOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
-	acfg.Stores = map[string]tiers.Store{"nvme": nvme}
-	agenttest.Start(t, acfg)
-	cl, err := sdk.Dial(ctx, acfg.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	acfg.Stores = map[tiers.Name]tiers.Store{"nvme": nvme}
+	cl := testcluster.StartAgent(t, acfg).Dial(t)
 	s, _ := cl.Session("cli-job", 0, 1)
 	for step := int64(1); step <= 2; step++ {
 		if err := s.Save(ctx, step, []sdk.Tensor{{Name: "w", DType: shm.F32, Shape: []int64{2, 2}, Data: make([]byte, 16)}}, nil); err != nil {
@@ -73,17 +57,12 @@ func TestOperatorCommands(t *testing.T) {
 		}
 	}
 	co := "--coordinator=" + addr
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		out, _ := capture(t, runLs, co)
-		if strings.Contains(out, "cli-job") && strings.Contains(out, " 2 ") {
-			break
+	wait.ForNil(t, 10*time.Second, "rewind ls to show step 2 consistent", func() error {
+		if out, _ := capture(t, runLs, co); !strings.Contains(out, "cli-job") || !strings.Contains(out, " 2 ") {
+			return fmt.Errorf("it shows:\n%s", out)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("rewind ls never showed step 2 consistent:\n%s", out)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	expect := func(run func(context.Context, []string) error, wantErr bool, want []string, args ...string) string {
 		t.Helper()
 		out, err := capture(t, run, args...)
@@ -99,17 +78,16 @@ func TestOperatorCommands(t *testing.T) {
 	}
 	// The default policy copies a job's first consistent step to NVMe.
 	var onNVMe string
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	wait.ForNil(t, 10*time.Second, "rewind ls JOB to show a durable NVMe copy", func() error {
 		out, _ := capture(t, runLs, co, "cli-job")
-		if i := strings.Index(out, "nvme:durable"); i >= 0 {
-			line := out[strings.LastIndex(out[:i], "\n")+1:]
-			onNVMe = strings.Fields(line)[0]
-			break
+		i := strings.Index(out, "nvme:durable")
+		if i < 0 {
+			return fmt.Errorf("it shows:\n%s", out)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("rewind ls JOB never showed a durable NVMe copy:\n%s", out)
-		}
-	}
+		line := out[strings.LastIndex(out[:i], "\n")+1:]
+		onNVMe = strings.Fields(line)[0]
+		return nil
+	})
 	expect(runLs, false, []string{"STEP", "consistent", "1/1", "shm:node-a", "nvme:node-a", "nvme:durable"}, co, "cli-job")
 	expect(runLs, false, []string{"TIER POLICY", "nvme:every=10,keep=2"}, co)
 	expect(runTiers, false, []string{"NODE", "node-a", "nvme", "file://", "ok"}, co)

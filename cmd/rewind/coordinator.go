@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"log/slog"
 	"os"
 
@@ -12,25 +11,29 @@ import (
 
 func runCoordinator(ctx context.Context, args []string) error {
 	cfg := coordinator.DefaultConfig()
-	fs := flag.NewFlagSet("coordinator", flag.ContinueOnError)
+	fs := newFlagSet("coordinator", "coordinator [flags]", "")
 	fs.StringVar(&cfg.ListenAddr, "listen", cfg.ListenAddr, "gRPC address for agents and operators")
 	fs.StringVar(&cfg.MetricsAddr, "metrics", cfg.MetricsAddr, "HTTP address for Prometheus /metrics (empty: off)")
 	fs.StringVar(&cfg.DataDir, "data", cfg.DataDir, "directory of the pebble store")
-	fs.DurationVar(&cfg.AgentTimeout, "agent-timeout", cfg.AgentTimeout, "bound on each call to an agent (verify, delete)")
+	positiveDuration(fs, &cfg.AgentTimeout, "agent-timeout", "bound on each call to an agent (verify, delete)")
 	fs.Func("policy", "tier policy of jobs that set none (default "+cfg.Policy.String()+")", func(v string) error {
 		p, err := tiers.ParsePolicy(v)
 		cfg.Policy = p
 		return err
 	})
 	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "copies of each shard kept in other nodes' memory, for jobs that set none")
-	fs.DurationVar(&cfg.LeaveGrace, "leave-grace", cfg.LeaveGrace, "how long an agent that left gracefully has to come back before its jobs are recovered")
+	nonNegativeDuration(fs, &cfg.LeaveGrace, "leave-grace", "how long an agent that left gracefully has to come back before its jobs are recovered")
+	limitFlag(fs, "max-world-size", "ranks of one job", func(n uint32) { cfg.MaxWorldSize = n }, uint64(cfg.MaxWorldSize))
+	limitFlag(fs, "max-jobs", "jobs in the index", func(n uint32) { cfg.MaxJobs = int(n) }, uint64(cfg.MaxJobs))
+	limitFlag(fs, "max-steps-per-job", "steps of one job in the index", func(n uint32) { cfg.MaxStepsPerJob = int(n) }, uint64(cfg.MaxStepsPerJob))
+	limitFlag(fs, "max-copies-per-shard", "copies of one rank's shard of a step, memory and tiers", func(n uint32) { cfg.MaxCopiesPerShard = int(n) }, uint64(cfg.MaxCopiesPerShard))
 	var gf gossipFlags
 	gf.register(fs, ":7947", "")
 	var kf kubeFlags
 	kf.register(fs)
 	var ff faultFlags
 	ff.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))

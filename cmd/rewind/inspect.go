@@ -3,11 +3,14 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
 	"text/tabwriter"
 
+	"rewind.dev/rewind/api/agentpb"
+	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
 )
@@ -44,7 +47,7 @@ func runInspect(ctx context.Context, args []string) error {
 		}
 		var best uint64
 		for _, s := range shards {
-			if s.Rank == uint32(*rank) && (s.State == "committed" || s.State == "corrupt") && (*step < 0 && s.Seq > best || s.Step == *step) {
+			if s.Rank == uint32(*rank) && (s.State == agentpb.ShardState_SHARD_STATE_COMMITTED || s.State == agentpb.ShardState_SHARD_STATE_CORRUPT) && (*step < 0 && s.Seq > best || s.Step == *step) {
 				path, best = s.Path, s.Seq
 			}
 		}
@@ -53,8 +56,7 @@ func runInspect(ctx context.Context, args []string) error {
 		}
 	}
 	if path == "" {
-		fs.Usage()
-		return fmt.Errorf("no shard file given")
+		return usageError(fs, errors.New("no shard file given"))
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -82,7 +84,7 @@ func runInspect(ctx context.Context, args []string) error {
 }
 
 func printHeader(path string, h *shm.Header) {
-	fmt.Printf("%s: %s, %d tensors, data at offset %d\n", path, shm.Bytes(uint64(h.Size)), len(h.Tensors), h.DataStart)
+	fmt.Printf("%s: %s, %d tensors, data at offset %d\n", path, units.Bytes(uint64(h.Size)), len(h.Tensors), h.DataStart)
 	if h.Rewind {
 		fmt.Printf("job %s  rank %d of %d  step %d  checksum %s\n", h.Meta.Job, h.Meta.Rank, h.Meta.WorldSize, h.Meta.Step, shm.ChecksumAlgo)
 	} else {

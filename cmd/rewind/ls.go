@@ -8,8 +8,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/sdk"
-	"rewind.dev/rewind/shm"
 )
 
 func runLs(ctx context.Context, args []string) error {
@@ -42,7 +42,7 @@ func runLs(ctx context.Context, args []string) error {
 		return enc.Encode(map[string]any{"status": st, "shards": shards})
 	}
 	fmt.Printf("node %s: %s of %s budget in use; %s free on %s (%s)\n\n",
-		st.Node, shm.Bytes(st.UsedBytes), shm.Bytes(st.BudgetBytes), shm.Bytes(st.FsFreeBytes), st.ShmRoot, st.Filesystem)
+		st.Node, units.Bytes(st.UsedBytes), units.Bytes(st.BudgetBytes), units.Bytes(st.FsFreeBytes), st.ShmRoot, st.Filesystem)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "JOB\tRANK\tSTEP\tSTATE\tSIZE\tTENSORS\tVERIFIED\tCOMMITTED\tSLOT")
 	for _, s := range shards {
@@ -50,11 +50,11 @@ func runLs(ctx context.Context, args []string) error {
 		if s.CommittedUnixNano > 0 {
 			when = time.Unix(0, s.CommittedUnixNano).Format(time.DateTime)
 		}
-		state := s.State
+		state := s.State.Label()
 		if s.Problem != "" {
 			state += " (" + s.Problem + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%d\t%v\t%s\t%d\n", s.Job, s.Rank, s.Step, state, shm.Bytes(s.SizeBytes), s.Tensors, s.Verified, when, s.Slot)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%d\t%v\t%s\t%d\n", s.Job, s.Rank, s.Step, state, units.Bytes(s.SizeBytes), s.Tensors, s.Verified, when, s.Slot)
 	}
 	return tw.Flush()
 }

@@ -3,10 +3,10 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -21,22 +21,19 @@ import (
 // runNode is `rewind node [node flags] -- [agent flags]`: one node of a
 // cluster in one process (a container of deploy/compose): the agent,
 // started exactly as `rewind agent` with the flags after --, and the
-// supervisor of the job's ranks placed on this node (internal/nodeproc).
-// It ends when either ends.
+// supervisor of the job's ranks placed on this node (internal/nodeproc),
+// each rank a `rewind-dev demo-train` process. It ends when either ends.
 func runNode(ctx context.Context, args []string) error {
 	nodeArgs, agentArgs := splitArgs(args)
-	fs := flag.NewFlagSet("node", flag.ContinueOnError)
+	fs := newFlagSet("node", "node [flags] -- [rewind agent flags]", "the agent and the supervisor of the job's ranks on this node, in one process")
 	job := fs.String("job", "chaos", "the job whose ranks this node runs")
 	world := fs.Uint("world-size", 1, "the job's world size")
 	ranks := fs.String("ranks", "", "ranks this node starts when the job is new, e.g. 0,1 (empty: a spare)")
 	steps := fs.Int64("steps", 1_000_000, "the ranks train until this step")
 	size := fs.String("size", "4MiB", "state per rank, saved every step")
 	stepTime := fs.Duration("step-time", 0, "simulated compute per step (0: the trainer's default)")
-	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: rewind node [flags] -- [rewind agent flags]\n\nthe agent and the supervisor of the job's ranks on this node, in one process")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(nodeArgs); err != nil {
+	trainer := fs.String("trainer", "", "the rewind-dev binary whose demo-train command runs a rank (default: rewind-dev beside this binary)")
+	if err := parseFlags(fs, nodeArgs); err != nil {
 		return err
 	}
 	initial, err := parseRanks(*ranks)
@@ -47,11 +44,15 @@ func runNode(ctx context.Context, args []string) error {
 	if coord == "" {
 		return errors.New("node: the agent flags after -- must name the --coordinator")
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		return err
+	exe := *trainer
+	if exe == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		exe = filepath.Join(filepath.Dir(self), "rewind-dev")
 	}
-	conn, err := grpc.NewClient(coord, grpc.WithTransportCredentials(insecure.NewCredentials()), coordpb.KeepaliveDial())
+	conn, err := grpc.NewClient(coord, grpc.WithTransportCredentials(insecure.NewCredentials()), coordpb.KeepaliveDial(), coordpb.ReconnectDial())
 	if err != nil {
 		return fmt.Errorf("node: coordinator %s: %w", coord, err)
 	}

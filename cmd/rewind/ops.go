@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"os/user"
 	"slices"
@@ -18,7 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"rewind.dev/rewind/api/coordpb"
-	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/internal/units"
 )
 
 // opFlags are the flags every operator command against the coordinator takes.
@@ -30,18 +31,16 @@ type opFlags struct {
 }
 
 func newOpFlags(name, usage string) opFlags {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs := newFlagSet(name, usage, "")
 	def := os.Getenv("REWIND_COORDINATOR")
+	timeout := 2 * time.Minute
 	o := opFlags{
 		fs:          fs,
 		coordinator: fs.String("coordinator", def, "coordinator address host:port (default $REWIND_COORDINATOR)"),
 		asJSON:      fs.Bool("json", false, "print JSON"),
-		timeout:     fs.Duration("timeout", 2*time.Minute, "bound on the whole command"),
+		timeout:     &timeout,
 	}
-	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: rewind "+usage)
-		fs.PrintDefaults()
-	}
+	positiveDuration(fs, o.timeout, "timeout", "bound on the whole command")
 	return o
 }
 
@@ -50,7 +49,7 @@ func newOpFlags(name, usage string) opFlags {
 func (o opFlags) parse(args []string) error {
 	var pos []string
 	for {
-		if err := o.fs.Parse(args); err != nil {
+		if err := parseFlags(o.fs, args); err != nil {
 			return err
 		}
 		rest := o.fs.Args()
@@ -63,7 +62,7 @@ func (o opFlags) parse(args []string) error {
 		}
 		pos, args = append(pos, rest[0]), rest[1:]
 	}
-	return o.fs.Parse(append([]string{"--"}, pos...))
+	return parseFlags(o.fs, append([]string{"--"}, pos...))
 }
 
 // dial connects to the coordinator named by the flags.
@@ -88,8 +87,7 @@ func printJSON(v any) error {
 // jobStep returns the JOB STEP positional arguments of a command.
 func (o opFlags) jobStep() (string, int64, error) {
 	if o.fs.NArg() != 2 {
-		o.fs.Usage()
-		return "", 0, errors.New("need JOB and STEP")
+		return "", 0, usageError(o.fs, errors.New("need JOB and STEP"))
 	}
 	step, err := parseStep(o.fs.Arg(1))
 	return o.fs.Arg(0), step, err
@@ -128,7 +126,7 @@ func lsCoordinator(ctx context.Context, o opFlags) error {
 				size += cp.SizeBytes
 				nodes[cp.Tier+":"+cp.Node]++
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%d/%d\t%s\t%s\t%s\n", st.Step, st.State, st.RanksCommitted, st.WorldSize, shm.Bytes(size), copiesSummary(nodes), tiersSummary(st))
+			fmt.Fprintf(tw, "%d\t%s\t%d/%d\t%s\t%s\t%s\n", st.Step, st.State.Label(), st.RanksCommitted, st.WorldSize, units.Bytes(size), copiesSummary(nodes), tiersSummary(st))
 		}
 		return nil
 	}
@@ -191,23 +189,83 @@ func runVerify(ctx context.Context, args []string) error {
 		for _, ch := range resp.Checks {
 			res := "ok"
 			if !ch.Ok {
-				res = "FAILED: " + ch.Problem
+				res = "FAILED: " + cell(ch.Problem)
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", ch.Copy.Rank, ch.Copy.Node, ch.Copy.Tier, shm.Bytes(ch.Copy.SizeBytes), res)
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", ch.Copy.Rank, ch.Copy.Node, ch.Copy.Tier, units.Bytes(ch.Copy.SizeBytes), res)
 		}
 		tw.Flush()
 	}
-	if !resp.Ok {
-		return fmt.Errorf("job %s step %d did not verify: some rank has no good copy", job, step)
+	if resp.Ok {
+		return nil
 	}
-	return nil
+	var worldSize uint32 // to name ranks with no copy at all; 0 if the step is gone
+	if st, err := c.InspectStep(ctx, &coordpb.StepRequest{Job: job, Step: step}); err == nil {
+		worldSize = st.Step.WorldSize
+	}
+	return verifyVerdict(job, step, worldSize, resp.Checks)
+}
+
+// verifyVerdict says what a verification that was not clean found: which
+// copies failed, and whether every rank still has a good copy (the step
+// stays restorable) or which ranks have none. worldSize 0 means unknown.
+func verifyVerdict(job string, step int64, worldSize uint32, checks []*coordpb.CopyCheck) error {
+	good, seen := map[uint32]bool{}, map[uint32]int{}
+	var bad []string
+	for _, ch := range checks {
+		r := ch.Copy.GetRank()
+		seen[r]++
+		if ch.Ok {
+			good[r] = true
+			continue
+		}
+		bad = append(bad, fmt.Sprintf("rank %d %s:%s", r, ch.Copy.GetTier(), ch.Copy.GetNode()))
+	}
+	var lost []string
+	for _, r := range slices.Sorted(maps.Keys(seen)) {
+		if !good[r] {
+			lost = append(lost, fmt.Sprintf("rank %d (%d copies, all failed)", r, seen[r]))
+		}
+	}
+	var absent []string
+	for r := range worldSize {
+		if seen[r] == 0 {
+			absent = append(absent, strconv.FormatUint(uint64(r), 10))
+		}
+	}
+	failed := fmt.Sprintf("%d of %d copies failed verification", len(bad), len(checks))
+	if len(bad) > 0 {
+		failed += " (" + strings.Join(listShort(bad, 8), ", ") + ")"
+	}
+	switch {
+	case len(lost) > 0 || len(absent) > 0:
+		var why []string
+		if len(lost) > 0 {
+			why = append(why, "no good copy of "+strings.Join(listShort(lost, 8), ", "))
+		}
+		if len(absent) > 0 {
+			why = append(why, "no copy at all of rank "+strings.Join(listShort(absent, 8), ", "))
+		}
+		return fmt.Errorf("job %s step %d cannot be restored: %s; %s", job, step, strings.Join(why, "; "), failed)
+	case len(bad) > 0:
+		return fmt.Errorf("job %s step %d: %s; every rank still has a good copy, so the step stays restorable", job, step, failed)
+	default:
+		return fmt.Errorf("job %s step %d did not verify, though every copy checked is good: the coordinator no longer holds every rank's copy", job, step)
+	}
+}
+
+// listShort returns at most n items of xs, and how many more there are.
+func listShort(xs []string, n int) []string {
+	if len(xs) <= n {
+		return xs
+	}
+	return append(slices.Clip(xs[:n]), fmt.Sprintf("%d more", len(xs)-n))
 }
 
 func runRestore(ctx context.Context, args []string) error {
 	o := newOpFlags("restore", "restore [flags] JOB|--job JOB [--step S] [--dry-run] [--force] [--no-restart]")
 	step := o.fs.Int64("step", -1, "step to restore (default: the newest restorable step)")
 	dry := o.fs.Bool("dry-run", false, "print the plan (and the steps a restart would delete) without acting")
-	job := o.fs.String("job", "", "the job (NAMESPACE/NAME for an MPIJob); or give it as the argument")
+	job := o.fs.String("job", "", "the job (NAMESPACE.NAME for an MPIJob); or give it as the argument")
 	force := o.fs.Bool("force", false, "let the restart delete the job's later consistent steps (go back in time)")
 	noRestart := o.fs.Bool("no-restart", false, "only put every rank's shard in its node's memory; leave the running ranks alone")
 	if err := o.parse(args); err != nil {
@@ -217,8 +275,7 @@ func runRestore(ctx context.Context, args []string) error {
 	case *job == "" && o.fs.NArg() == 1:
 		*job = o.fs.Arg(0)
 	case *job == "" || o.fs.NArg() != 0:
-		o.fs.Usage()
-		return errors.New("need one JOB, as the argument or --job")
+		return usageError(o.fs, errors.New("need one JOB, as the argument or --job"))
 	}
 	c, ctx, done, err := o.dial(ctx)
 	if err != nil {
@@ -291,9 +348,20 @@ func printRestorePlan(plan *coordpb.PlanRestoreResponse) error {
 		if r.Error != "" {
 			from = "error: " + r.Error
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", r.Rank, orDash(r.TargetNode), from, time.Duration(r.Nanos).Round(time.Millisecond), orDash(strings.Join(r.Failed, "; ")))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", r.Rank, cell(orDash(r.TargetNode)), cell(from), time.Duration(r.Nanos).Round(time.Millisecond), cell(orDash(strings.Join(r.Failed, "; "))))
 	}
 	return tw.Flush()
+}
+
+// cell makes s one cell of a table: an error joined from several (one per
+// line) or holding a tab would break the table's rows and columns, so
+// line breaks become "; " and tabs spaces.
+func cell(s string) string {
+	if !strings.ContainsAny(s, "\n\r\t") {
+		return s
+	}
+	lines := strings.FieldsFunc(s, func(r rune) bool { return r == '\n' || r == '\r' })
+	return strings.ReplaceAll(strings.Join(lines, "; "), "\t", " ")
 }
 
 func orDash(s string) string {
@@ -344,11 +412,11 @@ func inspectStep(ctx context.Context, o opFlags, job string, step int64) error {
 		return printJSON(resp)
 	}
 	st := resp.Step
-	fmt.Printf("job %s step %d: %s, %d/%d ranks committed\n\n", st.Job, st.Step, st.State, st.RanksCommitted, st.WorldSize)
+	fmt.Printf("job %s step %d: %s, %d/%d ranks committed\n\n", st.Job, st.Step, st.State.Label(), st.RanksCommitted, st.WorldSize)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "RANK\tNODE\tTIER\tSIZE\tHEADER CHECKSUM\tSTATE")
 	for _, cp := range st.Copies {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", cp.Rank, cp.Node, cp.Tier, shm.Bytes(cp.SizeBytes), cp.HeaderChecksum, cp.State)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", cp.Rank, cp.Node, cp.Tier, units.Bytes(cp.SizeBytes), cp.HeaderChecksum, cp.State.Label())
 	}
 	return tw.Flush()
 }

@@ -7,8 +7,8 @@ import (
 
 	"rewind.dev/rewind/faultinject"
 	"rewind.dev/rewind/internal/units"
-	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
+	"rewind.dev/rewind/vfs"
 )
 
 // tierFlags are an agent's durable tiers: where each one lives and how to
@@ -45,22 +45,26 @@ func (t *tierFlags) register(fs *flag.FlagSet) {
 }
 
 // stores opens the tiers named by the flags.
-func (t *tierFlags) stores() (map[string]tiers.Store, int64, error) {
+func (t *tierFlags) stores() (map[tiers.Name]tiers.Store, int64, error) {
 	bw, err := units.ParseBytes(t.bandwidth)
 	if err != nil {
 		return nil, 0, fmt.Errorf("--transfer-bandwidth: %w", err)
 	}
-	out := map[string]tiers.Store{}
+	out := map[tiers.Name]tiers.Store{}
 	for name, url := range t.urls {
+		tier, err := tiers.ParseName(name)
+		if err != nil {
+			return nil, 0, fmt.Errorf("--tier %s: %w", name, err)
+		}
 		s3 := t.s3
 		if t.faults != nil {
 			s3.Transport = t.faults.Transport(s3.Transport)
 		}
-		st, err := tiers.OpenFS(name, url, s3, t.faults.FS(shm.OSFS, "tier"))
+		st, err := tiers.OpenFS(tier, url, s3, t.faults.FS(vfs.Default, "tier"))
 		if err != nil {
 			return nil, 0, fmt.Errorf("--tier %s: %w", name, err)
 		}
-		out[name] = st
+		out[tier] = st
 	}
 	return out, int64(bw), nil
 }

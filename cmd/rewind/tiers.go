@@ -9,7 +9,7 @@ import (
 	"text/tabwriter"
 
 	"rewind.dev/rewind/api/coordpb"
-	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/tiers"
 )
 
@@ -41,10 +41,10 @@ func runTiers(ctx context.Context, args []string) error {
 				state = "degraded"
 			}
 			if h.BytesTotal > 0 {
-				progress = fmt.Sprintf("%s/%s", shm.Bytes(h.BytesDone), shm.Bytes(h.BytesTotal))
+				progress = fmt.Sprintf("%s/%s", units.Bytes(h.BytesDone), units.Bytes(h.BytesTotal))
 			}
 			if h.BytesPerSec > 0 {
-				rate = shm.Bytes(uint64(h.BytesPerSec)) + "/s"
+				rate = units.Bytes(uint64(h.BytesPerSec)) + "/s"
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", n.Node, h.Tier, h.Store, state, h.Queued, h.Running, progress, rate, h.Error)
 		}
@@ -59,8 +59,7 @@ func runPolicy(ctx context.Context, args []string) error {
 		return err
 	}
 	if o.fs.NArg() < 1 || o.fs.NArg() > 2 {
-		o.fs.Usage()
-		return errors.New("need JOB and, to set it, POLICY")
+		return usageError(o.fs, errors.New("need JOB and, to set it, POLICY"))
 	}
 	job := o.fs.Arg(0)
 	if o.fs.NArg() == 2 {
@@ -100,8 +99,8 @@ func runPolicy(ctx context.Context, args []string) error {
 func tiersSummary(st *coordpb.Step) string {
 	var parts []string
 	for _, tc := range st.Tiers {
-		s := tc.Tier + ":" + tc.State
-		if tc.State == "copying" {
+		s := tc.Tier + ":" + tc.State.Label()
+		if tc.State == coordpb.TierCopyState_TIER_COPY_STATE_COPYING {
 			s += fmt.Sprintf(" %d/%d", tc.RanksDone, st.WorldSize)
 		}
 		parts = append(parts, s)

@@ -35,7 +35,9 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=100, help="train until this step")
     p.add_argument("--socket", default=None, help="agent socket (default: $REWIND_SOCKET or /run/rewind/agent.sock)")
-    p.add_argument("--job", default=os.environ.get("REWIND_JOB", "train-example"), help="job id (default: $REWIND_JOB)")
+    p.add_argument("--job", default=None,
+                   help="job id (default: $REWIND_JOB, or NAMESPACE.NAME from $REWIND_NAMESPACE and $REWIND_JOB_NAME "
+                        "as a Kubernetes pod sets them, else train-example)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep after each step (for demos)")
@@ -73,7 +75,10 @@ def main() -> int:
     torch.set_num_threads(1)  # one thread: the loss sequence is reproducible bit for bit
     problem = Problem(args.seed)
     model, opt, sched = build(args.seed, problem.dim)
-    client = rewind.Client(socket=args.socket, job=args.job)
+    job = args.job
+    if not job and not os.environ.get("REWIND_JOB") and not (os.environ.get("REWIND_NAMESPACE") and os.environ.get("REWIND_JOB_NAME")):
+        job = "train-example"
+    client = rewind.Client(socket=args.socket, job=job)
     step = 0
     if client.latest() is not None:
         step, state = client.restore(fallback=True)

@@ -135,9 +135,9 @@ func coordStep(ctx context.Context, clients []coordpb.Coordinator_ReportStreamCl
 			node := fmt.Sprintf("node-%04d", a)
 			var recs []*coordpb.ShardRecord
 			for r := a * perNode; r < min(ranks, (a+1)*perNode); r++ {
-				recs = append(recs, &coordpb.ShardRecord{Job: job, Step: step, Rank: uint32(r), WorldSize: uint32(ranks), Node: node, SizeBytes: 1 << 30, HeaderChecksum: "0123456789abcdef", State: "committed"})
+				recs = append(recs, &coordpb.ShardRecord{Job: job, Step: step, Rank: uint32(r), WorldSize: uint32(ranks), Node: node, SizeBytes: 1 << 30, HeaderChecksum: "0123456789abcdef", State: coordpb.CopyState_COPY_STATE_COMMITTED})
 				if step >= 2 {
-					recs = append(recs, &coordpb.ShardRecord{Job: job, Step: step - 2, Rank: uint32(r), WorldSize: uint32(ranks), Node: node, State: "deleted"})
+					recs = append(recs, &coordpb.ShardRecord{Job: job, Step: step - 2, Rank: uint32(r), WorldSize: uint32(ranks), Node: node, State: coordpb.CopyState_COPY_STATE_DELETED})
 				}
 			}
 			if spread > 0 {

@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/internal/units"
 )
 
 // RecoveryConfig configures the recovery benchmark.
@@ -148,7 +148,7 @@ func checkShm(dir string, size uint64) error {
 	if free < need {
 		return fmt.Errorf("bench: %s has %s free; the recovery benchmark needs %s for %s per rank "+
 			"(%d ranks × 2 slots on their nodes, 2 replica slots each on a peer, 1 restored copy): free space or use a smaller --size",
-			dir, shm.Bytes(free), shm.Bytes(need), shm.Bytes(size), recoveryRanks)
+			dir, units.Bytes(free), units.Bytes(need), units.Bytes(size), recoveryRanks)
 	}
 	return nil
 }
@@ -294,7 +294,7 @@ func PrintRecovery(w io.Writer, res RecoveryResult) {
 		"movement", "total", "peer bytes", "sources", "peer", "tcp", "tcp→shm", "grpc", "ratio", "load")
 	for i, r := range res.Runs {
 		fmt.Fprintf(w, "%-4d %-7s %5d %10s %9s %10s %10s %11s %-18s %9s %9s %9s %9s %6.2f %5.2f\n", i+1, r.Killed, r.Step, ms(r.Detection), ms(r.Planning),
-			ms(r.Movement), ms(r.Total), shm.Bytes(r.PeerBytes), sources(r.Sources), gbps2(r.Peer), gbps2(r.TCP), gbps2(r.TCPShm), gbps2(r.GRPCRead), r.Peer/r.TCP, r.Load)
+			ms(r.Movement), ms(r.Total), units.Bytes(r.PeerBytes), sources(r.Sources), gbps2(r.Peer), gbps2(r.TCP), gbps2(r.TCPShm), gbps2(r.GRPCRead), r.Peer/r.TCP, r.Load)
 	}
 	met := func(ok bool) string {
 		if ok {
@@ -306,7 +306,7 @@ func PrintRecovery(w io.Writer, res RecoveryResult) {
 	for _, r := range res.Runs {
 		lo, hi = min(lo, r.Load), max(hi, r.Load)
 	}
-	fmt.Fprintf(w, "\nmedians of %d runs, %s per rank (1-minute load average as they began: %.2f to %.2f):\n", len(res.Runs), shm.Bytes(res.Size), lo, hi)
+	fmt.Fprintf(w, "\nmedians of %d runs, %s per rank (1-minute load average as they began: %.2f to %.2f):\n", len(res.Runs), units.Bytes(res.Size), lo, hi)
 	fmt.Fprintf(w, "%-36s %10s %8s %4s\n", "figure", "median", "target", "met")
 	fmt.Fprintf(w, "%-36s %10s %8s %4s\n", "detection (SIGKILL to declared dead)", ms(res.Detection), "< 2 s", met(res.DetectionMet))
 	fmt.Fprintf(w, "%-36s %10s %8s %4s\n", "planning", ms(res.Planning), "", "")

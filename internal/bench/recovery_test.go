@@ -3,28 +3,16 @@ package bench
 import (
 	"context"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"rewind.dev/rewind/internal/testcluster"
 )
 
-// rewindBinary builds the rewind binary, whose agent subcommand the
-// recovery benchmark runs as processes.
-func rewindBinary(t *testing.T) string {
-	t.Helper()
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("the recovery benchmark runs agents as processes of the rewind binary; `go` is not on PATH to build it")
-	}
-	bin := filepath.Join(t.TempDir(), "rewind")
-	out, err := exec.Command(goTool, "build", "-o", bin, "rewind.dev/rewind/cmd/rewind").CombinedOutput()
-	if err != nil {
-		t.Fatalf("building the rewind binary: %v\n%s", err, out)
-	}
-	return bin
-}
+// The recovery benchmark runs agents as processes of the rewind binary,
+// built once per test binary and removed when the tests end.
+func TestMain(m *testing.M) { testcluster.Main(m, nil) }
 
 // The recovery benchmark's plumbing: a small state, one run; the event
 // arrives and every figure is positive. Its figures come from `make bench`.
@@ -34,7 +22,7 @@ func TestRecoveryBenchRuns(t *testing.T) {
 		t.Skipf("the agents need /dev/shm: %v", err)
 	}
 	defer os.RemoveAll(shmDir)
-	bin := rewindBinary(t)
+	bin := testcluster.Binary(t, testcluster.RewindPackage)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var log strings.Builder

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/coordinator"
+	"rewind.dev/rewind/internal/freeport"
 	"rewind.dev/rewind/membership"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
@@ -129,7 +129,7 @@ func (cl *recCluster) startAgent(ctx context.Context, node, domain, coordAddr, g
 	if err := os.MkdirAll(n.dir, 0o700); err != nil {
 		return err
 	}
-	listen, err := freePort()
+	listen, err := freeport.Addr()
 	if err != nil {
 		return err
 	}
@@ -241,7 +241,7 @@ func (cl *recCluster) train(ctx context.Context, src []byte) (int64, error) {
 				return false, err
 			}
 			st, err := cl.inspect(ctx, step)
-			return err == nil && st.State == "consistent" && len(memCopies(st)) == recoveryRanks && minCopies(st) >= 2, nil
+			return err == nil && st.State == coordpb.StepState_STEP_STATE_CONSISTENT && len(memCopies(st)) == recoveryRanks && minCopies(st) >= 2, nil
 		}); err != nil {
 			return 0, err
 		}
@@ -301,7 +301,7 @@ func (cl *recCluster) inspect(ctx context.Context, step int64) (*coordpb.Step, e
 func memCopies(st *coordpb.Step) map[uint32][]*coordpb.Copy {
 	out := map[uint32][]*coordpb.Copy{}
 	for _, c := range st.Copies {
-		if c.Tier == "shm" && c.State == "committed" {
+		if c.Tier == "shm" && c.State == coordpb.CopyState_COPY_STATE_COMMITTED {
 			out[c.Rank] = append(out[c.Rank], c)
 		}
 	}
@@ -451,16 +451,6 @@ func (cl *recCluster) grpcRead(ctx context.Context, node string, rank uint32, st
 		best = max(best, float64(got)/time.Since(t0).Seconds())
 	}
 	return best, nil
-}
-
-// freePort returns a loopback address with a port free a moment ago.
-func freePort() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }
 
 // poll calls f every 10 ms until it reports done or an error, ctx ends,

@@ -16,6 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"rewind.dev/rewind/agent"
+	"rewind.dev/rewind/api/agentpb"
+	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
 )
@@ -98,7 +100,7 @@ func saveOne(ctx context.Context, c *sdk.Client, cfg SaveConfig, size uint64) (S
 	// memcpy into pre-faulted memory, one thread and Workers threads.
 	dst, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
 	if err != nil {
-		return res, fmt.Errorf("bench: mapping %s for memcpy: %w", shm.Bytes(size), err)
+		return res, fmt.Errorf("bench: mapping %s for memcpy: %w", units.Bytes(size), err)
 	}
 	copy(dst, src) // fault in every page
 	res.Memcpy = float64(size) / median(cfg.Runs, func() { copy(dst, src) })
@@ -174,7 +176,7 @@ func waitVerified(ctx context.Context, c *sdk.Client, job string) error {
 		}
 		done := true
 		for _, s := range shards {
-			if s.State == "committed" && !s.Verified {
+			if s.State == agentpb.ShardState_SHARD_STATE_COMMITTED && !s.Verified {
 				done = false
 			}
 		}
@@ -236,7 +238,7 @@ func med(d []float64) float64 {
 func PrintSave(w io.Writer, rs []SaveResult, workers int) {
 	fmt.Fprintf(w, "%-7s %12s %14s %12s %12s %12s %12s %11s\n", "size", "memcpy", fmt.Sprintf("memcpy x%d", workers), "save cold", "save warm", "warm blocks", "cold blocks", "warm/memcpy")
 	for _, r := range rs {
-		fmt.Fprintf(w, "%-7s %12s %14s %12s %12s %12s %12s %11.2f\n", shm.Bytes(r.Size), gbps(r.Memcpy), gbps(r.MemcpyParallel),
+		fmt.Fprintf(w, "%-7s %12s %14s %12s %12s %12s %12s %11.2f\n", units.Bytes(r.Size), gbps(r.Memcpy), gbps(r.MemcpyParallel),
 			gbps(r.SaveCold), gbps(r.SaveWarm), secs(r.WarmSeconds), secs(r.ColdSeconds), r.SaveWarm/r.Memcpy)
 	}
 }

@@ -13,8 +13,9 @@ import (
 	"time"
 
 	"rewind.dev/rewind/internal/miniotest"
-	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/tiers"
+	"rewind.dev/rewind/vfs"
 )
 
 // FileTierConfig configures the file-tier benchmark.
@@ -119,8 +120,8 @@ type TiersConfig struct {
 // TiersResult holds the figures; bandwidths in bytes per second.
 type TiersResult struct {
 	File   FileTierResult
-	S3     *tiers.S3BenchResult // nil when skipped
-	S3Note string               // where the S3 figures come from, or why they are missing
+	S3     *S3Result // nil when skipped
+	S3Note string    // where the S3 figures come from, or why they are missing
 	CPU    []CPUResult
 	// CPUPlacement says which CPUs the loop and a local server were
 	// confined to in the CPU test; "" when they were not.
@@ -149,13 +150,13 @@ func Tiers(ctx context.Context, cfg TiersConfig) (TiersResult, error) {
 	s3cfg := s3.cfg
 	res.S3Note = s3.note
 
-	logf("nvme tier: %s writes against dd, %d runs", shm.Bytes(uint64(cfg.Size)), cfg.Runs)
+	logf("nvme tier: %s writes against dd, %d runs", units.Bytes(uint64(cfg.Size)), cfg.Runs)
 	if res.File, err = FileTier(ctx, FileTierConfig{Dir: cfg.Dir, Size: cfg.Size, Runs: cfg.Runs, Chunk: cfg.Chunk}); err != nil {
 		return res, err
 	}
 	if s3cfg != nil {
-		logf("s3 tier: %s uploads and downloads against minio-go, %d runs", shm.Bytes(uint64(cfg.Size)), cfg.Runs)
-		r, err := tiers.BenchS3(ctx, *s3cfg, tiers.S3BenchOptions{Size: cfg.Size, Runs: cfg.Runs})
+		logf("s3 tier: %s uploads and downloads against minio-go, %d runs", units.Bytes(uint64(cfg.Size)), cfg.Runs)
+		r, err := S3(ctx, *s3cfg, S3Options{Size: cfg.Size, Runs: cfg.Runs})
 		if err != nil {
 			return res, fmt.Errorf("bench: s3: %w", err)
 		}
@@ -222,7 +223,7 @@ func s3Target(cfg TiersConfig) (s3Setup, error) {
 func checkSpace(cfg TiersConfig, localS3 bool) error {
 	need := max(cfg.Size, cfg.CPUSize)
 	if localS3 {
-		// BenchS3 keeps three objects at once; MinIO may still hold a
+		// S3 keeps three objects at once; MinIO may still hold a
 		// deleted object while the next is written.
 		need += max(3*cfg.Size, 2*cfg.CPUSize)
 	}
@@ -236,13 +237,13 @@ func checkSpace(cfg TiersConfig, localS3 bool) error {
 }
 
 func checkFree(dir string, need int64, hint string) error {
-	st, err := shm.OSFS.Statfs(dir)
+	st, err := vfs.Default.Statfs(dir)
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
 	if st.Free < uint64(need) {
 		return fmt.Errorf("bench: %s has %s free, the benchmark needs %s there: choose another %s",
-			dir, shm.Bytes(st.Free), shm.Bytes(uint64(need)), hint)
+			dir, units.Bytes(st.Free), units.Bytes(uint64(need)), hint)
 	}
 	return nil
 }
@@ -259,7 +260,7 @@ const (
 func PrintTiers(w io.Writer, r TiersResult) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "figure\tmeasured\treference\tratio\ttarget\tmet")
-	size := shm.Bytes(uint64(r.File.Size))
+	size := units.Bytes(uint64(r.File.Size))
 	row := func(name, measured, ref string, x, target float64) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t>= %.2f\t%s\n", name, measured, ref, x, target, yesNo(x >= target))
 	}
@@ -280,7 +281,7 @@ func PrintTiers(w io.Writer, r TiersResult) {
 		fmt.Fprintln(w, "s3:", r.S3Note)
 	}
 	if len(r.CPU) > 0 {
-		fmt.Fprintf(w, "cpu: each transfer a Put of a %s shared-memory segment; the loop's thread waited for a CPU:\n", shm.Bytes(uint64(r.CPU[0].Size)))
+		fmt.Fprintf(w, "cpu: each transfer a Put of a %s shared-memory segment; the loop's thread waited for a CPU:\n", units.Bytes(uint64(r.CPU[0].Size)))
 		for _, c := range r.CPU {
 			fmt.Fprintf(w, "  %-24s transfer %9s   waited %4.1f%% of the time (alone %.1f%%)\n", cpuName(c), rate(c.Transfer), 100*c.WaitBeside, 100*c.WaitAlone)
 		}

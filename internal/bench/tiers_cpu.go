@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
 )
@@ -96,7 +97,7 @@ func cpuTiers(ctx context.Context, cfg TiersConfig, s3cfg *tiers.S3Config, place
 				}
 			}
 			for _, limit := range limits {
-				logf("cpu slowdown: %s transfer of %s to %s, limit %s, nice %d, %d runs", t.name, shm.Bytes(uint64(cfg.CPUSize)), t.st, rateString(limit), nice, cfg.Runs)
+				logf("cpu slowdown: %s transfer of %s to %s, limit %s, nice %d, %d runs", t.name, units.Bytes(uint64(cfg.CPUSize)), t.st, rateString(limit), nice, cfg.Runs)
 				r, err := cpuSlowdown(ctx, sp, t.st, seg.Data, limit, cfg.Runs, cmp.Or(cfg.AloneWindow, defaultAloneWindow), nice)
 				if err != nil {
 					return out, fmt.Errorf("bench: cpu test, %s: %w", t.name, err)
@@ -259,7 +260,7 @@ func newSegment(dir string, size int64) (*shm.Mapping, error) {
 	defer f.Close()
 	defer os.Remove(f.Name())
 	if err := unix.Fallocate(int(f.Fd()), 0, 0, size); err != nil {
-		return nil, fmt.Errorf("bench: allocating a %s segment in %s: %w", shm.Bytes(uint64(size)), dir, err)
+		return nil, fmt.Errorf("bench: allocating a %s segment in %s: %w", units.Bytes(uint64(size)), dir, err)
 	}
 	m, err := shm.Map(f, size, true)
 	if err != nil {

@@ -27,6 +27,7 @@ func smallTiers(t *testing.T) TiersConfig {
 // TestTiersBenchRuns: one run measures every figure (a local MinIO
 // included), prints them, and leaves nothing behind.
 func TestTiersBenchRuns(t *testing.T) {
+	miniotest.Require(t)
 	cfg := smallTiers(t)
 	r, err := Tiers(t.Context(), cfg)
 	if err != nil {

@@ -122,7 +122,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Seed == 0 {
 		cfg.Seed = rand.Uint64()>>1 | 1
 	}
-	fmt.Fprintf(cfg.Out, "rewind chaos: seed %d (replay with --seed %d); %d scenarios\n", cfg.Seed, cfg.Seed, len(list))
+	fmt.Fprintf(cfg.Out, "rewind-dev chaos: seed %d (replay with --seed %d); %d scenarios\n", cfg.Seed, cfg.Seed, len(list))
 	c, err := newCluster(ctx, cfg.ComposeFile, cfg.Project)
 	if err != nil {
 		return err

@@ -272,7 +272,7 @@ func checkTierCopiesWhole(e *Evidence) Check {
 	n := 0
 	for _, st := range e.Final.Steps {
 		for _, tc := range st.Tiers {
-			if tc.State != "durable" {
+			if tc.State != coordpb.TierCopyState_TIER_COPY_STATE_DURABLE {
 				continue
 			}
 			n++

@@ -61,7 +61,7 @@ func (f *fixture) resume(sec float64, svc string, rank uint32, step int64) {
 // step is a consistent step with each rank's copy on the named nodes
 // ("-" for the object store) and the tiers it is durable on.
 func step(n int64, copies map[uint32][]string, durable ...string) *coordpb.Step {
-	st := &coordpb.Step{Step: n, WorldSize: uint32(len(copies)), State: "consistent", RanksCommitted: uint32(len(copies))}
+	st := &coordpb.Step{Step: n, WorldSize: uint32(len(copies)), State: coordpb.StepState_STEP_STATE_CONSISTENT, RanksCommitted: uint32(len(copies))}
 	for r, nodes := range copies {
 		for _, node := range nodes {
 			tier := "shm"
@@ -72,7 +72,7 @@ func step(n int64, copies map[uint32][]string, durable ...string) *coordpb.Step 
 		}
 	}
 	for _, t := range durable {
-		st.Tiers = append(st.Tiers, &coordpb.TierCopy{Tier: t, State: "durable", RanksDone: st.WorldSize})
+		st.Tiers = append(st.Tiers, &coordpb.TierCopy{Tier: t, State: coordpb.TierCopyState_TIER_COPY_STATE_DURABLE, RanksDone: st.WorldSize})
 	}
 	return st
 }
@@ -89,7 +89,7 @@ func killFixture(t *testing.T) *fixture {
 		step(5, map[uint32][]string{0: {"node1"}, 1: {"node2"}}), // rank 1's replica still in flight
 	}}
 	f.ev.Faults = []Fault{{What: "kill node2", At: f.at(5.5), Node: "node2", Lost: true, Before: before}}
-	f.ev.Recoveries = []*coordpb.JobEvent{{Kind: "regang", Ok: true, Step: 4, DetectedUnixNano: f.at(6.5).UnixNano()}}
+	f.ev.Recoveries = []*coordpb.JobEvent{{Kind: coordpb.JobEventKind_JOB_EVENT_KIND_REGANG, Ok: true, Step: 4, DetectedUnixNano: f.at(6.5).UnixNano()}}
 	f.resume(7, "node1", 0, 4)
 	f.resume(7.1, "node3", 1, 4)
 	f.train(8, "node1", 0, 5, 8)
@@ -126,7 +126,7 @@ func TestCheckResumed(t *testing.T) {
 		}, detail: "never resumed step 3"},
 		"no recovery": {change: func(f *fixture) { f.ev.Recoveries = nil }, detail: "0 recoveries for 1 lost nodes"},
 		"a failed recovery": {change: func(f *fixture) {
-			f.ev.Failed = []*coordpb.JobEvent{{Kind: "failed", Error: "no copy of rank 1"}}
+			f.ev.Failed = []*coordpb.JobEvent{{Kind: coordpb.JobEventKind_JOB_EVENT_KIND_FAILED, Error: "no copy of rank 1"}}
 		}, detail: "recovery failed: no copy of rank 1"},
 		"too little progress": {change: func(f *fixture) { f.ev.Progress = 5 }, detail: "want 9"},
 		"a restart without a lost node": {change: func(f *fixture) {

@@ -105,7 +105,7 @@ func keepOf(snap *Snapshot) map[string]int {
 		return keep
 	}
 	for _, t := range p.Tiers {
-		keep[t.Tier] = t.Keep
+		keep[string(t.Tier)] = t.Keep
 	}
 	return keep
 }

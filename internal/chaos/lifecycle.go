@@ -4,12 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"strings"
 	"time"
 
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/internal/clock"
+	"rewind.dev/rewind/internal/freeport"
 )
 
 // DockerAnswers reports whether a Docker engine answers (`docker info`),
@@ -26,7 +26,7 @@ func newCluster(ctx context.Context, file, project string) (*Cluster, error) {
 	if c.Net, err = freeSubnet(ctx); err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(2 + len(nodeServices))
+	ports, err := freeport.Ports(2 + len(nodeServices))
 	if err != nil {
 		return nil, err
 	}
@@ -35,26 +35,6 @@ func newCluster(ctx context.Context, file, project string) (*Cluster, error) {
 		c.Ports.Nodes[n] = ports[2+i]
 	}
 	return c, nil
-}
-
-// freePorts returns n ports free on 127.0.0.1 now.
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	var out []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("chaos: no free port: %w", err)
-		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().(*net.TCPAddr).Port)
-	}
-	return out, nil
 }
 
 // freeSubnet picks a /24 that no Docker network uses yet.

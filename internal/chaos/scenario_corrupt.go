@@ -29,7 +29,7 @@ func playCorruptReplica(ctx context.Context, s *session) error {
 		if err := s.c.Pause(ctx, victim); err != nil {
 			return err
 		}
-		out, err := s.c.Exec(ctx, spare, "/rewind", "chaos-tool", "corrupt", "/dev/shm/rewind", s.cfg.Job, fmt.Sprint(rank))
+		out, err := s.c.Exec(ctx, spare, "/rewind-dev", "chaos-tool", "corrupt", "/dev/shm/rewind", s.cfg.Job, fmt.Sprint(rank))
 		if err != nil {
 			return err
 		}

@@ -97,7 +97,7 @@ func playNVMeFull(ctx context.Context, s *session) error {
 	}
 	victim := s.pick(rankNodes(snap))
 	i, err := s.inject(ctx, "fill the NVMe volume of "+victim, victim, false, func(ctx context.Context) error {
-		out, err := s.c.Exec(ctx, victim, "/rewind", "chaos-tool", "fill", "/nvme")
+		out, err := s.c.Exec(ctx, victim, "/rewind-dev", "chaos-tool", "fill", "/nvme")
 		s.logf("%s", strings.TrimSpace(string(out)))
 		return err
 	})
@@ -105,7 +105,7 @@ func playNVMeFull(ctx context.Context, s *session) error {
 		return err
 	}
 	return s.outage(ctx, i, "nvme", []string{victim}, "free the NVMe volume of "+victim, func(ctx context.Context) error {
-		_, err := s.c.Exec(ctx, victim, "/rewind", "chaos-tool", "unfill", "/nvme")
+		_, err := s.c.Exec(ctx, victim, "/rewind-dev", "chaos-tool", "unfill", "/nvme")
 		return err
 	})
 }

@@ -74,10 +74,10 @@ func (s *session) watch(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		_ = regang.Follow(ctx, s.c.API, s.cfg.Job, nopDriver{}, func(ev *coordpb.JobEvent) {
-			s.logf("recovery event: %s, step %d, ok %v: %s%s", ev.Kind, ev.Step, ev.Ok, ev.Reason, ev.Error)
+			s.logf("recovery event: %s, step %d, ok %v: %s%s", ev.Kind.Label(), ev.Step, ev.Ok, ev.Reason, ev.Error)
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			if ev.Ok && ev.Kind == "regang" {
+			if ev.Ok && ev.Kind == coordpb.JobEventKind_JOB_EVENT_KIND_REGANG {
 				s.ev.Recoveries = append(s.ev.Recoveries, ev)
 			} else {
 				s.ev.Failed = append(s.ev.Failed, ev)

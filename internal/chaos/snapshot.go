@@ -40,7 +40,7 @@ func (s *Snapshot) LatestConsistent() int64 {
 		return latest
 	}
 	for _, st := range s.Steps {
-		if st.State == "consistent" {
+		if st.State == coordpb.StepState_STEP_STATE_CONSISTENT {
 			latest = max(latest, st.Step)
 		}
 	}
@@ -64,7 +64,7 @@ func (s *Snapshot) Durable(tier string) []int64 {
 
 func durableOn(st *coordpb.Step, tier string) bool {
 	for _, tc := range st.Tiers {
-		if tc.Tier == tier && tc.State == "durable" {
+		if tc.Tier == tier && tc.State == coordpb.TierCopyState_TIER_COPY_STATE_DURABLE {
 			return true
 		}
 	}
@@ -80,7 +80,7 @@ func (s *Snapshot) NewestRestorable(down map[string]bool) int64 {
 		return best
 	}
 	for _, st := range s.Steps {
-		if st.State != "consistent" || st.RanksCommitted != st.WorldSize || st.Step <= best {
+		if st.State != coordpb.StepState_STEP_STATE_CONSISTENT || st.RanksCommitted != st.WorldSize || st.Step <= best {
 			continue
 		}
 		ok := true

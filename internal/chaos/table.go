@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/internal/units"
 )
 
 // Row is one scenario's line of the result table.
@@ -107,5 +107,5 @@ func bytesCell(n uint64) string {
 	if n == 0 {
 		return "-"
 	}
-	return shm.Bytes(n)
+	return units.Bytes(n)
 }

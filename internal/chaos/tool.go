@@ -19,7 +19,7 @@ import (
 )
 
 // The helpers below run inside the cluster's containers, which have no
-// shell (`rewind chaos-tool ...` through docker exec or as a one-shot
+// shell (`rewind-dev chaos-tool ...` through docker exec or as a one-shot
 // service).
 
 // fillName is the file Fill writes at the root of the volume.

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"rewind.dev/rewind/internal/clock"
+	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/sdk"
-	"rewind.dev/rewind/shm"
 )
 
 // agentReadyTimeout bounds how long a started agent may take to answer.
@@ -26,7 +26,7 @@ func (d *demo) startAgent(ctx context.Context) error {
 	}
 	args := []string{"agent", "--node", "demo-node", "--shm-root", d.shmRoot, "--socket", d.socket,
 		"--listen", "", "--metrics", "127.0.0.1:0"}
-	p, err := startProc("agent", d.exe, args, f, f)
+	p, err := startProc("agent", d.rewind, args, f, f)
 	f.Close() // the agent has its own descriptor
 	if err != nil {
 		return err
@@ -50,7 +50,7 @@ func (d *demo) startAgent(ctx context.Context) error {
 			metrics = fmt.Sprintf(", metrics on http://%s/metrics", addr[1])
 		}
 	}
-	d.tl.log("agent", "ready in %s ms: node %s, %s %s free%s", ms(time.Since(t0)), st.Node, st.Filesystem, shm.Bytes(st.FsFreeBytes), metrics)
+	d.tl.log("agent", "ready in %s ms: node %s, %s %s free%s", ms(time.Since(t0)), st.Node, st.Filesystem, units.Bytes(st.FsFreeBytes), metrics)
 	return nil
 }
 
@@ -120,11 +120,11 @@ func (d *demo) listShards(ctx context.Context) error {
 	}
 	d.tl.log("agent", "holds %d shard(s) of job %s (rewind ls):", len(shards), jobName)
 	for _, s := range shards {
-		state := s.State
+		state := s.State.Label()
 		if s.Problem != "" {
 			state += " (" + s.Problem + ")"
 		}
-		d.tl.plain("%s   rank %d  step %-4d %-10s verified=%-5v %s  slot %d", indent, s.Rank, s.Step, state, s.Verified, shm.Bytes(s.SizeBytes), s.Slot)
+		d.tl.plain("%s   rank %d  step %-4d %-10s verified=%-5v %s  slot %d", indent, s.Rank, s.Step, state, s.Verified, units.Bytes(s.SizeBytes), s.Slot)
 	}
 	return nil
 }

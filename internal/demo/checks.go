@@ -5,7 +5,7 @@ import (
 	"slices"
 	"time"
 
-	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/internal/units"
 )
 
 // Check is one property the demo verifies.
@@ -155,7 +155,7 @@ func (t *timings) print(tl *timeline) {
 		return s
 	}
 	row := func(label, format string, args ...any) { tl.plain("  %-46s "+format, append([]any{label}, args...)...) }
-	tl.plain("\ntimings (%s of state per save):", shm.Bytes(t.size))
+	tl.plain("\ntimings (%s of state per save):", units.Bytes(t.size))
 	row("first save (segment created, sized, mapped)", "%s ms", ms(t.firstCold))
 	if len(t.cold) > 0 {
 		row("other cold saves (segment new to the process)", "%s", list(t.cold))

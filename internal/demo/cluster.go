@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,10 +18,12 @@ import (
 
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/internal/clock"
+	"rewind.dev/rewind/internal/freeport"
 	"rewind.dev/rewind/internal/miniotest"
+	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/regang"
 	"rewind.dev/rewind/sdk"
-	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/vfs"
 )
 
 // ClusterConfig configures the cluster demo: a coordinator, Nodes agents
@@ -31,7 +32,8 @@ import (
 // is built, and a job of Ranks ranks saving every step; one node is killed
 // (its agent, its ranks, its shared memory) and the job recovers.
 type ClusterConfig struct {
-	Exe      string // the rewind binary; empty: this process's
+	Exe      string // the rewind-dev binary the ranks run (demo-train); empty: this process's
+	Rewind   string // the rewind binary the coordinator and agents run; empty: rewind in Exe's directory
 	Nodes    int
 	Ranks    int
 	Steps    int64
@@ -59,7 +61,7 @@ func DefaultClusterConfig() ClusterConfig {
 		Kills: 1, KillMin: 12, KillMax: 20, ShmDir: "/dev/shm", Out: os.Stdout}
 }
 
-func (c *ClusterConfig) validate() error {
+func (c ClusterConfig) validate() error {
 	switch {
 	case c.Nodes < 3:
 		return fmt.Errorf("demo: %d nodes: the cluster demo needs at least 3 (a node dies, a majority lives)", c.Nodes)
@@ -78,7 +80,8 @@ func (c *ClusterConfig) validate() error {
 // cluster is one run of the cluster demo.
 type cluster struct {
 	cfg     ClusterConfig
-	exe     string
+	exe     string // rewind-dev: the ranks
+	rewind  string // rewind: the coordinator and the agents
 	tl      *timeline
 	rng     *rand.Rand
 	tmp     string
@@ -109,7 +112,6 @@ type rankOut struct {
 	out    *lineBuf
 	start  Event // fresh or resumed
 	last   Event // the latest saved or done
-	pid    int
 	events []Event
 }
 
@@ -124,9 +126,9 @@ func RunCluster(ctx context.Context, cfg ClusterConfig) error {
 		d.cfg.Seed = cfg.Seed
 	}
 	d.rng = rand.New(rand.NewPCG(cfg.Seed, 0x636c7573746572)) // "cluster"
-	d.tl.plain("rewind demo: seed %d (replay with --seed %d)", cfg.Seed, cfg.Seed)
+	d.tl.plain("rewind-dev demo: seed %d (replay with --seed %d)", cfg.Seed, cfg.Seed)
 	d.tl.plain("a coordinator and %d nodes on this machine; a job of %d ranks saves %s per rank every step for %d steps;\none node dies (agent, ranks and shared memory), the job recovers and is checked bit for bit.\n",
-		cfg.Nodes, cfg.Ranks, shm.Bytes(uint64(cfg.Size)), cfg.Steps)
+		cfg.Nodes, cfg.Ranks, units.Bytes(uint64(cfg.Size)), cfg.Steps)
 	err := d.setup(ctx)
 	if err == nil {
 		err = d.play(ctx)
@@ -161,22 +163,18 @@ func (d *cluster) check(c Check) {
 // setup makes the directories and starts MinIO, the coordinator and the
 // agents.
 func (d *cluster) setup(ctx context.Context) error {
-	d.exe = d.cfg.Exe
-	if d.exe == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return err
-		}
-		d.exe = exe
+	var err error
+	if d.exe, d.rewind, err = binaries(d.cfg.Exe, d.cfg.Rewind); err != nil {
+		return err
 	}
-	st, err := shm.OSFS.Statfs(d.cfg.ShmDir)
+	st, err := vfs.Default.Statfs(d.cfg.ShmDir)
 	if err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
 	// Per rank: three segments on its node, a replica's two on a peer,
 	// the restored copy; and room for the agents' records.
 	if need := uint64(d.cfg.Ranks)*6*uint64(d.cfg.Size) + 64<<20; st.Free < need {
-		return fmt.Errorf("demo: %s has %s free, the cluster demo needs %s: pass a smaller --size", d.cfg.ShmDir, shm.Bytes(st.Free), shm.Bytes(need))
+		return fmt.Errorf("demo: %s has %s free, the cluster demo needs %s: pass a smaller --size", d.cfg.ShmDir, units.Bytes(st.Free), units.Bytes(need))
 	}
 	if d.tmp, err = os.MkdirTemp("", "rewind-demo-"); err != nil {
 		return err
@@ -224,7 +222,7 @@ func (d *cluster) startCoordinator(ctx context.Context) error {
 	defer log.Close()
 	args := []string{"coordinator", "--listen", d.coordAddr, "--data", filepath.Join(d.tmp, "coordinator"), "--metrics", "",
 		"--gossip", d.gossip, "--replicas", "1", "--policy", d.policy()}
-	if d.coord, err = startProc("coord", d.exe, args, log, log); err != nil {
+	if d.coord, err = startProc("coord", d.rewind, args, log, log); err != nil {
 		return err
 	}
 	d.conn, err = grpc.NewClient(d.coordAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -266,7 +264,7 @@ func (d *cluster) startAgent(ctx context.Context, i int) error {
 	if d.cfg.Faults != "" {
 		args = append(args, "--fault-injection")
 	}
-	cmd := exec.Command(d.exe, args...)
+	cmd := exec.Command(d.rewind, args...)
 	cmd.Stdout, cmd.Stderr, cmd.SysProcAttr = log, log, sysProcAttr()
 	cmd.Env = os.Environ()
 	if d.minio != nil {
@@ -329,12 +327,12 @@ func (d *cluster) cleanup() {
 	d.tl.log("demo", "stopped every process, removed %s", strings.Join(removed, " and "))
 }
 
-// freeAddr returns a loopback address with a free port.
+// freeAddr returns a loopback address with a free port, or one that lets
+// the listener pick (127.0.0.1:0) when none is found.
 func freeAddr() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	a, err := freeport.Addr()
 	if err != nil {
 		return "127.0.0.1:0"
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return a
 }

@@ -12,8 +12,8 @@ import (
 
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/internal/clock"
+	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/regang"
-	"rewind.dev/rewind/shm"
 )
 
 // play trains, kills a node, follows the recovery and checks the result.
@@ -30,7 +30,7 @@ func (d *cluster) play(ctx context.Context) error {
 	fctx, stopFollow := context.WithCancel(ctx)
 	defer stopFollow()
 	go regang.Follow(fctx, d.api, jobName, d.driver, func(ev *coordpb.JobEvent) {
-		d.tl.log("driver", "recovery event: %s step %d, ranks on %s: every rank restarted", ev.Kind, ev.Step, placementString(ev.Placement))
+		d.tl.log("driver", "recovery event: %s step %d, ranks on %s: every rank restarted", ev.Kind.Label(), ev.Step, placementString(ev.Placement))
 		d.events <- ev
 	})
 	if err := d.driver.Start(placement, -1); err != nil {
@@ -182,9 +182,9 @@ func (d *cluster) showTiers(ctx context.Context) {
 		}
 		var tiers []string
 		for _, tc := range st.Tiers {
-			tiers = append(tiers, tc.Tier+":"+tc.State)
+			tiers = append(tiers, tc.Tier+":"+tc.State.Label())
 		}
-		d.tl.log("coord", "step %d %s: in the memory of %s; tiers %s", st.Step, st.State,
+		d.tl.log("coord", "step %d %s: in the memory of %s; tiers %s", st.Step, st.State.Label(),
 			strings.Join(slices.Sorted(maps.Keys(nodes)), ", "), orNone(strings.Join(tiers, " ")))
 	}
 }
@@ -219,8 +219,8 @@ func (d *cluster) showRecovery(ev *coordpb.JobEvent, killed time.Time) {
 	d.tl.at(detected, "coord", "declared dead %d ms after the kill: %s", detected.Sub(killed).Milliseconds(), ev.Reason)
 	d.tl.at(planned, "coord", "plan after %d ms: restore step %d; ranks now on %v", planned.Sub(detected).Milliseconds(), ev.Step, placementString(ev.Placement))
 	d.tl.at(restored, "coord", "restored %s in %d ms (%s) from %v: every rank's shard is in memory on its node",
-		shm.Bytes(ev.Bytes), data.Milliseconds(), rate(ev.Bytes, data), ev.Sources)
-	// Targets, shown, not checked: this machine may be busy. `rewind bench
+		units.Bytes(ev.Bytes), data.Milliseconds(), rate(ev.Bytes, data), ev.Sources)
+	// Targets, shown, not checked: this machine may be busy. `rewind-dev bench
 	// recovery` measures them.
 	d.tl.log("demo", "kill to detection %d ms (target 2000), kill to state restored %d ms (target 5000); training resumes at step %d",
 		detected.Sub(killed).Milliseconds(), restored.Sub(killed).Milliseconds(), ev.Step)
@@ -238,7 +238,7 @@ func rate(bytes uint64, d time.Duration) string {
 	if d <= 0 || bytes == 0 {
 		return "-"
 	}
-	return shm.Bytes(uint64(float64(bytes)/d.Seconds())) + "/s"
+	return units.Bytes(uint64(float64(bytes)/d.Seconds())) + "/s"
 }
 
 // verify checks every rank resumed at the recovery's step with the state

@@ -8,11 +8,14 @@ import (
 	"time"
 )
 
-// Config configures `rewind demo`.
+// Config configures `rewind-dev demo single`.
 type Config struct {
-	// Exe is the rewind binary the agent and the trainer run from; empty
-	// means this process's own executable.
-	Exe      string
+	// Exe is the rewind-dev binary the trainer runs from (its demo-train
+	// command); empty means this process's own executable.
+	Exe string
+	// Rewind is the rewind binary the agent runs from; empty means the
+	// rewind binary in Exe's directory.
+	Rewind   string
 	Steps    int64         // the trainer trains until this step
 	Size     int64         // bytes of model state, saved every step
 	StepTime time.Duration // simulated compute per step
@@ -43,7 +46,7 @@ func DefaultConfig() Config {
 }
 
 // Validate checks the configuration.
-func (c *Config) Validate() error {
+func (c Config) Validate() error {
 	var errs []error
 	if c.Size < MinSize {
 		errs = append(errs, fmt.Errorf("size %d bytes: want at least %d", c.Size, MinSize))

@@ -5,33 +5,21 @@ import (
 	"context"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"rewind.dev/rewind/internal/testcluster"
 )
 
-// The end-to-end tests run the real rewind binary, built once per test run.
-var build struct {
-	once sync.Once
-	dir  string
-	path string
-	err  error
-	out  []byte
-}
+// The end-to-end tests run the real binaries, rewind-dev and rewind beside
+// it, built once per test binary and removed when the tests end.
+func TestMain(m *testing.M) { testcluster.Main(m, nil) }
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if build.dir != "" {
-		os.RemoveAll(build.dir)
-	}
-	os.Exit(code)
-}
-
-// rewindBinary builds cmd/rewind, or skips the test where it cannot run.
+// rewindBinary builds cmd/rewind-dev and cmd/rewind into one directory
+// and returns rewind-dev's path, or skips the test where it cannot run.
 func rewindBinary(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
@@ -40,21 +28,8 @@ func rewindBinary(t *testing.T) string {
 	if fi, err := os.Stat("/dev/shm"); err != nil || !fi.IsDir() {
 		t.Skip("no /dev/shm on this host")
 	}
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("no go command to build the rewind binary with")
-	}
-	build.once.Do(func() {
-		if build.dir, build.err = os.MkdirTemp("", "rewind-demo-test-"); build.err != nil {
-			return
-		}
-		build.path = filepath.Join(build.dir, "rewind")
-		build.out, build.err = exec.Command(goBin, "build", "-o", build.path, "rewind.dev/rewind/cmd/rewind").CombinedOutput()
-	})
-	if build.err != nil {
-		t.Fatalf("go build: %v\n%s", build.err, build.out)
-	}
-	return build.path
+	testcluster.Binary(t, testcluster.RewindPackage) // beside rewind-dev, which runs it
+	return testcluster.Binary(t, "rewind.dev/rewind/cmd/rewind-dev")
 }
 
 // testSeed returns the seed of a randomized end-to-end test: $REWIND_DEMO_SEED
@@ -121,7 +96,7 @@ func assertPassed(t *testing.T, out string) {
 	}
 }
 
-// TestDemoBinary runs `rewind demo` as `make demo` does, with small
+// TestDemoBinary runs `rewind-dev demo` as `make demo` does, with small
 // settings, and checks that it exits 0 with every check passed.
 func TestDemoBinary(t *testing.T) {
 	exe := rewindBinary(t)
@@ -132,7 +107,7 @@ func TestDemoBinary(t *testing.T) {
 		"--kill-min", "3", "--kill-max", "5", "--seed", strconv.FormatUint(seed, 10))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("rewind demo: %v\n%s", err, out)
+		t.Fatalf("rewind-dev demo: %v\n%s", err, out)
 	}
 	assertPassed(t, string(out))
 	if t.Failed() {

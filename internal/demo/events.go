@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"rewind.dev/rewind/internal/units"
-	"rewind.dev/rewind/shm"
 )
 
 // The trainer reports on stdout, one line per event, in words a person can
@@ -63,7 +62,7 @@ func formatSaved(step int64, compute time.Duration, bytes int64, save time.Durat
 	if cold {
 		c = " cold"
 	}
-	return fmt.Sprintf("step %d compute %s ms saved %s in %s ms%s digest %s", step, ms(compute), shm.Bytes(uint64(bytes)), ms(save), c, digest)
+	return fmt.Sprintf("step %d compute %s ms saved %s in %s ms%s digest %s", step, ms(compute), units.Bytes(uint64(bytes)), ms(save), c, digest)
 }
 
 func formatSaveFailed(step int64, err error) string {

@@ -2,16 +2,13 @@ package demo
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"rewind.dev/rewind/coordinator"
 	"rewind.dev/rewind/faultinject"
-	"rewind.dev/rewind/internal/agenttest"
+	"rewind.dev/rewind/internal/testcluster"
 )
 
 // TestTrainersSurviveAFailedSave: two ranks train in lockstep; one save of
@@ -20,28 +17,18 @@ import (
 // other rank's agent reuses the slot of its abandoned step rather than
 // keep it beside the consistent one, and both ranks finish every step.
 func TestTrainersSurviveAFailedSave(t *testing.T) {
-	ccfg := coordinator.DefaultConfig()
-	ccfg.ListenAddr, ccfg.MetricsAddr, ccfg.DataDir = "127.0.0.1:0", "", t.TempDir()
-	ccfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	c, err := coordinator.New(ccfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	coord := testcluster.StartCoordinator(t, testcluster.CoordinatorConfig(t))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	addr := make(chan string, 1)
-	done := make(chan struct{})
-	go func() { c.Run(ctx, func(a, _ string) { addr <- a }); close(done) }()
-	defer func() { cancel(); <-done; c.Close() }()
 
 	in := faultinject.New(nil, 1)
 	if err := in.Set("agent/shard-copied=2*off->1*error(EIO)"); err != nil { // the third commit fails
 		t.Fatal(err)
 	}
-	cfg := agenttest.Config(t)
-	cfg.CoordinatorAddr, cfg.Faults = <-addr, in
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	agenttest.Start(t, cfg)
+	cfg := testcluster.AgentConfig(t)
+	cfg.CoordinatorAddr, cfg.Faults = coord.Addr, in
+	cfg.Logger = testcluster.Discard()
+	testcluster.StartAgent(t, cfg)
 
 	const steps = 6
 	outs := make([]strings.Builder, 2)

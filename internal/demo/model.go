@@ -9,6 +9,7 @@ import (
 
 	"github.com/zeebo/xxh3"
 
+	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
 )
@@ -55,7 +56,7 @@ const MinSize = 64 << 10
 func layout(size int64) ([]sdk.Tensor, error) {
 	rows := (size - cursorLen*8) / (bytesPerI * cols)
 	if size < MinSize || rows < 1 {
-		return nil, fmt.Errorf("demo: state size %d bytes is below the minimum %s", size, shm.Bytes(MinSize))
+		return nil, fmt.Errorf("demo: state size %d bytes is below the minimum %s", size, units.Bytes(MinSize))
 	}
 	mk := func(name string, dt shm.DType, shape ...int64) sdk.Tensor {
 		n, _ := dt.NumBytes(shape)

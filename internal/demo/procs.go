@@ -76,7 +76,7 @@ func (p *proc) stop(grace time.Duration) {
 // every line it wrote has been read.
 var errExited = errors.New("trainer exited")
 
-// trainer is one run of `rewind demo-train`.
+// trainer is one run of `rewind-dev demo-train`.
 type trainer struct {
 	p   *proc
 	n   int    // 1 for the first run

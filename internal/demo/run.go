@@ -1,8 +1,8 @@
-// Package demo is `rewind demo`: a real agent and a simulated training job,
+// Package demo is `rewind-dev demo`: a real agent and a simulated training job,
 // each a separate process, the job killed with SIGKILL, then the agent, and
 // each time the job's resume checked bit for bit against what it had
 // reported and, at the end, against an uninterrupted run of the same
-// training. The training job itself (`rewind demo-train`) is Train.
+// training. The training job itself (`rewind-dev demo-train`) is Train.
 package demo
 
 import (
@@ -15,8 +15,9 @@ import (
 	"strings"
 	"time"
 
+	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/sdk"
-	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/vfs"
 )
 
 const jobName = "demo"
@@ -24,7 +25,8 @@ const jobName = "demo"
 // demo is the state of one run of the demo.
 type demo struct {
 	cfg                      Config
-	exe                      string
+	exe                      string // rewind-dev: the trainer
+	rewind                   string // rewind: the agent
 	tl                       *timeline
 	rng                      *rand.Rand
 	seed                     uint64
@@ -53,9 +55,9 @@ func Run(ctx context.Context, cfg Config) error {
 		d.seed = rand.Uint64()>>1 | 1
 	}
 	d.rng = rand.New(rand.NewPCG(d.seed, 0x72657769_6e64656d)) // "rewindem"
-	d.tl.plain("rewind demo: seed %d (replay with --seed %d)", d.seed, d.seed)
+	d.tl.plain("rewind-dev demo: seed %d (replay with --seed %d)", d.seed, d.seed)
 	d.tl.plain("one agent, one training process saving %s of state every step for %d steps;\nSIGKILL the trainer, then the agent, and check every resume bit for bit.\n",
-		shm.Bytes(uint64(cfg.Size)), cfg.Steps)
+		units.Bytes(uint64(cfg.Size)), cfg.Steps)
 	err := d.setup()
 	if err == nil {
 		err = d.play(ctx)
@@ -86,21 +88,18 @@ func Run(ctx context.Context, cfg Config) error {
 
 // setup makes the shm root and the directory of socket and log.
 func (d *demo) setup() error {
-	if d.exe == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return fmt.Errorf("demo: finding the rewind binary: %w", err)
-		}
-		d.exe = exe
+	var err error
+	if d.exe, d.rewind, err = binaries(d.exe, d.cfg.Rewind); err != nil {
+		return err
 	}
-	st, err := shm.OSFS.Statfs(d.cfg.ShmDir)
+	st, err := vfs.Default.Statfs(d.cfg.ShmDir)
 	if err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
 	// Two slots of the rank, and room for the agent's records.
 	if need := 2*uint64(d.cfg.Size) + 1<<20; st.Free < need {
 		return fmt.Errorf("demo: %s has %s free, the demo needs %s (two slots of %s): pass a smaller --size, or enlarge it (docker run --shm-size=1g)",
-			d.cfg.ShmDir, shm.Bytes(st.Free), shm.Bytes(need), shm.Bytes(uint64(d.cfg.Size)))
+			d.cfg.ShmDir, units.Bytes(st.Free), units.Bytes(need), units.Bytes(uint64(d.cfg.Size)))
 	}
 	if d.shmRoot, err = os.MkdirTemp(d.cfg.ShmDir, "rewind-demo-"); err != nil {
 		return fmt.Errorf("demo: shm root: %w", err)

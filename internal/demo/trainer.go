@@ -11,7 +11,7 @@ import (
 	"rewind.dev/rewind/sdk"
 )
 
-// TrainConfig configures the demo's training process (rewind demo-train).
+// TrainConfig configures the demo's training process (rewind-dev demo-train).
 type TrainConfig struct {
 	Socket string // the agent's socket
 	Job    string // job id
@@ -29,7 +29,7 @@ type TrainConfig struct {
 	PerturbRestore bool
 }
 
-// DefaultTrainConfig returns the trainer's configuration for `rewind demo`.
+// DefaultTrainConfig returns the trainer's configuration for `rewind-dev demo`.
 func DefaultTrainConfig() TrainConfig {
 	return TrainConfig{
 		Job:         "demo",
@@ -42,7 +42,7 @@ func DefaultTrainConfig() TrainConfig {
 }
 
 // Validate checks the configuration.
-func (c *TrainConfig) Validate() error {
+func (c TrainConfig) Validate() error {
 	var errs []error
 	if c.Steps < 1 {
 		errs = append(errs, fmt.Errorf("steps %d: want at least 1", c.Steps))

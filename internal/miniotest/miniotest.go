@@ -13,7 +13,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -26,11 +25,18 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"rewind.dev/rewind/internal/freeport"
 )
 
 // EnvBinary, when set, names the MinIO server binary to run instead of
 // bin/minio in the repository.
 const EnvBinary = "REWIND_MINIO"
+
+// EnvRequire, set to 1, makes a missing MinIO binary fail the tests that
+// need it instead of skipping them: `make test` sets it, so CI runs them
+// for real, while `go test ./...` on a fresh clone skips them.
+const EnvRequire = "REWIND_REQUIRE_MINIO"
 
 // Region is the region the server answers for.
 const Region = "us-east-1"
@@ -90,10 +96,12 @@ func Binary() (string, error) {
 }
 
 // Start starts a server with one empty bucket and stops it when the test
-// ends. A missing binary fails the test (it does not skip it): `make test`
-// builds the binary first.
+// ends. A missing binary skips the test, with a message naming `make
+// minio`, unless $REWIND_REQUIRE_MINIO is 1 (as `make test` sets it): then
+// it fails the test.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
+	Require(tb)
 	s, err := newServer(tb.TempDir())
 	if err != nil {
 		tb.Fatal(err)
@@ -110,6 +118,32 @@ func Start(tb testing.TB) *Server {
 		tb.Fatal(err)
 	}
 	return s
+}
+
+// Require skips tb, with a message naming `make minio`, when there is no
+// MinIO binary; with $REWIND_REQUIRE_MINIO=1 it fails tb instead. Every
+// test that needs the binary goes through it (Start calls it).
+func Require(tb testing.TB) {
+	tb.Helper()
+	_, err := Binary()
+	if err == nil {
+		return
+	}
+	if fail, msg := missing(err, os.Getenv(EnvRequire)); fail {
+		tb.Fatal(msg)
+	} else {
+		tb.Skip(msg)
+	}
+}
+
+// missing says what a test does without the binary (err says why it is
+// missing), given $REWIND_REQUIRE_MINIO: fail, or skip; and with what
+// message.
+func missing(err error, require string) (fail bool, msg string) {
+	if require == "1" {
+		return true, fmt.Sprintf("%v ($%s=1: the tests that need MinIO must run)", err, EnvRequire)
+	}
+	return false, fmt.Sprintf("%v (skipped: `make minio` builds it; $%s=1 fails instead)", err, EnvRequire)
 }
 
 // Launch starts a server with one empty bucket for a caller that is not a
@@ -163,11 +197,11 @@ func (s *Server) launch() error {
 	// The port is free when picked, but another process may take it
 	// before MinIO binds it: try a few.
 	for try := 1; ; try++ {
-		port, err := freePort()
+		addr, err := freeport.Addr()
 		if err != nil {
-			return err
+			return fmt.Errorf("miniotest: %w", err)
 		}
-		s.Endpoint = fmt.Sprintf("127.0.0.1:%d", port)
+		s.Endpoint = addr
 		if err = s.Start(); err == nil {
 			break
 		}
@@ -324,15 +358,6 @@ func (s *Server) LogTail(n int) string {
 func isFile(p string) bool {
 	fi, err := os.Stat(p)
 	return err == nil && fi.Mode().IsRegular()
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("miniotest: find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // cleanEnv is the environment without MinIO's and AWS's own settings, so a

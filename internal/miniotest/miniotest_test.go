@@ -69,9 +69,38 @@ func TestBinaryFromEnv(t *testing.T) {
 	}
 }
 
+// TestMissingBinary: without the binary a test skips, naming `make
+// minio`, unless $REWIND_REQUIRE_MINIO=1 makes it fail.
+func TestMissingBinary(t *testing.T) {
+	t.Setenv(EnvBinary, "/nonexistent/minio")
+	_, err := Binary()
+	if err == nil {
+		t.Fatal("Binary() found /nonexistent/minio")
+	}
+	for require, wantFail := range map[string]bool{"": false, "0": false, "1": true} {
+		fail, msg := missing(err, require)
+		if fail != wantFail {
+			t.Errorf("$%s=%q: fail=%v, want %v", EnvRequire, require, fail, wantFail)
+		}
+		if !strings.Contains(msg, EnvBinary) || !strings.Contains(msg, EnvRequire) || (!fail && !strings.Contains(msg, "make minio")) {
+			t.Errorf("$%s=%q: message %q does not say why and what to do", EnvRequire, require, msg)
+		}
+	}
+	t.Run("skips", func(t *testing.T) {
+		t.Setenv(EnvRequire, "")
+		defer func() {
+			if !t.Skipped() {
+				t.Error("Start without a binary did not skip")
+			}
+		}()
+		Start(t)
+	})
+}
+
 // TestLaunchClose: a server for a caller that is not a test serves, and
 // Close stops it and removes its data.
 func TestLaunchClose(t *testing.T) {
+	Require(t)
 	parent := t.TempDir()
 	s, err := Launch(parent)
 	if err != nil {

@@ -1,12 +1,12 @@
 // Package nodeproc is the rank supervisor of `rewind node`: on a node that
 // runs its agent and the job's ranks together (a container of the compose
 // cluster), it runs the ranks the coordinator places on this node as
-// processes (`rewind demo-train`), restarts them on a recovery's
+// processes (`rewind-dev demo-train`), restarts them on a recovery's
 // placement (regang.Follow with a regang.Node driver), and writes their
 // report to its own output, one line per event, prefixed by the rank:
 //
 //	[rank 1] step 13 compute 250.3 ms saved 4.0 MiB in 3.1 ms digest 77b0...
-//	[rank 1 stderr] rewind demo-train: ...
+//	[rank 1 stderr] rewind-dev demo-train: ...
 //	[node] start rank 1 (restore step 12, recovery)
 //
 // so that `docker logs` of the container is the job's report.
@@ -30,7 +30,7 @@ type Config struct {
 	// InitialRanks are the ranks this node starts when the job is new (the
 	// coordinator knows no placement for them elsewhere).
 	InitialRanks []uint32
-	Exe          string   // the rewind binary the ranks run
+	Exe          string   // the binary whose demo-train command is a rank (rewind-dev)
 	Socket       string   // the agent's SDK socket
 	TrainArgs    []string // more demo-train flags: --steps, --size, --step-time
 	API          coordpb.CoordinatorClient
@@ -64,7 +64,7 @@ func DefaultConfig() Config {
 }
 
 // Validate checks the configuration.
-func (c *Config) Validate() error {
+func (c Config) Validate() error {
 	var errs []error
 	if c.Node == "" || c.Job == "" || c.Exe == "" || c.Socket == "" {
 		errs = append(errs, fmt.Errorf("node %q, job %q, binary %q and socket %q must all be set", c.Node, c.Job, c.Exe, c.Socket))

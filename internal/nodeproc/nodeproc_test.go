@@ -128,7 +128,7 @@ func TestValidate(t *testing.T) {
 	if err := cfg.Validate(); err == nil {
 		t.Fatal("an empty config is valid")
 	}
-	cfg.Node, cfg.Job, cfg.Exe, cfg.Socket, cfg.WorldSize = "n", "j", "/rewind", "/s", 2
+	cfg.Node, cfg.Job, cfg.Exe, cfg.Socket, cfg.WorldSize = "n", "j", "/rewind-dev", "/s", 2
 	cfg.InitialRanks = []uint32{2}
 	err := cfg.Validate()
 	if err == nil || !strings.Contains(err.Error(), "initial rank 2 is not below the world size 2") {

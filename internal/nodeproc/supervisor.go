@@ -153,7 +153,7 @@ func (s *supervisor) job(ctx context.Context) (*coordpb.Job, error) {
 	return nil, nil
 }
 
-// command is a rank's process: `rewind demo-train` on the node's agent,
+// command is a rank's process: `rewind-dev demo-train` on the node's agent,
 // its report prefixed with the rank.
 func (s *supervisor) command(rank uint32, _ string, restoreStep int64) *exec.Cmd {
 	args := append([]string{"demo-train", "--socket", s.cfg.Socket, "--job", s.cfg.Job,
@@ -213,13 +213,13 @@ func (s *supervisor) Regang(ctx context.Context, ev *coordpb.JobEvent) error {
 
 func (s *supervisor) observe(ev *coordpb.JobEvent) {
 	if !ev.Ok {
-		s.out.printf("recovery event: %s, step %d, not ok: %s", ev.Kind, ev.Step, ev.Error)
+		s.out.printf("recovery event: %s, step %d, not ok: %s", ev.Kind.Label(), ev.Step, ev.Error)
 		return
 	}
 	var parts []string
 	for _, r := range slices.Sorted(maps.Keys(ev.Placement)) {
 		parts = append(parts, fmt.Sprintf("%d→%s", r, ev.Placement[r]))
 	}
-	s.out.printf("recovery event: %s, step %d, placement %s, here %v", ev.Kind, ev.Step, strings.Join(parts, " "),
+	s.out.printf("recovery event: %s, step %d, placement %s, here %v", ev.Kind.Label(), ev.Step, strings.Join(parts, " "),
 		slices.Sorted(maps.Keys(regang.OnNode(ev.Placement, s.cfg.Node))))
 }

@@ -32,3 +32,17 @@ func ParseBytes(s string) (uint64, error) {
 	}
 	return uint64(f * float64(mult)), nil
 }
+
+// Bytes formats a byte count for people: 1.5 GiB, 64.0 MiB, 512 B.
+func Bytes(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := uint64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

@@ -15,3 +15,14 @@ func TestParseBytes(t *testing.T) {
 		}
 	}
 }
+
+func TestBytes(t *testing.T) {
+	for n, want := range map[uint64]string{
+		0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 1536: "1.5 KiB",
+		64 << 20: "64.0 MiB", 3 << 29: "1.5 GiB", 1 << 60: "1.0 EiB", 1<<64 - 1: "16.0 EiB",
+	} {
+		if got := Bytes(n); got != want {
+			t.Errorf("Bytes(%d) = %q, want %q", n, got, want)
+		}
+	}
+}

@@ -97,7 +97,7 @@ def wait_verified(client: rewind.Client, limit: float = 120) -> None:
     in a real loop; back to back, that re-read would compete with the
     next save for memory bandwidth and cores."""
     deadline = time.monotonic() + limit
-    while any(s.state == "committed" and not s.verified for s in client.list()) and time.monotonic() < deadline:
+    while any(s.state == rewind.ShardState.SHARD_STATE_COMMITTED and not s.verified for s in client.list()) and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
@@ -120,7 +120,7 @@ def bench_size(args, client: rewind.Client, size: int, disk: str) -> list[tuple[
     nbytes = sum(t.numel() * 4 for t in state.values())
     dst = {k: torch.empty_like(v) for k, v in state.items()}
     rows = [("memcpy (torch copy_, the limit)", median_time(lambda: [dst[k].copy_(v) for k, v in state.items()], args.runs))]
-    del dst
+    dst.clear()  # the copies' memory, before the next figures
     step = iter(range(1, 1 << 30))
     for _ in range(2):  # warm-up: both slots sized and mapped
         client.save(next(step), state)

@@ -5,6 +5,7 @@
 #   test-python      the SDK's pytest suite against a real agent (bin/rewind)
 #   bench-python     client.save against torch.save to local disk and /dev/shm
 #   generate-python  regenerate sdk/python/rewind/_pb from api/agent.proto
+#   lint-python      pyflakes and mypy on the SDK (Debian's; bookworm has no ruff)
 
 PYTHON ?= /usr/bin/python3
 GO ?= go
@@ -14,7 +15,7 @@ PYTHON_PB := $(PYTHON_SDK)/rewind/_pb
 PYTHON_DEBS := python3-torch python3-grpcio python3-numpy python3-protobuf python3-pytest python3-xxhash
 BENCH_PYTHON_FLAGS ?= --sizes 1GiB,4GiB --runs 5
 
-.PHONY: python-deps python-rewind-bin test-python bench-python generate-python
+.PHONY: python-deps python-rewind-bin test-python bench-python generate-python lint-python python-lint-deps
 
 python-deps:
 	@$(PYTHON) -c 'import torch, grpc, numpy, google.protobuf, pytest, xxhash' 2>/dev/null || \
@@ -28,7 +29,7 @@ python-rewind-bin:
 test-python: python-deps python-rewind-bin
 	REWIND_BIN=$(BIN)/rewind $(PYTHON) -m pytest -q $(PYTHON_SDK)/tests
 
-## bench-python: client.save against torch.save (local disk, /dev/shm); figures in sdk/python/README.md.
+## bench-python: client.save against torch.save (local disk, /dev/shm); figures in docs/performance.md.
 bench-python: python-deps python-rewind-bin
 	$(PYTHON) $(PYTHON_SDK)/bench.py --rewind-bin $(BIN)/rewind $(BENCH_PYTHON_FLAGS)
 
@@ -36,7 +37,22 @@ bench-python: python-deps python-rewind-bin
 generate-python:
 	@command -v protoc >/dev/null && command -v grpc_python_plugin >/dev/null || \
 		(apt-get update -qq && apt-get install -y -qq protobuf-compiler protobuf-compiler-grpc)
-	protoc -I api --python_out=$(PYTHON_PB) --grpc_python_out=$(PYTHON_PB) \
+	protoc -I api --python_out=$(PYTHON_PB) --pyi_out=$(PYTHON_PB) --grpc_python_out=$(PYTHON_PB) \
 		--plugin=protoc-gen-grpc_python=$$(command -v grpc_python_plugin) api/agent.proto
 	@# The plugin imports the messages as a top-level module; inside the package they are a sibling.
 	sed -i 's/^import agent_pb2 as agent__pb2$$/from . import agent_pb2 as agent__pb2/' $(PYTHON_PB)/agent_pb2_grpc.py
+
+# Debian bookworm packages mypy (1.0) and pyflakes, not ruff: pyflakes
+# checks what ruff's default rules (F) do. The generated _pb is left out
+# of pyflakes (protoc's code defines names through its builder) and of
+# mypy's errors (pyproject.toml).
+PYTHON_LINT_FILES = $(shell find $(PYTHON_SDK)/rewind $(PYTHON_SDK)/tests -name '*.py' -not -path '*/_pb/*') $(PYTHON_SDK)/bench.py
+
+python-lint-deps:
+	@command -v pyflakes3 >/dev/null && $(PYTHON) -m mypy --version >/dev/null 2>&1 || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pyflakes3 mypy)
+
+## lint-python: pyflakes and mypy (settings in sdk/python/pyproject.toml) on the Python SDK; make lint runs it.
+lint-python: python-lint-deps
+	pyflakes3 $(PYTHON_LINT_FILES)
+	cd $(PYTHON_SDK) && $(PYTHON) -m mypy

@@ -15,6 +15,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from typing import List  # in the class, "list" is Client.list
 
 import grpc
 import numpy as np
@@ -98,9 +99,10 @@ class Client:
         """The agent's node, shared-memory root and budget."""
         return self._call("status", self._stub.Status, pb.StatusRequest())
 
-    def list(self, job: str | None = None) -> list:
+    def list(self, job: str | None = None) -> List[pb.Shard]:
         """The shards the agent holds for job (this client's by default; ""
-        for every job), as agent_pb2.Shard messages."""
+        for every job), as agent_pb2.Shard messages; a shard's state is a
+        rewind.ShardState (rewind.ShardState.SHARD_STATE_COMMITTED, ...)."""
         job = self.job if job is None else job
         return list(self._call("list", self._stub.List, pb.ListRequest(job=job)).shards)
 
@@ -150,7 +152,7 @@ class Client:
         self.last_save = SaveStats(step, layout.size, cold or prep.resized, t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0)
         return self.last_save
 
-    def _plan(self, op: str, step: int, state_: object) -> tuple[list, fmt.Layout]:
+    def _plan(self, op: str, step: int, state_: object) -> tuple[List[state.Leaf], fmt.Layout]:
         """The tensors of state_ and the shard layout that holds them."""
         try:
             leaves, objects = state.flatten(state_)
@@ -177,8 +179,8 @@ class Client:
 
     def _set_save_copy(self, tr: copier.Transfer, m: Mapping, t: fmt.TensorInfo, start: int, src) -> None:
         if isinstance(src, np.ndarray):
-            dst = numpy_view(m.mv, t, start).reshape(t.shape)
-            tr.copy_all = lambda: np.copyto(dst, src)
+            arr = numpy_view(m.mv, t, start).reshape(t.shape)
+            tr.copy_all = lambda: np.copyto(arr, src)
             return
         dst = torch_view(m.mv, t, start)
         if src.device.type == "cuda":

@@ -15,7 +15,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Tuple
 
 from .checksum import LEAF_SIZE, leaf_hash, num_leaves, root
 
@@ -44,10 +44,13 @@ class Transfer:
 
     offset: int
     nbytes: int
-    copy_leaf: Callable[[int, int], None] | None = None
-    copy_all: Callable[[], None] | None = None
+    copy_leaf: Callable[[int, int], object] | None = None  # what it returns is not used
+    copy_all: Callable[[], object] | None = None
     late: bool = False
 
+
+# A unit of copy work: (weight, transfer index, first leaf, end leaf).
+Unit = Tuple[int, int, int, int]
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -67,7 +70,8 @@ def copy_and_sum(mv: memoryview, transfers: list[Transfer], workers: int = 0) ->
     """Runs every transfer and returns each tensor's checksum, in order."""
     workers = workers or default_workers()
     leaves = [[0] * num_leaves(t.nbytes) for t in transfers]
-    units, late = [], []  # (weight, transfer index, first leaf, end leaf)
+    units: list[Unit] = []
+    late: list[Unit] = []
     for ti, t in enumerate(transfers):
         n = len(leaves[ti])
         if t.copy_leaf is not None:
@@ -76,7 +80,7 @@ def copy_and_sum(mv: memoryview, transfers: list[Transfer], workers: int = 0) ->
             (late if t.late else units).append((t.nbytes, ti, 0, n))
     units += late
 
-    def run(group):
+    def run(group: list[Unit]) -> None:
         for _, ti, lo, hi in group:
             t = transfers[ti]
             if t.copy_all is not None and t.nbytes:
@@ -105,12 +109,14 @@ def copy_and_sum(mv: memoryview, transfers: list[Transfer], workers: int = 0) ->
     return [root(ls) for ls in leaves]
 
 
-def _partition(units: list, n: int) -> list[list]:
+def _partition(units: list[Unit], n: int) -> list[list[Unit]]:
     """Cuts units into at most n consecutive runs of roughly equal weight."""
     if n <= 1 or len(units) <= 1:
         return [units] if units else []
     total = sum(u[0] for u in units)
-    groups, cur, acc = [], [], 0
+    groups: list[list[Unit]] = []
+    cur: list[Unit] = []
+    acc = 0
     for u in units:
         cur.append(u)
         acc += u[0]

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 # Size in bytes of every dtype a shard may hold (shm/dtype.go).
 SIZES = {
@@ -14,7 +19,12 @@ SIZES = {
 }
 
 
-def _torch_map() -> dict:
+@functools.lru_cache(maxsize=None)
+def _torch_map() -> dict[str, torch.dtype]:
+    """safetensors name -> torch.dtype, for the types this torch has. torch
+    is imported here, on first use, so that ``import rewind`` does not."""
+    import torch
+
     names = {
         "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "I32": "int32",
         "I64": "int64", "F16": "float16", "BF16": "bfloat16", "F32": "float32",
@@ -25,9 +35,19 @@ def _torch_map() -> dict:
     return {st: getattr(torch, n) for st, n in names.items() if isinstance(getattr(torch, n, None), torch.dtype)}
 
 
-TORCH = _torch_map()
-"""safetensors name -> torch.dtype, for the types this torch has."""
-FROM_TORCH = {v: k for k, v in TORCH.items()}
+@functools.lru_cache(maxsize=None)
+def _from_torch() -> dict[torch.dtype, str]:
+    return {v: k for k, v in _torch_map().items()}
+
+
+def __getattr__(name: str) -> Any:
+    # TORCH (safetensors name -> torch.dtype) and FROM_TORCH, built when
+    # first read (PEP 562).
+    if name == "TORCH":
+        return _torch_map()
+    if name == "FROM_TORCH":
+        return _from_torch()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 NUMPY = {
     "BOOL": np.dtype(np.bool_), "U8": np.dtype("<u1"), "I8": np.dtype("<i1"),
@@ -42,7 +62,7 @@ FROM_NUMPY = {v: k for k, v in NUMPY.items()}
 
 def of_tensor(t: torch.Tensor) -> str | None:
     """The safetensors name of a tensor's dtype, or None if it has none."""
-    return FROM_TORCH.get(t.dtype)
+    return _from_torch().get(t.dtype)
 
 
 def of_ndarray(a: np.ndarray) -> str | None:

@@ -106,7 +106,10 @@ def _parse_rewind(h: fmt.Header) -> None:
     if fmt.META_CHUNKS in md:
         try:
             for name, ch in json.loads(md[fmt.META_CHUNKS]).items():
-                h.tensor(name).chunk = ch
+                t = h.tensor(name)
+                if t is None:
+                    raise ValueError(f"chunk of no tensor {name!r}")
+                t.chunk = ch
         except Exception as e:
             raise _corrupt(f"{fmt.META_CHUNKS}: {e}") from None
     for t in h.tensors:
@@ -145,7 +148,8 @@ def copy_out(m: Mapping, h: fmt.Header, device="cpu", workers: int = 0, numpy_na
     Tensors named in numpy_names,
     and those of a dtype this torch lacks, come back as numpy arrays."""
     device = torch.device(device)
-    out, transfers = {}, []
+    out: dict[str, np.ndarray | torch.Tensor] = {}
+    transfers: list[copier.Transfer] = []
     for t in h.tensors:
         tr = copier.Transfer(h.data_start + t.begin, t.nbytes)
         if t.name in numpy_names or t.dtype not in dtypes.TORCH:

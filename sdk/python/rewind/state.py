@@ -94,8 +94,9 @@ class _Flattener:
         if not isinstance(v, OrderedDict):
             return {"dict": pairs}
         out = {"odict": pairs}
-        if getattr(v, "_metadata", None) is not None:
-            out["meta"] = self.node(v._metadata, path + ("_metadata",))
+        meta = getattr(v, "_metadata", None)  # a module's state_dict() carries one
+        if meta is not None:
+            out["meta"] = self.node(meta, path + ("_metadata",))
         return out
 
     def key(self, k, path: tuple):
@@ -195,8 +196,8 @@ class _Builder:
             return {self.node(k): self.node(x) for k, x in v}
         if tag == "odict":
             od = OrderedDict((self.node(k), self.node(x)) for k, x in v)
-            if "meta" in n:
-                od._metadata = self.node(n["meta"])
+            if "meta" in n:  # as a module's state_dict() carries it
+                setattr(od, "_metadata", self.node(n["meta"]))
             return od
         if tag in ("list", "tuple"):
             items = [self.node(x) for x in v]

@@ -1,7 +1,6 @@
 """Restore with a coordinator: every rank resumes from the job's latest
 consistent step, never from a step only some ranks committed."""
 
-import os
 import shutil
 import socket
 import subprocess

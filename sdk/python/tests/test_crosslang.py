@@ -14,7 +14,7 @@ from test_golden import SPECS, fill
 
 
 def committed(c: rewind.Client):
-    return max((s for s in c.list() if s.state == "committed"), key=lambda s: s.seq)
+    return max((s for s in c.list() if s.state == rewind.ShardState.SHARD_STATE_COMMITTED), key=lambda s: s.seq)
 
 
 def test_python_shard_verifies_with_go(client, rewind_bin, tmp_path):

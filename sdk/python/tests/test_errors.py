@@ -76,7 +76,7 @@ def latest_shard(c: rewind.Client):
     would otherwise catch it first, and restore would skip the shard)."""
     deadline = time.monotonic() + 10
     while True:
-        sh = max((s for s in c.list() if s.state == "committed"), key=lambda s: s.seq)
+        sh = max((s for s in c.list() if s.state == rewind.ShardState.SHARD_STATE_COMMITTED), key=lambda s: s.seq)
         if sh.verified or time.monotonic() > deadline:
             return sh
         time.sleep(0.01)
@@ -95,7 +95,7 @@ def test_flipped_byte_is_corrupt_and_never_served_again(client, where):
         client.restore()
     assert "restore" in str(e.value) and ("checksum" in str(e.value) or "header" in str(e.value))
     states = {s.step: s.state for s in client.list()}
-    assert states[2] == "corrupt", states
+    assert states[2] == rewind.ShardState.SHARD_STATE_CORRUPT, states
     for _ in range(2):
         step, got = client.restore()
         assert step == 1 and got["note"] == "one"

@@ -1,6 +1,7 @@
 """Save and restore through a real agent: the state comes back bit-identical."""
 
 import math
+import pathlib
 import random
 from collections import OrderedDict
 
@@ -10,6 +11,7 @@ import torch
 
 import rewind
 from rewind import dtypes
+from rewind import format as fmt
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.int16,
           torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64]
@@ -119,7 +121,7 @@ def test_many_saves_reuse_slots_and_remap_on_resize(client):
         assert client.latest() == step
     step, got = client.restore()
     assert step == 8 and torch.equal(got["w"], torch.full((got["n"],), 8.0))
-    steps = sorted(s.step for s in client.list() if s.state == "committed")
+    steps = sorted(s.step for s in client.list() if s.state == rewind.ShardState.SHARD_STATE_COMMITTED)
     assert steps == [7, 8]  # two slots per rank: the older ones were reused
     _, older = client.restore(step=7)
     assert older["w"][0].item() == 7.0
@@ -167,6 +169,39 @@ def test_identity_from_environment(agent, job, monkeypatch):
         monkeypatch.delenv(k)
     with rewind.Client() as c:
         assert (c.rank, c.world_size) == (0, 1)
+
+
+def test_kube_job_id_matches_go():
+    """The table shm.KubeJobID is held to: both SDKs and the controller
+    name a Kubernetes job alike, and every id is a valid job id."""
+    table = pathlib.Path(__file__).resolve().parents[3] / "shm" / "testdata" / "kube_job_ids"
+    rows = [ln.split() for ln in table.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    assert len(rows) >= 5
+    for ns, name, want in rows:
+        assert rewind.kube_job_id(ns, name) == want, (ns, name)
+        fmt.validate_job(want)
+    for ns, name in [("a.b", "c"), ("a", "b_c"), ("a", "Train"), ("a", "b/c"), ("", "b"), ("a", "x" * 254)]:
+        with pytest.raises(rewind.InvalidError):
+            rewind.kube_job_id(ns, name)
+
+
+def test_job_from_kubernetes_environment(monkeypatch):
+    from rewind import identity
+
+    for k in ("REWIND_JOB", "REWIND_RANK", "REWIND_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(identity, "_distributed", lambda: (None, None))
+    monkeypatch.setenv("REWIND_NAMESPACE", "default")
+    monkeypatch.setenv("REWIND_JOB_NAME", "train")
+    monkeypatch.setenv("RANK", "3")  # torchrun
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert identity.resolve(None, None, None) == ("default.train", 3, 4)
+    monkeypatch.setenv("REWIND_JOB", "mine")
+    assert identity.resolve(None, None, None) == ("mine", 3, 4)
+    monkeypatch.delenv("REWIND_JOB")
+    monkeypatch.setenv("REWIND_NAMESPACE", "Default")
+    with pytest.raises(rewind.InvalidError, match="REWIND_NAMESPACE"):
+        identity.resolve(None, None, None)
 
 
 def test_dtype_table_covers_common_torch_types():

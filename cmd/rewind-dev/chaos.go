@@ -14,7 +14,7 @@ import (
 	"rewind.dev/rewind/internal/chaos"
 )
 
-// runChaos is `rewind chaos`: the fault scenarios against the compose
+// runChaos is `rewind-dev chaos`: the fault scenarios against the compose
 // cluster (deploy/compose; `make chaos` builds its images first).
 func runChaos(ctx context.Context, args []string) error {
 	cfg := chaos.DefaultConfig()
@@ -28,7 +28,7 @@ func runChaos(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.LogDir, "logs", "", "save the containers' logs of every failed scenario under this directory (seed-N/SCENARIO/SERVICE.log)")
 	skipNoDocker := fs.Bool("skip-without-docker", false, "print SKIPPED and succeed when no Docker engine answers")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: rewind chaos [flags]\n\nscenarios, each against a fresh cluster:")
+		fmt.Fprintln(fs.Output(), "usage: rewind-dev chaos [flags]\n\nscenarios, each against a fresh cluster:")
 		for _, n := range chaos.Names() {
 			fmt.Fprintf(fs.Output(), "  %-20s %s\n", n[0], n[1])
 		}
@@ -49,10 +49,10 @@ func runChaos(ctx context.Context, args []string) error {
 	return err
 }
 
-// runChaosTool is `rewind chaos-tool`: what the chaos runner needs done
+// runChaosTool is `rewind-dev chaos-tool`: what the chaos runner needs done
 // inside the cluster's containers, whose images have no shell.
 func runChaosTool(ctx context.Context, args []string) error {
-	usage := errors.New("usage: rewind chaos-tool fill DIR | unfill DIR | corrupt SHM_ROOT JOB RANK | mkbucket ENDPOINT BUCKET")
+	usage := errors.New("usage: rewind-dev chaos-tool fill DIR | unfill DIR | corrupt SHM_ROOT JOB RANK | mkbucket ENDPOINT BUCKET")
 	if len(args) < 2 {
 		return usage
 	}

@@ -1,4 +1,4 @@
-package tiers
+package bench
 
 import (
 	"bytes"
@@ -10,17 +10,18 @@ import (
 	"time"
 
 	"github.com/minio/minio-go/v7"
-	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"rewind.dev/rewind/tiers"
 )
 
-// S3BenchOptions configure BenchS3.
-type S3BenchOptions struct {
+// S3Options configure S3.
+type S3Options struct {
 	Size int64 // bytes of the object
 	Runs int   // measured runs per figure; the median is reported
 }
 
-// S3BenchResult holds throughputs in bytes per second.
-type S3BenchResult struct {
+// S3Result holds throughputs in bytes per second.
+type S3Result struct {
 	Size, PartSize int64
 	Parallel       int
 	Put, Get       float64 // this store
@@ -29,31 +30,21 @@ type S3BenchResult struct {
 	MinioGet       float64 // one minio-go GetObject call read to the end (one stream)
 }
 
-// BenchS3 measures the store's Put and Get of one object of opts.Size
-// bytes against minio-go's own PutObject and GetObject of the same bytes to
-// the same bucket, in the same run. It writes and deletes objects under
-// the store's prefix ("bench-*").
-func BenchS3(ctx context.Context, cfg S3Config, opts S3BenchOptions) (S3BenchResult, error) {
+// S3 measures the S3 store's Put and Get of one object of opts.Size bytes
+// against minio-go's own PutObject and GetObject of the same bytes to the
+// same bucket, in the same run. It writes and deletes objects under the
+// store's prefix ("bench-*").
+func S3(ctx context.Context, cfg tiers.S3Config, opts S3Options) (S3Result, error) {
 	if opts.Runs < 1 {
 		opts.Runs = 3
 	}
-	s, err := NewS3Store(cfg)
+	s, err := tiers.NewS3Store(cfg)
 	if err != nil {
-		return S3BenchResult{}, err
+		return S3Result{}, err
 	}
-	host, secure, _ := parseS3Endpoint(s.cfg.Endpoint, s.cfg.Secure)
-	access, secret, token, err := s.cfg.s3Credentials()
+	mc, bucket, prefix, err := s.MinioClient()
 	if err != nil {
-		return S3BenchResult{}, err
-	}
-	mc, err := minio.New(host, &minio.Options{
-		Creds:     credentials.NewStaticV4(access.reveal(), secret.reveal(), token.reveal()),
-		Secure:    secure,
-		Region:    s.cfg.Region,
-		Transport: s.cfg.Transport,
-	})
-	if err != nil {
-		return S3BenchResult{}, err
+		return S3Result{}, err
 	}
 	data := make([]byte, opts.Size)
 	r := rand.New(rand.NewPCG(1, 2))
@@ -64,7 +55,7 @@ func BenchS3(ctx context.Context, cfg S3Config, opts S3BenchOptions) (S3BenchRes
 	}
 	dst := &benchBuf{b: make([]byte, opts.Size)}
 	clear(dst.b) // fault its pages in now, so that no measured read pays for them
-	res := S3BenchResult{Size: opts.Size, PartSize: s.cfg.PartSize, Parallel: s.cfg.Parallel}
+	res := S3Result{Size: opts.Size, PartSize: cfg.PartSize, Parallel: cfg.Parallel}
 	const name, mcName, mcName1 = "bench-store", "bench-minio-go", "bench-minio-go-1"
 	defer func() {
 		for _, n := range []string{name, mcName, mcName1} {
@@ -73,7 +64,7 @@ func BenchS3(ctx context.Context, cfg S3Config, opts S3BenchOptions) (S3BenchRes
 	}()
 	putMC := func(key string, threads uint) func() error {
 		return func() error {
-			_, err := mc.PutObject(ctx, s.bucket, s.prefix+key, bytes.NewReader(data), opts.Size, minio.PutObjectOptions{NumThreads: threads})
+			_, err := mc.PutObject(ctx, bucket, prefix+key, bytes.NewReader(data), opts.Size, minio.PutObjectOptions{NumThreads: threads})
 			return err
 		}
 	}
@@ -93,7 +84,7 @@ func BenchS3(ctx context.Context, cfg S3Config, opts S3BenchOptions) (S3BenchRes
 	gets, err := benchInterleaved(opts.Runs, opts.Size,
 		func() error { _, err := s.Get(ctx, name, dst); return err },
 		func() error {
-			obj, err := mc.GetObject(ctx, s.bucket, s.prefix+mcName, minio.GetObjectOptions{})
+			obj, err := mc.GetObject(ctx, bucket, prefix+mcName, minio.GetObjectOptions{})
 			if err != nil {
 				return err
 			}
@@ -106,10 +97,10 @@ func BenchS3(ctx context.Context, cfg S3Config, opts S3BenchOptions) (S3BenchRes
 	}
 	res.Get, res.MinioGet = gets[0], gets[1]
 	if !bytes.Equal(dst.b, data) {
-		return res, fmt.Errorf("tiers: bench: the store's Get returned different bytes")
+		return res, fmt.Errorf("bench: the S3 store's Get returned different bytes")
 	}
 	if !bytes.Equal(ref, data) {
-		return res, fmt.Errorf("tiers: bench: minio-go's GetObject returned different bytes")
+		return res, fmt.Errorf("bench: minio-go's GetObject returned different bytes")
 	}
 	return res, nil
 }
@@ -135,8 +126,8 @@ func benchInterleaved(runs int, size int64, fs ...func() error) ([]float64, erro
 	return out, nil
 }
 
-// PrintS3Bench writes the figures and the ratios to minio-go's.
-func PrintS3Bench(w io.Writer, r S3BenchResult) {
+// PrintS3 writes the figures and the ratios to minio-go's.
+func PrintS3(w io.Writer, r S3Result) {
 	mbs := func(b float64) string { return fmt.Sprintf("%7.0f MB/s", b/1e6) }
 	fmt.Fprintf(w, "S3 tier, %d MiB object, %d MiB parts, %d in parallel (median)\n", r.Size>>20, r.PartSize>>20, r.Parallel)
 	fmt.Fprintf(w, "  upload:   store %s   minio-go PutObject %s (x%.2f)   one stream %s (x%.2f)\n",

@@ -25,7 +25,7 @@ func runBench(ctx context.Context, args []string) error {
 		return benchRecovery(ctx, args[1:])
 	}
 	if len(args) == 0 || args[0] != "save" {
-		return fmt.Errorf("usage: rewind bench save|coordinator|tiers|recovery [flags]")
+		return fmt.Errorf("usage: rewind-dev bench save|coordinator|tiers|recovery [flags]")
 	}
 	fs := flag.NewFlagSet("bench save", flag.ContinueOnError)
 	sizes := fs.String("sizes", "1GiB,4GiB", "comma-separated state sizes per rank")
@@ -47,7 +47,7 @@ func runBench(ctx context.Context, args []string) error {
 	if cfg.Workers == 0 {
 		cfg.Workers = shm.DefaultWorkers()
 	}
-	fmt.Printf("rewind bench save: %d runs per figure (median), %d tensors, %d copy workers\n", cfg.Runs, cfg.Tensors, cfg.Workers)
+	fmt.Printf("rewind-dev bench save: %d runs per figure (median), %d tensors, %d copy workers\n", cfg.Runs, cfg.Tensors, cfg.Workers)
 	rs, err := bench.Save(ctx, cfg)
 	bench.PrintSave(os.Stdout, rs, cfg.Workers)
 	return err
@@ -83,7 +83,7 @@ func benchCoordinator(ctx context.Context, args []string) error {
 		}
 		cfg.Ranks = append(cfg.Ranks, n)
 	}
-	fmt.Printf("rewind bench coordinator: simulated agents (%d ranks each) report every step at once over loopback gRPC to a coordinator with a pebble store in %s\n", cfg.RanksPerNode, cfg.DataDir)
+	fmt.Printf("rewind-dev bench coordinator: simulated agents (%d ranks each) report every step at once over loopback gRPC to a coordinator with a pebble store in %s\n", cfg.RanksPerNode, cfg.DataDir)
 	fmt.Println("latency: from the sending of a step's last report (the last rank's commit) to the answer that the step is consistent (synced)")
 	rs, err := bench.Coordinator(ctx, cfg)
 	bench.PrintCoordinator(os.Stdout, rs)
@@ -96,6 +96,7 @@ func benchRecovery(ctx context.Context, args []string) error {
 	runs := fs.Int("runs", 3, "runs, each on a fresh cluster (the medians are printed)")
 	dir := fs.String("dir", os.TempDir(), "parent of the coordinator's temporary store and the agents' logs")
 	shmDir := fs.String("shm-dir", "/dev/shm", "tmpfs to put the agents' shared memory in")
+	rewind := fs.String("rewind", "", "the rewind binary the agents run (default: rewind beside this binary)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -103,15 +104,17 @@ func benchRecovery(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	bin, err := os.Executable()
-	if err != nil {
-		return err
+	bin := *rewind
+	if bin == "" {
+		if bin, err = rewindBeside(); err != nil {
+			return err
+		}
 	}
 	cfg := bench.RecoveryConfig{Binary: bin, Size: b, Runs: *runs, DataDir: *dir, ShmDir: *shmDir, Out: os.Stdout}
-	fmt.Printf("rewind bench recovery: a coordinator and 3 agent processes (rack-a, rack-b, rack-a) on loopback, failure detection on;\n"+
+	fmt.Printf("rewind-dev bench recovery: a coordinator and 3 agent processes (rack-a, rack-b, rack-a) on loopback, failure detection on;\n"+
 		"a job of 2 ranks saves %s per rank per step, replicated to 1 peer; a node running a rank is SIGKILLed and its shared memory removed;\n"+
 		"its rank is restored onto the spare from the peer's memory. %d runs; shared memory needed: %s\n",
-		shm.Bytes(b), cfg.Runs, shm.Bytes(bench.RecoveryShmNeeded(b)))
+		units.Bytes(b), cfg.Runs, units.Bytes(bench.RecoveryShmNeeded(b)))
 	res, err := bench.Recovery(ctx, cfg)
 	bench.PrintRecovery(os.Stdout, res)
 	return err

@@ -31,8 +31,9 @@ func runDemo(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.ShmDir, "shm-dir", cfg.ShmDir, "tmpfs in which the demo makes the nodes' shared-memory roots")
 	fs.BoolVar(&cfg.NoMinIO, "no-minio", false, "leave out the object-store tier even when bin/minio is built")
 	fs.BoolVar(&cfg.KeepLogs, "keep-logs", false, "leave the coordinator's and agents' logs behind, for inspection")
+	fs.StringVar(&cfg.Rewind, "rewind", "", "the rewind binary the coordinator and agents run (default: rewind beside this binary)")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: rewind demo [flags]      a local cluster; a node dies and the job recovers\n       rewind demo single [flags]  one agent and one trainer, killed in turn")
+		fmt.Fprintln(fs.Output(), "usage: rewind-dev demo [flags]      a local cluster; a node dies and the job recovers\n       rewind-dev demo single [flags]  one agent and one trainer, killed in turn")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -57,6 +58,7 @@ func runDemoSingle(ctx context.Context, args []string) error {
 	fs.Int64Var(&cfg.KillMin, "kill-min", cfg.KillMin, "the trainer is killed after a random step from kill-min")
 	fs.Int64Var(&cfg.KillMax, "kill-max", cfg.KillMax, "... to kill-max")
 	fs.StringVar(&cfg.ShmDir, "shm-dir", cfg.ShmDir, "tmpfs in which the demo makes its shared-memory root")
+	fs.StringVar(&cfg.Rewind, "rewind", "", "the rewind binary the agent runs (default: rewind beside this binary)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -68,7 +70,7 @@ func runDemoSingle(ctx context.Context, args []string) error {
 	return demo.Run(ctx, cfg)
 }
 
-// runDemoTrain is the demo's training process; `rewind demo` starts it.
+// runDemoTrain is the demo's training process; `rewind-dev demo` and `rewind node` start it.
 func runDemoTrain(ctx context.Context, args []string) error {
 	cfg := demo.DefaultTrainConfig()
 	fs := flag.NewFlagSet("demo-train", flag.ContinueOnError)
@@ -91,7 +93,7 @@ func runDemoTrain(ctx context.Context, args []string) error {
 	cfg.Size, cfg.Out, cfg.Rank, cfg.World = int64(b), os.Stdout, uint32(*rank), uint32(*world)
 	err = demo.Train(ctx, cfg)
 	if errors.Is(err, sdk.ErrGangBroken) {
-		fmt.Fprintln(os.Stderr, "rewind demo-train:", err)
+		fmt.Fprintln(os.Stderr, "rewind-dev demo-train:", err)
 		os.Exit(regang.ExitGangBroken) // not a failure: the recovery restarts this rank
 	}
 	return err

@@ -44,7 +44,7 @@ func benchTiers(ctx context.Context, args []string) error {
 		}
 		*f.dst = int64(n)
 	}
-	fmt.Printf("rewind bench tiers: medians of %d runs, in %s (segments in %s)\n", cfg.Runs, cfg.Dir, cfg.ShmDir)
+	fmt.Printf("rewind-dev bench tiers: medians of %d runs, in %s (segments in %s)\n", cfg.Runs, cfg.Dir, cfg.ShmDir)
 	fmt.Println("  nvme: FileStore.Put (O_DIRECT, fsync, rename) against dd oflag=direct conv=fsync bs=8M of the same size")
 	fmt.Println("  s3: the S3 store's Put and Get against one minio-go PutObject and GetObject of the same bytes, same server")
 	fmt.Println("  cpu: a CPU-bound loop on one locked thread, alone and beside a Put of a shared-memory segment")

@@ -1,0 +1,242 @@
+package coordinator
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"rewind.dev/rewind/api/coordpb"
+)
+
+// Reads of a whole step (listing, inspecting, planning a restore) cost
+// O(world size). They copy what they need out of the index a bounded
+// piece at a time, taking c.mu for at most viewChunk ranks' copies per
+// hold, and do the rest (sorting, costing, building answers) outside it,
+// so that a large job's reads never stall Latest, reports or
+// registrations of the others (DESIGN invariant 10). They check their
+// request's context as they go, and stop when it is over.
+
+// viewChunk is how many ranks' copies a view copies per hold of c.mu.
+const viewChunk = 2048
+
+// ctxEvery is how many ranks or copies a long loop outside the lock
+// handles between checks of its request's context.
+const ctxEvery = 4096
+
+// errStepChanged is a view abandoned because its step left the index (or
+// was replaced) while it was being copied.
+var errStepChanged = fmt.Errorf("%w: coordinator: the step left the index while being read", ErrNotFound)
+
+// stepView is a step as copied out of the index. Its copies are shared
+// with the index, which never changes a Copy once recorded (a change
+// replaces it); their slices are the view's own. Copied a piece at a time,
+// it may show a step's copies as they were at slightly different moments:
+// a copy recorded meanwhile may be missing, one removed meanwhile present
+// (a restore falls back from it as from any copy that fails).
+type stepView struct {
+	Job          string
+	Step         int64
+	WorldSize    uint32
+	State        StepState
+	ConsistentAt time.Time
+	ranks        uint32  // ranks with a copy
+	copies       []*Copy // grouped by rank, each rank's in the index's order
+	sorted       bool    // the groups are in rank order
+}
+
+// view copies job's step n out of the index, locking c.mu for at most
+// viewChunk ranks at a time. want, when set, is asked under the first
+// hold whether the step is wanted at all (nil view, no error, if not).
+// rank >= 0 copies only that rank's copies.
+func (c *Coordinator) view(ctx context.Context, job string, n, rank int64, want func(*Step) bool) (*stepView, error) {
+	lookup := func() (*Step, error) {
+		j := c.state.Jobs[job]
+		if j == nil {
+			return nil, fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, job)
+		}
+		st := j.Steps[n]
+		if st == nil {
+			return nil, fmt.Errorf("%w: coordinator: job %s has no step %d", ErrNotFound, job, n)
+		}
+		return st, nil
+	}
+	c.mu.Lock()
+	st, err := lookup()
+	if err != nil || want != nil && !want(st) {
+		c.mu.Unlock()
+		return nil, err
+	}
+	v := &stepView{Job: st.Job, Step: st.Step, WorldSize: st.WorldSize, State: st.State, ConsistentAt: st.ConsistentAt, ranks: uint32(len(st.Copies))}
+	switch {
+	case rank >= 0:
+		v.copies, v.sorted = slices.Clone(st.Copies[uint32(rank)]), true
+		c.mu.Unlock()
+		return v, nil
+	case len(st.Copies) <= viewChunk: // few ranks hold copies: one hold
+		for _, cs := range st.Copies {
+			v.copies = append(v.copies, cs...)
+		}
+		c.mu.Unlock()
+		return v, nil
+	}
+	c.mu.Unlock()
+	v.ranks, v.sorted = 0, true
+	for lo := uint32(0); lo < v.WorldSize; lo += viewChunk {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("coordinator: reading job %s step %d: %w", job, n, err)
+		}
+		c.mu.Lock()
+		if now, _ := lookup(); now != st {
+			c.mu.Unlock()
+			return nil, errStepChanged
+		}
+		for r := lo; r < min(lo+viewChunk, v.WorldSize); r++ {
+			if cs := st.Copies[r]; len(cs) > 0 {
+				v.copies = append(v.copies, cs...)
+				v.ranks++
+			}
+		}
+		c.mu.Unlock()
+	}
+	return v, nil
+}
+
+// byRank returns the copies sorted by rank, each rank's keeping their
+// order.
+func (v *stepView) byRank() []*Copy {
+	if !v.sorted {
+		slices.SortStableFunc(v.copies, func(a, b *Copy) int { return cmp.Compare(a.Rank, b.Rank) })
+		v.sorted = true
+	}
+	return v.copies
+}
+
+// complete reports whether every rank has a copy.
+func (v *stepView) complete() bool { return v.ranks == v.WorldSize }
+
+// proto returns the step as the API shows it, copies in rank order.
+func (v *stepView) proto(ctx context.Context) (*coordpb.Step, error) {
+	p := &coordpb.Step{Job: v.Job, Step: v.Step, WorldSize: v.WorldSize, State: v.State.proto(), RanksCommitted: v.ranks}
+	if !v.ConsistentAt.IsZero() {
+		p.ConsistentUnixNano = v.ConsistentAt.UnixNano()
+	}
+	cs := v.byRank()
+	p.Copies = make([]*coordpb.Copy, len(cs))
+	for i, cp := range cs {
+		if i%ctxEvery == 0 && ctx.Err() != nil {
+			return nil, fmt.Errorf("coordinator: reading job %s step %d: %w", v.Job, v.Step, ctx.Err())
+		}
+		p.Copies[i] = copyProto(cp)
+	}
+	return p, nil
+}
+
+// viewPlacement copies job's placement (rank -> node) out of the index,
+// locking c.mu for at most viewChunk ranks at a time.
+func (c *Coordinator) viewPlacement(ctx context.Context, job string) (map[uint32]string, error) {
+	c.mu.Lock()
+	j := c.state.Jobs[job]
+	if j == nil {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, job)
+	}
+	if len(j.Placement) <= viewChunk {
+		defer c.mu.Unlock()
+		return maps.Clone(j.Placement), nil
+	}
+	world := j.WorldSize
+	c.mu.Unlock()
+	out := make(map[uint32]string, world)
+	for lo := uint32(0); lo < world; lo += viewChunk {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("coordinator: reading job %s's placement: %w", job, err)
+		}
+		c.mu.Lock()
+		if c.state.Jobs[job] != j || j.WorldSize != world {
+			c.mu.Unlock()
+			return nil, fmt.Errorf("%w: coordinator: job %s left the index or changed its world size while being read", ErrRefused, job)
+		}
+		for r := lo; r < min(lo+viewChunk, world); r++ {
+			if n, ok := j.Placement[r]; ok {
+				out[r] = n
+			}
+		}
+		c.mu.Unlock()
+	}
+	return out, nil
+}
+
+// nodeView is what a restore plan needs of the nodes, copied out of the
+// index: which are down, and their failure domains.
+type nodeView struct {
+	down    map[string]bool
+	domains map[string]string
+}
+
+// viewNodes copies the nodes' state; the caller holds c.mu. O(nodes).
+func (c *Coordinator) viewNodes() nodeView {
+	nv := nodeView{down: make(map[string]bool, len(c.down)), domains: make(map[string]string, len(c.state.Nodes))}
+	for n := range c.down {
+		nv.down[n] = true
+	}
+	for n, info := range c.state.Nodes {
+		if info.FailureDomain != "" {
+			nv.domains[n] = info.FailureDomain
+		}
+	}
+	return nv
+}
+
+// live reports whether a copy can be read: it is on a shared tier, or its
+// node is not down.
+func (nv nodeView) live(cp *Copy) bool { return cp.Node == sharedNode || !nv.down[cp.Node] }
+
+func (nv nodeView) sameDomain(a, b string) bool {
+	d := nv.domains[a]
+	return d != "" && d == nv.domains[b]
+}
+
+// restorable reports whether every rank of the consistent, complete step
+// v has a copy that can be read. With no node down every copy can be.
+func (v *stepView) restorable(ctx context.Context, nv nodeView) (bool, error) {
+	if v.State != Consistent || !v.complete() {
+		return false, nil
+	}
+	if len(nv.down) == 0 {
+		return true, nil
+	}
+	ok := make([]bool, v.WorldSize)
+	n := uint32(0)
+	for i, cp := range v.copies {
+		if i%ctxEvery == 0 && ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		if cp.Rank < v.WorldSize && !ok[cp.Rank] && nv.live(cp) {
+			ok[cp.Rank] = true
+			n++
+		}
+	}
+	return n == v.WorldSize, nil
+}
+
+// rankPlan returns rank's live copies among cs, cheapest first for
+// target.
+func (nv nodeView) rankPlan(rank uint32, target string, cs []*Copy) *coordpb.RankPlan {
+	srcs := make([]*Copy, 0, len(cs))
+	for _, cp := range cs {
+		if nv.live(cp) {
+			srcs = append(srcs, cp)
+		}
+	}
+	slices.SortStableFunc(srcs, func(a, b *Copy) int {
+		return sourceCost(a, target, nv.sameDomain) - sourceCost(b, target, nv.sameDomain)
+	})
+	rp := &coordpb.RankPlan{Rank: rank, TargetNode: target}
+	for _, cp := range srcs {
+		rp.Sources = append(rp.Sources, copyProto(cp))
+	}
+	return rp
+}
