@@ -40,7 +40,7 @@ import (
 
 // Binaries are the programs a control plane runs.
 type Binaries struct {
-	Etcd, APIServer, ControllerManager, MPIOperator, JobSet string
+	Etcd, APIServer, ControllerManager, MPIOperator, JobSet, Trainer string
 }
 
 // BinariesFromEnv finds the binaries in $REWIND_KUBE_BIN (make test-kube
@@ -56,6 +56,7 @@ func BinariesFromEnv() (b Binaries, ok bool) {
 		ControllerManager: filepath.Join(dir, "kube-controller-manager"),
 		MPIOperator:       filepath.Join(dir, "mpi-operator"),
 		JobSet:            filepath.Join(dir, "jobset-controller"),
+		Trainer:           filepath.Join(dir, "trainer-controller-manager"),
 		Etcd:              filepath.Join(dir, "etcd"),
 	}
 	if _, err := os.Stat(b.Etcd); err != nil {

@@ -4,16 +4,21 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/pem"
 	"fmt"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
 // JobSetCRD is where make kube-bin copies the JobSet CRD, from the JobSet
@@ -22,15 +27,22 @@ func (b Binaries) JobSetCRD() string {
 	return filepath.Join(filepath.Dir(b.JobSet), "jobset.x-k8s.io_jobsets.yaml")
 }
 
+// JobSetWebhooks is where make kube-bin copies the JobSet controller's
+// webhook configurations (config/components/webhook/manifests.yaml).
+func (b Binaries) JobSetWebhooks() string {
+	return filepath.Join(filepath.Dir(b.JobSet), "jobset-webhooks.yaml")
+}
+
 // StartJobSet runs the real JobSet controller (sigs.k8s.io/jobset) as
-// the control plane's admin until the test ends. It runs as in a
-// cluster but for its webhooks: internal certificate management is off
-// (it would write a Secret and patch webhook configurations that do not
-// exist here) and its webhook server serves a self-signed certificate on
-// loopback that the API server is never told about, so nothing defaults
-// or validates JobSets: a manifest sets what the defaulting webhook would
-// (completionMode, restartPolicy, network, successPolicy, startupPolicy).
-// Metrics and health probes are off.
+// the control plane's admin until the test ends, with its webhooks
+// registered with the API server as in a cluster, so JobSets are
+// defaulted and validated and their pods mutated by the JobSet
+// controller itself. Where a cluster reaches the webhook server through
+// a Service and a certificate its internal certificate management
+// writes, here the server listens on loopback with a certificate the
+// harness makes, and the webhook configurations (JobSet's own, with the
+// pod webhooks' object selector its kustomization adds) call it by URL
+// with that certificate as their CA. Metrics and health probes are off.
 func (cp *ControlPlane) StartJobSet() *Proc {
 	cp.t.Helper()
 	if _, err := os.Stat(cp.bins.JobSet); err != nil {
@@ -43,7 +55,8 @@ func (cp *ControlPlane) StartJobSet() *Proc {
 	crt, key := selfSigned(cp.t, "jobset-webhook-service.jobset-system.svc")
 	writeFile(cp.t, filepath.Join(certs, "tls.crt"), crt)
 	writeFile(cp.t, filepath.Join(certs, "tls.key"), key)
-	_, port, _ := net.SplitHostPort(FreeAddr(cp.t))
+	addr := FreeAddr(cp.t)
+	_, port, _ := net.SplitHostPort(addr)
 	cfg := cp.path("jobset-config.yaml")
 	writeFile(cp.t, cfg, fmt.Sprintf(`apiVersion: config.jobset.x-k8s.io/v1alpha1
 kind: Configuration
@@ -60,7 +73,61 @@ metrics:
 health:
   healthProbeBindAddress: "0"
 `, port, certs))
-	return cp.Run("jobset-controller", cp.bins.JobSet, []string{"--config", cfg, "--kubeconfig", cp.AdminKubeconfig}, nil)
+	p := cp.Run("jobset-controller", cp.bins.JobSet, []string{"--config", cfg, "--kubeconfig", cp.AdminKubeconfig}, nil)
+	waitFor(cp.t, 60*time.Second, "the JobSet webhook server on "+addr, func() error {
+		if p.Exited() {
+			return fmt.Errorf("jobset-controller exited: %v", p.Wait())
+		}
+		c, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true})
+		if err != nil {
+			return err
+		}
+		return c.Close()
+	})
+	cp.registerJobSetWebhooks("https://"+addr, crt)
+	return p
+}
+
+// registerJobSetWebhooks applies JobSet's webhook configurations with
+// every webhook calling base + its path, trusting caPEM; the pod
+// webhooks only for a JobSet's pods, as JobSet's kustomization patches
+// them.
+func (cp *ControlPlane) registerJobSetWebhooks(base, caPEM string) {
+	b, err := os.ReadFile(cp.bins.JobSetWebhooks())
+	if err != nil {
+		cp.t.Fatalf("kubetest: %v (make kube-bin copies JobSet's webhook configurations)", err)
+	}
+	objs, err := Objects(b)
+	if err != nil {
+		cp.t.Fatal(err)
+	}
+	for _, o := range objs {
+		hooks, _, _ := unstructured.NestedSlice(o.Object, "webhooks")
+		for i, h := range hooks {
+			m := h.(map[string]any)
+			path, _, _ := unstructured.NestedString(m, "clientConfig", "service", "path")
+			if path == "" {
+				cp.t.Fatalf("kubetest: %s webhook %v has no service path", o.GetName(), m["name"])
+			}
+			m["clientConfig"] = map[string]any{"url": base + path, "caBundle": base64.StdEncoding.EncodeToString([]byte(caPEM))}
+			if strings.HasSuffix(path, "-v1-pod") {
+				m["objectSelector"] = map[string]any{"matchExpressions": []any{
+					map[string]any{"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}}}
+			}
+			hooks[i] = m
+		}
+		if err := unstructured.SetNestedSlice(o.Object, hooks, "webhooks"); err != nil {
+			cp.t.Fatal(err)
+		}
+		o.SetName("jobset-" + o.GetName())
+	}
+	a, err := NewApplier(cp.Admin)
+	if err != nil {
+		cp.t.Fatal(err)
+	}
+	if err := a.Apply(cp.t.Context(), "", objs...); err != nil {
+		cp.t.Fatal(err)
+	}
 }
 
 // selfSigned returns a PEM certificate and key for host, valid a day.
@@ -76,8 +143,11 @@ func selfSigned(t testing.TB, host string) (crt, key string) {
 		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
 		NotBefore:    time.Now().Add(-time.Minute),
 		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
+		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		// Its own CA: webhook configurations trust it as their caBundle.
+		IsCA:                  true,
+		BasicConstraintsValid: true,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
 	if err != nil {

@@ -110,24 +110,23 @@ func (e *env) installCRDs(bins kubetest.Binaries) {
 // applyCRD applies the CRD in file path and waits until the API server
 // serves its resource.
 func (e *env) applyCRD(path string, res schema.GroupVersionResource) {
-	crd, err := os.ReadFile(path)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	objs, err := kubetest.Objects(crd)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	a, err := kubetest.NewApplier(e.cp.Admin)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if err := a.Apply(e.ctx, "", objs...); err != nil {
-		e.t.Fatal(err)
-	}
-	e.eventually(30*time.Second, res.Resource+" to be served", func() error {
-		_, err := e.cp.Dyn.Resource(res).List(e.ctx, metav1.ListOptions{})
-		return err
+	e.applyPath(path)
+	e.eventually(30*time.Second, res.Resource+" to be served and discovered", func() error {
+		if _, err := e.cp.Dyn.Resource(res).List(e.ctx, metav1.ListOptions{}); err != nil {
+			return err
+		}
+		// The controller looks for the resource in discovery, which
+		// follows the CRD's establishment a little later.
+		list, err := e.cp.Kube.Discovery().ServerResourcesForGroupVersion(res.GroupVersion().String())
+		if err != nil {
+			return err
+		}
+		for _, r := range list.APIResources {
+			if r.Name == res.Resource {
+				return nil
+			}
+		}
+		return fmt.Errorf("%s not in discovery", res.Resource)
 	})
 }
 
@@ -356,6 +355,26 @@ func (e *env) eventually(timeout time.Duration, what string, check func() error)
 	e.t.Helper()
 	if err := kubetest.Poll(e.ctx, timeout, check); err != nil {
 		e.t.Fatalf("waiting for %s: %v", what, err)
+	}
+}
+
+// applyPath applies every object of the manifest file at path (cluster
+// scoped, or namespaced where they say).
+func (e *env) applyPath(path string) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	objs, err := kubetest.Objects(b)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	a, err := kubetest.NewApplier(e.cp.Admin)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := a.Apply(e.ctx, "", objs...); err != nil {
+		e.t.Fatal(err)
 	}
 }
 

@@ -41,7 +41,7 @@ func TestMPIJob(t *testing.T) {
 		{"registered", e.registered},
 		// Step 10 is on the nodes' NVMe (the example's policy): going
 		// back to it deletes the later steps and restarts the gang.
-		{"operator restore", func(t *testing.T) { e.operatorRestore(t, 10) }},
+		{"operator restore", e.operatorRestore},
 		{"node lost", func(t *testing.T) { e.nodeLost(t) }},
 		{"finished, checkpoints kept", e.finished},
 	} {
@@ -216,18 +216,21 @@ func (e *env) notReadyAndTainted(node string) time.Time {
 	return notReady
 }
 
-// operatorRestore: rewind.dev/restore-step on the MPIJob restores that
-// step and restarts the gang at it; the result is written back.
-func (e *env) operatorRestore(t *testing.T, step int64) {
-	e.restoreByAnnotation(t, kube.MPIJobs, "MPIJob", 4, step)
+// operatorRestore: rewind.dev/restore-step on the MPIJob restores an
+// older step and restarts the gang at it; the result is written back.
+func (e *env) operatorRestore(t *testing.T) {
+	e.restoreByAnnotation(t, kube.MPIJobs, "MPIJob", 4)
 }
 
 // restoreByAnnotation sets rewind.dev/restore-step on job default/train
-// of resource res (kind) and checks that every one of its world ranks
-// resumed that step bit-identically, and the result written back.
-func (e *env) restoreByAnnotation(t *testing.T, res schema.GroupVersionResource, kind string, world int, step int64) {
+// of resource res (kind) to the newest step older than the latest that
+// is durable on the nodes' NVMe (the examples' policy), and checks that
+// every one of its world ranks resumed that step bit-identically, and
+// the result written back.
+func (e *env) restoreByAnnotation(t *testing.T, res schema.GroupVersionResource, kind string, world int) {
 	e.t = t
 	since := e.rankCount()
+	step := e.olderDurableStep("default.train", "nvme")
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{kube.AnnRestoreStep: strconv.FormatInt(step, 10)}}})
 	if _, err := e.cp.Dyn.Resource(res).Namespace("default").Patch(e.ctx, "train", types.MergePatchType, patch,
 		metav1.PatchOptions{FieldManager: "operator-alice"}); err != nil {
@@ -249,6 +252,37 @@ func (e *env) restoreByAnnotation(t *testing.T, res schema.GroupVersionResource,
 		t.Fatalf("ranks resumed step %d, the operator asked for %d", got, step)
 	}
 	t.Logf("API server: restore-result %q; every rank resumed step %d bit-identically", want, step)
+}
+
+// olderDurableStep waits for a consistent step of job, older than its
+// latest, with a durable copy on tier, and returns the newest such step:
+// the one retention removes last, so that an operator asking for it
+// finds it kept however long the request takes.
+func (e *env) olderDurableStep(job, tier string) int64 {
+	e.t.Helper()
+	step := int64(-1)
+	e.eventually(60*time.Second, "a step of "+job+" older than the latest and durable on "+tier, func() error {
+		latest := e.latest(job)
+		steps, err := e.api.ListSteps(e.ctx, &coordpb.ListStepsRequest{Job: job})
+		if err != nil {
+			return err
+		}
+		for _, s := range steps.Steps {
+			if s.Step >= latest || s.State != coordpb.StepState_STEP_STATE_CONSISTENT || s.Step <= step {
+				continue
+			}
+			if slices.ContainsFunc(s.Tiers, func(c *coordpb.TierCopy) bool {
+				return c.Tier == tier && c.State == coordpb.TierCopyState_TIER_COPY_STATE_DURABLE
+			}) {
+				step = s.Step
+			}
+		}
+		if step < 0 {
+			return fmt.Errorf("none (latest %d, %d steps)", latest, len(steps.Steps))
+		}
+		return nil
+	})
+	return step
 }
 
 // finished: the ranks train to the last step, mpirun ends, the launcher
