@@ -29,7 +29,8 @@ import (
 // the CRC32C of the whole object (a FULL_OBJECT checksum), which the server
 // checks against the parts. Get reads Parallel ranges at a time, pinned to
 // the ETag the object had when the Get began, and checks the whole-object
-// CRC32C the server stored.
+// CRC32C the server stored; an object replaced meanwhile by a concurrent
+// Put is read again, the new version whole, within the retry bounds below.
 //
 // Each request (a part, a range, a stat) is retried on transient failures
 // (5xx, throttling, refused or reset connections, timeouts) with jittered

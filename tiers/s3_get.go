@@ -17,17 +17,36 @@ import (
 )
 
 // Get writes the object into dst; see S3Store.
+//
+// An object replaced while it is read (a concurrent Put of the name
+// completed) is read again from the start, the new version whole: Store
+// allows Puts and Gets of one name at once, and a replacement is not a
+// failure of the Get. The reads are bounded as a failed request's
+// attempts are, by MaxAttempts and RetryTimeout, with the same jittered
+// backoff between them, which lets a burst of writers finish; an object
+// replaced faster than that for longer gives up with an S3Error saying
+// how many reads were made.
 func (s *S3Store) Get(ctx context.Context, name string, dst io.WriterAt) (int64, error) {
 	key, err := s.key(name)
 	if err != nil {
 		return 0, err
 	}
-	for try := 1; ; try++ {
+	start := s.cfg.Clock.Now()
+	for reads := 1; ; reads++ {
 		n, err := s.getOnce(ctx, name, key, dst)
-		if errors.Is(err, errS3Changed) && try < 3 {
-			continue // replaced by a concurrent Put: read the new one whole
+		if !errors.Is(err, errS3Changed) {
+			return n, err
 		}
-		return n, err
+		elapsed := s.cfg.Clock.Now().Sub(start)
+		wait, ok := s.retrier.again(reads, elapsed)
+		if !ok {
+			return 0, &S3Error{Op: "get", Endpoint: s.endpoint, Bucket: s.bucket, Key: key, Attempts: reads, Elapsed: elapsed, Err: errS3Changed}
+		}
+		s.cfg.Logger.Info("tiers: s3 object replaced while it was read; reading the new version", "name", name,
+			"reads", reads, "wait", wait)
+		if err := s.retrier.sleep(ctx, wait); err != nil {
+			return 0, &S3Error{Op: "get", Endpoint: s.endpoint, Bucket: s.bucket, Key: key, Attempts: reads, Elapsed: elapsed, Err: err}
+		}
 	}
 }
 
