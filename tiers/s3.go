@@ -9,16 +9,13 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
-	"net/http"
 	"slices"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 	"rewind.dev/rewind/internal/clock"
-	"rewind.dev/rewind/shm"
 )
 
 // S3Store is a Store in an S3-compatible object store (MinIO, AWS S3),
@@ -32,7 +29,8 @@ import (
 // the CRC32C of the whole object (a FULL_OBJECT checksum), which the server
 // checks against the parts. Get reads Parallel ranges at a time, pinned to
 // the ETag the object had when the Get began, and checks the whole-object
-// CRC32C the server stored.
+// CRC32C the server stored; an object replaced meanwhile by a concurrent
+// Put is read again, the new version whole, within the retry bounds below.
 //
 // Each request (a part, a range, a stat) is retried on transient failures
 // (5xx, throttling, refused or reset connections, timeouts) with jittered
@@ -184,23 +182,6 @@ func s3CRC(src io.ReaderAt, off, size int64) (uint32, error) {
 	return c, nil
 }
 
-// s3CombineCRC returns the CRC32C of the concatenation of pieces with the
-// given CRCs and sizes.
-func s3CombineCRC(crcs []uint32, sizes []int64) (string, error) {
-	parts := make([]minio.ObjectPart, 0, len(crcs))
-	for i := range crcs {
-		parts = append(parts, minio.ObjectPart{PartNumber: i + 1, Size: sizes[i], ChecksumCRC32C: s3CRCString(crcs[i])})
-	}
-	if len(parts) == 0 {
-		return s3CRCString(0), nil
-	}
-	c, err := minio.ChecksumFullObjectCRC32C.FullObjectChecksum(parts)
-	if err != nil {
-		return "", err
-	}
-	return c.Encoded(), nil
-}
-
 // s3Body is a request body read from the caller's source; it remembers a
 // read error so that it is reported as the source's, not retried.
 //
@@ -295,271 +276,6 @@ func (s *S3Store) putSingle(ctx context.Context, name, key string, src io.Reader
 		})
 		return b.end(err)
 	})
-}
-
-func (s *S3Store) putMultipart(ctx context.Context, name, key string, src io.ReaderAt, size int64) (err error) {
-	var uploadID string
-	err = s.retry(ctx, "put", name, key, func(ctx context.Context) (err error) {
-		uploadID, err = s.core.NewMultipartUpload(ctx, s.bucket, key, minio.PutObjectOptions{
-			UserMetadata: map[string]string{amzChecksumAlgo: "CRC32C", amzChecksumType: "FULL_OBJECT"},
-		})
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			s.abort(ctx, name, key, uploadID)
-		}
-	}()
-
-	ps := s.cfg.PartSize
-	if size > ps*s3MaxParts { // S3 allows 10,000 parts: grow them, in whole MiB
-		ps = ((size+s3MaxParts-1)/s3MaxParts + 1<<20 - 1) &^ (1<<20 - 1)
-	}
-	n := int((size + ps - 1) / ps)
-	parts := make([]minio.CompletePart, n)
-	crcs := make([]uint32, n)
-	sizes := make([]int64, n)
-	err = parallel(ctx, s.cfg.Parallel, int64(n), noState, func(pctx context.Context, _ struct{}, i int64) error {
-		if pctx.Err() != nil {
-			return nil // cancelled: reported below
-		}
-		off := i * ps
-		l := min(ps, size-off)
-		c, etag, err := s.putPart(pctx, name, key, uploadID, int(i)+1, src, off, l)
-		if err != nil {
-			return err
-		}
-		crcs[i], sizes[i] = c, l
-		parts[i] = minio.CompletePart{PartNumber: int(i) + 1, ETag: etag, ChecksumCRC32C: s3CRCString(c)}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	if ctx.Err() != nil {
-		return &S3Error{Op: "put", Endpoint: s.endpoint, Bucket: s.bucket, Key: key, Err: context.Cause(ctx)}
-	}
-
-	full, err := s3CombineCRC(crcs, sizes)
-	if err != nil {
-		return &S3Error{Op: "put", Endpoint: s.endpoint, Bucket: s.bucket, Key: key, Err: err}
-	}
-	attempt := 0
-	return s.retry(ctx, "put", name, key, func(actx context.Context) error {
-		attempt++
-		_, err := s.core.CompleteMultipartUpload(actx, s.bucket, key, uploadID, parts, minio.PutObjectOptions{
-			UserMetadata: map[string]string{amzChecksumCRC32C: full, amzChecksumType: "FULL_OBJECT"},
-		})
-		if err != nil && attempt > 1 && s3Code(err) == "NoSuchUpload" {
-			// An earlier attempt completed the upload and its reply was
-			// lost: the object is ours if it has our size and checksum.
-			info, serr := s.core.StatObject(actx, s.bucket, key, minio.StatObjectOptions{Checksum: true})
-			if serr == nil && info.Size == size && info.ChecksumCRC32C == full {
-				return nil
-			}
-		}
-		return err
-	})
-}
-
-// putPart uploads one part, returning its CRC32C and ETag.
-func (s *S3Store) putPart(ctx context.Context, name, key, uploadID string, num int, src io.ReaderAt, off, l int64) (uint32, string, error) {
-	c, body, err := s3Source(src, off, l)
-	if err != nil {
-		return 0, "", &S3Error{Op: "put", Endpoint: s.endpoint, Bucket: s.bucket, Key: key, Err: err}
-	}
-	sum := s3CRCString(c)
-	var etag string
-	err = s.retry(ctx, "put", name, key, func(ctx context.Context) error {
-		b := &s3Body{r: body()}
-		p, err := s.core.PutObjectPart(ctx, s.bucket, key, uploadID, num, b, l, minio.PutObjectPartOptions{
-			CustomHeader:         http.Header{http.CanonicalHeaderKey(amzChecksumCRC32C): {sum}},
-			DisableContentSha256: true,
-		})
-		etag = p.ETag
-		return b.end(err)
-	})
-	if err != nil {
-		return 0, "", fmt.Errorf("%w (part %d at offset %d)", err, num, off)
-	}
-	return c, etag, nil
-}
-
-// abort discards a failed multipart upload and the parts it holds. It runs
-// even when ctx is cancelled (that is often why the upload failed), with a
-// short bound of its own (one request's, at most 10 s); an upload it
-// cannot abort is invisible and is left for the bucket's lifecycle rule
-// (AbortIncompleteMultipartUpload).
-func (s *S3Store) abort(ctx context.Context, name, key, uploadID string) {
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(s.cfg.RequestTimeout, 10*time.Second))
-	defer cancel()
-	if err := s.core.AbortMultipartUpload(actx, s.bucket, key, uploadID); err != nil && s3Code(err) != "NoSuchUpload" {
-		s.cfg.Logger.Warn("tiers: s3 abort of a failed multipart upload failed; the bucket's lifecycle rule must clean it up",
-			"store", s.String(), "name", name, "err", err)
-	}
-}
-
-// Get writes the object into dst; see S3Store.
-func (s *S3Store) Get(ctx context.Context, name string, dst io.WriterAt) (int64, error) {
-	key, err := s.key(name)
-	if err != nil {
-		return 0, err
-	}
-	for try := 1; ; try++ {
-		n, err := s.getOnce(ctx, name, key, dst)
-		if errors.Is(err, errS3Changed) && try < 3 {
-			continue // replaced by a concurrent Put: read the new one whole
-		}
-		return n, err
-	}
-}
-
-func (s *S3Store) stat(ctx context.Context, op, name, key string) (minio.ObjectInfo, error) {
-	var info minio.ObjectInfo
-	err := s.retry(ctx, op, name, key, func(ctx context.Context) (err error) {
-		info, err = s.core.StatObject(ctx, s.bucket, key, minio.StatObjectOptions{Checksum: true})
-		return err
-	})
-	return info, err
-}
-
-func (s *S3Store) getOnce(ctx context.Context, name, key string, dst io.WriterAt) (int64, error) {
-	info, err := s.stat(ctx, "get", name, key)
-	if err != nil {
-		return 0, err
-	}
-	size := info.Size
-	if size == 0 {
-		return 0, nil
-	}
-	ps := s.cfg.PartSize
-	n := int((size + ps - 1) / ps)
-	crcs := make([]uint32, n)
-	sizes := make([]int64, n)
-	err = parallel(ctx, s.cfg.Parallel, int64(n), noState, func(pctx context.Context, _ struct{}, i int64) error {
-		if pctx.Err() != nil {
-			return nil // cancelled: reported below
-		}
-		off := i * ps
-		l := min(ps, size-off)
-		var c uint32
-		err := s.retry(pctx, "get", name, key, func(ctx context.Context) (err error) {
-			c, err = s.getRange(ctx, key, info.ETag, dst, off, l)
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		crcs[i], sizes[i] = c, l
-		return nil
-	})
-	if err != nil {
-		return 0, err
-	}
-	if ctx.Err() != nil {
-		return 0, &S3Error{Op: "get", Endpoint: s.endpoint, Bucket: s.bucket, Key: key, Err: context.Cause(ctx)}
-	}
-	if want := fullObjectCRC32C(info); want != "" {
-		got, err := s3CombineCRC(crcs, sizes)
-		if err == nil && got != want {
-			err = fmt.Errorf("%w: checksum mismatch: the server stored CRC32C %s, the bytes read have %s", shm.ErrCorrupt, want, got)
-		}
-		if err != nil {
-			return 0, &S3Error{Op: "get", Endpoint: s.endpoint, Bucket: s.bucket, Key: key, Err: err}
-		}
-	}
-	return size, nil
-}
-
-// fullObjectCRC32C returns the object's whole-content CRC32C, or "" when
-// the server has none (an object written without one, or a COMPOSITE
-// checksum of part checksums).
-func fullObjectCRC32C(info minio.ObjectInfo) string {
-	c := info.ChecksumCRC32C
-	if c == "" || strings.Contains(c, "-") || strings.EqualFold(info.ChecksumMode, "COMPOSITE") {
-		return ""
-	}
-	return c
-}
-
-// getRange copies bytes [off, off+l) of the object's version etag into dst
-// and returns their CRC32C. A destination that hands out its memory
-// (SliceWriterAt: a segment mapped for a restore) is read into in place;
-// any other gets the bytes through WriteAt from a buffer of ours.
-func (s *S3Store) getRange(ctx context.Context, key, etag string, dst io.WriterAt, off, l int64) (uint32, error) {
-	var opts minio.GetObjectOptions
-	if err := opts.SetRange(off, off+l-1); err != nil {
-		return 0, err
-	}
-	if etag != "" {
-		if err := opts.SetMatchETag(etag); err != nil {
-			return 0, err
-		}
-	}
-	rc, _, _, err := s.core.GetObject(ctx, s.bucket, key, opts)
-	if err != nil {
-		if s3Code(err) == "PreconditionFailed" {
-			return 0, errS3Changed
-		}
-		return 0, err
-	}
-	defer rc.Close()
-	if b, err := DestSliceAt(dst, off, int(l)); err == nil {
-		return s3ReadInPlace(rc, b, off)
-	} else if !errors.Is(err, ErrNoSlice) {
-		return 0, &s3SourceError{fmt.Errorf("writing destination at offset %d: %w", off, err)}
-	}
-	bp := s3CopyBufs.Get().(*[]byte)
-	defer s3CopyBufs.Put(bp)
-	buf := *bp
-	var c uint32
-	for done := int64(0); done < l; {
-		n, err := io.ReadFull(rc, buf[:min(int64(len(buf)), l-done)])
-		if n > 0 {
-			if _, werr := dst.WriteAt(buf[:n], off+done); werr != nil {
-				return 0, &s3SourceError{fmt.Errorf("writing destination at offset %d: %w", off+done, werr)}
-			}
-			c = crc32.Update(c, s3Castagnoli, buf[:n])
-			done += int64(n)
-		}
-		if err != nil && done < l {
-			return 0, s3ShortRange(err, off+done)
-		}
-	}
-	return c, nil
-}
-
-// s3InPlaceChunk is how much of a range is read into the destination
-// before its CRC32C is taken: small enough to be in the core's cache
-// still, so the checksum costs no second trip through memory.
-const s3InPlaceChunk = 256 << 10
-
-// s3ReadInPlace reads body straight into b, the destination's own memory
-// for the range at off (no copy through a buffer of ours), and returns the
-// CRC32C of what it read.
-func s3ReadInPlace(body io.Reader, b []byte, off int64) (uint32, error) {
-	var c uint32
-	for done := 0; done < len(b); {
-		n, err := io.ReadFull(body, b[done:min(done+s3InPlaceChunk, len(b))])
-		c = crc32.Update(c, s3Castagnoli, b[done:done+n])
-		done += n
-		if err != nil && done < len(b) {
-			return 0, s3ShortRange(err, off+int64(done))
-		}
-	}
-	return c, nil
-}
-
-// s3ShortRange is the error of a range body that ended, or failed, at off
-// before its end.
-func s3ShortRange(err error, off int64) error {
-	if err == io.EOF {
-		err = io.ErrUnexpectedEOF
-	}
-	return fmt.Errorf("reading range at offset %d: %w", off, err)
 }
 
 // Size returns the object's size.

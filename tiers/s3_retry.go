@@ -149,6 +149,17 @@ func (r *s3Retrier) backoff(n int) time.Duration {
 	return half + rand.N(half+1)
 }
 
+// again says whether a call that failed transiently after attempts
+// attempts, elapsed since it began, may be tried again, and the wait
+// before it: within MaxAttempts, and not waiting past RetryTimeout.
+func (r *s3Retrier) again(attempts int, elapsed time.Duration) (time.Duration, bool) {
+	if attempts >= r.cfg.MaxAttempts {
+		return 0, false
+	}
+	wait := r.backoff(attempts)
+	return wait, elapsed+wait <= r.cfg.RetryTimeout
+}
+
 // do calls f until it succeeds, fails permanently, or the attempts or time
 // run out. Each attempt gets a context bounded by RequestTimeout. It
 // returns the last error and the number of attempts.
@@ -165,11 +176,11 @@ func (r *s3Retrier) do(ctx context.Context, op, name string, f func(ctx context.
 		if ctx.Err() != nil {
 			return attempt, elapsed, context.Cause(ctx)
 		}
-		if !s3Retryable(ctx, err) || attempt >= r.cfg.MaxAttempts {
+		if !s3Retryable(ctx, err) {
 			return attempt, elapsed, err
 		}
-		wait := r.backoff(attempt)
-		if elapsed+wait > r.cfg.RetryTimeout {
+		wait, ok := r.again(attempt, elapsed)
+		if !ok {
 			return attempt, elapsed, err
 		}
 		if r.cfg.OnRetry != nil {
