@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-func newTestCoordinator(t *testing.T, dir string) *Coordinator {
+func newTestCoordinator(t testing.TB, dir string) *Coordinator {
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.DataDir, cfg.Logger = dir, discardLogger()
