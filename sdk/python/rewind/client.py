@@ -258,7 +258,7 @@ class Client:
             raise CorruptError(op, e.message) from None
         finally:
             self._release(resp.lease)
-        return h.meta.step, state.unflatten(h.objects, tensors)
+        return h.meta.step, state.unflatten(h.objects, tensors, op)
 
     def _read(self, op: str, sh, map_location):
         try:

@@ -199,7 +199,7 @@ def load_state(path: str, *, verify: bool = True, map_location="cpu", workers: i
     from . import state
 
     h, tensors = _load(path, verify, map_location, workers, True)
-    return (h.meta.step if h.meta else None), state.unflatten(h.objects, tensors)
+    return (h.meta.step if h.meta else None), state.unflatten(h.objects, tensors, f"load {path}")
 
 
 def _load(path: str, verify: bool, map_location, workers: int, numpy_from_objects: bool):
