@@ -19,7 +19,7 @@ from typing import List  # in the class, "list" is Client.list
 
 import numpy as np
 
-from . import checksum, copier, cuda, identity, shard, state
+from . import checksum, copier, cuda, identity, placement, shard, state
 from . import format as fmt
 from ._pb import agent_pb2 as pb
 from .channel import AgentChannel
@@ -217,13 +217,17 @@ class Client:
     def restore(self, step: int | None = None, map_location="cpu", fallback: bool = False):
         """Returns (step, state): the checkpoint to resume from — the job's
         latest consistent step when the agent has a coordinator, else the
-        rank's latest committed step — or the given step, bit-identical to what save was given, tensors on
-        map_location (a device or its name; numpy arrays stay numpy), every
-        checksum verified as it is copied out. NotFoundError: the rank has
-        none. CorruptError: the bytes did not match; the agent is told and
-        never serves that shard again, so the next restore gets an older
-        step. With fallback (latest only), restore goes on to older steps
-        itself until one verifies."""
+        rank's latest committed step — or the given step, bit-identical to
+        what save was given, every checksum verified as it is copied out.
+        map_location places the tensors as torch.load's does (a device or
+        its name, None for where they were saved, a dict from saved
+        location to location, or a callable(storage, location); see
+        rewind/placement.py); numpy arrays stay numpy. NotFoundError: the
+        rank has none. CorruptError: the bytes did not match; the agent is
+        told and never serves that shard again, so the next restore gets an
+        older step. With fallback (latest only), restore goes on to older
+        steps itself until one verifies."""
+        placement.Placement(map_location, f"restore job {self.job} rank {self.rank}")  # a bad one fails here
         if step is None:
             # With a coordinator, every rank resumes from the job's latest
             # consistent step, so no restore mixes steps across ranks; an
@@ -272,7 +276,7 @@ class Client:
             if sh.header_checksum and checksum.format_sum(checksum.tree_sum(m.mv[: h.data_start])) != sh.header_checksum:
                 raise CorruptError(op, f"header of step {sh.step} changed since it was committed")
             names = state.numpy_names(h.objects)
-            return h, shard.copy_out(m, h, map_location, self.workers, names, op=op)
+            return h, shard.copy_out(m, h, map_location, self.workers, names, op=op, locations=state.devices(h.objects))
         finally:
             m.close()
 

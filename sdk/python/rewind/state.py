@@ -23,8 +23,8 @@ restored as one object in both places.
 Tensors that share one storage (tied weights: a module's state_dict()
 gives each name its own tensor object over the parameter's storage) are
 stored once, and restored as tensor objects sharing one storage, as
-torch.save does. One more key of the document, present only when needed,
-says how:
+torch.save does. The document has two more keys, each present only when
+needed:
 
 - ``"views": {NAME: {"of": BASE, "offset": N, "shape": [...], "stride":
   [...]}}``: the tensor NAME has no bytes of its own in the shard; it is
@@ -38,6 +38,9 @@ says how:
   a large matrix that is not saved) are stored apart instead, without
   sharing, as are views of one storage as different dtypes and
   conjugate or negative views.
+- ``"devices": {NAME: LOCATION}``: where a shard tensor was saved from,
+  in torch.load's location names ("cuda:0"); tensors saved from the CPU
+  are not listed. A restore's map_location is applied to these.
 """
 
 from __future__ import annotations
@@ -72,9 +75,11 @@ def flatten(state) -> tuple[list[Leaf], bytes]:
     """Returns the tensors of state and the JSON document of the rest."""
     f = _Flattener()
     doc: dict = {"format": OBJECTS_FORMAT, "tree": f.node(state, ())}
-    leaves, views = _share(f.leaves, f.name)
+    leaves, views, devices = _share(f.leaves, f.name)
     if views:
         doc["views"] = views
+    if devices:
+        doc["devices"] = devices
     return leaves, json.dumps(doc, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
 
 
@@ -187,9 +192,16 @@ def _contiguous_stride(shape) -> list[int]:
     return out[::-1]
 
 
-def _share(leaves: list[Leaf], name) -> tuple[list[Leaf], dict]:
+def _location(dev: torch.device) -> str:
+    """A device's name as torch.save records it ("cpu", "cuda:0")."""
+    if dev.type == "cuda" and dev.index is None:
+        return f"cuda:{torch.cuda.current_device()}"
+    return str(dev)
+
+
+def _share(leaves: list[Leaf], name) -> tuple[list[Leaf], dict, dict]:
     """Stores the tensors sharing a storage once: returns the shard's
-    tensors and the views document."""
+    tensors, the views document and the devices document."""
     groups: dict[object, list[Leaf]] = {}
     for lf in leaves:
         key = _storage_key(lf.value) if isinstance(lf.value, torch.Tensor) else None
@@ -203,7 +215,9 @@ def _share(leaves: list[Leaf], name) -> tuple[list[Leaf], dict]:
             at_first[g[0].name] = base
             shared.update(lf.name for lf in g)
     out = [at_first.get(lf.name, lf) for lf in leaves if lf.name in at_first or lf.name not in shared]
-    return out, views
+    devices = {lf.name: _location(lf.value.device) for lf in out
+               if isinstance(lf.value, torch.Tensor) and lf.value.device.type != "cpu"}
+    return out, views, devices
 
 
 def _store_group(g: list[Leaf], views: dict, name) -> Leaf | None:
@@ -260,6 +274,13 @@ def _doc(objects: str | None):
     if isinstance(doc, dict) and doc.get("format") == OBJECTS_FORMAT and "tree" in doc:
         return doc
     return None
+
+
+def devices(objects: str | None) -> dict[str, str]:
+    """Where each shard tensor was saved from, when not the CPU."""
+    doc = _doc(objects)
+    d = doc.get("devices") if doc is not None else None
+    return {str(k): str(v) for k, v in d.items()} if isinstance(d, dict) else {}
 
 
 def unflatten(objects: str | None, tensors: dict, op: str = "restore"):
