@@ -17,14 +17,13 @@ import time
 from dataclasses import dataclass
 from typing import List  # in the class, "list" is Client.list
 
-import grpc
 import numpy as np
 
-from . import checksum, copier, cuda, identity, shard, state
+from . import checksum, copier, cuda, identity, placement, shard, state
 from . import format as fmt
 from ._pb import agent_pb2 as pb
-from ._pb import agent_pb2_grpc as pb_grpc
-from .errors import BusyError, CorruptError, InvalidError, NoAgentError, NotFoundError, RewindError, from_rpc
+from .channel import AgentChannel
+from .errors import BusyError, CorruptError, InvalidError, NoAgentError, NotFoundError, RewindError
 from .mapping import Mapping, SegmentCache, numpy_view, torch_view
 
 DEFAULT_SOCKET = "/run/rewind/agent.sock"
@@ -66,13 +65,11 @@ class Client:
         self._segments = SegmentCache()
         self._streams: cuda.SideStreams | None = None
         self._lock = threading.Lock()
-        self._channel = grpc.insecure_channel("unix:" + self.socket,
-                                              options=[("grpc.max_receive_message_length", 8 << 20)])
-        self._stub = pb_grpc.AgentStub(self._channel)
+        self._agent = AgentChannel(self.socket)
         try:
             self.status()
         except RewindError as e:
-            self._channel.close()
+            self._agent.close()
             hint = "" if os.path.exists(self.socket) else " (the socket does not exist)"
             raise NoAgentError("connect", f"no agent answers on {self.socket}{hint}; is `rewind agent` "
                                f"running? ({e.message})", e.code) from None
@@ -87,30 +84,27 @@ class Client:
         """Unmaps the segments and closes the connection."""
         with self._lock:
             self._segments.close()
-            self._channel.close()
+            self._agent.close()
 
-    def _call(self, op: str, method, req, timeout: float | None = None):
-        try:
-            return method(req, timeout=timeout or self.timeout)
-        except grpc.RpcError as e:
-            raise from_rpc(op, e) from None
+    def _call(self, op: str, method: str, req, timeout: float | None = None):
+        return self._agent.call(op, method, req, timeout or self.timeout)
 
     def status(self) -> pb.StatusResponse:
         """The agent's node, shared-memory root and budget."""
-        return self._call("status", self._stub.Status, pb.StatusRequest())
+        return self._call("status", "Status", pb.StatusRequest())
 
     def list(self, job: str | None = None) -> List[pb.Shard]:
         """The shards the agent holds for job (this client's by default; ""
         for every job), as agent_pb2.Shard messages; a shard's state is a
         rewind.ShardState (rewind.ShardState.SHARD_STATE_COMMITTED, ...)."""
         job = self.job if job is None else job
-        return list(self._call("list", self._stub.List, pb.ListRequest(job=job)).shards)
+        return list(self._call("list", "List", pb.ListRequest(job=job)).shards)
 
     def delete(self, step: int | None = None, all_ranks: bool = False) -> int:
         """Deletes this rank's checkpoint of step (every step when None; of
         every rank with all_ranks). Returns how many shards were deleted."""
         req = pb.DeleteRequest(job=self.job, rank=self.rank, all_ranks=all_ranks, step=-1 if step is None else step)
-        return self._call("delete", self._stub.Delete, req).deleted
+        return self._call("delete", "Delete", req).deleted
 
     # Saving.
 
@@ -132,7 +126,7 @@ class Client:
             raise InvalidError(op, f"step must be a non-negative integer, is {step!r}")
         step = int(step)
         leaves, layout = self._plan(op, step, state_)
-        prep = self._call(op, self._stub.Prepare, pb.PrepareRequest(
+        prep = self._call(op, "Prepare", pb.PrepareRequest(
             job=self.job, rank=self.rank, world_size=self.world_size, step=step, size_bytes=layout.size))
         t1 = time.perf_counter()
         if prep.size_bytes != layout.size:
@@ -145,7 +139,7 @@ class Client:
         self._copy_in(op, m, layout, {lf.name: lf.value for lf in leaves})
         m.mv[: layout.data_start] = layout.header
         t3 = time.perf_counter()
-        self._call(op, self._stub.Commit, pb.CommitRequest(
+        self._call(op, "Commit", pb.CommitRequest(
             job=self.job, rank=self.rank, slot=prep.slot, token=prep.token, step=step,
             header_checksum=layout.header_sum()))
         t4 = time.perf_counter()
@@ -201,7 +195,7 @@ class Client:
         """The rank's latest committed step, or None when it has none."""
         op = f"latest of job {self.job} rank {self.rank}"
         try:
-            resp = self._call(op, self._stub.Open, pb.OpenRequest(job=self.job, rank=self.rank, latest=True))
+            resp = self._call(op, "Open", pb.OpenRequest(job=self.job, rank=self.rank, latest=True))
         except NotFoundError:
             return None
         self._release(resp.lease)
@@ -215,7 +209,7 @@ class Client:
         that no restore mixes steps across ranks."""
         op = f"latest consistent step of job {self.job}"
         try:
-            resp = self._call(op, self._stub.Consistent, pb.ConsistentRequest(job=self.job))
+            resp = self._call(op, "Consistent", pb.ConsistentRequest(job=self.job))
         except NotFoundError:
             return None
         return resp.step if resp.step >= 0 else None
@@ -223,13 +217,17 @@ class Client:
     def restore(self, step: int | None = None, map_location="cpu", fallback: bool = False):
         """Returns (step, state): the checkpoint to resume from — the job's
         latest consistent step when the agent has a coordinator, else the
-        rank's latest committed step — or the given step, bit-identical to what save was given, tensors on
-        map_location (a device or its name; numpy arrays stay numpy), every
-        checksum verified as it is copied out. NotFoundError: the rank has
-        none. CorruptError: the bytes did not match; the agent is told and
-        never serves that shard again, so the next restore gets an older
-        step. With fallback (latest only), restore goes on to older steps
-        itself until one verifies."""
+        rank's latest committed step — or the given step, bit-identical to
+        what save was given, every checksum verified as it is copied out.
+        map_location places the tensors as torch.load's does (a device or
+        its name, None for where they were saved, a dict from saved
+        location to location, or a callable(storage, location); see
+        rewind/placement.py); numpy arrays stay numpy. NotFoundError: the
+        rank has none. CorruptError: the bytes did not match; the agent is
+        told and never serves that shard again, so the next restore gets an
+        older step. With fallback (latest only), restore goes on to older
+        steps itself until one verifies."""
+        placement.Placement(map_location, f"restore job {self.job} rank {self.rank}")  # a bad one fails here
         if step is None:
             # With a coordinator, every rank resumes from the job's latest
             # consistent step, so no restore mixes steps across ranks; an
@@ -255,7 +253,7 @@ class Client:
         op = f"restore job {self.job} rank {self.rank}" if step is None else \
             f"restore step {step} of job {self.job} rank {self.rank}"
         req = pb.OpenRequest(job=self.job, rank=self.rank, step=step or 0, latest=step is None)
-        resp = self._call(op, self._stub.Open, req)
+        resp = self._call(op, "Open", req)
         sh = resp.shard
         try:
             h, tensors = self._read(op, sh, map_location)
@@ -264,7 +262,7 @@ class Client:
             raise CorruptError(op, e.message) from None
         finally:
             self._release(resp.lease)
-        return h.meta.step, state.unflatten(h.objects, tensors)
+        return h.meta.step, state.unflatten(h.objects, tensors, op)
 
     def _read(self, op: str, sh, map_location):
         try:
@@ -278,20 +276,15 @@ class Client:
             if sh.header_checksum and checksum.format_sum(checksum.tree_sum(m.mv[: h.data_start])) != sh.header_checksum:
                 raise CorruptError(op, f"header of step {sh.step} changed since it was committed")
             names = state.numpy_names(h.objects)
-            return h, shard.copy_out(m, h, map_location, self.workers, names, op=op)
+            return h, shard.copy_out(m, h, map_location, self.workers, names, op=op, locations=state.devices(h.objects))
         finally:
             m.close()
 
     def _report(self, sh, err: RewindError) -> None:
         req = pb.VerifyRequest(job=sh.job, rank=sh.rank, step=sh.step, detail=err.message)
-        try:
-            self._stub.ReportCorrupt(req, timeout=self.timeout)
-        except grpc.RpcError:
-            pass  # the agent re-verifies every shard it serves after a restart
+        # Failing is fine: the agent re-verifies every shard it serves after a restart.
+        self._agent.call_quietly("ReportCorrupt", req, self.timeout)
 
     def _release(self, lease: int) -> None:
-        try:
-            self._stub.Release(pb.ReleaseRequest(lease=lease), timeout=RELEASE_TIMEOUT)
-        except grpc.RpcError:
-            pass  # the lease expires on its own
+        self._agent.call_quietly("Release", pb.ReleaseRequest(lease=lease), RELEASE_TIMEOUT)  # else it expires
 

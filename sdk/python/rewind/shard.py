@@ -10,9 +10,9 @@ import struct
 import numpy as np
 import torch
 
-from . import checksum, copier, dtypes
+from . import checksum, copier, dtypes, placement
 from . import format as fmt
-from .errors import CorruptError
+from .errors import CorruptError, RewindError
 from .mapping import Mapping, numpy_view, torch_view
 
 
@@ -142,12 +142,15 @@ def verify(h: fmt.Header, buf, workers: int = 0) -> None:
 
 
 def copy_out(m: Mapping, h: fmt.Header, device="cpu", workers: int = 0, numpy_names=(), verify: bool = True,
-             op: str = "restore") -> dict:
-    """Copies every tensor of a mapped shard into fresh tensors on device,
-    verifying the checksums in the same pass (unless verify is false).
-    Tensors named in numpy_names,
-    and those of a dtype this torch lacks, come back as numpy arrays."""
-    device = torch.device(device)
+             op: str = "restore", locations: dict | None = None) -> dict:
+    """Copies every tensor of a mapped shard into fresh tensors, verifying
+    the checksums in the same pass (unless verify is false). device is a
+    map_location (placement.py) applied to each tensor's saved location
+    (locations: name -> "cuda:0", the CPU when absent). Tensors named in
+    numpy_names, and those of a dtype this torch lacks, come back as numpy
+    arrays."""
+    place = placement.Placement(device, op)
+    locations = locations or {}
     out: dict[str, np.ndarray | torch.Tensor] = {}
     transfers: list[copier.Transfer] = []
     for t in h.tensors:
@@ -158,15 +161,26 @@ def copy_out(m: Mapping, h: fmt.Header, device="cpu", workers: int = 0, numpy_na
                 tr.copy_all = _np_copier(arr, numpy_view(m.mv, t, h.data_start))
             out[t.name] = arr
         else:
-            dst = torch.empty(t.shape, dtype=dtypes.TORCH[t.dtype], device=device)
+            dev = place.device(t.name, locations.get(t.name, "cpu"))
+            try:
+                dst = torch.empty(t.shape, dtype=dtypes.TORCH[t.dtype], device=dev)
+            except (RuntimeError, AssertionError, TypeError) as e:
+                raise RewindError(op, f"tensor {t.name!r} on {dev}: {e}") from None
             if t.nbytes:
                 src = torch_view(m.mv, t, h.data_start)
-                _set_restore_copy(tr, dst, src, dtypes.SIZES[t.dtype], device.type == "cpu")
+                _set_restore_copy(tr, dst, src, dtypes.SIZES[t.dtype], dev.type == "cpu")
             out[t.name] = dst
         transfers.append(tr)
-    sums = copier.copy_and_sum(m.mv, transfers, workers)
+    try:
+        sums = copier.copy_and_sum(m.mv, transfers, workers)
+    except (RuntimeError, AssertionError, TypeError) as e:  # a device's copy
+        raise RewindError(op, f"copying out of {m.path}: {e}") from None
     if verify:
         check_sums(h, sums, op)
+    if place.fn is not None:
+        for name, v in out.items():
+            if isinstance(v, torch.Tensor):
+                out[name] = place.relocate(name, v, locations.get(name, "cpu"))
     return out
 
 
@@ -199,7 +213,7 @@ def load_state(path: str, *, verify: bool = True, map_location="cpu", workers: i
     from . import state
 
     h, tensors = _load(path, verify, map_location, workers, True)
-    return (h.meta.step if h.meta else None), state.unflatten(h.objects, tensors)
+    return (h.meta.step if h.meta else None), state.unflatten(h.objects, tensors, f"load {path}")
 
 
 def _load(path: str, verify: bool, map_location, workers: int, numpy_from_objects: bool):
@@ -214,7 +228,8 @@ def _load(path: str, verify: bool, map_location, workers: int, numpy_from_object
         except CorruptError as e:
             raise CorruptError(op, e.message) from None
         names = state.numpy_names(h.objects) if numpy_from_objects else ()
-        tensors = copy_out(m, h, map_location, workers, names, verify=verify and h.meta is not None, op=op)
+        tensors = copy_out(m, h, map_location, workers, names, verify=verify and h.meta is not None, op=op,
+                           locations=state.devices(h.objects))
     finally:
         m.close()
     return h, tensors

@@ -18,7 +18,29 @@ The document (the shard's ``rewind.objects`` metadata) is
 Tensor names are the path of keys to the tensor joined by "/" (for example
 ``model/fc1.weight`` or ``optimizer/state/0/exp_avg``), made unique when two
 paths print alike. A tensor object that appears twice is stored once and
-restored as one object in both places, as tied weights are.
+restored as one object in both places.
+
+Tensors that share one storage (tied weights: a module's state_dict()
+gives each name its own tensor object over the parameter's storage) are
+stored once, and restored as tensor objects sharing one storage, as
+torch.save does. The document has two more keys, each present only when
+needed:
+
+- ``"views": {NAME: {"of": BASE, "offset": N, "shape": [...], "stride":
+  [...]}}``: the tensor NAME has no bytes of its own in the shard; it is
+  the view of shard tensor BASE's storage at element offset N (from
+  BASE's first element) with that shape and stride. Copies of one view
+  (tied weights) are views of the first one's shard tensor; views at
+  different offsets (the slices of a fused weight) are views of the one
+  among them that covers the others, or of a 1-D shard tensor
+  ``NAME.storage`` holding the span of the storage they cover. Views whose
+  span is larger than their own bytes together (two rows at the ends of
+  a large matrix that is not saved) are stored apart instead, without
+  sharing, as are views of one storage as different dtypes and
+  conjugate or negative views.
+- ``"devices": {NAME: LOCATION}``: where a shard tensor was saved from,
+  in torch.load's location names ("cuda:0"); tensors saved from the CPU
+  are not listed. A restore's map_location is applied to these.
 """
 
 from __future__ import annotations
@@ -28,12 +50,13 @@ import json
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
 
 from . import dtypes
-from .errors import InvalidError
+from .errors import InvalidError, RewindError
 
 OBJECTS_FORMAT = "rewind.python/1"
 
@@ -51,13 +74,18 @@ class Leaf:
 def flatten(state) -> tuple[list[Leaf], bytes]:
     """Returns the tensors of state and the JSON document of the rest."""
     f = _Flattener()
-    doc = {"format": OBJECTS_FORMAT, "tree": f.node(state, ())}
-    return f.leaves, json.dumps(doc, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
+    doc: dict = {"format": OBJECTS_FORMAT, "tree": f.node(state, ())}
+    leaves, views, devices = _share(f.leaves, f.name)
+    if views:
+        doc["views"] = views
+    if devices:
+        doc["devices"] = devices
+    return leaves, json.dumps(doc, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
 
 
 class _Flattener:
     def __init__(self):
-        self.leaves: list[Leaf] = []
+        self.leaves: list[Leaf] = []  # every tensor object and array once, in the order met
         self.names: set[str] = set()
         self.by_id: dict[int, str] = {}
 
@@ -104,8 +132,8 @@ class _Flattener:
             raise InvalidError("save", f"a tensor is a dict key at {'/'.join(path) or 'the top'}")
         return self.node(k, path)
 
-    def name(self, path: tuple) -> str:
-        base = "/".join(path) or "tensor"
+    def name(self, path: tuple | str) -> str:
+        base = path if isinstance(path, str) else "/".join(path) or "tensor"
         base = base.encode("utf-8", "replace").decode("utf-8")  # lone surrogates
         name, i = base, 1
         while name in self.names or name == "__metadata__":
@@ -140,6 +168,82 @@ class _Flattener:
         return name
 
 
+def _storage_key(t: torch.Tensor):
+    """What identifies the memory a tensor views, or None for a tensor
+    that shares with nothing (no bytes, a subclass, a lazy conjugate or
+    negation: same storage, other values)."""
+    if type(t) is not torch.Tensor or t.numel() == 0 or t.is_conj() or t.is_neg():
+        return None
+    untyped = getattr(t, "untyped_storage", None)  # torch 2; 1.x has only the typed storage()
+    ptr = (untyped() if untyped is not None else t.storage()).data_ptr()
+    return (t.device, ptr, t.dtype) if ptr else None
+
+
+def _extent(t: torch.Tensor) -> int:
+    """Elements of storage from t's first element to past its last."""
+    return 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+
+
+def _contiguous_stride(shape) -> list[int]:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return out[::-1]
+
+
+def _location(dev: torch.device) -> str:
+    """A device's name as torch.save records it ("cpu", "cuda:0")."""
+    if dev.type == "cuda" and dev.index is None:
+        return f"cuda:{torch.cuda.current_device()}"
+    return str(dev)
+
+
+def _share(leaves: list[Leaf], name) -> tuple[list[Leaf], dict, dict]:
+    """Stores the tensors sharing a storage once: returns the shard's
+    tensors, the views document and the devices document."""
+    groups: dict[object, list[Leaf]] = {}
+    for lf in leaves:
+        key = _storage_key(lf.value) if isinstance(lf.value, torch.Tensor) else None
+        if key is not None:
+            groups.setdefault(key, []).append(lf)
+    views: dict[str, dict] = {}
+    at_first: dict[str, Leaf] = {}  # a group's shard tensor, in place of its first member
+    shared: set[str] = set()  # members of those groups
+    for g in groups.values():
+        if len(g) > 1 and (base := _store_group(g, views, name)) is not None:
+            at_first[g[0].name] = base
+            shared.update(lf.name for lf in g)
+    out = [at_first.get(lf.name, lf) for lf in leaves if lf.name in at_first or lf.name not in shared]
+    devices = {lf.name: _location(lf.value.device) for lf in out
+               if isinstance(lf.value, torch.Tensor) and lf.value.device.type != "cpu"}
+    return out, views, devices
+
+
+def _store_group(g: list[Leaf], views: dict, name) -> Leaf | None:
+    """The shard tensor holding the storage that g's tensors view, filling
+    views for those that become views of it (all but one, or all); None
+    when they are better stored apart."""
+    ts = [cast(torch.Tensor, lf.value) for lf in g]
+    if len({(t.storage_offset(), tuple(t.shape), t.stride()) for t in ts}) == 1:  # tied weights
+        for lf in g[1:]:
+            views[lf.name] = {"of": g[0].name, "offset": 0, "shape": list(lf.shape),
+                              "stride": _contiguous_stride(lf.shape)}
+        return g[0]
+    lo = min(t.storage_offset() for t in ts)
+    hi = max(t.storage_offset() + _extent(t) for t in ts)
+    if hi - lo > sum(t.numel() for t in ts):
+        return None  # the span is larger than the views: sharing would store more
+    i = next((i for i, t in enumerate(ts) if t.is_contiguous() and t.storage_offset() == lo and t.numel() == hi - lo), -1)
+    base = g[i] if i >= 0 else Leaf(name(g[0].name + ".storage"), ts[0].as_strided((hi - lo,), (1,), lo),
+                                    g[0].dtype, (hi - lo,))
+    for lf, t in zip(g, ts):
+        if lf is not base:
+            views[lf.name] = {"of": base.name, "offset": t.storage_offset() - lo, "shape": list(t.shape),
+                              "stride": list(t.stride())}
+    return base
+
+
 def numpy_names(objects: str | None) -> set[str]:
     """Names of the tensors the document says are numpy arrays."""
     doc = _doc(objects)
@@ -163,34 +267,52 @@ def numpy_names(objects: str | None) -> set[str]:
 def _doc(objects: str | None):
     if objects is None:
         return None
-    doc = json.loads(objects)
+    try:
+        doc = json.loads(objects)
+    except ValueError:
+        return None  # not this SDK's: unflatten reports it
     if isinstance(doc, dict) and doc.get("format") == OBJECTS_FORMAT and "tree" in doc:
         return doc
     return None
 
 
-def unflatten(objects: str | None, tensors: dict):
+def devices(objects: str | None) -> dict[str, str]:
+    """Where each shard tensor was saved from, when not the CPU."""
+    doc = _doc(objects)
+    d = doc.get("devices") if doc is not None else None
+    return {str(k): str(v) for k, v in d.items()} if isinstance(d, dict) else {}
+
+
+def unflatten(objects: str | None, tensors: dict, op: str = "restore"):
     """Rebuilds the nest given to flatten. A shard not written by this SDK
     (the Go SDK's, say) comes back as {name: tensor}, plus its objects
     document parsed under "__objects__" if it has one."""
-    doc = _doc(objects)
-    if doc is None:
-        state = dict(tensors)
-        if objects is not None:
-            state["__objects__"] = json.loads(objects)
-        return state
-    return _Builder(tensors).node(doc["tree"])
+    try:
+        doc = _doc(objects)
+        if doc is None:
+            state = dict(tensors)
+            if objects is not None:
+                state["__objects__"] = json.loads(objects)
+            return state
+        return _Builder(tensors, doc.get("views") or {}).node(doc["tree"])
+    except (KeyError, ValueError, TypeError, IndexError, RuntimeError) as e:
+        raise RewindError(op, f"the shard's objects document does not fit its tensors ({type(e).__name__}: {e}); "
+                          "written by a newer SDK?") from None
 
 
 class _Builder:
-    def __init__(self, tensors: dict):
+    def __init__(self, tensors: dict, views: dict):
         self.tensors = tensors
+        self.views = views
+        self.built: dict[str, torch.Tensor] = {}  # one object per view name, however often it appears
 
     def node(self, n):
         if not isinstance(n, dict):
             return n
         tag, v = next(iter(n.items()))
-        if tag in ("tensor", "ndarray"):
+        if tag == "tensor":
+            return self.tensor(v)
+        if tag == "ndarray":
             return self.tensors[v]
         if tag == "dict":
             return {self.node(k): self.node(x) for k, x in v}
@@ -203,6 +325,23 @@ class _Builder:
             items = [self.node(x) for x in v]
             return items if tag == "list" else tuple(items)
         return _scalar(tag, v, n, self)
+
+    def tensor(self, name: str):
+        if name in self.tensors:
+            return self.tensors[name]
+        if name not in self.built:
+            self.built[name] = self.view(name, self.views[name])
+        return self.built[name]
+
+    def view(self, name: str, spec: dict) -> torch.Tensor:
+        base = self.tensors[spec["of"]]
+        shape, stride, off = [int(x) for x in spec["shape"]], [int(x) for x in spec["stride"]], int(spec["offset"])
+        if not isinstance(base, torch.Tensor):
+            raise TypeError(f"view {name!r} of {spec['of']!r}, which is not a torch tensor")
+        end = off + (1 + sum((n - 1) * st for n, st in zip(shape, stride)) if all(shape) else 0)
+        if len(shape) != len(stride) or off < 0 or min(stride, default=0) < 0 or end > base.numel():
+            raise ValueError(f"view {name!r} {shape}/{stride} at {off} does not fit in {spec['of']!r} ({base.numel()} elements)")
+        return base.as_strided(shape, stride, base.storage_offset() + off)
 
 
 def _scalar(tag, v, n, b: _Builder):

@@ -12,6 +12,7 @@ import itertools
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -65,7 +66,12 @@ class Agent:
         self.proc: subprocess.Popen | None = None
         self.start()
 
-    def start(self) -> None:
+    def start(self, probe: bool = True) -> None:
+        """Starts the agent and waits until it answers: through a gRPC
+        Status call, or (probe=False) until its socket accepts connections,
+        for tests of how an existing client notices the agent is back (a
+        probe through a new Client would share grpc's connection to the
+        socket with it, and reconnect it)."""
         cmd = [self.binary, "agent", "--node", "t", "--shm-root", self.root, "--socket", self.socket,
                "--listen", "", "--metrics", "", *self.args]
         with open(self.log, "ab") as log:
@@ -74,14 +80,25 @@ class Agent:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"agent exited with {self.proc.returncode}:\n{open(self.log).read()}")
-            if os.path.exists(self.socket):
-                try:
-                    rewind.Client(socket=self.socket, job="probe", timeout=2).close()
-                    return
-                except rewind.NoAgentError:
-                    pass
-            time.sleep(0.05)
+            if os.path.exists(self.socket) and (self._answers() if probe else self._listens()):
+                return
+            time.sleep(0.05 if probe else 0.01)
         raise RuntimeError(f"agent did not answer within 20 s:\n{open(self.log).read()}")
+
+    def _answers(self) -> bool:
+        try:
+            rewind.Client(socket=self.socket, job="probe", timeout=2).close()
+            return True
+        except rewind.NoAgentError:
+            return False
+
+    def _listens(self) -> bool:
+        with socket.socket(socket.AF_UNIX) as s:
+            try:
+                s.connect(self.socket)  # refused while only the killed agent's socket file is there
+                return True
+            except OSError:
+                return False
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:

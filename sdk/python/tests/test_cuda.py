@@ -42,3 +42,24 @@ def test_warm_saves_keep_the_mapping_registered(client):
     assert maps and all(m.cuda_registered for m in maps)
     _, got = client.restore(map_location="cuda")
     assert torch.equal(got["t"], t * 4)
+
+
+def test_map_location_of_cuda_tensors(client):
+    """Tensors saved from a GPU are recorded as saved on cuda:N and placed
+    as torch.load would place them."""
+    w = torch.arange(6.0, device="cuda")
+    client.save(1, {"w": w, "w2": w.view(2, 3), "cpu": torch.ones(2)})
+    for ml, dev in [(None, "cuda"), ({"cuda:0": "cpu"}, "cpu"), ("cpu", "cpu")]:
+        _, got = client.restore(map_location=ml)
+        assert got["w"].device.type == dev and torch.equal(got["w"].cpu(), w.cpu()), ml
+        assert got["w2"].data_ptr() == got["w"].data_ptr(), ml  # one storage, wherever it went
+        assert got["cpu"].device.type == "cpu", ml
+    seen = []
+
+    def to_gpu(storage, location):
+        seen.append(location)
+        return storage.cuda(0) if location.startswith("cuda") else None
+
+    _, got = client.restore(map_location=to_gpu)
+    assert sorted(seen) == ["cpu", "cuda:0"]
+    assert got["w"].is_cuda and torch.equal(got["w"].cpu(), w.cpu()) and not got["cpu"].is_cuda

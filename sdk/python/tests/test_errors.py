@@ -49,6 +49,43 @@ def test_agent_dies_and_comes_back(start_agent, job):
         assert c.latest() == 2
 
 
+# An outage long enough that grpc's own reconnect backoff (1 s, times 1.6
+# per failed attempt, +-20% jitter) has grown: counted from the first failed
+# connect, its attempts fall near 1, 2.6, 5.2, 9.3 (10.9 at the latest) and
+# 15.8 s (12.8 at the earliest), so a channel left to that backoff finds an
+# agent back at 11 s after about 13 s at best; the client must find it at once.
+OUTAGE_S = 11.0
+RECOVERY_S = 2.0
+
+
+def test_existing_client_recovers_promptly_after_agent_restart(start_agent, job):
+    """The agent is down for seconds, the training loop's saves fail, the
+    agent comes back on the same socket: the client's next save succeeds,
+    without waiting out grpc's reconnect backoff."""
+    a = start_agent()
+    with rewind.Client(socket=a.socket, job=job, timeout=5) as c:
+        c.save(1, {"w": torch.ones(4)})
+        a.kill()
+        down = time.monotonic()
+        while time.monotonic() < down + OUTAGE_S:  # a loop saving every half second meanwhile
+            with pytest.raises(rewind.NoAgentError, match="agent unavailable"):
+                c.save(2, {"w": torch.zeros(4)})
+            time.sleep(max(0.0, min(0.5, down + OUTAGE_S - time.monotonic())))
+        a.start(probe=False)  # a gRPC probe could reconnect c for it: grpc shares connections by default
+        back = time.monotonic()
+        while True:
+            try:
+                c.save(2, {"w": torch.zeros(4)})
+                break
+            except rewind.NoAgentError as e:
+                waited = time.monotonic() - back
+                assert waited < RECOVERY_S, f"saves still fail {waited:.1f} s after the agent came back: {e}"
+                time.sleep(0.05)
+        waited = time.monotonic() - back
+        assert waited < RECOVERY_S, f"the first save to succeed returned {waited:.1f} s after the agent came back"
+        assert c.latest() == 2
+
+
 def test_state_larger_than_the_budget(start_agent, job):
     a = start_agent("--budget", "1MiB")
     with rewind.Client(socket=a.socket, job=job) as c:
