@@ -92,7 +92,7 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 			*s = prev
 		} else {
 			s.State = stateFree
-			if prev.State == stateCommitted { // its old step is gone: say so
+			if prev.State == stateCommitted || prev.State == stateCorrupt { // its old step is gone: say so
 				a.rep.shard(job, rank, prev.WorldSize, prev.Step, prev.Size, prev.HeaderSum, coordpb.CopyState_COPY_STATE_DELETED)
 			}
 		}
@@ -110,7 +110,7 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 	if place {
 		a.rep.registerJob(job, rank, worldSize)
 	}
-	if prev.State == stateCommitted {
+	if prev.State == stateCommitted || prev.State == stateCorrupt { // a corrupt one leaves the index too
 		a.rep.shard(job, rank, prev.WorldSize, prev.Step, prev.Size, prev.HeaderSum, coordpb.CopyState_COPY_STATE_DELETED)
 		a.log.Debug("committed slot reused", "job", job, "rank", rank, "slot", s.Index, "step", prev.Step, "replica", prev.Replica,
 			"for_step", step, "for_replica", !place, "pins", fmt.Sprint(a.rep.pinned(job)))
@@ -143,6 +143,7 @@ func (a *Agent) pickSlot(ctx context.Context, r *lockedRank, size int64, replica
 	pinDeadline := a.cfg.Clock.Now().Add(a.cfg.PinWait)
 	for {
 		a.expireLeases(r)
+		a.expireStaged(r)
 		pins := a.rep.pinned(r.job)
 		s := a.pickPinned(r, size, max, pins, replica)
 		if s == nil && r.pick(size, max, noPins, replica) != nil {
@@ -253,42 +254,15 @@ func (a *Agent) Commit(ctx context.Context, job string, rank, slotIdx uint32, to
 // slot's bytes as it wrote them (a copy from a peer), so the background
 // pass would only read them again.
 func (a *Agent) commit(ctx context.Context, job string, rank, slotIdx uint32, token uint64, step int64, headerSum string, verified bool) (uint64, error) {
-	if err := validateRank(job, rank, 0); err != nil {
+	r, err := a.preparedRank(job, rank)
+	if err != nil {
 		return 0, err
-	}
-	r := a.rank(job, rank, false)
-	if r == nil {
-		return 0, fmt.Errorf("%w: agent: job %s rank %d has no prepared slot", ErrNotFound, job, rank)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var s *slot
-	for _, c := range r.slots {
-		if c.Index == slotIdx {
-			s = c
-		}
-	}
-	if s == nil || s.State != stateWriting || s.token != token || s.Step != step {
-		return 0, fmt.Errorf("%w: agent: slot %d of job %s rank %d is not being written for step %d by this caller (a later save took it over?)",
-			ErrBusy, slotIdx, job, rank, step)
-	}
-	if err := a.cfg.Faults.Check(ctx, faultinject.AgentShardCopied); err != nil {
-		return 0, fmt.Errorf("agent: commit of job %s rank %d step %d: %w", job, rank, step, err)
-	}
-	path := a.paths.Segment(job, rank, slotIdx)
-	h, raw, err := a.readHeader(path)
+	s, h, err := a.checkWritten(ctx, r, slotIdx, token, step, headerSum)
 	if err != nil {
-		return 0, fmt.Errorf("agent: commit of job %s rank %d step %d: %w", job, rank, step, err)
-	}
-	switch {
-	case !h.Rewind || h.Meta.Job != job || h.Meta.Rank != rank || h.Meta.Step != step:
-		return 0, fmt.Errorf("%w: agent: commit of job %s rank %d step %d: header names job %q rank %d step %d",
-			ErrInvalid, job, rank, step, h.Meta.Job, h.Meta.Rank, h.Meta.Step)
-	case h.Size != s.Size:
-		return 0, fmt.Errorf("%w: agent: commit: header describes %d bytes, segment is %d", ErrInvalid, h.Size, s.Size)
-	case shm.HeaderSum(raw) != headerSum:
-		return 0, fmt.Errorf("%w: agent: commit of job %s rank %d step %d: header checksum %s, writer says %s",
-			shm.ErrCorrupt, job, rank, step, shm.HeaderSum(raw), headerSum)
+		return 0, err
 	}
 	prev := *s
 	s.State, s.Seq, s.HeaderSum = stateCommitted, a.nextSeq(), headerSum
@@ -299,16 +273,69 @@ func (a *Agent) commit(ctx context.Context, job string, rank, slotIdx uint32, to
 		return 0, err
 	}
 	a.cfg.Faults.Eval(ctx, faultinject.AgentCommittedUnsent)
-	a.rep.shard(job, rank, s.WorldSize, step, s.Size, headerSum, coordpb.CopyState_COPY_STATE_COMMITTED)
+	a.committed(r, s)
+	return s.Seq, nil
+}
+
+// committed tells the coordinator of a slot just committed, counts it, and
+// queues its background verification; the caller holds r.mu.
+func (a *Agent) committed(r *lockedRank, s *slot) {
+	a.rep.shard(r.job, r.rank, s.WorldSize, s.Step, s.Size, s.HeaderSum, coordpb.CopyState_COPY_STATE_COMMITTED)
 	a.metrics.saves.WithLabelValues("ok").Inc()
 	a.metrics.committedBytes.Add(float64(s.Size))
-	if a.cfg.VerifyAfterCommit && a.verifyQ != nil && !verified {
+	if a.cfg.VerifyAfterCommit && a.verifyQ != nil && !s.verified {
 		select {
 		case a.verifyQ <- verifyJob{r: r, s: s, seq: s.Seq}:
 		default: // the verifier is behind; the shard is verified when next read
 		}
 	}
-	return s.Seq, nil
+}
+
+// preparedRank returns the rank a commit or a staging names.
+func (a *Agent) preparedRank(job string, rank uint32) (*lockedRank, error) {
+	if err := validateRank(job, rank, 0); err != nil {
+		return nil, err
+	}
+	r := a.rank(job, rank, false)
+	if r == nil {
+		return nil, fmt.Errorf("%w: agent: job %s rank %d has no prepared slot", ErrNotFound, job, rank)
+	}
+	return r, nil
+}
+
+// checkWritten returns the slot being written for step by the holder of
+// token, once its header is whole and names this job, rank and step, and
+// its checksum is headerSum; the caller holds r.mu.
+func (a *Agent) checkWritten(ctx context.Context, r *lockedRank, slotIdx uint32, token uint64, step int64, headerSum string) (*slot, *shm.Header, error) {
+	job, rank := r.job, r.rank
+	var s *slot
+	for _, c := range r.slots {
+		if c.Index == slotIdx {
+			s = c
+		}
+	}
+	if s == nil || s.State != stateWriting || s.token != token || s.Step != step {
+		return nil, nil, fmt.Errorf("%w: agent: slot %d of job %s rank %d is not being written for step %d by this caller (a later save took it over?)",
+			ErrBusy, slotIdx, job, rank, step)
+	}
+	if err := a.cfg.Faults.Check(ctx, faultinject.AgentShardCopied); err != nil {
+		return nil, nil, fmt.Errorf("agent: commit of job %s rank %d step %d: %w", job, rank, step, err)
+	}
+	h, raw, err := a.readHeader(a.paths.Segment(job, rank, slotIdx))
+	if err != nil {
+		return nil, nil, fmt.Errorf("agent: commit of job %s rank %d step %d: %w", job, rank, step, err)
+	}
+	switch {
+	case !h.Rewind || h.Meta.Job != job || h.Meta.Rank != rank || h.Meta.Step != step:
+		return nil, nil, fmt.Errorf("%w: agent: commit of job %s rank %d step %d: header names job %q rank %d step %d",
+			ErrInvalid, job, rank, step, h.Meta.Job, h.Meta.Rank, h.Meta.Step)
+	case h.Size != s.Size:
+		return nil, nil, fmt.Errorf("%w: agent: commit: header describes %d bytes, segment is %d", ErrInvalid, h.Size, s.Size)
+	case shm.HeaderSum(raw) != headerSum:
+		return nil, nil, fmt.Errorf("%w: agent: commit of job %s rank %d step %d: header checksum %s, writer says %s",
+			shm.ErrCorrupt, job, rank, step, shm.HeaderSum(raw), headerSum)
+	}
+	return s, h, nil
 }
 
 // pin holds a committed shard for an in-process reader (a stream): its slot
@@ -492,7 +519,7 @@ func (a *Agent) Delete(job string, rank uint32, allRanks bool, step int64) (n in
 			if s.State != stateFree {
 				n++
 			}
-			if s.State == stateCommitted {
+			if s.State == stateCommitted || s.State == stateCorrupt {
 				a.rep.shard(r.job, r.rank, s.WorldSize, s.Step, s.Size, s.HeaderSum, coordpb.CopyState_COPY_STATE_DELETED)
 			}
 			freed += s.Size

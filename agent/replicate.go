@@ -97,6 +97,9 @@ type PeerShard struct {
 	HeaderSum string
 	Node      string // the peer, for messages
 	Addr      string // its agent's TCP address
+	// Stage, for a restore's fetch: the shard is staged for that restore
+	// (stage.go) instead of committed.
+	Stage string
 }
 
 // CopyFromPeer copies a shard from a peer agent's shared memory into this
@@ -124,6 +127,9 @@ func (a *Agent) copyFromPeer(ctx context.Context, ps PeerShard, lim *tiers.Limit
 			return 0, nil
 		}
 	}
+	if ps.Stage != "" && a.staged(ps) { // a fetch of the same restore asked again
+		return 0, nil
+	}
 	peer, err := a.peers.client(ps.Addr)
 	if err != nil {
 		return 0, err
@@ -138,6 +144,7 @@ func (a *Agent) copyFromPeer(ctx context.Context, ps PeerShard, lim *tiers.Limit
 	}
 	dst, unmap, err := a.copyTarget(prep)
 	if err != nil {
+		a.dropPrepared(ps.Job, ps.Rank, prep)
 		return 0, fmt.Errorf("agent: copy of job %s rank %d step %d from %s: %w", ps.Job, ps.Rank, ps.Step, ps.Node, err)
 	}
 	t1 := time.Now()
@@ -150,10 +157,17 @@ func (a *Agent) copyFromPeer(ctx context.Context, ps PeerShard, lim *tiers.Limit
 	done()
 	unmap()
 	if err != nil {
+		a.dropPrepared(ps.Job, ps.Rank, prep)
 		return 0, fmt.Errorf("agent: copy of job %s rank %d step %d from %s: %w", ps.Job, ps.Rank, ps.Step, ps.Node, err)
 	}
 	t2 := time.Now()
-	if _, err := a.commit(ctx, ps.Job, ps.Rank, prep.Slot, prep.Token, ps.Step, ps.HeaderSum, true); err != nil {
+	if ps.Stage != "" {
+		err = a.stage(ctx, ps, prep.Slot, prep.Token, true)
+	} else {
+		_, err = a.commit(ctx, ps.Job, ps.Rank, prep.Slot, prep.Token, ps.Step, ps.HeaderSum, true)
+	}
+	if err != nil {
+		a.dropPrepared(ps.Job, ps.Rank, prep)
 		return 0, err
 	}
 	if !place {
@@ -272,7 +286,9 @@ func (s Source) String() string { return s.Tier + ":" + s.Node }
 // of sources that serves it whole and verified, in order: this node's own
 // memory (nothing to move), a peer's memory, one of this agent's tiers.
 // Every failure, a checksum mismatch included, moves on to the next
-// source; the result lists them.
+// source; the result lists them. With ps.Stage the shard is staged for
+// that restore (stage.go), not committed; res.Staged says whether a slot
+// was (not when this node's memory held the shard already).
 func (a *Agent) FetchFrom(ctx context.Context, ps PeerShard, sources []Source) (FetchResult, error) {
 	if err := validateRank(ps.Job, ps.Rank, ps.WorldSize); err != nil {
 		return FetchResult{}, err
@@ -281,7 +297,7 @@ func (a *Agent) FetchFrom(ctx context.Context, ps PeerShard, sources []Source) (
 	for _, src := range sources {
 		n, err := a.fetchSource(ctx, ps, src)
 		if err == nil {
-			res.Tier = src.String()
+			res.Tier, res.Staged = src.String(), ps.Stage != "" && a.staged(ps)
 			a.metrics.transfers.WithLabelValues(src.Tier, "fetch", "ok").Inc()
 			a.metrics.tierBytes.WithLabelValues(src.Tier).Add(float64(n))
 			return res, nil
@@ -321,7 +337,7 @@ func (a *Agent) fetchSource(ctx context.Context, ps PeerShard, src Source) (int6
 	case tiers.Name(src.Tier).NodeLocal() && src.Node != a.cfg.Node:
 		return 0, fmt.Errorf("%w: agent: the NVMe copy is on node %s", ErrNotFound, src.Node)
 	default:
-		n, _, err := a.fetchFrom(ctx, tiers.Name(src.Tier), ps.Job, ps.Rank, ps.Step)
+		n, _, err := a.fetchFrom(ctx, tiers.Name(src.Tier), ps.Job, ps.Rank, ps.Step, ps.Stage)
 		return n, err
 	}
 }

@@ -138,18 +138,30 @@ func (s *server) Fetch(ctx context.Context, req *agentpb.FetchRequest) (*agentpb
 			srcs[i] = Source{Tier: x.Tier, Node: x.Node, Addr: x.Addr}
 		}
 		res, err = s.a.FetchFrom(ctx, PeerShard{Job: req.Job, Rank: req.Rank, WorldSize: req.WorldSize, Step: req.Step,
-			Size: int64(req.SizeBytes), HeaderSum: req.HeaderChecksum}, srcs)
+			Size: int64(req.SizeBytes), HeaderSum: req.HeaderChecksum, Stage: req.Stage}, srcs)
 	} else {
 		res, err = s.a.Fetch(ctx, req.Job, req.Rank, req.Step, tierNames(req.Tiers))
 	}
-	if err != nil {
+	// A staged fetch that no source served answers with every attempt
+	// and why, for the coordinator to mark the copies and the step.
+	exhausted := req.Stage != "" && len(req.Sources) > 0 && len(res.Failed) > 0 && ctx.Err() == nil
+	if err != nil && !exhausted {
 		return nil, err // it names every source that failed, and why
 	}
-	resp := &agentpb.FetchResponse{Step: res.Step, Tier: res.Tier, SizeBytes: uint64(res.Size)}
+	resp := &agentpb.FetchResponse{Step: res.Step, Tier: res.Tier, SizeBytes: uint64(res.Size), Staged: res.Staged}
 	for _, f := range res.Failed {
-		resp.Failed = append(resp.Failed, &agentpb.FetchAttempt{Tier: f.Tier, Error: f.Err.Error()})
+		resp.Failed = append(resp.Failed, &agentpb.FetchAttempt{Tier: f.Tier, Error: f.Err.Error(), Failure: fetchFailure(f.Err)})
 	}
 	return resp, nil
+}
+
+// FinishRestore commits or frees the shards staged for a restore.
+func (s *server) FinishRestore(ctx context.Context, req *agentpb.FinishRestoreRequest) (*agentpb.FinishRestoreResponse, error) {
+	n, err := s.a.FinishRestore(req.Job, req.Stage, req.Commit)
+	if err != nil {
+		return nil, err
+	}
+	return &agentpb.FinishRestoreResponse{Shards: uint32(n)}, nil
 }
 
 // readChunk is the size of one streamed chunk: large enough to amortize

@@ -15,7 +15,12 @@ import (
 //	free ──Prepare──▶ writing ──Commit──▶ committed ──Prepare (oldest, not latest)──▶ writing
 //	                     │                     │
 //	                     └─Prepare again──▶ writing (the unfinished save is abandoned)
-//	                                           └─checksum mismatch──▶ corrupt ──Prepare──▶ writing
+//	                     │                     └─checksum mismatch──▶ corrupt ──Prepare──▶ writing
+//	                     └─a restore's fetch──▶ staged ──FinishRestore──▶ committed, or free
+//
+// A staged slot (stage.go) holds a shard a restore fetched and verified
+// but has not switched to yet: it is neither served nor reported, and no
+// save takes it until the restore finishes or stageTTL passes.
 type slotState string
 
 const (
@@ -23,6 +28,7 @@ const (
 	stateWriting   slotState = "writing"
 	stateCommitted slotState = "committed"
 	stateCorrupt   slotState = "corrupt"
+	stateStaged    slotState = "staged"
 )
 
 // proto returns the state as the agent's API shows it.
@@ -36,6 +42,8 @@ func (s slotState) proto() agentpb.ShardState {
 		return agentpb.ShardState_SHARD_STATE_COMMITTED
 	case stateCorrupt:
 		return agentpb.ShardState_SHARD_STATE_CORRUPT
+	case stateStaged:
+		return agentpb.ShardState_SHARD_STATE_STAGED
 	}
 	return agentpb.ShardState_SHARD_STATE_UNSPECIFIED
 }
@@ -55,6 +63,10 @@ type slot struct {
 	// Replica: the segment holds a copy of a rank that runs on another
 	// node; under budget pressure it gives way to the node's own saves.
 	Replica bool `json:"replica,omitempty"`
+	// Stage: the restore a staged slot was fetched for (stage.go).
+	Stage string `json:"stage,omitempty"`
+
+	stagedAt time.Time // when it was staged; a restore that never finishes gives it up after stageTTL
 
 	verified bool
 	token    uint64 // owner of a writing slot
@@ -115,10 +127,10 @@ func (r *rankState) pick(size int64, max int, pins pinSet, replica bool) *slot {
 	var unused, oldest *slot
 	held := 0
 	for _, s := range r.slots {
-		if s.readers > 0 {
+		if s.readers > 0 || s.State == stateStaged {
 			held++
 		}
-		if s == latest || s.readers > 0 || s.State == stateCommitted && pinned[s.Step] == s {
+		if s == latest || s.readers > 0 || s.State == stateCommitted && pinned[s.Step] == s || s.State == stateStaged {
 			continue
 		}
 		switch s.State {
@@ -144,8 +156,9 @@ func (r *rankState) pick(size int64, max int, pins pinSet, replica bool) *slot {
 	if oldest != nil {
 		return oldest
 	}
-	// A slot being read (a tier transfer, a peer's restore) does not count
-	// against max: rather than wait for the reader, the save gets one more
+	// A slot being read (a tier transfer, a peer's restore) or staged by a
+	// restore does not count against max: rather than wait for the reader
+	// or the restore, the save gets one more
 	// segment, so reading a checkpoint never stalls training. The extra
 	// segment stays and joins the rotation; the budget still bounds it.
 	if len(r.slots)-held < max {

@@ -64,6 +64,12 @@ func (a *Agent) push(ctx context.Context, st tiers.Store, job string, rank uint3
 // own checksums. A corrupt tier copy is an error wrapping shm.ErrCorrupt,
 // and nothing is committed.
 func (a *Agent) Pull(ctx context.Context, st tiers.Store, man *tiers.Manifest, rank uint32) error {
+	return a.pullTier(ctx, st, man, rank, "")
+}
+
+// pullTier is Pull; with stage the shard is staged for that restore
+// (stage.go), not committed.
+func (a *Agent) pullTier(ctx context.Context, st tiers.Store, man *tiers.Manifest, rank uint32, stage string) error {
 	if int(rank) >= len(man.Shards) {
 		return fmt.Errorf("%w: agent: rank %d not in the manifest of %s step %d", ErrInvalid, rank, man.Job, man.Step)
 	}
@@ -72,6 +78,27 @@ func (a *Agent) Pull(ctx context.Context, st tiers.Store, man *tiers.Manifest, r
 	if err != nil {
 		return err
 	}
+	if err := a.getShard(ctx, st, man, rank, prep); err != nil {
+		a.dropPrepared(man.Job, rank, prep)
+		return err
+	}
+	if stage != "" {
+		ps := PeerShard{Job: man.Job, Rank: rank, WorldSize: man.WorldSize, Step: man.Step, Size: e.Size, HeaderSum: e.HeaderChecksum, Stage: stage}
+		err = a.stage(ctx, ps, prep.Slot, prep.Token, false)
+	} else {
+		_, err = a.Commit(ctx, man.Job, rank, prep.Slot, prep.Token, man.Step, e.HeaderChecksum)
+	}
+	if err != nil {
+		a.dropPrepared(man.Job, rank, prep)
+		return err
+	}
+	a.log.Info("shard pulled from tier", "job", man.Job, "rank", rank, "step", man.Step, "tier", st.String(), "bytes", e.Size)
+	return nil
+}
+
+// getShard reads rank's shard from a tier copy into the prepared slot,
+// checking it against the manifest and its own checksums.
+func (a *Agent) getShard(ctx context.Context, st tiers.Store, man *tiers.Manifest, rank uint32, prep PrepareResult) error {
 	f, err := a.cfg.FS.OpenFile(prep.Path, os.O_RDWR, 0)
 	if err != nil {
 		return fmt.Errorf("agent: pull of job %s rank %d step %d: %w", man.Job, rank, man.Step, err)
@@ -86,10 +113,6 @@ func (a *Agent) Pull(ctx context.Context, st tiers.Store, man *tiers.Manifest, r
 	if err != nil {
 		return fmt.Errorf("agent: pull of job %s rank %d step %d from %s: %w", man.Job, rank, man.Step, st, err)
 	}
-	if _, err := a.Commit(ctx, man.Job, rank, prep.Slot, prep.Token, man.Step, e.HeaderChecksum); err != nil {
-		return err
-	}
-	a.log.Info("shard pulled from tier", "job", man.Job, "rank", rank, "step", man.Step, "tier", st.String(), "bytes", e.Size)
 	return nil
 }
 
@@ -130,6 +153,7 @@ type FetchResult struct {
 	Tier   string // "shm" when shared memory already held it
 	Size   int64
 	Failed []FetchAttempt
+	Staged bool // a slot was staged for the fetch's stage
 }
 
 // Fetch brings rank's shard of step (the newest the first tier holds when
@@ -155,7 +179,7 @@ func (a *Agent) Fetch(ctx context.Context, job string, rank uint32, step int64, 
 	}
 	var res FetchResult
 	for _, name := range names {
-		size, got, err := a.fetchFrom(ctx, name, job, rank, step)
+		size, got, err := a.fetchFrom(ctx, name, job, rank, step, "")
 		if err == nil {
 			res.Step, res.Tier, res.Size = got, string(name), size
 			a.metrics.transfers.WithLabelValues(string(name), "fetch", "ok").Inc()
@@ -172,8 +196,9 @@ func (a *Agent) Fetch(ctx context.Context, job string, rank uint32, step int64, 
 	return res, fetchFailed(ctx, fmt.Sprintf("no tier could restore job %s rank %d%s", job, rank, stepSuffix(step, step < 0)), res.Failed)
 }
 
-// fetchFrom pulls from one tier and returns the shard's size and step.
-func (a *Agent) fetchFrom(ctx context.Context, tier tiers.Name, job string, rank uint32, step int64) (int64, int64, error) {
+// fetchFrom pulls from one tier and returns the shard's size and step;
+// with stage the shard is staged for that restore, not committed.
+func (a *Agent) fetchFrom(ctx context.Context, tier tiers.Name, job string, rank uint32, step int64, stage string) (int64, int64, error) {
 	st := a.cfg.Stores[tier]
 	if st == nil {
 		return 0, 0, fmt.Errorf("%w: node %s has no tier %q", ErrInvalid, a.cfg.Node, tier)
@@ -196,7 +221,7 @@ func (a *Agent) fetchFrom(ctx context.Context, tier tiers.Name, job string, rank
 	if err != nil {
 		return 0, 0, err
 	}
-	if err := a.Pull(ctx, st, m, rank); err != nil {
+	if err := a.pullTier(ctx, st, m, rank, stage); err != nil {
 		return 0, 0, err
 	}
 	return m.Shards[rank].Size, step, nil

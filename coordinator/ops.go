@@ -120,7 +120,12 @@ func (c *Coordinator) agentCall(ctx context.Context, node string, f func(context
 	return f(ctx, agentpb.NewAgentClient(conn))
 }
 
-// VerifyStep asks every agent holding a copy of the step to verify it.
+// VerifyStep asks every agent holding a copy of the step to verify it, the
+// copies found corrupt before included. A tier copy that fails its
+// checksums is marked corrupt (unrestorable.go), one marked so that
+// verifies whole is a restore source again (an agent marks the copies in
+// its memory itself), and a step found unrestorable whose every rank now
+// has a copy that verifies is no longer marked so.
 func (c *Coordinator) VerifyStep(ctx context.Context, job string, step int64) (*coordpb.VerifyStepResponse, error) {
 	st, err := c.step(ctx, job, step)
 	if err != nil {
@@ -132,6 +137,7 @@ func (c *Coordinator) VerifyStep(ctx context.Context, job string, step int64) (*
 		err  error
 	}
 	readers := map[string]found{} // by tier:node, so that a missing reader is waited for once
+	good := map[uint32]bool{}     // ranks with a copy that verified
 	for _, cp := range st.Copies {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("coordinator: verifying job %s step %d: %w", job, step, err)
@@ -149,11 +155,12 @@ func (c *Coordinator) VerifyStep(ctx context.Context, job string, step int64) (*
 			}
 			node, err = f.node, f.err
 		}
+		answered := false
 		if err == nil {
 			err = c.agentCall(ctx, node, func(ctx context.Context, a agentpb.AgentClient) error {
 				v, err := a.Verify(ctx, &agentpb.VerifyRequest{Job: job, Rank: cp.Rank, Step: step, Tier: tier})
 				if err == nil {
-					check.Ok, check.Problem = v.Ok, v.Problem
+					check.Ok, check.Problem, answered = v.Ok, v.Problem, true
 				}
 				return err
 			})
@@ -161,8 +168,24 @@ func (c *Coordinator) VerifyStep(ctx context.Context, job string, step int64) (*
 		if err != nil {
 			check.Problem = err.Error()
 		}
+		switch {
+		case tier == "" || !answered:
+		case !check.Ok: // the agent read the tier copy back and a checksum failed
+			c.tiers.markCorrupt(job, step, cp.Rank, tier, check.Problem)
+		case cp.State == coordpb.CopyState_COPY_STATE_CORRUPT:
+			c.tiers.markWhole(job, step, cp.Rank, tier)
+		}
+		if check.Ok {
+			good[cp.Rank] = true
+		}
 		resp.Ok = resp.Ok && check.Ok
 		resp.Checks = append(resp.Checks, check)
+	}
+	if st.Unrestorable != nil && uint32(len(good)) == st.WorldSize {
+		if _, err := c.apply(func(ch *Changes) error { return c.state.MarkUnrestorable(job, step, nil, ch) }); err != nil {
+			return nil, err
+		}
+		c.log.Info("step found unrestorable verified whole: a restore may choose it again", "job", job, "step", step)
 	}
 	return resp, nil
 }

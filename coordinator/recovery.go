@@ -26,14 +26,16 @@ import (
 //  2. moves the dead node's ranks to spare nodes (registered agents
 //     running none of the job's ranks), else to the surviving nodes with
 //     the fewest of its ranks;
-//  3. plans the newest step whose every rank has a copy on a live node or
-//     a shared tier, and drops the job's later steps (a timeline no rank
-//     will continue);
-//  4. has each rank's new node fetch the shard from the cheapest source
-//     that serves it verified (Restore);
-//  5. tells the agents the gang may save again, and tells whoever runs the
-//     job's ranks (WatchJob) to restart them on the new placement,
-//     restoring the step, with the timeline of the recovery.
+//  3. plans the newest step whose every rank has a good copy on a live
+//     node or a shared tier;
+//  4. has each rank's new node stage the shard from the cheapest source
+//     that serves it verified, and if some rank cannot be, marks the step
+//     unrestorable and tries the next older one (stage.go);
+//  5. switches every rank to the staged step at once, drops the job's
+//     later steps (a timeline no rank will continue), tells the agents
+//     the gang may save again, and tells whoever runs the job's ranks
+//     (WatchJob) to restart them on the new placement, restoring the
+//     step, with the timeline of the recovery and the steps passed over.
 //
 // Nothing happens without quorum (Config.Quorum): a coordinator cut off
 // with a minority of the cluster must not recover jobs whose nodes are
@@ -149,7 +151,17 @@ func (c *Coordinator) recoverJob(ctx context.Context, job, node, reason string, 
 		c.failRegang(ev, err)
 		return
 	}
-	c.regang(ctx, plan, placement, ev)
+	// The ranks still alive are told at once, before the restore: they
+	// must not hang in a collective with the dead node's.
+	ev.PlannedUnixNano = c.cfg.Clock.Now().UnixNano()
+	aborted := plan.Step
+	c.gangOrders(job, coordpb.OrderKind_ORDER_KIND_ABORT, aborted, ev.Reason)
+	plan, stage, err := c.restore(ctx, job, -1, placement, plan)
+	if err != nil {
+		c.failRegang(ev, err)
+		return
+	}
+	c.regang(ctx, plan, stage, aborted, placement, ev)
 }
 
 // failRegang tells the job's watchers that its re-gang failed, and why.
@@ -160,27 +172,25 @@ func (c *Coordinator) failRegang(ev *coordpb.JobEvent, err error) {
 	c.watchers.publish(ev)
 }
 
-// regang moves the job onto placement at the plan's step, restores every
-// rank's shard onto its node, and then tells the job's watchers (ev) to
+// regang switches the job to the plan's step, whose every rank's shard
+// the restore staged on its node (stage, empty when the restore failed),
+// moves the job onto placement, and then tells the job's watchers (ev) to
 // restart its ranks there; the ranks still running are told their gang is
-// broken until then. It reports whether the job was re-ganged. The
-// caller holds the job's lock.
-func (c *Coordinator) regang(ctx context.Context, plan *coordpb.PlanRestoreResponse, placement map[uint32]string, ev *coordpb.JobEvent) bool {
+// broken first (again when aborted, the step an earlier abort named, is
+// not the plan's). It reports whether the job was re-ganged. The caller
+// holds the job's lock.
+func (c *Coordinator) regang(ctx context.Context, plan *coordpb.PlanRestoreResponse, stage string, aborted int64, placement map[uint32]string, ev *coordpb.JobEvent) bool {
 	job := plan.Job
 	if ev.Sources == nil {
 		ev.Sources = map[string]uint32{}
 	}
-	ev.Step, ev.Placement, ev.PlannedUnixNano = plan.Step, placement, c.cfg.Clock.Now().UnixNano()
-	c.gangOrders(job, coordpb.OrderKind_ORDER_KIND_ABORT, plan.Step, ev.Reason)
-	dropped, err := c.moveJob(ctx, job, plan.Step, placement)
-	if err != nil {
-		c.failRegang(ev, err)
-		return false
+	ev.Step, ev.Placement, ev.Skipped = plan.Step, placement, plan.Skipped
+	if ev.PlannedUnixNano == 0 {
+		ev.PlannedUnixNano = c.cfg.Clock.Now().UnixNano()
 	}
-	// The steps listed before the abort (RestartJob's), which the aborted
-	// agents may have discarded already, and those deleted here.
-	plan.DroppedSteps = slices.Compact(slices.Sorted(slices.Values(append(plan.DroppedSteps, dropped...))))
-	c.Restore(ctx, plan, ev.Reason)
+	if len(plan.Skipped) > 0 {
+		c.log.Warn("restore passed over steps that cannot be restored whole", "job", job, "step", plan.Step, "skipped", skippedText(plan.Skipped))
+	}
 	ev.RestoredUnixNano = c.cfg.Clock.Now().UnixNano()
 	var problems []string
 	for _, rp := range plan.Ranks {
@@ -189,15 +199,35 @@ func (c *Coordinator) regang(ctx context.Context, plan *coordpb.PlanRestoreRespo
 		if kind == "shm" && !strings.HasSuffix(rp.Used, ":"+rp.TargetNode) {
 			kind = "shm:peer"
 		}
-		ev.Sources[kind]++
+		if rp.Used != "" {
+			ev.Sources[kind]++
+		}
 		if rp.Error != "" {
 			problems = append(problems, fmt.Sprintf("rank %d: %s", rp.Rank, rp.Error))
 		}
 	}
-	if len(problems) > 0 {
-		c.failRegang(ev, fmt.Errorf("coordinator: restore of %s step %d: %s", job, plan.Step, strings.Join(problems, "; ")))
+	if len(problems) > 0 || !plan.Ok {
+		c.failRegang(ev, fmt.Errorf("coordinator: restore of %s step %d (nothing switched to it): %s", job, plan.Step, strings.Join(problems, "; ")))
 		return false
 	}
+	if aborted != plan.Step {
+		c.gangOrders(job, coordpb.OrderKind_ORDER_KIND_ABORT, plan.Step, ev.Reason)
+	}
+	if err := c.finishStage(ctx, plan, stage, true); err != nil {
+		// The nodes that did switch hold one more copy of the step; those
+		// that did not free what they staged.
+		_ = c.finishStage(context.WithoutCancel(ctx), plan, stage, false)
+		c.failRegang(ev, fmt.Errorf("coordinator: switching the ranks of %s to step %d: %w", job, plan.Step, err))
+		return false
+	}
+	dropped, err := c.moveJob(ctx, job, plan.Step, placement)
+	if err != nil {
+		c.failRegang(ev, err)
+		return false
+	}
+	// The steps listed before the abort (RestartJob's), which the aborted
+	// agents may have discarded already, and those deleted here.
+	plan.DroppedSteps = slices.Compact(slices.Sorted(slices.Values(append(plan.DroppedSteps, dropped...))))
 	if err := c.cfg.Faults.Check(ctx, faultinject.CoordBeforeRegang); err != nil {
 		c.failRegang(ev, fmt.Errorf("coordinator: re-gang of %s step %d: %w", job, plan.Step, err))
 		return false
@@ -206,7 +236,7 @@ func (c *Coordinator) regang(ctx context.Context, plan *coordpb.PlanRestoreRespo
 	c.gangOrders(job, coordpb.OrderKind_ORDER_KIND_RESUME, plan.Step, "")
 	c.log.Info("job re-ganged", "job", job, "step", plan.Step, "node", ev.Node, "reason", ev.Reason,
 		"plan_ms", (ev.PlannedUnixNano-ev.DetectedUnixNano)/1e6, "restore_ms", (ev.RestoredUnixNano-ev.PlannedUnixNano)/1e6,
-		"bytes", ev.Bytes, "sources", fmt.Sprint(ev.Sources))
+		"bytes", ev.Bytes, "sources", fmt.Sprint(ev.Sources), "skipped", len(ev.Skipped))
 	c.watchers.publish(ev)
 	return true
 }

@@ -6,84 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
-	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/api/coordpb"
 )
 
-// maxRestoreCalls bounds the agents fetching at once during a restore.
-const maxRestoreCalls = 64
-
-// Restore runs a restore plan: the agent of each rank's node fetches the
-// rank's shard from its sources in the plan's order, verifying it and
-// falling back to the next source on any error. It fills in, per rank,
-// what served and what failed, and logs who asked.
-func (c *Coordinator) Restore(ctx context.Context, plan *coordpb.PlanRestoreResponse, who string) {
-	start := time.Now()
-	c.mu.Lock()
-	addrs := c.agentAddrsLocked()
-	c.mu.Unlock()
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, maxRestoreCalls)
-	for _, rp := range plan.Ranks {
-		wg.Go(func() {
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			c.restoreRank(ctx, plan, rp, addrs)
-		})
-	}
-	wg.Wait()
-	plan.Executed, plan.Ok, plan.Nanos = true, true, time.Since(start).Nanoseconds()
-	used := map[string]int{}
-	var bytes uint64
-	for _, rp := range plan.Ranks {
-		plan.Ok = plan.Ok && rp.Error == ""
-		used[rp.Used]++
-		bytes += rp.Bytes
-	}
-	c.log.Info("restore", "job", plan.Job, "step", plan.Step, "requested_by", who, "ok", plan.Ok,
-		"ranks", len(plan.Ranks), "bytes", bytes, "seconds", time.Since(start).Seconds(), "sources", fmt.Sprint(used))
-}
-
-func (c *Coordinator) restoreRank(ctx context.Context, plan *coordpb.PlanRestoreResponse, rp *coordpb.RankPlan, addrs map[string]string) {
-	start := time.Now()
-	defer func() { rp.Nanos = time.Since(start).Nanoseconds() }()
-	if rp.TargetNode == "" || len(rp.Sources) == 0 {
-		rp.Error = fmt.Sprintf("rank %d has no node to run on or no copy", rp.Rank)
-		return
-	}
-	if err := ctx.Err(); err != nil { // the request is over: start no more fetches
-		rp.Error = fmt.Sprintf("rank %d not restored: %v", rp.Rank, err)
-		return
-	}
-	req := &agentpb.FetchRequest{Job: plan.Job, Rank: rp.Rank, Step: plan.Step, WorldSize: uint32(len(plan.Ranks)),
-		SizeBytes: rp.Sources[0].SizeBytes, HeaderChecksum: rp.Sources[0].HeaderChecksum}
-	for _, s := range rp.Sources {
-		req.Sources = append(req.Sources, &agentpb.FetchSource{Tier: s.Tier, Node: s.Node, Addr: addrs[s.Node]})
-	}
-	err := c.agentCall(ctx, rp.TargetNode, func(ctx context.Context, a agentpb.AgentClient) error {
-		resp, err := a.Fetch(ctx, req)
-		if err != nil {
-			return err
-		}
-		rp.Used, rp.Bytes = resp.Tier, resp.SizeBytes
-		for _, f := range resp.Failed {
-			rp.Failed = append(rp.Failed, f.Tier+": "+f.Error)
-		}
-		return nil
-	})
-	if err != nil {
-		rp.Error = err.Error()
-	}
-}
-
 // PlanRestore returns, for every rank of a consistent step (the newest
 // restorable one when step < 0), where the rank runs and its copies,
-// cheapest first. Copies on nodes that are down are left out; the newest
-// restorable step is the newest consistent step whose every rank has a
-// copy that is not.
+// cheapest first. Copies on nodes that are down, and copies found
+// corrupt, are left out; the newest restorable step is the newest
+// consistent step whose every rank has a copy that is neither, and that
+// no restore found unrestorable (those it passes over are listed in the
+// plan's skipped).
 func (c *Coordinator) PlanRestore(ctx context.Context, job string, step int64) (*coordpb.PlanRestoreResponse, error) {
 	return c.plan(ctx, job, step, nil)
 }
@@ -91,14 +25,14 @@ func (c *Coordinator) PlanRestore(ctx context.Context, job string, step int64) (
 // plan is PlanRestore onto placement (rank -> node); nil keeps the job's.
 // The index is locked only to copy what the plan needs (view.go).
 func (c *Coordinator) plan(ctx context.Context, job string, step int64, placement map[uint32]string) (*coordpb.PlanRestoreResponse, error) {
-	v, nv, place, err := c.chooseStep(ctx, job, step, -1, placement == nil)
+	v, nv, place, skipped, err := c.chooseStep(ctx, job, step, -1, placement == nil)
 	if err != nil {
 		return nil, err
 	}
 	if placement == nil {
 		placement = place
 	}
-	plan := &coordpb.PlanRestoreResponse{Job: job, Step: v.Step, Ranks: make([]*coordpb.RankPlan, 0, v.WorldSize)}
+	plan := &coordpb.PlanRestoreResponse{Job: job, Step: v.Step, Ranks: make([]*coordpb.RankPlan, 0, v.WorldSize), Skipped: skipped}
 	cs := v.byRank()
 	i := 0
 	for r := range v.WorldSize {
@@ -117,68 +51,85 @@ func (c *Coordinator) plan(ctx context.Context, job string, step int64, placemen
 
 // chooseStep finds the step a restore of job uses (step, or the newest
 // restorable one when step < 0) and returns a copy of it, of the nodes'
-// state, and, with wantPlacement, of the job's placement. The index is
-// locked to copy, one step at a time; the O(world size) check that every
-// rank has a live copy runs outside it. rank >= 0 copies only that rank's
-// copies when no node is down (then every copy is live, and a consistent,
-// complete step is restorable as it stands).
-func (c *Coordinator) chooseStep(ctx context.Context, job string, step, rank int64, wantPlacement bool) (*stepView, nodeView, map[uint32]string, error) {
+// state, and, with wantPlacement, of the job's placement, and the newer
+// steps it passed over because a restore found them unrestorable. The
+// index is locked to copy, one step at a time; the O(world size) check
+// that every rank has a live copy runs outside it. rank >= 0 copies only
+// that rank's copies when no node is down (then every copy is live, and a
+// consistent, complete step is restorable as it stands).
+func (c *Coordinator) chooseStep(ctx context.Context, job string, step, rank int64, wantPlacement bool) (*stepView, nodeView, map[uint32]string, []*coordpb.UnrestorableStep, error) {
 	c.mu.Lock()
 	j := c.state.Jobs[job]
 	if j == nil {
 		c.mu.Unlock()
-		return nil, nodeView{}, nil, fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, job)
+		return nil, nodeView{}, nil, nil, fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, job)
 	}
 	latest := j.Latest
 	var candidates []int64 // newest first
+	var marked []*coordpb.UnrestorableStep
 	if step >= 0 {
 		candidates = []int64{step}
 	} else {
 		for n, st := range j.Steps {
-			if st.State == Consistent && st.complete() {
+			switch {
+			case st.State != Consistent:
+			case st.Unrestorable != nil:
+				marked = append(marked, st.Unrestorable.proto(n))
+			case !st.complete(): // some rank has no copy, or only corrupt ones
+			default:
 				candidates = append(candidates, n)
 			}
 		}
 		slices.SortFunc(candidates, func(a, b int64) int { return cmp.Compare(b, a) })
+		slices.SortFunc(marked, func(a, b *coordpb.UnrestorableStep) int { return cmp.Compare(b.Step, a.Step) })
 	}
 	nv := c.viewNodes()
 	c.mu.Unlock()
+	newer := func(than int64) []*coordpb.UnrestorableStep {
+		return slices.DeleteFunc(slices.Clone(marked), func(u *coordpb.UnrestorableStep) bool { return u.Step <= than })
+	}
 	var placement map[uint32]string
 	if wantPlacement {
 		var err error
 		if placement, err = c.viewPlacement(ctx, job); err != nil {
-			return nil, nodeView{}, nil, err
+			return nil, nodeView{}, nil, nil, err
 		}
 	}
 	for _, n := range candidates {
 		if err := ctx.Err(); err != nil {
-			return nil, nodeView{}, nil, fmt.Errorf("coordinator: planning a restore of job %s: %w", job, err)
+			return nil, nodeView{}, nil, nil, fmt.Errorf("coordinator: planning a restore of job %s: %w", job, err)
 		}
 		r := rank
 		if len(nv.down) > 0 { // every rank's copies, to see which are live
 			r = -1
 		}
-		v, err := c.view(ctx, job, n, r, func(st *Step) bool { return st.State == Consistent && st.complete() })
+		v, err := c.view(ctx, job, n, r, func(st *Step) bool {
+			return st.State == Consistent && st.complete() && (step >= 0 || st.Unrestorable == nil)
+		})
 		switch {
 		case errors.Is(err, ErrNotFound): // gone since
 			continue
 		case err != nil:
-			return nil, nodeView{}, nil, err
-		case v == nil: // no longer consistent and complete
+			return nil, nodeView{}, nil, nil, err
+		case v == nil: // no longer consistent and complete, or found unrestorable meanwhile
 			continue
 		}
 		ok, err := v.restorable(ctx, nv)
 		if err != nil {
-			return nil, nodeView{}, nil, fmt.Errorf("coordinator: planning a restore of job %s: %w", job, err)
+			return nil, nodeView{}, nil, nil, fmt.Errorf("coordinator: planning a restore of job %s: %w", job, err)
 		}
 		if ok {
-			return v, nv, placement, nil
+			return v, nv, placement, newer(v.Step), nil
 		}
 	}
-	if step < 0 {
-		return nil, nodeView{}, nil, fmt.Errorf("%w: coordinator: job %s has no consistent step with a live copy of every rank", ErrNotFound, job)
+	if step < 0 && len(marked) > 0 {
+		return nil, nodeView{}, nil, nil, fmt.Errorf("%w: coordinator: job %s has no restorable step: no consistent step with a live copy of every rank (none found corrupt) but those passed over as found unrestorable: %s",
+			ErrNotFound, job, skippedText(marked))
 	}
-	return nil, nodeView{}, nil, fmt.Errorf("%w: coordinator: job %s step %d is not restorable (not consistent, or some rank has no copy on a live node); the latest consistent step is %d",
+	if step < 0 {
+		return nil, nodeView{}, nil, nil, fmt.Errorf("%w: coordinator: job %s has no consistent step with a live copy of every rank (none found corrupt)", ErrNotFound, job)
+	}
+	return nil, nodeView{}, nil, nil, fmt.Errorf("%w: coordinator: job %s step %d is not restorable (not consistent, or some rank has no copy on a live node that is not corrupt); the latest consistent step is %d",
 		ErrRefused, job, step, latest)
 }
 
@@ -198,7 +149,7 @@ func (c *Coordinator) RankSources(ctx context.Context, job string, step int64, r
 	}
 	addrs := c.agentAddrsLocked()
 	c.mu.Unlock()
-	v, nv, _, err := c.chooseStep(ctx, job, step, int64(rank), false)
+	v, nv, _, _, err := c.chooseStep(ctx, job, step, int64(rank), false)
 	if err != nil {
 		return nil, err
 	}
@@ -231,4 +182,42 @@ func (c *Coordinator) agentAddrsLocked() map[string]string {
 		addrs[n.Name] = n.Addr
 	}
 	return addrs
+}
+
+// Restore restores step of job (the newest restorable one when step < 0,
+// falling back past steps that cannot be restored whole: stage.go) into
+// the memory of the nodes its ranks run on, without restarting them:
+// every rank is staged, then all are switched at once, or none is. The
+// plan says, per rank, what served and what failed, and which steps were
+// passed over; the restore is logged with who asked.
+func (c *Coordinator) Restore(ctx context.Context, job string, step int64, who string) (*coordpb.PlanRestoreResponse, error) {
+	lock := c.jobLock(job)
+	lock.Lock()
+	defer lock.Unlock()
+	plan, stage, err := c.restore(ctx, job, step, nil, nil)
+	if err != nil {
+		c.log.Warn("restore", "job", job, "step", step, "requested_by", who, "ok", false, "err", err)
+		return nil, err
+	}
+	if plan.Ok {
+		if failed := c.finishOn(ctx, plan, stage, true); len(failed) > 0 {
+			// The nodes that did switch hold one more copy of the step.
+			_ = c.finishStage(context.WithoutCancel(ctx), plan, stage, false)
+			plan.Ok = false
+			for _, rp := range plan.Ranks {
+				if err := failed[rp.TargetNode]; err != nil {
+					rp.Error = "switching to the staged shard: " + err.Error()
+				}
+			}
+		}
+	}
+	used := map[string]int{}
+	var bytes uint64
+	for _, rp := range plan.Ranks {
+		used[rp.Used]++
+		bytes += rp.Bytes
+	}
+	c.log.Info("restore", "job", plan.Job, "step", plan.Step, "requested_by", who, "ok", plan.Ok, "ranks", len(plan.Ranks),
+		"bytes", bytes, "seconds", time.Duration(plan.Nanos).Seconds(), "sources", fmt.Sprint(used), "skipped", skippedText(plan.Skipped))
+	return plan, nil
 }

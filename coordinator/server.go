@@ -240,14 +240,15 @@ func (s *server) PlanRestore(ctx context.Context, req *coordpb.PlanRestoreReques
 		}
 		return plan, nil
 	}
+	if !req.DryRun {
+		plan, err := s.c.Restore(ctx, req.Job, req.Step, who)
+		return plan, toStatus(err)
+	}
 	plan, err := s.c.PlanRestore(ctx, req.Job, req.Step)
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	s.c.log.Info("restore plan", "job", req.Job, "step", plan.Step, "dry_run", req.DryRun, "requested_by", who, "ranks", len(plan.Ranks))
-	if !req.DryRun {
-		s.c.Restore(ctx, plan, who)
-	}
 	return plan, nil
 }
 

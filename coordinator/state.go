@@ -29,8 +29,9 @@ const (
 )
 
 // CopyState is where a copy of a rank's shard stands, as agents report
-// it (the labels of coordpb.CopyState): only a committed copy is in the
-// index; a report of a deleted or corrupt one removes it.
+// it (the labels of coordpb.CopyState): a committed copy is a restore
+// source; a corrupt one is kept apart (Step.Bad) until it is deleted or
+// found whole again; a report of a deleted one removes it.
 type CopyState string
 
 // The copy states.
@@ -68,6 +69,13 @@ type Step struct {
 	State        StepState
 	ConsistentAt time.Time
 	Copies       map[uint32][]*Copy // by rank; a rank without copies has no entry
+	// Bad holds the copies found corrupt (unrestorable.go), by rank: shown,
+	// never planned from, gone when deleted or re-committed.
+	Bad map[uint32][]*Copy
+	// Unrestorable is set when a restore could not bring the step back
+	// whole (unrestorable.go): an automatic choice of step skips it, and
+	// it is never the job's latest consistent step.
+	Unrestorable *Unrestorable
 	// safe counts the ranks whose copies in memory outlive the loss of
 	// any one node (see survives); derived from Copies, kept as they
 	// change.
@@ -107,18 +115,26 @@ func (s *Step) noteSafe(was, now bool) {
 // the loss of any one node: consistent, and every rank's copies in memory
 // survive it.
 func (s *Step) protectable() bool {
-	return s.State == Consistent && s.complete() && s.safe == s.WorldSize
+	return s.usable() && s.safe == s.WorldSize
 }
 
-// complete reports whether every rank has at least one copy.
+// complete reports whether every rank has at least one copy (not one
+// found corrupt).
 func (s *Step) complete() bool { return uint32(len(s.Copies)) == s.WorldSize }
+
+// usable reports whether the step can be the job's latest consistent
+// step: consistent, every rank with a good copy, and not found
+// unrestorable.
+func (s *Step) usable() bool {
+	return s.State == Consistent && s.complete() && s.Unrestorable == nil
+}
 
 // Job is a job known to the coordinator.
 type Job struct {
 	ID        string
 	WorldSize uint32
 	Placement map[uint32]string // rank -> node
-	Latest    int64             // latest consistent step with every rank's copy present; -1 if none
+	Latest    int64             // latest usable step (Step.usable); -1 if none
 	// Protected is the newest consistent step that memory keeps through
 	// the loss of any one node (every rank's shard in the memory of two
 	// nodes); -1 if none. Agents keep it beside Latest, so that a node
@@ -323,6 +339,15 @@ func (s *State) commit(j *Job, rec Record, ch *Changes) {
 	st.Copies[rec.Rank] = append(others, c)
 	st.noteSafe(was, survives(st.Copies[rec.Rank]))
 	ch.Copies = append(ch.Copies, CopyKey{Job: j.ID, Step: rec.Step, Rank: rec.Rank, Node: rec.Node, Tier: tier, Copy: c})
+	// A copy found corrupt here before is replaced (its key now holds the
+	// good one), and a new copy of a rank that made the step unrestorable
+	// is worth trying again.
+	st.dropBad(rec.Rank, func(b *Copy) bool { return b.Node == rec.Node && b.Tier == tier })
+	if st.Unrestorable.names(rec.Rank) {
+		st.Unrestorable = nil
+		ch.Steps = append(ch.Steps, st)
+		ch.Sync = true
+	}
 	if st.State != Consistent && st.complete() {
 		st.State, st.ConsistentAt = Consistent, s.now()
 		ch.Steps = append(ch.Steps, st)
@@ -335,7 +360,7 @@ func (s *State) commit(j *Job, rec Record, ch *Changes) {
 			s.abandon(j, rec.Rank, rec.Step, ch)
 		}
 	}
-	if st.State == Consistent && st.Step > j.Latest && st.complete() {
+	if st.usable() && st.Step > j.Latest {
 		j.Latest = st.Step
 		ch.Jobs = append(ch.Jobs, j)
 		ch.Sync = true
@@ -362,9 +387,11 @@ func (s *State) abandon(j *Job, rank uint32, step int64, ch *Changes) {
 // leave the index (agents still holding them are refused if they report
 // them again, as for any report of the old size on the new step).
 func (s *State) supersede(j *Job, st *Step, ch *Changes) {
-	for rank, cs := range st.Copies {
-		for _, c := range cs {
-			ch.Copies = append(ch.Copies, CopyKey{Job: j.ID, Step: st.Step, Rank: rank, Node: c.Node, Tier: c.Tier})
+	for _, m := range []map[uint32][]*Copy{st.Copies, st.Bad} {
+		for rank, cs := range m {
+			for _, c := range cs {
+				ch.Copies = append(ch.Copies, CopyKey{Job: j.ID, Step: st.Step, Rank: rank, Node: c.Node, Tier: c.Tier})
+			}
 		}
 	}
 	delete(j.Steps, st.Step)
@@ -379,31 +406,49 @@ func (s *State) remove(j *Job, rec Record, ch *Changes) {
 		return
 	}
 	tier := rec.tier()
-	before, was := len(st.Copies[rec.Rank]), survives(st.Copies[rec.Rank])
 	// A deletion that names a checksum removes only that copy: a rank
 	// that saved the same step twice (a retried save) has its newer copy
 	// recorded, and giving up the slot of the older one leaves it. A
-	// corrupt copy goes whatever its checksum.
-	st.Copies[rec.Rank] = slices.DeleteFunc(st.Copies[rec.Rank], func(c *Copy) bool {
+	// corrupt copy is found so whatever its checksum, and kept apart.
+	match := func(c *Copy) bool {
 		return c.Node == rec.Node && c.Tier == tier && (rec.State != CopyDeleted || rec.Sum == "" || c.Sum == rec.Sum)
-	})
-	if len(st.Copies[rec.Rank]) == before {
-		return
 	}
-	st.noteSafe(was, survives(st.Copies[rec.Rank]))
-	if len(st.Copies[rec.Rank]) == 0 {
-		delete(st.Copies, rec.Rank)
+	key := CopyKey{Job: j.ID, Step: rec.Step, Rank: rec.Rank, Node: rec.Node, Tier: tier}
+	if rec.State == CopyDeleted && st.dropBad(rec.Rank, match) {
+		ch.Copies = append(ch.Copies, key)
 	}
-	ch.Copies = append(ch.Copies, CopyKey{Job: j.ID, Step: rec.Step, Rank: rec.Rank, Node: rec.Node, Tier: tier})
-	if len(st.Copies) == 0 {
+	was := survives(st.Copies[rec.Rank])
+	var gone []*Copy
+	if cs, ok := st.Copies[rec.Rank]; ok { // never an entry for a rank without copies
+		st.Copies[rec.Rank] = slices.DeleteFunc(cs, func(c *Copy) bool {
+			if match(c) {
+				gone = append(gone, c)
+			}
+			return match(c)
+		})
+	}
+	if len(gone) > 0 {
+		st.noteSafe(was, survives(st.Copies[rec.Rank]))
+		if len(st.Copies[rec.Rank]) == 0 {
+			delete(st.Copies, rec.Rank)
+		}
+		if rec.State == CopyCorrupt {
+			key.Copy = st.addBad(gone[len(gone)-1])
+		}
+		ch.Copies = append(ch.Copies, key)
+	}
+	if len(st.Copies) == 0 && len(st.Bad) == 0 {
 		delete(j.Steps, rec.Step)
 		ch.Steps = slices.DeleteFunc(ch.Steps, func(x *Step) bool { return x == st })
 		ch.Dropped = append(ch.Dropped, StepKey{j.ID, rec.Step})
 	}
-	// Latest is the newest consistent step with every rank's copy: losing
-	// a copy of any other step cannot change it (a newer step is not
-	// consistent and complete, an older one is not the newest), so only
-	// a copy of the latest step costs a scan of the job's steps.
+	if len(gone) == 0 {
+		return
+	}
+	// Latest is the newest usable step: losing a copy of any other step
+	// cannot change it (a newer step is not usable, an older one is not
+	// the newest), so only a copy of the latest step costs a scan of the
+	// job's steps.
 	if rec.Step == j.Latest {
 		s.updateLatest(j, ch)
 	} else if rec.Step == j.Protected {
@@ -411,12 +456,11 @@ func (s *State) remove(j *Job, rec Record, ch *Changes) {
 	}
 }
 
-// updateLatest recomputes the newest consistent step whose every rank
-// still has a copy.
+// updateLatest recomputes the newest usable step (Step.usable).
 func (s *State) updateLatest(j *Job, ch *Changes) {
 	latest := int64(-1)
 	for _, st := range j.Steps {
-		if st.State == Consistent && st.Step > latest && st.complete() {
+		if st.usable() && st.Step > latest {
 			latest = st.Step
 		}
 	}
@@ -470,8 +514,8 @@ func (j *Job) SortedSteps() []*Step {
 
 // Reconcile makes an agent's inventory the truth about the copies in its
 // node's shared memory: a copy the index holds on node that the inventory
-// lacks (deleted or found corrupt while the coordinator was not told) is
-// removed.
+// lacks (deleted or found corrupt while the coordinator was not told), or
+// one it holds as corrupt, is removed.
 func (s *State) Reconcile(node string, inventory []Record, ch *Changes) {
 	type key struct {
 		job  string
@@ -485,10 +529,14 @@ func (s *State) Reconcile(node string, inventory []Record, ch *Changes) {
 	var gone []Record
 	for _, j := range s.Jobs {
 		for _, st := range j.Steps {
-			for rank, cs := range st.Copies {
-				for _, c := range cs {
-					if c.Node == node && c.Tier == "shm" && !have[key{j.ID, st.Step, rank}] {
-						gone = append(gone, Record{Job: j.ID, Step: st.Step, Rank: rank, WorldSize: st.WorldSize, Node: node, State: CopyDeleted})
+			// A copy found corrupt is not in the inventory (which lists
+			// committed shards): the agent's own listing shows it.
+			for _, m := range []map[uint32][]*Copy{st.Copies, st.Bad} {
+				for rank, cs := range m {
+					for _, c := range cs {
+						if c.Node == node && c.Tier == "shm" && !have[key{j.ID, st.Step, rank}] {
+							gone = append(gone, Record{Job: j.ID, Step: st.Step, Rank: rank, WorldSize: st.WorldSize, Node: node, State: CopyDeleted})
+						}
 					}
 				}
 			}

@@ -146,6 +146,18 @@ func showJob(j *Job) string {
 		}
 		sort.Strings(rs)
 		fmt.Fprintf(&b, "\n  step %d ws=%d %s ranks=%d/%d [%s]", st.Step, st.WorldSize, st.State, len(st.Copies), st.WorldSize, strings.Join(rs, " "))
+		var bad []string
+		for r, cs := range st.Bad {
+			for _, c := range cs {
+				bad = append(bad, fmt.Sprintf("%d@%s:%s", r, c.Tier, c.Node))
+			}
+		}
+		if sort.Strings(bad); len(bad) > 0 {
+			fmt.Fprintf(&b, " corrupt=[%s]", strings.Join(bad, " "))
+		}
+		if st.Unrestorable != nil {
+			fmt.Fprintf(&b, " unrestorable=(%s)", st.Unrestorable)
+		}
 	}
 	return b.String()
 }

@@ -45,9 +45,10 @@ type jobRecord struct {
 }
 
 type stepRecord struct {
-	WorldSize    uint32    `json:"world_size"`
-	State        StepState `json:"state"`
-	ConsistentAt time.Time `json:"consistent_at,omitzero"`
+	WorldSize    uint32        `json:"world_size"`
+	State        StepState     `json:"state"`
+	ConsistentAt time.Time     `json:"consistent_at,omitzero"`
+	Unrestorable *Unrestorable `json:"unrestorable,omitempty"`
 }
 
 // OpenStore opens (or creates) the store in dir.
@@ -135,7 +136,8 @@ func (s *Store) Write(ch *Changes) error {
 		}
 	}
 	for _, st := range ch.Steps {
-		if err := put(stepKey(st.Job, st.Step), stepRecord{WorldSize: st.WorldSize, State: st.State, ConsistentAt: st.ConsistentAt}); err != nil {
+		if err := put(stepKey(st.Job, st.Step), stepRecord{WorldSize: st.WorldSize, State: st.State, ConsistentAt: st.ConsistentAt,
+			Unrestorable: st.Unrestorable}); err != nil {
 			return err
 		}
 	}
@@ -204,9 +206,11 @@ func (s *Store) Load(st *State) error {
 			st.noteNode(n, j.ID)
 		}
 		for _, stp := range j.Steps {
-			for _, cs := range stp.Copies {
-				for _, c := range cs {
-					st.noteNode(c.Node, j.ID)
+			for _, m := range []map[uint32][]*Copy{stp.Copies, stp.Bad} {
+				for _, cs := range m {
+					for _, c := range cs {
+						st.noteNode(c.Node, j.ID)
+					}
 				}
 			}
 			stp.safe = 0
@@ -257,7 +261,7 @@ func (st *State) loadKey(key string, val []byte) error {
 			return err
 		}
 		stp := st.step(job, step)
-		stp.WorldSize, stp.State, stp.ConsistentAt = r.WorldSize, r.State, r.ConsistentAt
+		stp.WorldSize, stp.State, stp.ConsistentAt, stp.Unrestorable = r.WorldSize, r.State, r.ConsistentAt, r.Unrestorable
 	case "copy":
 		parts := strings.SplitN(rest, "/", 5)
 		if len(parts) != 5 {
@@ -271,6 +275,10 @@ func (st *State) loadKey(key string, val []byte) error {
 		}
 		c.Rank, c.Tier, c.Node = uint32(rank), parts[3], parts[4]
 		stp := st.step(parts[0], step)
+		if c.State == CopyCorrupt {
+			stp.addBad(c)
+			break
+		}
 		stp.Copies[c.Rank] = append(stp.Copies[c.Rank], c)
 	}
 	return nil

@@ -51,6 +51,13 @@ func TestStoreRoundTrip(t *testing.T) {
 	write(func(ch *Changes) error {
 		return s.Apply(Record{Job: "job-a", Step: 1, Rank: 0, WorldSize: 3, Node: "n0", State: "deleted"}, ch)
 	})
+	// A copy found corrupt, and the step a restore found unrestorable.
+	write(func(ch *Changes) error {
+		return s.Apply(Record{Job: "job-a", Step: 1, Rank: 1, WorldSize: 3, Node: "n1", State: "corrupt"}, ch)
+	})
+	write(func(ch *Changes) error {
+		return s.MarkUnrestorable("job-a", 1, &Unrestorable{At: now(), Ranks: []RankFailure{{Rank: 1, Copies: []CopyFailure{{Copy: "shm:n1", Error: "checksum", Corrupt: true}}}}}, ch)
+	})
 	if err := st.PutNode(&NodeInfo{Name: "n0", Addr: "n0:7070", FailureDomain: "rack-1"}); err != nil {
 		t.Fatal(err)
 	}

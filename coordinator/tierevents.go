@@ -214,7 +214,9 @@ func (t *tiering) pendingOrders(tc *tierCopy) int {
 }
 
 // retain removes the tier's copies of job that the policy no longer keeps:
-// never the latest consistent step, never the tier's newest copy.
+// never the latest consistent step, never the tier's newest copy. A copy
+// with a shard found corrupt is not counted among those kept, and goes
+// unless its step is the latest consistent one.
 func (t *tiering) retain(job, tier string) {
 	keep := -1
 	for _, tp := range t.policy(job).Tiers {
@@ -223,15 +225,17 @@ func (t *tiering) retain(job, tier string) {
 		}
 	}
 	var durable []int64
-	var deleting []*tierCopy
+	var deleting, corrupt []*tierCopy
 	for _, tc := range t.copies {
 		if tc.Job != job || tc.Tier != tier {
 			continue
 		}
-		switch tc.State {
-		case tcDurable:
+		switch {
+		case tc.State == tcDurable && len(tc.Corrupt) > 0: // not kept, not counted as kept
+			corrupt = append(corrupt, tc)
+		case tc.State == tcDurable:
 			durable = append(durable, tc.Step)
-		case tcDeleting:
+		case tc.State == tcDeleting:
 			deleting = append(deleting, tc)
 		}
 	}
@@ -245,8 +249,16 @@ func (t *tiering) retain(job, tier string) {
 		latest = j.Latest
 	}
 	t.c.mu.Unlock()
+	var drop []*tierCopy
 	for _, step := range tiers.Retain(durable, keep, latest) {
-		tc := t.copies[tierKey{job, step, tier}]
+		drop = append(drop, t.copies[tierKey{job, step, tier}])
+	}
+	for _, tc := range corrupt {
+		if tc.Step != latest { // its good shards may be what keeps the latest step restorable
+			drop = append(drop, tc)
+		}
+	}
+	for _, tc := range drop {
 		tc.State, tc.Error = tcDeleting, ""
 		// Out of the index first: from now on no restore plans on it.
 		if err := t.index(tc, CopyDeleted); err != nil {
@@ -262,13 +274,17 @@ func (t *tiering) retain(job, tier string) {
 }
 
 // index records a copy's shards in the index as restore sources
-// (CopyCommitted), or removes them (CopyDeleted).
+// (CopyCommitted; not a shard found corrupt), or removes them
+// (CopyDeleted).
 func (t *tiering) index(tc *tierCopy, state CopyState) error {
 	_, err := t.c.apply(func(ch *Changes) error {
 		var errs []error
 		for _, s := range tc.Shards {
 			if tc.copyNode(s.Rank) == "" {
 				continue // a rediscovered node-local copy whose other nodes have not been listed
+			}
+			if state == CopyCommitted && tc.Corrupt[s.Rank] != "" {
+				continue // it stays among the step's bad copies
 			}
 			rec := Record{Job: tc.Job, Step: tc.Step, Rank: s.Rank, WorldSize: tc.WorldSize, Node: tc.copyNode(s.Rank),
 				Tier: tc.Tier, Size: uint64(s.Size), Sum: s.HeaderChecksum, State: state}

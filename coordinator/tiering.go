@@ -69,8 +69,11 @@ type tierCopy struct {
 	Manifests map[string]bool    `json:"manifests"` // node -> manifest written (or asked)
 	Deletes   map[string]bool    `json:"deletes"`   // node -> deletion confirmed
 	Error     string             `json:"error,omitempty"`
-	Started   time.Time          `json:"started"`
-	Finished  time.Time          `json:"finished"`
+	// Corrupt: rank -> why, for shards of a durable copy found corrupt on
+	// a restore's fetch or by rewind verify (tiercorrupt.go).
+	Corrupt  map[uint32]string `json:"corrupt,omitempty"`
+	Started  time.Time         `json:"started"`
+	Finished time.Time         `json:"finished"`
 	// Rediscovered: rebuilt from manifests found on the tier, not made by
 	// this index (rediscover.go); a node-local copy gains the nodes whose
 	// manifests are found later.
@@ -88,6 +91,9 @@ func (tc *tierCopy) key() tierKey { return tierKey{tc.Job, tc.Step, tc.Tier} }
 func (tc *tierCopy) proto() *coordpb.TierCopy {
 	p := &coordpb.TierCopy{Tier: tc.Tier, State: tc.State.proto(), RanksDone: uint32(len(tc.Done)), Error: tc.Error,
 		StartedUnixNano: tc.Started.UnixNano()}
+	if tc.State == tcDurable && len(tc.Corrupt) > 0 {
+		p.State, p.Error = coordpb.TierCopyState_TIER_COPY_STATE_CORRUPT, tc.corruptText()
+	}
 	for _, n := range tc.Done {
 		p.BytesDone += n
 	}

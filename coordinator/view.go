@@ -45,6 +45,8 @@ type stepView struct {
 	ranks        uint32  // ranks with a copy
 	copies       []*Copy // grouped by rank, each rank's in the index's order
 	sorted       bool    // the groups are in rank order
+	bad          []*Copy // the copies found corrupt (few: copied in the first hold)
+	unrestorable *Unrestorable
 }
 
 // view copies job's step n out of the index, locking c.mu for at most
@@ -69,7 +71,13 @@ func (c *Coordinator) view(ctx context.Context, job string, n, rank int64, want 
 		c.mu.Unlock()
 		return nil, err
 	}
-	v := &stepView{Job: st.Job, Step: st.Step, WorldSize: st.WorldSize, State: st.State, ConsistentAt: st.ConsistentAt, ranks: uint32(len(st.Copies))}
+	v := &stepView{Job: st.Job, Step: st.Step, WorldSize: st.WorldSize, State: st.State, ConsistentAt: st.ConsistentAt, ranks: uint32(len(st.Copies)),
+		unrestorable: st.Unrestorable}
+	for r, cs := range st.Bad {
+		if rank < 0 || uint32(rank) == r {
+			v.bad = append(v.bad, cs...)
+		}
+	}
 	switch {
 	case rank >= 0:
 		v.copies, v.sorted = slices.Clone(st.Copies[uint32(rank)]), true
@@ -117,13 +125,21 @@ func (v *stepView) byRank() []*Copy {
 // complete reports whether every rank has a copy.
 func (v *stepView) complete() bool { return v.ranks == v.WorldSize }
 
-// proto returns the step as the API shows it, copies in rank order.
+// proto returns the step as the API shows it, copies in rank order (the
+// ones found corrupt among them, so marked).
 func (v *stepView) proto(ctx context.Context) (*coordpb.Step, error) {
 	p := &coordpb.Step{Job: v.Job, Step: v.Step, WorldSize: v.WorldSize, State: v.State.proto(), RanksCommitted: v.ranks}
 	if !v.ConsistentAt.IsZero() {
 		p.ConsistentUnixNano = v.ConsistentAt.UnixNano()
 	}
+	if v.unrestorable != nil {
+		p.Unrestorable = v.unrestorable.proto(v.Step)
+	}
 	cs := v.byRank()
+	if len(v.bad) > 0 {
+		cs = slices.Concat(cs, v.bad)
+		slices.SortStableFunc(cs, func(a, b *Copy) int { return cmp.Compare(a.Rank, b.Rank) })
+	}
 	p.Copies = make([]*coordpb.Copy, len(cs))
 	for i, cp := range cs {
 		if i%ctxEvery == 0 && ctx.Err() != nil {

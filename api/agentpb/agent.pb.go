@@ -24,6 +24,65 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// FetchFailure is why one source of a fetch did not serve.
+type FetchFailure int32
+
+const (
+	FetchFailure_FETCH_FAILURE_UNSPECIFIED FetchFailure = 0
+	// The source's bytes did not match their checksums, or are not the
+	// shard asked for: the copy is corrupt.
+	FetchFailure_FETCH_FAILURE_CORRUPT FetchFailure = 1
+	// The source could not be read: missing, unreachable, or not readable
+	// from this node (another node's NVMe).
+	FetchFailure_FETCH_FAILURE_UNAVAILABLE FetchFailure = 2
+	// This node could not take the shard (its memory budget or slots are
+	// full): not the source's fault, and no other source would do better.
+	FetchFailure_FETCH_FAILURE_NO_ROOM FetchFailure = 3
+)
+
+// Enum value maps for FetchFailure.
+var (
+	FetchFailure_name = map[int32]string{
+		0: "FETCH_FAILURE_UNSPECIFIED",
+		1: "FETCH_FAILURE_CORRUPT",
+		2: "FETCH_FAILURE_UNAVAILABLE",
+		3: "FETCH_FAILURE_NO_ROOM",
+	}
+	FetchFailure_value = map[string]int32{
+		"FETCH_FAILURE_UNSPECIFIED": 0,
+		"FETCH_FAILURE_CORRUPT":     1,
+		"FETCH_FAILURE_UNAVAILABLE": 2,
+		"FETCH_FAILURE_NO_ROOM":     3,
+	}
+)
+
+func (x FetchFailure) Enum() *FetchFailure {
+	p := new(FetchFailure)
+	*p = x
+	return p
+}
+
+func (x FetchFailure) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FetchFailure) Descriptor() protoreflect.EnumDescriptor {
+	return file_agent_proto_enumTypes[0].Descriptor()
+}
+
+func (FetchFailure) Type() protoreflect.EnumType {
+	return &file_agent_proto_enumTypes[0]
+}
+
+func (x FetchFailure) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FetchFailure.Descriptor instead.
+func (FetchFailure) EnumDescriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{0}
+}
+
 // ShardState is where a slot's shard stands.
 type ShardState int32
 
@@ -37,6 +96,9 @@ const (
 	ShardState_SHARD_STATE_CORRUPT ShardState = 3
 	// Holds nothing (its segment may stay mapped, for the next save).
 	ShardState_SHARD_STATE_FREE ShardState = 4
+	// Written and verified by a restore that has not switched yet: not
+	// served, not the rank's checkpoint (FinishRestore).
+	ShardState_SHARD_STATE_STAGED ShardState = 5
 )
 
 // Enum value maps for ShardState.
@@ -47,6 +109,7 @@ var (
 		2: "SHARD_STATE_WRITING",
 		3: "SHARD_STATE_CORRUPT",
 		4: "SHARD_STATE_FREE",
+		5: "SHARD_STATE_STAGED",
 	}
 	ShardState_value = map[string]int32{
 		"SHARD_STATE_UNSPECIFIED": 0,
@@ -54,6 +117,7 @@ var (
 		"SHARD_STATE_WRITING":     2,
 		"SHARD_STATE_CORRUPT":     3,
 		"SHARD_STATE_FREE":        4,
+		"SHARD_STATE_STAGED":      5,
 	}
 )
 
@@ -68,11 +132,11 @@ func (x ShardState) String() string {
 }
 
 func (ShardState) Descriptor() protoreflect.EnumDescriptor {
-	return file_agent_proto_enumTypes[0].Descriptor()
+	return file_agent_proto_enumTypes[1].Descriptor()
 }
 
 func (ShardState) Type() protoreflect.EnumType {
-	return &file_agent_proto_enumTypes[0]
+	return &file_agent_proto_enumTypes[1]
 }
 
 func (x ShardState) Number() protoreflect.EnumNumber {
@@ -81,7 +145,7 @@ func (x ShardState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ShardState.Descriptor instead.
 func (ShardState) EnumDescriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{0}
+	return file_agent_proto_rawDescGZIP(), []int{1}
 }
 
 type TierCopiesRequest struct {
@@ -473,8 +537,15 @@ type FetchRequest struct {
 	WorldSize      uint32         `protobuf:"varint,6,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
 	SizeBytes      uint64         `protobuf:"varint,7,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	HeaderChecksum string         `protobuf:"bytes,8,opt,name=header_checksum,json=headerChecksum,proto3" json:"header_checksum,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// With sources: the restore this fetch is part of. The shard is staged
+	// for it: written into a fresh slot (never the rank's latest checkpoint
+	// nor a step the job's pins hold) and verified, but neither served nor
+	// reported until FinishRestore commits it. A fetch that no source serves
+	// is then an answer, not an error: tier is empty and failed names every
+	// source tried.
+	Stage         string `protobuf:"bytes,9,opt,name=stage,proto3" json:"stage,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *FetchRequest) Reset() {
@@ -563,6 +634,13 @@ func (x *FetchRequest) GetHeaderChecksum() string {
 	return ""
 }
 
+func (x *FetchRequest) GetStage() string {
+	if x != nil {
+		return x.Stage
+	}
+	return ""
+}
+
 type FetchSource struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// "shm" (a node's shared memory), "nvme", "pfs" or "s3".
@@ -627,9 +705,11 @@ func (x *FetchSource) GetAddr() string {
 }
 
 type FetchAttempt struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Tier          string                 `protobuf:"bytes,1,opt,name=tier,proto3" json:"tier,omitempty"`
-	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The source, "tier:node" ("tier" alone for a fetch by tier names).
+	Tier          string       `protobuf:"bytes,1,opt,name=tier,proto3" json:"tier,omitempty"`
+	Error         string       `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	Failure       FetchFailure `protobuf:"varint,3,opt,name=failure,proto3,enum=rewind.agent.v1.FetchFailure" json:"failure,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -678,13 +758,24 @@ func (x *FetchAttempt) GetError() string {
 	return ""
 }
 
+func (x *FetchAttempt) GetFailure() FetchFailure {
+	if x != nil {
+		return x.Failure
+	}
+	return FetchFailure_FETCH_FAILURE_UNSPECIFIED
+}
+
 type FetchResponse struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	Step      int64                  `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
-	Tier      string                 `protobuf:"bytes,2,opt,name=tier,proto3" json:"tier,omitempty"`
-	SizeBytes uint64                 `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Step  int64                  `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
+	// The source that served; empty when none did (a staged fetch only).
+	Tier      string `protobuf:"bytes,2,opt,name=tier,proto3" json:"tier,omitempty"`
+	SizeBytes uint64 `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	// The tiers tried before the one that served, and why each failed.
-	Failed        []*FetchAttempt `protobuf:"bytes,4,rep,name=failed,proto3" json:"failed,omitempty"`
+	Failed []*FetchAttempt `protobuf:"bytes,4,rep,name=failed,proto3" json:"failed,omitempty"`
+	// A slot was staged for the request's stage; false when the node held
+	// the shard committed already (nothing to switch).
+	Staged        bool `protobuf:"varint,5,opt,name=staged,proto3" json:"staged,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -747,6 +838,120 @@ func (x *FetchResponse) GetFailed() []*FetchAttempt {
 	return nil
 }
 
+func (x *FetchResponse) GetStaged() bool {
+	if x != nil {
+		return x.Staged
+	}
+	return false
+}
+
+type FinishRestoreRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Job   string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	// The stage of the restore's fetches (FetchRequest.stage).
+	Stage string `protobuf:"bytes,2,opt,name=stage,proto3" json:"stage,omitempty"`
+	// Commit the staged shards; false frees them.
+	Commit        bool `protobuf:"varint,3,opt,name=commit,proto3" json:"commit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FinishRestoreRequest) Reset() {
+	*x = FinishRestoreRequest{}
+	mi := &file_agent_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FinishRestoreRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FinishRestoreRequest) ProtoMessage() {}
+
+func (x *FinishRestoreRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FinishRestoreRequest.ProtoReflect.Descriptor instead.
+func (*FinishRestoreRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *FinishRestoreRequest) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *FinishRestoreRequest) GetStage() string {
+	if x != nil {
+		return x.Stage
+	}
+	return ""
+}
+
+func (x *FinishRestoreRequest) GetCommit() bool {
+	if x != nil {
+		return x.Commit
+	}
+	return false
+}
+
+type FinishRestoreResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Staged shards committed, or freed.
+	Shards        uint32 `protobuf:"varint,1,opt,name=shards,proto3" json:"shards,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FinishRestoreResponse) Reset() {
+	*x = FinishRestoreResponse{}
+	mi := &file_agent_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FinishRestoreResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FinishRestoreResponse) ProtoMessage() {}
+
+func (x *FinishRestoreResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FinishRestoreResponse.ProtoReflect.Descriptor instead.
+func (*FinishRestoreResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *FinishRestoreResponse) GetShards() uint32 {
+	if x != nil {
+		return x.Shards
+	}
+	return 0
+}
+
 type ConsistentRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
@@ -756,7 +961,7 @@ type ConsistentRequest struct {
 
 func (x *ConsistentRequest) Reset() {
 	*x = ConsistentRequest{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -768,7 +973,7 @@ func (x *ConsistentRequest) String() string {
 func (*ConsistentRequest) ProtoMessage() {}
 
 func (x *ConsistentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -781,7 +986,7 @@ func (x *ConsistentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsistentRequest.ProtoReflect.Descriptor instead.
 func (*ConsistentRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ConsistentRequest) GetJob() string {
@@ -802,7 +1007,7 @@ type ConsistentResponse struct {
 
 func (x *ConsistentResponse) Reset() {
 	*x = ConsistentResponse{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -814,7 +1019,7 @@ func (x *ConsistentResponse) String() string {
 func (*ConsistentResponse) ProtoMessage() {}
 
 func (x *ConsistentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -827,7 +1032,7 @@ func (x *ConsistentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsistentResponse.ProtoReflect.Descriptor instead.
 func (*ConsistentResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ConsistentResponse) GetStep() int64 {
@@ -858,7 +1063,7 @@ type PrepareRequest struct {
 
 func (x *PrepareRequest) Reset() {
 	*x = PrepareRequest{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -870,7 +1075,7 @@ func (x *PrepareRequest) String() string {
 func (*PrepareRequest) ProtoMessage() {}
 
 func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -883,7 +1088,7 @@ func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRequest.ProtoReflect.Descriptor instead.
 func (*PrepareRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PrepareRequest) GetJob() string {
@@ -937,7 +1142,7 @@ type PrepareResponse struct {
 
 func (x *PrepareResponse) Reset() {
 	*x = PrepareResponse{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -949,7 +1154,7 @@ func (x *PrepareResponse) String() string {
 func (*PrepareResponse) ProtoMessage() {}
 
 func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -962,7 +1167,7 @@ func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareResponse.ProtoReflect.Descriptor instead.
 func (*PrepareResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PrepareResponse) GetSlot() uint32 {
@@ -1015,7 +1220,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1027,7 +1232,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1040,7 +1245,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CommitRequest) GetJob() string {
@@ -1095,7 +1300,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1107,7 +1312,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1120,7 +1325,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CommitResponse) GetStep() int64 {
@@ -1150,7 +1355,7 @@ type OpenRequest struct {
 
 func (x *OpenRequest) Reset() {
 	*x = OpenRequest{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1162,7 +1367,7 @@ func (x *OpenRequest) String() string {
 func (*OpenRequest) ProtoMessage() {}
 
 func (x *OpenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1175,7 +1380,7 @@ func (x *OpenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
 func (*OpenRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *OpenRequest) GetJob() string {
@@ -1216,7 +1421,7 @@ type OpenResponse struct {
 
 func (x *OpenResponse) Reset() {
 	*x = OpenResponse{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1228,7 +1433,7 @@ func (x *OpenResponse) String() string {
 func (*OpenResponse) ProtoMessage() {}
 
 func (x *OpenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1241,7 +1446,7 @@ func (x *OpenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenResponse.ProtoReflect.Descriptor instead.
 func (*OpenResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *OpenResponse) GetShard() *Shard {
@@ -1267,7 +1472,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1279,7 +1484,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1292,7 +1497,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReleaseRequest) GetLease() uint64 {
@@ -1310,7 +1515,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1322,7 +1527,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1335,7 +1540,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 type ReadRequest struct {
@@ -1349,7 +1554,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1361,7 +1566,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1374,7 +1579,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReadRequest) GetJob() string {
@@ -1411,7 +1616,7 @@ type ReadChunk struct {
 
 func (x *ReadChunk) Reset() {
 	*x = ReadChunk{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1423,7 +1628,7 @@ func (x *ReadChunk) String() string {
 func (*ReadChunk) ProtoMessage() {}
 
 func (x *ReadChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1436,7 +1641,7 @@ func (x *ReadChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadChunk.ProtoReflect.Descriptor instead.
 func (*ReadChunk) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReadChunk) GetOffset() uint64 {
@@ -1470,7 +1675,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1482,7 +1687,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1495,7 +1700,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListRequest) GetJob() string {
@@ -1514,7 +1719,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1526,7 +1731,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1539,7 +1744,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListResponse) GetShards() []*Shard {
@@ -1574,7 +1779,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1586,7 +1791,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1599,7 +1804,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Shard) GetJob() string {
@@ -1716,7 +1921,7 @@ type VerifyRequest struct {
 
 func (x *VerifyRequest) Reset() {
 	*x = VerifyRequest{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1728,7 +1933,7 @@ func (x *VerifyRequest) String() string {
 func (*VerifyRequest) ProtoMessage() {}
 
 func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1741,7 +1946,7 @@ func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyRequest.ProtoReflect.Descriptor instead.
 func (*VerifyRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *VerifyRequest) GetJob() string {
@@ -1790,7 +1995,7 @@ type VerifyResponse struct {
 
 func (x *VerifyResponse) Reset() {
 	*x = VerifyResponse{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1802,7 +2007,7 @@ func (x *VerifyResponse) String() string {
 func (*VerifyResponse) ProtoMessage() {}
 
 func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1815,7 +2020,7 @@ func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyResponse.ProtoReflect.Descriptor instead.
 func (*VerifyResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *VerifyResponse) GetOk() bool {
@@ -1852,7 +2057,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1864,7 +2069,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1877,7 +2082,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DeleteRequest) GetJob() string {
@@ -1918,7 +2123,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1930,7 +2135,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1943,7 +2148,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DeleteResponse) GetDeleted() uint32 {
@@ -1968,7 +2173,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1980,7 +2185,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1993,7 +2198,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{30}
 }
 
 type StatusResponse struct {
@@ -2014,7 +2219,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2026,7 +2231,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2039,7 +2244,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -2146,7 +2351,7 @@ const file_agent_proto_rawDesc = "" +
 	"\tmanifests\x18\x04 \x01(\rR\tmanifests\x12\x18\n" +
 	"\askipped\x18\x05 \x01(\rR\askipped\x12\x1c\n" +
 	"\ttruncated\x18\x06 \x01(\bR\ttruncated\x12\x14\n" +
-	"\x05error\x18\a \x01(\tR\x05error\"\xfd\x01\n" +
+	"\x05error\x18\a \x01(\tR\x05error\"\x93\x02\n" +
 	"\fFetchRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\rR\x04rank\x12\x12\n" +
@@ -2157,20 +2362,29 @@ const file_agent_proto_rawDesc = "" +
 	"world_size\x18\x06 \x01(\rR\tworldSize\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\a \x01(\x04R\tsizeBytes\x12'\n" +
-	"\x0fheader_checksum\x18\b \x01(\tR\x0eheaderChecksum\"I\n" +
+	"\x0fheader_checksum\x18\b \x01(\tR\x0eheaderChecksum\x12\x14\n" +
+	"\x05stage\x18\t \x01(\tR\x05stage\"I\n" +
 	"\vFetchSource\x12\x12\n" +
 	"\x04tier\x18\x01 \x01(\tR\x04tier\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x12\n" +
-	"\x04addr\x18\x03 \x01(\tR\x04addr\"8\n" +
+	"\x04addr\x18\x03 \x01(\tR\x04addr\"q\n" +
 	"\fFetchAttempt\x12\x12\n" +
 	"\x04tier\x18\x01 \x01(\tR\x04tier\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\"\x8d\x01\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\x127\n" +
+	"\afailure\x18\x03 \x01(\x0e2\x1d.rewind.agent.v1.FetchFailureR\afailure\"\xa5\x01\n" +
 	"\rFetchResponse\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x12\n" +
 	"\x04tier\x18\x02 \x01(\tR\x04tier\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x03 \x01(\x04R\tsizeBytes\x125\n" +
-	"\x06failed\x18\x04 \x03(\v2\x1d.rewind.agent.v1.FetchAttemptR\x06failed\"%\n" +
+	"\x06failed\x18\x04 \x03(\v2\x1d.rewind.agent.v1.FetchAttemptR\x06failed\x12\x16\n" +
+	"\x06staged\x18\x05 \x01(\bR\x06staged\"V\n" +
+	"\x14FinishRestoreRequest\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12\x14\n" +
+	"\x05stage\x18\x02 \x01(\tR\x05stage\x12\x16\n" +
+	"\x06commit\x18\x03 \x01(\bR\x06commit\"/\n" +
+	"\x15FinishRestoreResponse\x12\x16\n" +
+	"\x06shards\x18\x01 \x01(\rR\x06shards\"%\n" +
 	"\x11ConsistentRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\"G\n" +
 	"\x12ConsistentResponse\x12\x12\n" +
@@ -2277,14 +2491,20 @@ const file_agent_proto_rawDesc = "" +
 	"\x0eslots_per_rank\x18\b \x01(\rR\fslotsPerRank\x12\x18\n" +
 	"\aversion\x18\t \x01(\tR\aversion\x12\x14\n" +
 	"\x05tiers\x18\n" +
-	" \x03(\tR\x05tiers*\x8c\x01\n" +
+	" \x03(\tR\x05tiers*\x82\x01\n" +
+	"\fFetchFailure\x12\x1d\n" +
+	"\x19FETCH_FAILURE_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15FETCH_FAILURE_CORRUPT\x10\x01\x12\x1d\n" +
+	"\x19FETCH_FAILURE_UNAVAILABLE\x10\x02\x12\x19\n" +
+	"\x15FETCH_FAILURE_NO_ROOM\x10\x03*\xa4\x01\n" +
 	"\n" +
 	"ShardState\x12\x1b\n" +
 	"\x17SHARD_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15SHARD_STATE_COMMITTED\x10\x01\x12\x17\n" +
 	"\x13SHARD_STATE_WRITING\x10\x02\x12\x17\n" +
 	"\x13SHARD_STATE_CORRUPT\x10\x03\x12\x14\n" +
-	"\x10SHARD_STATE_FREE\x10\x042\xe3\a\n" +
+	"\x10SHARD_STATE_FREE\x10\x04\x12\x16\n" +
+	"\x12SHARD_STATE_STAGED\x10\x052\xc3\b\n" +
 	"\x05Agent\x12L\n" +
 	"\aPrepare\x12\x1f.rewind.agent.v1.PrepareRequest\x1a .rewind.agent.v1.PrepareResponse\x12I\n" +
 	"\x06Commit\x12\x1e.rewind.agent.v1.CommitRequest\x1a\x1f.rewind.agent.v1.CommitResponse\x12C\n" +
@@ -2298,7 +2518,8 @@ const file_agent_proto_rawDesc = "" +
 	"\x06Status\x12\x1e.rewind.agent.v1.StatusRequest\x1a\x1f.rewind.agent.v1.StatusResponse\x12U\n" +
 	"\n" +
 	"Consistent\x12\".rewind.agent.v1.ConsistentRequest\x1a#.rewind.agent.v1.ConsistentResponse\x12F\n" +
-	"\x05Fetch\x12\x1d.rewind.agent.v1.FetchRequest\x1a\x1e.rewind.agent.v1.FetchResponse\x12S\n" +
+	"\x05Fetch\x12\x1d.rewind.agent.v1.FetchRequest\x1a\x1e.rewind.agent.v1.FetchResponse\x12^\n" +
+	"\rFinishRestore\x12%.rewind.agent.v1.FinishRestoreRequest\x1a&.rewind.agent.v1.FinishRestoreResponse\x12S\n" +
 	"\n" +
 	"TierCopies\x12\".rewind.agent.v1.TierCopiesRequest\x1a\x1f.rewind.agent.v1.TierCopiesPage0\x01B\x1fZ\x1drewind.dev/rewind/api/agentpbb\x06proto3"
 
@@ -2314,82 +2535,88 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_agent_proto_goTypes = []any{
-	(ShardState)(0),            // 0: rewind.agent.v1.ShardState
-	(*TierCopiesRequest)(nil),  // 1: rewind.agent.v1.TierCopiesRequest
-	(*TierCopiesPage)(nil),     // 2: rewind.agent.v1.TierCopiesPage
-	(*TierManifest)(nil),       // 3: rewind.agent.v1.TierManifest
-	(*TierShard)(nil),          // 4: rewind.agent.v1.TierShard
-	(*TierListing)(nil),        // 5: rewind.agent.v1.TierListing
-	(*FetchRequest)(nil),       // 6: rewind.agent.v1.FetchRequest
-	(*FetchSource)(nil),        // 7: rewind.agent.v1.FetchSource
-	(*FetchAttempt)(nil),       // 8: rewind.agent.v1.FetchAttempt
-	(*FetchResponse)(nil),      // 9: rewind.agent.v1.FetchResponse
-	(*ConsistentRequest)(nil),  // 10: rewind.agent.v1.ConsistentRequest
-	(*ConsistentResponse)(nil), // 11: rewind.agent.v1.ConsistentResponse
-	(*PrepareRequest)(nil),     // 12: rewind.agent.v1.PrepareRequest
-	(*PrepareResponse)(nil),    // 13: rewind.agent.v1.PrepareResponse
-	(*CommitRequest)(nil),      // 14: rewind.agent.v1.CommitRequest
-	(*CommitResponse)(nil),     // 15: rewind.agent.v1.CommitResponse
-	(*OpenRequest)(nil),        // 16: rewind.agent.v1.OpenRequest
-	(*OpenResponse)(nil),       // 17: rewind.agent.v1.OpenResponse
-	(*ReleaseRequest)(nil),     // 18: rewind.agent.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),    // 19: rewind.agent.v1.ReleaseResponse
-	(*ReadRequest)(nil),        // 20: rewind.agent.v1.ReadRequest
-	(*ReadChunk)(nil),          // 21: rewind.agent.v1.ReadChunk
-	(*ListRequest)(nil),        // 22: rewind.agent.v1.ListRequest
-	(*ListResponse)(nil),       // 23: rewind.agent.v1.ListResponse
-	(*Shard)(nil),              // 24: rewind.agent.v1.Shard
-	(*VerifyRequest)(nil),      // 25: rewind.agent.v1.VerifyRequest
-	(*VerifyResponse)(nil),     // 26: rewind.agent.v1.VerifyResponse
-	(*DeleteRequest)(nil),      // 27: rewind.agent.v1.DeleteRequest
-	(*DeleteResponse)(nil),     // 28: rewind.agent.v1.DeleteResponse
-	(*StatusRequest)(nil),      // 29: rewind.agent.v1.StatusRequest
-	(*StatusResponse)(nil),     // 30: rewind.agent.v1.StatusResponse
+	(FetchFailure)(0),             // 0: rewind.agent.v1.FetchFailure
+	(ShardState)(0),               // 1: rewind.agent.v1.ShardState
+	(*TierCopiesRequest)(nil),     // 2: rewind.agent.v1.TierCopiesRequest
+	(*TierCopiesPage)(nil),        // 3: rewind.agent.v1.TierCopiesPage
+	(*TierManifest)(nil),          // 4: rewind.agent.v1.TierManifest
+	(*TierShard)(nil),             // 5: rewind.agent.v1.TierShard
+	(*TierListing)(nil),           // 6: rewind.agent.v1.TierListing
+	(*FetchRequest)(nil),          // 7: rewind.agent.v1.FetchRequest
+	(*FetchSource)(nil),           // 8: rewind.agent.v1.FetchSource
+	(*FetchAttempt)(nil),          // 9: rewind.agent.v1.FetchAttempt
+	(*FetchResponse)(nil),         // 10: rewind.agent.v1.FetchResponse
+	(*FinishRestoreRequest)(nil),  // 11: rewind.agent.v1.FinishRestoreRequest
+	(*FinishRestoreResponse)(nil), // 12: rewind.agent.v1.FinishRestoreResponse
+	(*ConsistentRequest)(nil),     // 13: rewind.agent.v1.ConsistentRequest
+	(*ConsistentResponse)(nil),    // 14: rewind.agent.v1.ConsistentResponse
+	(*PrepareRequest)(nil),        // 15: rewind.agent.v1.PrepareRequest
+	(*PrepareResponse)(nil),       // 16: rewind.agent.v1.PrepareResponse
+	(*CommitRequest)(nil),         // 17: rewind.agent.v1.CommitRequest
+	(*CommitResponse)(nil),        // 18: rewind.agent.v1.CommitResponse
+	(*OpenRequest)(nil),           // 19: rewind.agent.v1.OpenRequest
+	(*OpenResponse)(nil),          // 20: rewind.agent.v1.OpenResponse
+	(*ReleaseRequest)(nil),        // 21: rewind.agent.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 22: rewind.agent.v1.ReleaseResponse
+	(*ReadRequest)(nil),           // 23: rewind.agent.v1.ReadRequest
+	(*ReadChunk)(nil),             // 24: rewind.agent.v1.ReadChunk
+	(*ListRequest)(nil),           // 25: rewind.agent.v1.ListRequest
+	(*ListResponse)(nil),          // 26: rewind.agent.v1.ListResponse
+	(*Shard)(nil),                 // 27: rewind.agent.v1.Shard
+	(*VerifyRequest)(nil),         // 28: rewind.agent.v1.VerifyRequest
+	(*VerifyResponse)(nil),        // 29: rewind.agent.v1.VerifyResponse
+	(*DeleteRequest)(nil),         // 30: rewind.agent.v1.DeleteRequest
+	(*DeleteResponse)(nil),        // 31: rewind.agent.v1.DeleteResponse
+	(*StatusRequest)(nil),         // 32: rewind.agent.v1.StatusRequest
+	(*StatusResponse)(nil),        // 33: rewind.agent.v1.StatusResponse
 }
 var file_agent_proto_depIdxs = []int32{
-	3,  // 0: rewind.agent.v1.TierCopiesPage.manifests:type_name -> rewind.agent.v1.TierManifest
-	5,  // 1: rewind.agent.v1.TierCopiesPage.listings:type_name -> rewind.agent.v1.TierListing
-	4,  // 2: rewind.agent.v1.TierManifest.shards:type_name -> rewind.agent.v1.TierShard
-	7,  // 3: rewind.agent.v1.FetchRequest.sources:type_name -> rewind.agent.v1.FetchSource
-	8,  // 4: rewind.agent.v1.FetchResponse.failed:type_name -> rewind.agent.v1.FetchAttempt
-	24, // 5: rewind.agent.v1.OpenResponse.shard:type_name -> rewind.agent.v1.Shard
-	24, // 6: rewind.agent.v1.ReadChunk.shard:type_name -> rewind.agent.v1.Shard
-	24, // 7: rewind.agent.v1.ListResponse.shards:type_name -> rewind.agent.v1.Shard
-	0,  // 8: rewind.agent.v1.Shard.state:type_name -> rewind.agent.v1.ShardState
-	12, // 9: rewind.agent.v1.Agent.Prepare:input_type -> rewind.agent.v1.PrepareRequest
-	14, // 10: rewind.agent.v1.Agent.Commit:input_type -> rewind.agent.v1.CommitRequest
-	16, // 11: rewind.agent.v1.Agent.Open:input_type -> rewind.agent.v1.OpenRequest
-	18, // 12: rewind.agent.v1.Agent.Release:input_type -> rewind.agent.v1.ReleaseRequest
-	20, // 13: rewind.agent.v1.Agent.Read:input_type -> rewind.agent.v1.ReadRequest
-	22, // 14: rewind.agent.v1.Agent.List:input_type -> rewind.agent.v1.ListRequest
-	25, // 15: rewind.agent.v1.Agent.Verify:input_type -> rewind.agent.v1.VerifyRequest
-	25, // 16: rewind.agent.v1.Agent.ReportCorrupt:input_type -> rewind.agent.v1.VerifyRequest
-	27, // 17: rewind.agent.v1.Agent.Delete:input_type -> rewind.agent.v1.DeleteRequest
-	29, // 18: rewind.agent.v1.Agent.Status:input_type -> rewind.agent.v1.StatusRequest
-	10, // 19: rewind.agent.v1.Agent.Consistent:input_type -> rewind.agent.v1.ConsistentRequest
-	6,  // 20: rewind.agent.v1.Agent.Fetch:input_type -> rewind.agent.v1.FetchRequest
-	1,  // 21: rewind.agent.v1.Agent.TierCopies:input_type -> rewind.agent.v1.TierCopiesRequest
-	13, // 22: rewind.agent.v1.Agent.Prepare:output_type -> rewind.agent.v1.PrepareResponse
-	15, // 23: rewind.agent.v1.Agent.Commit:output_type -> rewind.agent.v1.CommitResponse
-	17, // 24: rewind.agent.v1.Agent.Open:output_type -> rewind.agent.v1.OpenResponse
-	19, // 25: rewind.agent.v1.Agent.Release:output_type -> rewind.agent.v1.ReleaseResponse
-	21, // 26: rewind.agent.v1.Agent.Read:output_type -> rewind.agent.v1.ReadChunk
-	23, // 27: rewind.agent.v1.Agent.List:output_type -> rewind.agent.v1.ListResponse
-	26, // 28: rewind.agent.v1.Agent.Verify:output_type -> rewind.agent.v1.VerifyResponse
-	26, // 29: rewind.agent.v1.Agent.ReportCorrupt:output_type -> rewind.agent.v1.VerifyResponse
-	28, // 30: rewind.agent.v1.Agent.Delete:output_type -> rewind.agent.v1.DeleteResponse
-	30, // 31: rewind.agent.v1.Agent.Status:output_type -> rewind.agent.v1.StatusResponse
-	11, // 32: rewind.agent.v1.Agent.Consistent:output_type -> rewind.agent.v1.ConsistentResponse
-	9,  // 33: rewind.agent.v1.Agent.Fetch:output_type -> rewind.agent.v1.FetchResponse
-	2,  // 34: rewind.agent.v1.Agent.TierCopies:output_type -> rewind.agent.v1.TierCopiesPage
-	22, // [22:35] is the sub-list for method output_type
-	9,  // [9:22] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	4,  // 0: rewind.agent.v1.TierCopiesPage.manifests:type_name -> rewind.agent.v1.TierManifest
+	6,  // 1: rewind.agent.v1.TierCopiesPage.listings:type_name -> rewind.agent.v1.TierListing
+	5,  // 2: rewind.agent.v1.TierManifest.shards:type_name -> rewind.agent.v1.TierShard
+	8,  // 3: rewind.agent.v1.FetchRequest.sources:type_name -> rewind.agent.v1.FetchSource
+	0,  // 4: rewind.agent.v1.FetchAttempt.failure:type_name -> rewind.agent.v1.FetchFailure
+	9,  // 5: rewind.agent.v1.FetchResponse.failed:type_name -> rewind.agent.v1.FetchAttempt
+	27, // 6: rewind.agent.v1.OpenResponse.shard:type_name -> rewind.agent.v1.Shard
+	27, // 7: rewind.agent.v1.ReadChunk.shard:type_name -> rewind.agent.v1.Shard
+	27, // 8: rewind.agent.v1.ListResponse.shards:type_name -> rewind.agent.v1.Shard
+	1,  // 9: rewind.agent.v1.Shard.state:type_name -> rewind.agent.v1.ShardState
+	15, // 10: rewind.agent.v1.Agent.Prepare:input_type -> rewind.agent.v1.PrepareRequest
+	17, // 11: rewind.agent.v1.Agent.Commit:input_type -> rewind.agent.v1.CommitRequest
+	19, // 12: rewind.agent.v1.Agent.Open:input_type -> rewind.agent.v1.OpenRequest
+	21, // 13: rewind.agent.v1.Agent.Release:input_type -> rewind.agent.v1.ReleaseRequest
+	23, // 14: rewind.agent.v1.Agent.Read:input_type -> rewind.agent.v1.ReadRequest
+	25, // 15: rewind.agent.v1.Agent.List:input_type -> rewind.agent.v1.ListRequest
+	28, // 16: rewind.agent.v1.Agent.Verify:input_type -> rewind.agent.v1.VerifyRequest
+	28, // 17: rewind.agent.v1.Agent.ReportCorrupt:input_type -> rewind.agent.v1.VerifyRequest
+	30, // 18: rewind.agent.v1.Agent.Delete:input_type -> rewind.agent.v1.DeleteRequest
+	32, // 19: rewind.agent.v1.Agent.Status:input_type -> rewind.agent.v1.StatusRequest
+	13, // 20: rewind.agent.v1.Agent.Consistent:input_type -> rewind.agent.v1.ConsistentRequest
+	7,  // 21: rewind.agent.v1.Agent.Fetch:input_type -> rewind.agent.v1.FetchRequest
+	11, // 22: rewind.agent.v1.Agent.FinishRestore:input_type -> rewind.agent.v1.FinishRestoreRequest
+	2,  // 23: rewind.agent.v1.Agent.TierCopies:input_type -> rewind.agent.v1.TierCopiesRequest
+	16, // 24: rewind.agent.v1.Agent.Prepare:output_type -> rewind.agent.v1.PrepareResponse
+	18, // 25: rewind.agent.v1.Agent.Commit:output_type -> rewind.agent.v1.CommitResponse
+	20, // 26: rewind.agent.v1.Agent.Open:output_type -> rewind.agent.v1.OpenResponse
+	22, // 27: rewind.agent.v1.Agent.Release:output_type -> rewind.agent.v1.ReleaseResponse
+	24, // 28: rewind.agent.v1.Agent.Read:output_type -> rewind.agent.v1.ReadChunk
+	26, // 29: rewind.agent.v1.Agent.List:output_type -> rewind.agent.v1.ListResponse
+	29, // 30: rewind.agent.v1.Agent.Verify:output_type -> rewind.agent.v1.VerifyResponse
+	29, // 31: rewind.agent.v1.Agent.ReportCorrupt:output_type -> rewind.agent.v1.VerifyResponse
+	31, // 32: rewind.agent.v1.Agent.Delete:output_type -> rewind.agent.v1.DeleteResponse
+	33, // 33: rewind.agent.v1.Agent.Status:output_type -> rewind.agent.v1.StatusResponse
+	14, // 34: rewind.agent.v1.Agent.Consistent:output_type -> rewind.agent.v1.ConsistentResponse
+	10, // 35: rewind.agent.v1.Agent.Fetch:output_type -> rewind.agent.v1.FetchResponse
+	12, // 36: rewind.agent.v1.Agent.FinishRestore:output_type -> rewind.agent.v1.FinishRestoreResponse
+	3,  // 37: rewind.agent.v1.Agent.TierCopies:output_type -> rewind.agent.v1.TierCopiesPage
+	24, // [24:38] is the sub-list for method output_type
+	10, // [10:24] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2402,8 +2629,8 @@ func file_agent_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   30,
+			NumEnums:      2,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

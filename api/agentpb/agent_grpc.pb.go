@@ -34,6 +34,7 @@ const (
 	Agent_Status_FullMethodName        = "/rewind.agent.v1.Agent/Status"
 	Agent_Consistent_FullMethodName    = "/rewind.agent.v1.Agent/Consistent"
 	Agent_Fetch_FullMethodName         = "/rewind.agent.v1.Agent/Fetch"
+	Agent_FinishRestore_FullMethodName = "/rewind.agent.v1.Agent/FinishRestore"
 	Agent_TierCopies_FullMethodName    = "/rewind.agent.v1.Agent/TierCopies"
 )
 
@@ -72,6 +73,11 @@ type AgentClient interface {
 	// tiers into shared memory, trying the tiers in the order given and
 	// falling back to the next on any error or checksum mismatch.
 	Fetch(ctx context.Context, in *FetchRequest, opts ...grpc.CallOption) (*FetchResponse, error)
+	// FinishRestore ends a restore's staging on this node (FetchRequest.stage):
+	// with commit, every shard staged for it becomes its rank's committed
+	// checkpoint, as a save's commit does; without, the staged slots are
+	// freed and the node's memory is as it was before the restore.
+	FinishRestore(ctx context.Context, in *FinishRestoreRequest, opts ...grpc.CallOption) (*FinishRestoreResponse, error)
 	// TierCopies lists the step copies the agent's durable tiers hold, as
 	// their manifests describe them, for a coordinator rebuilding its index
 	// (one started on an empty or lost store). Pages of manifests stream in
@@ -218,6 +224,16 @@ func (c *agentClient) Fetch(ctx context.Context, in *FetchRequest, opts ...grpc.
 	return out, nil
 }
 
+func (c *agentClient) FinishRestore(ctx context.Context, in *FinishRestoreRequest, opts ...grpc.CallOption) (*FinishRestoreResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FinishRestoreResponse)
+	err := c.cc.Invoke(ctx, Agent_FinishRestore_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *agentClient) TierCopies(ctx context.Context, in *TierCopiesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TierCopiesPage], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[1], Agent_TierCopies_FullMethodName, cOpts...)
@@ -272,6 +288,11 @@ type AgentServer interface {
 	// tiers into shared memory, trying the tiers in the order given and
 	// falling back to the next on any error or checksum mismatch.
 	Fetch(context.Context, *FetchRequest) (*FetchResponse, error)
+	// FinishRestore ends a restore's staging on this node (FetchRequest.stage):
+	// with commit, every shard staged for it becomes its rank's committed
+	// checkpoint, as a save's commit does; without, the staged slots are
+	// freed and the node's memory is as it was before the restore.
+	FinishRestore(context.Context, *FinishRestoreRequest) (*FinishRestoreResponse, error)
 	// TierCopies lists the step copies the agent's durable tiers hold, as
 	// their manifests describe them, for a coordinator rebuilding its index
 	// (one started on an empty or lost store). Pages of manifests stream in
@@ -324,6 +345,9 @@ func (UnimplementedAgentServer) Consistent(context.Context, *ConsistentRequest) 
 }
 func (UnimplementedAgentServer) Fetch(context.Context, *FetchRequest) (*FetchResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Fetch not implemented")
+}
+func (UnimplementedAgentServer) FinishRestore(context.Context, *FinishRestoreRequest) (*FinishRestoreResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method FinishRestore not implemented")
 }
 func (UnimplementedAgentServer) TierCopies(*TierCopiesRequest, grpc.ServerStreamingServer[TierCopiesPage]) error {
 	return status.Error(codes.Unimplemented, "method TierCopies not implemented")
@@ -558,6 +582,24 @@ func _Agent_Fetch_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_FinishRestore_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FinishRestoreRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).FinishRestore(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_FinishRestore_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).FinishRestore(ctx, req.(*FinishRestoreRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Agent_TierCopies_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(TierCopiesRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -619,6 +661,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Fetch",
 			Handler:    _Agent_Fetch_Handler,
+		},
+		{
+			MethodName: "FinishRestore",
+			Handler:    _Agent_FinishRestore_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

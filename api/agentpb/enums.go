@@ -24,3 +24,12 @@ func (s *ShardState) UnmarshalText(b []byte) error {
 	*s = ShardState(n)
 	return nil
 }
+
+// Label returns the failure as people read it: FETCH_FAILURE_CORRUPT is
+// "corrupt".
+func (f FetchFailure) Label() string {
+	return strings.ToLower(strings.TrimPrefix(f.String(), "FETCH_FAILURE_"))
+}
+
+// MarshalText writes the failure's label.
+func (f FetchFailure) MarshalText() ([]byte, error) { return []byte(f.Label()), nil }

@@ -147,6 +147,11 @@ const (
 	TierCopyState_TIER_COPY_STATE_FAILED TierCopyState = 3
 	// Retention or an operator removes it.
 	TierCopyState_TIER_COPY_STATE_DELETING TierCopyState = 4
+	// Was durable, but a shard of it failed its checksum (on a restore's
+	// fetch or rewind verify; error names the ranks): not a restore source
+	// for those ranks, not counted as kept; retention removes it unless a
+	// verify finds it whole again.
+	TierCopyState_TIER_COPY_STATE_CORRUPT TierCopyState = 5
 )
 
 // Enum value maps for TierCopyState.
@@ -157,6 +162,7 @@ var (
 		2: "TIER_COPY_STATE_DURABLE",
 		3: "TIER_COPY_STATE_FAILED",
 		4: "TIER_COPY_STATE_DELETING",
+		5: "TIER_COPY_STATE_CORRUPT",
 	}
 	TierCopyState_value = map[string]int32{
 		"TIER_COPY_STATE_UNSPECIFIED": 0,
@@ -164,6 +170,7 @@ var (
 		"TIER_COPY_STATE_DURABLE":     2,
 		"TIER_COPY_STATE_FAILED":      3,
 		"TIER_COPY_STATE_DELETING":    4,
+		"TIER_COPY_STATE_CORRUPT":     5,
 	}
 )
 
@@ -1339,7 +1346,11 @@ type Step struct {
 	ConsistentUnixNano int64                  `protobuf:"varint,6,opt,name=consistent_unix_nano,json=consistentUnixNano,proto3" json:"consistent_unix_nano,omitempty"`
 	Copies             []*Copy                `protobuf:"bytes,7,rep,name=copies,proto3" json:"copies,omitempty"`
 	// The step's copies on durable tiers.
-	Tiers         []*TierCopy `protobuf:"bytes,8,rep,name=tiers,proto3" json:"tiers,omitempty"`
+	Tiers []*TierCopy `protobuf:"bytes,8,rep,name=tiers,proto3" json:"tiers,omitempty"`
+	// Set when a restore could not bring the step back whole: the ranks
+	// none of whose copies served, and why each failed. An automatic choice
+	// of step (a restore without a step, a recovery) skips it.
+	Unrestorable  *UnrestorableStep `protobuf:"bytes,9,opt,name=unrestorable,proto3" json:"unrestorable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1430,6 +1441,191 @@ func (x *Step) GetTiers() []*TierCopy {
 	return nil
 }
 
+func (x *Step) GetUnrestorable() *UnrestorableStep {
+	if x != nil {
+		return x.Unrestorable
+	}
+	return nil
+}
+
+// UnrestorableStep is a step a restore tried and could not restore
+// whole: for some rank no copy served.
+type UnrestorableStep struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Step          int64                  `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
+	Ranks         []*RankFailure         `protobuf:"bytes,2,rep,name=ranks,proto3" json:"ranks,omitempty"`
+	AtUnixNano    int64                  `protobuf:"varint,3,opt,name=at_unix_nano,json=atUnixNano,proto3" json:"at_unix_nano,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnrestorableStep) Reset() {
+	*x = UnrestorableStep{}
+	mi := &file_coordinator_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnrestorableStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnrestorableStep) ProtoMessage() {}
+
+func (x *UnrestorableStep) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnrestorableStep.ProtoReflect.Descriptor instead.
+func (*UnrestorableStep) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *UnrestorableStep) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *UnrestorableStep) GetRanks() []*RankFailure {
+	if x != nil {
+		return x.Ranks
+	}
+	return nil
+}
+
+func (x *UnrestorableStep) GetAtUnixNano() int64 {
+	if x != nil {
+		return x.AtUnixNano
+	}
+	return 0
+}
+
+// RankFailure is a rank whose every copy of a step failed.
+type RankFailure struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rank          uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	Copies        []*CopyFailure         `protobuf:"bytes,2,rep,name=copies,proto3" json:"copies,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RankFailure) Reset() {
+	*x = RankFailure{}
+	mi := &file_coordinator_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RankFailure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RankFailure) ProtoMessage() {}
+
+func (x *RankFailure) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RankFailure.ProtoReflect.Descriptor instead.
+func (*RankFailure) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *RankFailure) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *RankFailure) GetCopies() []*CopyFailure {
+	if x != nil {
+		return x.Copies
+	}
+	return nil
+}
+
+// CopyFailure is one copy a restore tried and why it did not serve.
+type CopyFailure struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The copy, "tier:node" ("pfs:-" on a shared tier).
+	Copy  string `protobuf:"bytes,1,opt,name=copy,proto3" json:"copy,omitempty"`
+	Error string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	// Its bytes failed a checksum: the copy is marked corrupt.
+	Corrupt       bool `protobuf:"varint,3,opt,name=corrupt,proto3" json:"corrupt,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyFailure) Reset() {
+	*x = CopyFailure{}
+	mi := &file_coordinator_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyFailure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyFailure) ProtoMessage() {}
+
+func (x *CopyFailure) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyFailure.ProtoReflect.Descriptor instead.
+func (*CopyFailure) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *CopyFailure) GetCopy() string {
+	if x != nil {
+		return x.Copy
+	}
+	return ""
+}
+
+func (x *CopyFailure) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *CopyFailure) GetCorrupt() bool {
+	if x != nil {
+		return x.Corrupt
+	}
+	return false
+}
+
 // TierCopy is a step's copy on one durable tier.
 type TierCopy struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
@@ -1446,7 +1642,7 @@ type TierCopy struct {
 
 func (x *TierCopy) Reset() {
 	*x = TierCopy{}
-	mi := &file_coordinator_proto_msgTypes[17]
+	mi := &file_coordinator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1458,7 +1654,7 @@ func (x *TierCopy) String() string {
 func (*TierCopy) ProtoMessage() {}
 
 func (x *TierCopy) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[17]
+	mi := &file_coordinator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1471,7 +1667,7 @@ func (x *TierCopy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierCopy.ProtoReflect.Descriptor instead.
 func (*TierCopy) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{17}
+	return file_coordinator_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TierCopy) GetTier() string {
@@ -1532,7 +1728,7 @@ type ListStepsResponse struct {
 
 func (x *ListStepsResponse) Reset() {
 	*x = ListStepsResponse{}
-	mi := &file_coordinator_proto_msgTypes[18]
+	mi := &file_coordinator_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1544,7 +1740,7 @@ func (x *ListStepsResponse) String() string {
 func (*ListStepsResponse) ProtoMessage() {}
 
 func (x *ListStepsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[18]
+	mi := &file_coordinator_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1557,7 +1753,7 @@ func (x *ListStepsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStepsResponse.ProtoReflect.Descriptor instead.
 func (*ListStepsResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{18}
+	return file_coordinator_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListStepsResponse) GetSteps() []*Step {
@@ -1577,7 +1773,7 @@ type StepRequest struct {
 
 func (x *StepRequest) Reset() {
 	*x = StepRequest{}
-	mi := &file_coordinator_proto_msgTypes[19]
+	mi := &file_coordinator_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1589,7 +1785,7 @@ func (x *StepRequest) String() string {
 func (*StepRequest) ProtoMessage() {}
 
 func (x *StepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[19]
+	mi := &file_coordinator_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1602,7 +1798,7 @@ func (x *StepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepRequest.ProtoReflect.Descriptor instead.
 func (*StepRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{19}
+	return file_coordinator_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StepRequest) GetJob() string {
@@ -1628,7 +1824,7 @@ type InspectStepResponse struct {
 
 func (x *InspectStepResponse) Reset() {
 	*x = InspectStepResponse{}
-	mi := &file_coordinator_proto_msgTypes[20]
+	mi := &file_coordinator_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1640,7 +1836,7 @@ func (x *InspectStepResponse) String() string {
 func (*InspectStepResponse) ProtoMessage() {}
 
 func (x *InspectStepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[20]
+	mi := &file_coordinator_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1653,7 +1849,7 @@ func (x *InspectStepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectStepResponse.ProtoReflect.Descriptor instead.
 func (*InspectStepResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{20}
+	return file_coordinator_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *InspectStepResponse) GetStep() *Step {
@@ -1674,7 +1870,7 @@ type CopyCheck struct {
 
 func (x *CopyCheck) Reset() {
 	*x = CopyCheck{}
-	mi := &file_coordinator_proto_msgTypes[21]
+	mi := &file_coordinator_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1686,7 +1882,7 @@ func (x *CopyCheck) String() string {
 func (*CopyCheck) ProtoMessage() {}
 
 func (x *CopyCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[21]
+	mi := &file_coordinator_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1699,7 +1895,7 @@ func (x *CopyCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyCheck.ProtoReflect.Descriptor instead.
 func (*CopyCheck) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{21}
+	return file_coordinator_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CopyCheck) GetCopy() *Copy {
@@ -1733,7 +1929,7 @@ type VerifyStepResponse struct {
 
 func (x *VerifyStepResponse) Reset() {
 	*x = VerifyStepResponse{}
-	mi := &file_coordinator_proto_msgTypes[22]
+	mi := &file_coordinator_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1745,7 +1941,7 @@ func (x *VerifyStepResponse) String() string {
 func (*VerifyStepResponse) ProtoMessage() {}
 
 func (x *VerifyStepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[22]
+	mi := &file_coordinator_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1758,7 +1954,7 @@ func (x *VerifyStepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyStepResponse.ProtoReflect.Descriptor instead.
 func (*VerifyStepResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{22}
+	return file_coordinator_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *VerifyStepResponse) GetChecks() []*CopyCheck {
@@ -1778,7 +1974,9 @@ func (x *VerifyStepResponse) GetOk() bool {
 type PlanRestoreRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Job   string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
-	// < 0: the latest consistent step.
+	// < 0: the newest restorable step; a step some rank cannot be restored
+	// from is then skipped for the next older one (see
+	// PlanRestoreResponse.skipped). A step given is tried alone.
 	Step        int64  `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
 	DryRun      bool   `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
 	RequestedBy string `protobuf:"bytes,4,opt,name=requested_by,json=requestedBy,proto3" json:"requested_by,omitempty"`
@@ -1797,7 +1995,7 @@ type PlanRestoreRequest struct {
 
 func (x *PlanRestoreRequest) Reset() {
 	*x = PlanRestoreRequest{}
-	mi := &file_coordinator_proto_msgTypes[23]
+	mi := &file_coordinator_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1809,7 +2007,7 @@ func (x *PlanRestoreRequest) String() string {
 func (*PlanRestoreRequest) ProtoMessage() {}
 
 func (x *PlanRestoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[23]
+	mi := &file_coordinator_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1822,7 +2020,7 @@ func (x *PlanRestoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanRestoreRequest.ProtoReflect.Descriptor instead.
 func (*PlanRestoreRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{23}
+	return file_coordinator_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PlanRestoreRequest) GetJob() string {
@@ -1885,7 +2083,7 @@ type RankPlan struct {
 
 func (x *RankPlan) Reset() {
 	*x = RankPlan{}
-	mi := &file_coordinator_proto_msgTypes[24]
+	mi := &file_coordinator_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1897,7 +2095,7 @@ func (x *RankPlan) String() string {
 func (*RankPlan) ProtoMessage() {}
 
 func (x *RankPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[24]
+	mi := &file_coordinator_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1910,7 +2108,7 @@ func (x *RankPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankPlan.ProtoReflect.Descriptor instead.
 func (*RankPlan) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{24}
+	return file_coordinator_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RankPlan) GetRank() uint32 {
@@ -1975,23 +2173,28 @@ type PlanRestoreResponse struct {
 	Step  int64                  `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
 	Ranks []*RankPlan            `protobuf:"bytes,3,rep,name=ranks,proto3" json:"ranks,omitempty"`
 	// Set when the restore ran (not a dry run): every rank's shard is in
-	// the shared memory of the node it runs on, or ok is false and the
-	// ranks say why.
+	// the shared memory of the node it runs on, or ok is false, the ranks
+	// say why, and no rank was switched to the step: a restore stages every
+	// rank first and switches them all at once, or none.
 	Executed bool  `protobuf:"varint,4,opt,name=executed,proto3" json:"executed,omitempty"`
 	Ok       bool  `protobuf:"varint,5,opt,name=ok,proto3" json:"ok,omitempty"`
 	Nanos    int64 `protobuf:"varint,6,opt,name=nanos,proto3" json:"nanos,omitempty"`
 	// With restart: the steps after the restored one that the restart
 	// deletes (a dry run) or deleted; restarted is set once the job's
 	// watchers were told to restart its ranks.
-	DroppedSteps  []int64 `protobuf:"varint,7,rep,packed,name=dropped_steps,json=droppedSteps,proto3" json:"dropped_steps,omitempty"`
-	Restarted     bool    `protobuf:"varint,8,opt,name=restarted,proto3" json:"restarted,omitempty"`
+	DroppedSteps []int64 `protobuf:"varint,7,rep,packed,name=dropped_steps,json=droppedSteps,proto3" json:"dropped_steps,omitempty"`
+	Restarted    bool    `protobuf:"varint,8,opt,name=restarted,proto3" json:"restarted,omitempty"`
+	// Newer steps the restore passed over, newest first, each with the
+	// ranks none of whose copies served: found now (their shards staged
+	// and dropped, nothing switched) or known from an earlier restore.
+	Skipped       []*UnrestorableStep `protobuf:"bytes,9,rep,name=skipped,proto3" json:"skipped,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PlanRestoreResponse) Reset() {
 	*x = PlanRestoreResponse{}
-	mi := &file_coordinator_proto_msgTypes[25]
+	mi := &file_coordinator_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2003,7 +2206,7 @@ func (x *PlanRestoreResponse) String() string {
 func (*PlanRestoreResponse) ProtoMessage() {}
 
 func (x *PlanRestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[25]
+	mi := &file_coordinator_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2016,7 +2219,7 @@ func (x *PlanRestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanRestoreResponse.ProtoReflect.Descriptor instead.
 func (*PlanRestoreResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{25}
+	return file_coordinator_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PlanRestoreResponse) GetJob() string {
@@ -2075,6 +2278,13 @@ func (x *PlanRestoreResponse) GetRestarted() bool {
 	return false
 }
 
+func (x *PlanRestoreResponse) GetSkipped() []*UnrestorableStep {
+	if x != nil {
+		return x.Skipped
+	}
+	return nil
+}
+
 type DeleteStepRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
@@ -2086,7 +2296,7 @@ type DeleteStepRequest struct {
 
 func (x *DeleteStepRequest) Reset() {
 	*x = DeleteStepRequest{}
-	mi := &file_coordinator_proto_msgTypes[26]
+	mi := &file_coordinator_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2098,7 +2308,7 @@ func (x *DeleteStepRequest) String() string {
 func (*DeleteStepRequest) ProtoMessage() {}
 
 func (x *DeleteStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[26]
+	mi := &file_coordinator_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2111,7 +2321,7 @@ func (x *DeleteStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteStepRequest.ProtoReflect.Descriptor instead.
 func (*DeleteStepRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{26}
+	return file_coordinator_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DeleteStepRequest) GetJob() string {
@@ -2144,7 +2354,7 @@ type DeleteStepResponse struct {
 
 func (x *DeleteStepResponse) Reset() {
 	*x = DeleteStepResponse{}
-	mi := &file_coordinator_proto_msgTypes[27]
+	mi := &file_coordinator_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2156,7 +2366,7 @@ func (x *DeleteStepResponse) String() string {
 func (*DeleteStepResponse) ProtoMessage() {}
 
 func (x *DeleteStepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[27]
+	mi := &file_coordinator_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2169,7 +2379,7 @@ func (x *DeleteStepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteStepResponse.ProtoReflect.Descriptor instead.
 func (*DeleteStepResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{27}
+	return file_coordinator_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DeleteStepResponse) GetCopiesDeleted() uint32 {
@@ -2195,7 +2405,7 @@ type TransfersRequest struct {
 
 func (x *TransfersRequest) Reset() {
 	*x = TransfersRequest{}
-	mi := &file_coordinator_proto_msgTypes[28]
+	mi := &file_coordinator_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2207,7 +2417,7 @@ func (x *TransfersRequest) String() string {
 func (*TransfersRequest) ProtoMessage() {}
 
 func (x *TransfersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[28]
+	mi := &file_coordinator_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2220,7 +2430,7 @@ func (x *TransfersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransfersRequest.ProtoReflect.Descriptor instead.
 func (*TransfersRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{28}
+	return file_coordinator_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *TransfersRequest) GetNode() string {
@@ -2256,7 +2466,7 @@ type ShardEntry struct {
 
 func (x *ShardEntry) Reset() {
 	*x = ShardEntry{}
-	mi := &file_coordinator_proto_msgTypes[29]
+	mi := &file_coordinator_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2268,7 +2478,7 @@ func (x *ShardEntry) String() string {
 func (*ShardEntry) ProtoMessage() {}
 
 func (x *ShardEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[29]
+	mi := &file_coordinator_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2281,7 +2491,7 @@ func (x *ShardEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardEntry.ProtoReflect.Descriptor instead.
 func (*ShardEntry) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{29}
+	return file_coordinator_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ShardEntry) GetRank() uint32 {
@@ -2328,7 +2538,7 @@ type TransferOrder struct {
 
 func (x *TransferOrder) Reset() {
 	*x = TransferOrder{}
-	mi := &file_coordinator_proto_msgTypes[30]
+	mi := &file_coordinator_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2340,7 +2550,7 @@ func (x *TransferOrder) String() string {
 func (*TransferOrder) ProtoMessage() {}
 
 func (x *TransferOrder) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[30]
+	mi := &file_coordinator_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2353,7 +2563,7 @@ func (x *TransferOrder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferOrder.ProtoReflect.Descriptor instead.
 func (*TransferOrder) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{30}
+	return file_coordinator_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *TransferOrder) GetId() uint64 {
@@ -2490,7 +2700,7 @@ type PushOrder struct {
 
 func (x *PushOrder) Reset() {
 	*x = PushOrder{}
-	mi := &file_coordinator_proto_msgTypes[31]
+	mi := &file_coordinator_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2502,7 +2712,7 @@ func (x *PushOrder) String() string {
 func (*PushOrder) ProtoMessage() {}
 
 func (x *PushOrder) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[31]
+	mi := &file_coordinator_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2515,7 +2725,7 @@ func (x *PushOrder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushOrder.ProtoReflect.Descriptor instead.
 func (*PushOrder) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{31}
+	return file_coordinator_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PushOrder) GetTier() string {
@@ -2554,7 +2764,7 @@ type ManifestOrder struct {
 
 func (x *ManifestOrder) Reset() {
 	*x = ManifestOrder{}
-	mi := &file_coordinator_proto_msgTypes[32]
+	mi := &file_coordinator_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2566,7 +2776,7 @@ func (x *ManifestOrder) String() string {
 func (*ManifestOrder) ProtoMessage() {}
 
 func (x *ManifestOrder) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[32]
+	mi := &file_coordinator_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2579,7 +2789,7 @@ func (x *ManifestOrder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ManifestOrder.ProtoReflect.Descriptor instead.
 func (*ManifestOrder) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{32}
+	return file_coordinator_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ManifestOrder) GetTier() string {
@@ -2623,7 +2833,7 @@ type DeleteOrder struct {
 
 func (x *DeleteOrder) Reset() {
 	*x = DeleteOrder{}
-	mi := &file_coordinator_proto_msgTypes[33]
+	mi := &file_coordinator_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2635,7 +2845,7 @@ func (x *DeleteOrder) String() string {
 func (*DeleteOrder) ProtoMessage() {}
 
 func (x *DeleteOrder) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[33]
+	mi := &file_coordinator_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2648,7 +2858,7 @@ func (x *DeleteOrder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOrder.ProtoReflect.Descriptor instead.
 func (*DeleteOrder) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{33}
+	return file_coordinator_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DeleteOrder) GetTier() string {
@@ -2690,7 +2900,7 @@ type ReplicateOrder struct {
 
 func (x *ReplicateOrder) Reset() {
 	*x = ReplicateOrder{}
-	mi := &file_coordinator_proto_msgTypes[34]
+	mi := &file_coordinator_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2702,7 +2912,7 @@ func (x *ReplicateOrder) String() string {
 func (*ReplicateOrder) ProtoMessage() {}
 
 func (x *ReplicateOrder) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[34]
+	mi := &file_coordinator_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2715,7 +2925,7 @@ func (x *ReplicateOrder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateOrder.ProtoReflect.Descriptor instead.
 func (*ReplicateOrder) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{34}
+	return file_coordinator_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReplicateOrder) GetRank() uint32 {
@@ -2775,7 +2985,7 @@ type AbortOrder struct {
 
 func (x *AbortOrder) Reset() {
 	*x = AbortOrder{}
-	mi := &file_coordinator_proto_msgTypes[35]
+	mi := &file_coordinator_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2787,7 +2997,7 @@ func (x *AbortOrder) String() string {
 func (*AbortOrder) ProtoMessage() {}
 
 func (x *AbortOrder) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[35]
+	mi := &file_coordinator_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2800,7 +3010,7 @@ func (x *AbortOrder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortOrder.ProtoReflect.Descriptor instead.
 func (*AbortOrder) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{35}
+	return file_coordinator_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *AbortOrder) GetReason() string {
@@ -2830,7 +3040,7 @@ type ResumeOrder struct {
 
 func (x *ResumeOrder) Reset() {
 	*x = ResumeOrder{}
-	mi := &file_coordinator_proto_msgTypes[36]
+	mi := &file_coordinator_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2842,7 +3052,7 @@ func (x *ResumeOrder) String() string {
 func (*ResumeOrder) ProtoMessage() {}
 
 func (x *ResumeOrder) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[36]
+	mi := &file_coordinator_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2855,7 +3065,7 @@ func (x *ResumeOrder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeOrder.ProtoReflect.Descriptor instead.
 func (*ResumeOrder) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{36}
+	return file_coordinator_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ResumeOrder) GetReplay() bool {
@@ -2885,7 +3095,7 @@ type TierEvent struct {
 
 func (x *TierEvent) Reset() {
 	*x = TierEvent{}
-	mi := &file_coordinator_proto_msgTypes[37]
+	mi := &file_coordinator_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2897,7 +3107,7 @@ func (x *TierEvent) String() string {
 func (*TierEvent) ProtoMessage() {}
 
 func (x *TierEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[37]
+	mi := &file_coordinator_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2910,7 +3120,7 @@ func (x *TierEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierEvent.ProtoReflect.Descriptor instead.
 func (*TierEvent) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{37}
+	return file_coordinator_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *TierEvent) GetOrder() uint64 {
@@ -3003,7 +3213,7 @@ type TierHealth struct {
 
 func (x *TierHealth) Reset() {
 	*x = TierHealth{}
-	mi := &file_coordinator_proto_msgTypes[38]
+	mi := &file_coordinator_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3015,7 +3225,7 @@ func (x *TierHealth) String() string {
 func (*TierHealth) ProtoMessage() {}
 
 func (x *TierHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[38]
+	mi := &file_coordinator_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3028,7 +3238,7 @@ func (x *TierHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierHealth.ProtoReflect.Descriptor instead.
 func (*TierHealth) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{38}
+	return file_coordinator_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *TierHealth) GetTier() string {
@@ -3105,7 +3315,7 @@ type TierReportRequest struct {
 
 func (x *TierReportRequest) Reset() {
 	*x = TierReportRequest{}
-	mi := &file_coordinator_proto_msgTypes[39]
+	mi := &file_coordinator_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3117,7 +3327,7 @@ func (x *TierReportRequest) String() string {
 func (*TierReportRequest) ProtoMessage() {}
 
 func (x *TierReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[39]
+	mi := &file_coordinator_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3130,7 +3340,7 @@ func (x *TierReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierReportRequest.ProtoReflect.Descriptor instead.
 func (*TierReportRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{39}
+	return file_coordinator_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *TierReportRequest) GetNode() string {
@@ -3162,7 +3372,7 @@ type TierReportResponse struct {
 
 func (x *TierReportResponse) Reset() {
 	*x = TierReportResponse{}
-	mi := &file_coordinator_proto_msgTypes[40]
+	mi := &file_coordinator_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3174,7 +3384,7 @@ func (x *TierReportResponse) String() string {
 func (*TierReportResponse) ProtoMessage() {}
 
 func (x *TierReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[40]
+	mi := &file_coordinator_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3187,7 +3397,7 @@ func (x *TierReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierReportResponse.ProtoReflect.Descriptor instead.
 func (*TierReportResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{40}
+	return file_coordinator_proto_rawDescGZIP(), []int{43}
 }
 
 type TierStatusRequest struct {
@@ -3198,7 +3408,7 @@ type TierStatusRequest struct {
 
 func (x *TierStatusRequest) Reset() {
 	*x = TierStatusRequest{}
-	mi := &file_coordinator_proto_msgTypes[41]
+	mi := &file_coordinator_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3210,7 +3420,7 @@ func (x *TierStatusRequest) String() string {
 func (*TierStatusRequest) ProtoMessage() {}
 
 func (x *TierStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[41]
+	mi := &file_coordinator_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3223,7 +3433,7 @@ func (x *TierStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierStatusRequest.ProtoReflect.Descriptor instead.
 func (*TierStatusRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{41}
+	return file_coordinator_proto_rawDescGZIP(), []int{44}
 }
 
 type NodeTiers struct {
@@ -3236,7 +3446,7 @@ type NodeTiers struct {
 
 func (x *NodeTiers) Reset() {
 	*x = NodeTiers{}
-	mi := &file_coordinator_proto_msgTypes[42]
+	mi := &file_coordinator_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3248,7 +3458,7 @@ func (x *NodeTiers) String() string {
 func (*NodeTiers) ProtoMessage() {}
 
 func (x *NodeTiers) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[42]
+	mi := &file_coordinator_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3261,7 +3471,7 @@ func (x *NodeTiers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeTiers.ProtoReflect.Descriptor instead.
 func (*NodeTiers) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{42}
+	return file_coordinator_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *NodeTiers) GetNode() string {
@@ -3287,7 +3497,7 @@ type TierStatusResponse struct {
 
 func (x *TierStatusResponse) Reset() {
 	*x = TierStatusResponse{}
-	mi := &file_coordinator_proto_msgTypes[43]
+	mi := &file_coordinator_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3299,7 +3509,7 @@ func (x *TierStatusResponse) String() string {
 func (*TierStatusResponse) ProtoMessage() {}
 
 func (x *TierStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[43]
+	mi := &file_coordinator_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3312,7 +3522,7 @@ func (x *TierStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierStatusResponse.ProtoReflect.Descriptor instead.
 func (*TierStatusResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{43}
+	return file_coordinator_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *TierStatusResponse) GetNodes() []*NodeTiers {
@@ -3332,7 +3542,7 @@ type NodeDownRequest struct {
 
 func (x *NodeDownRequest) Reset() {
 	*x = NodeDownRequest{}
-	mi := &file_coordinator_proto_msgTypes[44]
+	mi := &file_coordinator_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3344,7 +3554,7 @@ func (x *NodeDownRequest) String() string {
 func (*NodeDownRequest) ProtoMessage() {}
 
 func (x *NodeDownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[44]
+	mi := &file_coordinator_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3357,7 +3567,7 @@ func (x *NodeDownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeDownRequest.ProtoReflect.Descriptor instead.
 func (*NodeDownRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{44}
+	return file_coordinator_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *NodeDownRequest) GetNode() string {
@@ -3384,7 +3594,7 @@ type NodeDownResponse struct {
 
 func (x *NodeDownResponse) Reset() {
 	*x = NodeDownResponse{}
-	mi := &file_coordinator_proto_msgTypes[45]
+	mi := &file_coordinator_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3396,7 +3606,7 @@ func (x *NodeDownResponse) String() string {
 func (*NodeDownResponse) ProtoMessage() {}
 
 func (x *NodeDownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[45]
+	mi := &file_coordinator_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3409,7 +3619,7 @@ func (x *NodeDownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeDownResponse.ProtoReflect.Descriptor instead.
 func (*NodeDownResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{45}
+	return file_coordinator_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *NodeDownResponse) GetJobs() []string {
@@ -3435,7 +3645,7 @@ type WatchJobRequest struct {
 
 func (x *WatchJobRequest) Reset() {
 	*x = WatchJobRequest{}
-	mi := &file_coordinator_proto_msgTypes[46]
+	mi := &file_coordinator_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3447,7 +3657,7 @@ func (x *WatchJobRequest) String() string {
 func (*WatchJobRequest) ProtoMessage() {}
 
 func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[46]
+	mi := &file_coordinator_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3460,7 +3670,7 @@ func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobRequest.ProtoReflect.Descriptor instead.
 func (*WatchJobRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{46}
+	return file_coordinator_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *WatchJobRequest) GetJob() string {
@@ -3508,14 +3718,17 @@ type JobEvent struct {
 	// Increases with every event the coordinator publishes, across its
 	// restarts (it starts from the clock): a follower skips what it has
 	// seen.
-	Seq           uint64 `protobuf:"varint,14,opt,name=seq,proto3" json:"seq,omitempty"`
+	Seq uint64 `protobuf:"varint,14,opt,name=seq,proto3" json:"seq,omitempty"`
+	// Newer steps the recovery passed over because they could not be
+	// restored whole (see PlanRestoreResponse.skipped).
+	Skipped       []*UnrestorableStep `protobuf:"bytes,15,rep,name=skipped,proto3" json:"skipped,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_coordinator_proto_msgTypes[47]
+	mi := &file_coordinator_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3527,7 +3740,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[47]
+	mi := &file_coordinator_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3540,7 +3753,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{47}
+	return file_coordinator_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *JobEvent) GetJob() string {
@@ -3641,6 +3854,13 @@ func (x *JobEvent) GetSeq() uint64 {
 	return 0
 }
 
+func (x *JobEvent) GetSkipped() []*UnrestorableStep {
+	if x != nil {
+		return x.Skipped
+	}
+	return nil
+}
+
 type RankSourcesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
@@ -3653,7 +3873,7 @@ type RankSourcesRequest struct {
 
 func (x *RankSourcesRequest) Reset() {
 	*x = RankSourcesRequest{}
-	mi := &file_coordinator_proto_msgTypes[48]
+	mi := &file_coordinator_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3665,7 +3885,7 @@ func (x *RankSourcesRequest) String() string {
 func (*RankSourcesRequest) ProtoMessage() {}
 
 func (x *RankSourcesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[48]
+	mi := &file_coordinator_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3678,7 +3898,7 @@ func (x *RankSourcesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankSourcesRequest.ProtoReflect.Descriptor instead.
 func (*RankSourcesRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{48}
+	return file_coordinator_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *RankSourcesRequest) GetJob() string {
@@ -3721,7 +3941,7 @@ type RankSource struct {
 
 func (x *RankSource) Reset() {
 	*x = RankSource{}
-	mi := &file_coordinator_proto_msgTypes[49]
+	mi := &file_coordinator_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3733,7 +3953,7 @@ func (x *RankSource) String() string {
 func (*RankSource) ProtoMessage() {}
 
 func (x *RankSource) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[49]
+	mi := &file_coordinator_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3746,7 +3966,7 @@ func (x *RankSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankSource.ProtoReflect.Descriptor instead.
 func (*RankSource) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{49}
+	return file_coordinator_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RankSource) GetTier() string {
@@ -3782,7 +4002,7 @@ type RankSourcesResponse struct {
 
 func (x *RankSourcesResponse) Reset() {
 	*x = RankSourcesResponse{}
-	mi := &file_coordinator_proto_msgTypes[50]
+	mi := &file_coordinator_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3794,7 +4014,7 @@ func (x *RankSourcesResponse) String() string {
 func (*RankSourcesResponse) ProtoMessage() {}
 
 func (x *RankSourcesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[50]
+	mi := &file_coordinator_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3807,7 +4027,7 @@ func (x *RankSourcesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankSourcesResponse.ProtoReflect.Descriptor instead.
 func (*RankSourcesResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{50}
+	return file_coordinator_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RankSourcesResponse) GetWorldSize() uint32 {
@@ -3927,7 +4147,7 @@ const file_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"size_bytes\x18\x04 \x01(\x04R\tsizeBytes\x12'\n" +
 	"\x0fheader_checksum\x18\x05 \x01(\tR\x0eheaderChecksum\x126\n" +
-	"\x05state\x18\x06 \x01(\x0e2 .rewind.coordinator.v1.CopyStateR\x05state\"\xca\x02\n" +
+	"\x05state\x18\x06 \x01(\x0e2 .rewind.coordinator.v1.CopyStateR\x05state\"\x97\x03\n" +
 	"\x04Step\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x1d\n" +
@@ -3937,7 +4157,20 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x0franks_committed\x18\x05 \x01(\rR\x0eranksCommitted\x120\n" +
 	"\x14consistent_unix_nano\x18\x06 \x01(\x03R\x12consistentUnixNano\x123\n" +
 	"\x06copies\x18\a \x03(\v2\x1b.rewind.coordinator.v1.CopyR\x06copies\x125\n" +
-	"\x05tiers\x18\b \x03(\v2\x1f.rewind.coordinator.v1.TierCopyR\x05tiers\"\x80\x02\n" +
+	"\x05tiers\x18\b \x03(\v2\x1f.rewind.coordinator.v1.TierCopyR\x05tiers\x12K\n" +
+	"\funrestorable\x18\t \x01(\v2'.rewind.coordinator.v1.UnrestorableStepR\funrestorable\"\x82\x01\n" +
+	"\x10UnrestorableStep\x12\x12\n" +
+	"\x04step\x18\x01 \x01(\x03R\x04step\x128\n" +
+	"\x05ranks\x18\x02 \x03(\v2\".rewind.coordinator.v1.RankFailureR\x05ranks\x12 \n" +
+	"\fat_unix_nano\x18\x03 \x01(\x03R\n" +
+	"atUnixNano\"]\n" +
+	"\vRankFailure\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\rR\x04rank\x12:\n" +
+	"\x06copies\x18\x02 \x03(\v2\".rewind.coordinator.v1.CopyFailureR\x06copies\"Q\n" +
+	"\vCopyFailure\x12\x12\n" +
+	"\x04copy\x18\x01 \x01(\tR\x04copy\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\x12\x18\n" +
+	"\acorrupt\x18\x03 \x01(\bR\acorrupt\"\x80\x02\n" +
 	"\bTierCopy\x12\x12\n" +
 	"\x04tier\x18\x01 \x01(\tR\x04tier\x12:\n" +
 	"\x05state\x18\x02 \x01(\x0e2$.rewind.coordinator.v1.TierCopyStateR\x05state\x12\x1d\n" +
@@ -3978,7 +4211,7 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x06failed\x18\x05 \x03(\tR\x06failed\x12\x14\n" +
 	"\x05bytes\x18\x06 \x01(\x04R\x05bytes\x12\x14\n" +
 	"\x05nanos\x18\a \x01(\x03R\x05nanos\x12\x14\n" +
-	"\x05error\x18\b \x01(\tR\x05error\"\xf7\x01\n" +
+	"\x05error\x18\b \x01(\tR\x05error\"\xba\x02\n" +
 	"\x13PlanRestoreResponse\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x125\n" +
@@ -3987,7 +4220,8 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x02ok\x18\x05 \x01(\bR\x02ok\x12\x14\n" +
 	"\x05nanos\x18\x06 \x01(\x03R\x05nanos\x12#\n" +
 	"\rdropped_steps\x18\a \x03(\x03R\fdroppedSteps\x12\x1c\n" +
-	"\trestarted\x18\b \x01(\bR\trestarted\"O\n" +
+	"\trestarted\x18\b \x01(\bR\trestarted\x12A\n" +
+	"\askipped\x18\t \x03(\v2'.rewind.coordinator.v1.UnrestorableStepR\askipped\"O\n" +
 	"\x11DeleteStepRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x14\n" +
@@ -4095,7 +4329,7 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x0fWatchJobRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x16\n" +
 	"\x06replay\x18\x02 \x01(\bR\x06replay\x12\x1b\n" +
-	"\tafter_seq\x18\x03 \x01(\x04R\bafterSeq\"\xfb\x04\n" +
+	"\tafter_seq\x18\x03 \x01(\x04R\bafterSeq\"\xbe\x05\n" +
 	"\bJobEvent\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x127\n" +
 	"\x04kind\x18\x02 \x01(\x0e2#.rewind.coordinator.v1.JobEventKindR\x04kind\x12\x12\n" +
@@ -4111,7 +4345,8 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x05bytes\x18\v \x01(\x04R\x05bytes\x12F\n" +
 	"\asources\x18\f \x03(\v2,.rewind.coordinator.v1.JobEvent.SourcesEntryR\asources\x12\x12\n" +
 	"\x04node\x18\r \x01(\tR\x04node\x12\x10\n" +
-	"\x03seq\x18\x0e \x01(\x04R\x03seq\x1a<\n" +
+	"\x03seq\x18\x0e \x01(\x04R\x03seq\x12A\n" +
+	"\askipped\x18\x0f \x03(\v2'.rewind.coordinator.v1.UnrestorableStepR\askipped\x1a<\n" +
 	"\x0ePlacementEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
@@ -4144,13 +4379,14 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x16STEP_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12STEP_STATE_PARTIAL\x10\x01\x12\x19\n" +
 	"\x15STEP_STATE_CONSISTENT\x10\x02\x12\x18\n" +
-	"\x14STEP_STATE_ABANDONED\x10\x03*\xa4\x01\n" +
+	"\x14STEP_STATE_ABANDONED\x10\x03*\xc1\x01\n" +
 	"\rTierCopyState\x12\x1f\n" +
 	"\x1bTIER_COPY_STATE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17TIER_COPY_STATE_COPYING\x10\x01\x12\x1b\n" +
 	"\x17TIER_COPY_STATE_DURABLE\x10\x02\x12\x1a\n" +
 	"\x16TIER_COPY_STATE_FAILED\x10\x03\x12\x1c\n" +
-	"\x18TIER_COPY_STATE_DELETING\x10\x04*\xb3\x01\n" +
+	"\x18TIER_COPY_STATE_DELETING\x10\x04\x12\x1b\n" +
+	"\x17TIER_COPY_STATE_CORRUPT\x10\x05*\xb3\x01\n" +
 	"\tOrderKind\x12\x1a\n" +
 	"\x16ORDER_KIND_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fORDER_KIND_PUSH\x10\x01\x12\x17\n" +
@@ -4199,7 +4435,7 @@ func file_coordinator_proto_rawDescGZIP() []byte {
 }
 
 var file_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
+var file_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_coordinator_proto_goTypes = []any{
 	(CopyState)(0),              // 0: rewind.coordinator.v1.CopyState
 	(StepState)(0),              // 1: rewind.coordinator.v1.StepState
@@ -4223,124 +4459,132 @@ var file_coordinator_proto_goTypes = []any{
 	(*ListStepsRequest)(nil),    // 19: rewind.coordinator.v1.ListStepsRequest
 	(*Copy)(nil),                // 20: rewind.coordinator.v1.Copy
 	(*Step)(nil),                // 21: rewind.coordinator.v1.Step
-	(*TierCopy)(nil),            // 22: rewind.coordinator.v1.TierCopy
-	(*ListStepsResponse)(nil),   // 23: rewind.coordinator.v1.ListStepsResponse
-	(*StepRequest)(nil),         // 24: rewind.coordinator.v1.StepRequest
-	(*InspectStepResponse)(nil), // 25: rewind.coordinator.v1.InspectStepResponse
-	(*CopyCheck)(nil),           // 26: rewind.coordinator.v1.CopyCheck
-	(*VerifyStepResponse)(nil),  // 27: rewind.coordinator.v1.VerifyStepResponse
-	(*PlanRestoreRequest)(nil),  // 28: rewind.coordinator.v1.PlanRestoreRequest
-	(*RankPlan)(nil),            // 29: rewind.coordinator.v1.RankPlan
-	(*PlanRestoreResponse)(nil), // 30: rewind.coordinator.v1.PlanRestoreResponse
-	(*DeleteStepRequest)(nil),   // 31: rewind.coordinator.v1.DeleteStepRequest
-	(*DeleteStepResponse)(nil),  // 32: rewind.coordinator.v1.DeleteStepResponse
-	(*TransfersRequest)(nil),    // 33: rewind.coordinator.v1.TransfersRequest
-	(*ShardEntry)(nil),          // 34: rewind.coordinator.v1.ShardEntry
-	(*TransferOrder)(nil),       // 35: rewind.coordinator.v1.TransferOrder
-	(*PushOrder)(nil),           // 36: rewind.coordinator.v1.PushOrder
-	(*ManifestOrder)(nil),       // 37: rewind.coordinator.v1.ManifestOrder
-	(*DeleteOrder)(nil),         // 38: rewind.coordinator.v1.DeleteOrder
-	(*ReplicateOrder)(nil),      // 39: rewind.coordinator.v1.ReplicateOrder
-	(*AbortOrder)(nil),          // 40: rewind.coordinator.v1.AbortOrder
-	(*ResumeOrder)(nil),         // 41: rewind.coordinator.v1.ResumeOrder
-	(*TierEvent)(nil),           // 42: rewind.coordinator.v1.TierEvent
-	(*TierHealth)(nil),          // 43: rewind.coordinator.v1.TierHealth
-	(*TierReportRequest)(nil),   // 44: rewind.coordinator.v1.TierReportRequest
-	(*TierReportResponse)(nil),  // 45: rewind.coordinator.v1.TierReportResponse
-	(*TierStatusRequest)(nil),   // 46: rewind.coordinator.v1.TierStatusRequest
-	(*NodeTiers)(nil),           // 47: rewind.coordinator.v1.NodeTiers
-	(*TierStatusResponse)(nil),  // 48: rewind.coordinator.v1.TierStatusResponse
-	(*NodeDownRequest)(nil),     // 49: rewind.coordinator.v1.NodeDownRequest
-	(*NodeDownResponse)(nil),    // 50: rewind.coordinator.v1.NodeDownResponse
-	(*WatchJobRequest)(nil),     // 51: rewind.coordinator.v1.WatchJobRequest
-	(*JobEvent)(nil),            // 52: rewind.coordinator.v1.JobEvent
-	(*RankSourcesRequest)(nil),  // 53: rewind.coordinator.v1.RankSourcesRequest
-	(*RankSource)(nil),          // 54: rewind.coordinator.v1.RankSource
-	(*RankSourcesResponse)(nil), // 55: rewind.coordinator.v1.RankSourcesResponse
-	nil,                         // 56: rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
-	nil,                         // 57: rewind.coordinator.v1.Job.PlacementEntry
-	nil,                         // 58: rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
-	nil,                         // 59: rewind.coordinator.v1.JobEvent.PlacementEntry
-	nil,                         // 60: rewind.coordinator.v1.JobEvent.SourcesEntry
+	(*UnrestorableStep)(nil),    // 22: rewind.coordinator.v1.UnrestorableStep
+	(*RankFailure)(nil),         // 23: rewind.coordinator.v1.RankFailure
+	(*CopyFailure)(nil),         // 24: rewind.coordinator.v1.CopyFailure
+	(*TierCopy)(nil),            // 25: rewind.coordinator.v1.TierCopy
+	(*ListStepsResponse)(nil),   // 26: rewind.coordinator.v1.ListStepsResponse
+	(*StepRequest)(nil),         // 27: rewind.coordinator.v1.StepRequest
+	(*InspectStepResponse)(nil), // 28: rewind.coordinator.v1.InspectStepResponse
+	(*CopyCheck)(nil),           // 29: rewind.coordinator.v1.CopyCheck
+	(*VerifyStepResponse)(nil),  // 30: rewind.coordinator.v1.VerifyStepResponse
+	(*PlanRestoreRequest)(nil),  // 31: rewind.coordinator.v1.PlanRestoreRequest
+	(*RankPlan)(nil),            // 32: rewind.coordinator.v1.RankPlan
+	(*PlanRestoreResponse)(nil), // 33: rewind.coordinator.v1.PlanRestoreResponse
+	(*DeleteStepRequest)(nil),   // 34: rewind.coordinator.v1.DeleteStepRequest
+	(*DeleteStepResponse)(nil),  // 35: rewind.coordinator.v1.DeleteStepResponse
+	(*TransfersRequest)(nil),    // 36: rewind.coordinator.v1.TransfersRequest
+	(*ShardEntry)(nil),          // 37: rewind.coordinator.v1.ShardEntry
+	(*TransferOrder)(nil),       // 38: rewind.coordinator.v1.TransferOrder
+	(*PushOrder)(nil),           // 39: rewind.coordinator.v1.PushOrder
+	(*ManifestOrder)(nil),       // 40: rewind.coordinator.v1.ManifestOrder
+	(*DeleteOrder)(nil),         // 41: rewind.coordinator.v1.DeleteOrder
+	(*ReplicateOrder)(nil),      // 42: rewind.coordinator.v1.ReplicateOrder
+	(*AbortOrder)(nil),          // 43: rewind.coordinator.v1.AbortOrder
+	(*ResumeOrder)(nil),         // 44: rewind.coordinator.v1.ResumeOrder
+	(*TierEvent)(nil),           // 45: rewind.coordinator.v1.TierEvent
+	(*TierHealth)(nil),          // 46: rewind.coordinator.v1.TierHealth
+	(*TierReportRequest)(nil),   // 47: rewind.coordinator.v1.TierReportRequest
+	(*TierReportResponse)(nil),  // 48: rewind.coordinator.v1.TierReportResponse
+	(*TierStatusRequest)(nil),   // 49: rewind.coordinator.v1.TierStatusRequest
+	(*NodeTiers)(nil),           // 50: rewind.coordinator.v1.NodeTiers
+	(*TierStatusResponse)(nil),  // 51: rewind.coordinator.v1.TierStatusResponse
+	(*NodeDownRequest)(nil),     // 52: rewind.coordinator.v1.NodeDownRequest
+	(*NodeDownResponse)(nil),    // 53: rewind.coordinator.v1.NodeDownResponse
+	(*WatchJobRequest)(nil),     // 54: rewind.coordinator.v1.WatchJobRequest
+	(*JobEvent)(nil),            // 55: rewind.coordinator.v1.JobEvent
+	(*RankSourcesRequest)(nil),  // 56: rewind.coordinator.v1.RankSourcesRequest
+	(*RankSource)(nil),          // 57: rewind.coordinator.v1.RankSource
+	(*RankSourcesResponse)(nil), // 58: rewind.coordinator.v1.RankSourcesResponse
+	nil,                         // 59: rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
+	nil,                         // 60: rewind.coordinator.v1.Job.PlacementEntry
+	nil,                         // 61: rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
+	nil,                         // 62: rewind.coordinator.v1.JobEvent.PlacementEntry
+	nil,                         // 63: rewind.coordinator.v1.JobEvent.SourcesEntry
 }
 var file_coordinator_proto_depIdxs = []int32{
 	0,  // 0: rewind.coordinator.v1.ShardRecord.state:type_name -> rewind.coordinator.v1.CopyState
 	5,  // 1: rewind.coordinator.v1.RegisterRequest.node:type_name -> rewind.coordinator.v1.Node
 	6,  // 2: rewind.coordinator.v1.RegisterRequest.inventory:type_name -> rewind.coordinator.v1.ShardRecord
 	8,  // 3: rewind.coordinator.v1.RegisterResponse.pins:type_name -> rewind.coordinator.v1.Pin
-	56, // 4: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
+	59, // 4: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
 	6,  // 5: rewind.coordinator.v1.ReportRequest.shards:type_name -> rewind.coordinator.v1.ShardRecord
 	8,  // 6: rewind.coordinator.v1.ReportResponse.pins:type_name -> rewind.coordinator.v1.Pin
 	8,  // 7: rewind.coordinator.v1.ReportResponse.consistent:type_name -> rewind.coordinator.v1.Pin
-	57, // 8: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
+	60, // 8: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
 	17, // 9: rewind.coordinator.v1.ListJobsResponse.jobs:type_name -> rewind.coordinator.v1.Job
 	0,  // 10: rewind.coordinator.v1.Copy.state:type_name -> rewind.coordinator.v1.CopyState
 	1,  // 11: rewind.coordinator.v1.Step.state:type_name -> rewind.coordinator.v1.StepState
 	20, // 12: rewind.coordinator.v1.Step.copies:type_name -> rewind.coordinator.v1.Copy
-	22, // 13: rewind.coordinator.v1.Step.tiers:type_name -> rewind.coordinator.v1.TierCopy
-	2,  // 14: rewind.coordinator.v1.TierCopy.state:type_name -> rewind.coordinator.v1.TierCopyState
-	21, // 15: rewind.coordinator.v1.ListStepsResponse.steps:type_name -> rewind.coordinator.v1.Step
-	21, // 16: rewind.coordinator.v1.InspectStepResponse.step:type_name -> rewind.coordinator.v1.Step
-	20, // 17: rewind.coordinator.v1.CopyCheck.copy:type_name -> rewind.coordinator.v1.Copy
-	26, // 18: rewind.coordinator.v1.VerifyStepResponse.checks:type_name -> rewind.coordinator.v1.CopyCheck
-	20, // 19: rewind.coordinator.v1.RankPlan.sources:type_name -> rewind.coordinator.v1.Copy
-	29, // 20: rewind.coordinator.v1.PlanRestoreResponse.ranks:type_name -> rewind.coordinator.v1.RankPlan
-	58, // 21: rewind.coordinator.v1.TransfersRequest.broken_gangs:type_name -> rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
-	36, // 22: rewind.coordinator.v1.TransferOrder.push:type_name -> rewind.coordinator.v1.PushOrder
-	37, // 23: rewind.coordinator.v1.TransferOrder.manifest:type_name -> rewind.coordinator.v1.ManifestOrder
-	38, // 24: rewind.coordinator.v1.TransferOrder.delete:type_name -> rewind.coordinator.v1.DeleteOrder
-	39, // 25: rewind.coordinator.v1.TransferOrder.replicate:type_name -> rewind.coordinator.v1.ReplicateOrder
-	40, // 26: rewind.coordinator.v1.TransferOrder.abort:type_name -> rewind.coordinator.v1.AbortOrder
-	41, // 27: rewind.coordinator.v1.TransferOrder.resume:type_name -> rewind.coordinator.v1.ResumeOrder
-	34, // 28: rewind.coordinator.v1.ManifestOrder.shards:type_name -> rewind.coordinator.v1.ShardEntry
-	3,  // 29: rewind.coordinator.v1.TierEvent.kind:type_name -> rewind.coordinator.v1.OrderKind
-	42, // 30: rewind.coordinator.v1.TierReportRequest.events:type_name -> rewind.coordinator.v1.TierEvent
-	43, // 31: rewind.coordinator.v1.TierReportRequest.health:type_name -> rewind.coordinator.v1.TierHealth
-	43, // 32: rewind.coordinator.v1.NodeTiers.tiers:type_name -> rewind.coordinator.v1.TierHealth
-	47, // 33: rewind.coordinator.v1.TierStatusResponse.nodes:type_name -> rewind.coordinator.v1.NodeTiers
-	4,  // 34: rewind.coordinator.v1.JobEvent.kind:type_name -> rewind.coordinator.v1.JobEventKind
-	59, // 35: rewind.coordinator.v1.JobEvent.placement:type_name -> rewind.coordinator.v1.JobEvent.PlacementEntry
-	60, // 36: rewind.coordinator.v1.JobEvent.sources:type_name -> rewind.coordinator.v1.JobEvent.SourcesEntry
-	54, // 37: rewind.coordinator.v1.RankSourcesResponse.sources:type_name -> rewind.coordinator.v1.RankSource
-	7,  // 38: rewind.coordinator.v1.Coordinator.Register:input_type -> rewind.coordinator.v1.RegisterRequest
-	10, // 39: rewind.coordinator.v1.Coordinator.RegisterJob:input_type -> rewind.coordinator.v1.RegisterJobRequest
-	12, // 40: rewind.coordinator.v1.Coordinator.Report:input_type -> rewind.coordinator.v1.ReportRequest
-	12, // 41: rewind.coordinator.v1.Coordinator.ReportStream:input_type -> rewind.coordinator.v1.ReportRequest
-	14, // 42: rewind.coordinator.v1.Coordinator.Latest:input_type -> rewind.coordinator.v1.LatestRequest
-	16, // 43: rewind.coordinator.v1.Coordinator.ListJobs:input_type -> rewind.coordinator.v1.ListJobsRequest
-	19, // 44: rewind.coordinator.v1.Coordinator.ListSteps:input_type -> rewind.coordinator.v1.ListStepsRequest
-	24, // 45: rewind.coordinator.v1.Coordinator.InspectStep:input_type -> rewind.coordinator.v1.StepRequest
-	24, // 46: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
-	28, // 47: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
-	53, // 48: rewind.coordinator.v1.Coordinator.RankSources:input_type -> rewind.coordinator.v1.RankSourcesRequest
-	31, // 49: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
-	33, // 50: rewind.coordinator.v1.Coordinator.Transfers:input_type -> rewind.coordinator.v1.TransfersRequest
-	44, // 51: rewind.coordinator.v1.Coordinator.TierReport:input_type -> rewind.coordinator.v1.TierReportRequest
-	46, // 52: rewind.coordinator.v1.Coordinator.TierStatus:input_type -> rewind.coordinator.v1.TierStatusRequest
-	49, // 53: rewind.coordinator.v1.Coordinator.NodeDown:input_type -> rewind.coordinator.v1.NodeDownRequest
-	51, // 54: rewind.coordinator.v1.Coordinator.WatchJob:input_type -> rewind.coordinator.v1.WatchJobRequest
-	9,  // 55: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
-	11, // 56: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
-	13, // 57: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
-	13, // 58: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
-	15, // 59: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
-	18, // 60: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
-	23, // 61: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
-	25, // 62: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
-	27, // 63: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
-	30, // 64: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
-	55, // 65: rewind.coordinator.v1.Coordinator.RankSources:output_type -> rewind.coordinator.v1.RankSourcesResponse
-	32, // 66: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
-	35, // 67: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
-	45, // 68: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
-	48, // 69: rewind.coordinator.v1.Coordinator.TierStatus:output_type -> rewind.coordinator.v1.TierStatusResponse
-	50, // 70: rewind.coordinator.v1.Coordinator.NodeDown:output_type -> rewind.coordinator.v1.NodeDownResponse
-	52, // 71: rewind.coordinator.v1.Coordinator.WatchJob:output_type -> rewind.coordinator.v1.JobEvent
-	55, // [55:72] is the sub-list for method output_type
-	38, // [38:55] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	25, // 13: rewind.coordinator.v1.Step.tiers:type_name -> rewind.coordinator.v1.TierCopy
+	22, // 14: rewind.coordinator.v1.Step.unrestorable:type_name -> rewind.coordinator.v1.UnrestorableStep
+	23, // 15: rewind.coordinator.v1.UnrestorableStep.ranks:type_name -> rewind.coordinator.v1.RankFailure
+	24, // 16: rewind.coordinator.v1.RankFailure.copies:type_name -> rewind.coordinator.v1.CopyFailure
+	2,  // 17: rewind.coordinator.v1.TierCopy.state:type_name -> rewind.coordinator.v1.TierCopyState
+	21, // 18: rewind.coordinator.v1.ListStepsResponse.steps:type_name -> rewind.coordinator.v1.Step
+	21, // 19: rewind.coordinator.v1.InspectStepResponse.step:type_name -> rewind.coordinator.v1.Step
+	20, // 20: rewind.coordinator.v1.CopyCheck.copy:type_name -> rewind.coordinator.v1.Copy
+	29, // 21: rewind.coordinator.v1.VerifyStepResponse.checks:type_name -> rewind.coordinator.v1.CopyCheck
+	20, // 22: rewind.coordinator.v1.RankPlan.sources:type_name -> rewind.coordinator.v1.Copy
+	32, // 23: rewind.coordinator.v1.PlanRestoreResponse.ranks:type_name -> rewind.coordinator.v1.RankPlan
+	22, // 24: rewind.coordinator.v1.PlanRestoreResponse.skipped:type_name -> rewind.coordinator.v1.UnrestorableStep
+	61, // 25: rewind.coordinator.v1.TransfersRequest.broken_gangs:type_name -> rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
+	39, // 26: rewind.coordinator.v1.TransferOrder.push:type_name -> rewind.coordinator.v1.PushOrder
+	40, // 27: rewind.coordinator.v1.TransferOrder.manifest:type_name -> rewind.coordinator.v1.ManifestOrder
+	41, // 28: rewind.coordinator.v1.TransferOrder.delete:type_name -> rewind.coordinator.v1.DeleteOrder
+	42, // 29: rewind.coordinator.v1.TransferOrder.replicate:type_name -> rewind.coordinator.v1.ReplicateOrder
+	43, // 30: rewind.coordinator.v1.TransferOrder.abort:type_name -> rewind.coordinator.v1.AbortOrder
+	44, // 31: rewind.coordinator.v1.TransferOrder.resume:type_name -> rewind.coordinator.v1.ResumeOrder
+	37, // 32: rewind.coordinator.v1.ManifestOrder.shards:type_name -> rewind.coordinator.v1.ShardEntry
+	3,  // 33: rewind.coordinator.v1.TierEvent.kind:type_name -> rewind.coordinator.v1.OrderKind
+	45, // 34: rewind.coordinator.v1.TierReportRequest.events:type_name -> rewind.coordinator.v1.TierEvent
+	46, // 35: rewind.coordinator.v1.TierReportRequest.health:type_name -> rewind.coordinator.v1.TierHealth
+	46, // 36: rewind.coordinator.v1.NodeTiers.tiers:type_name -> rewind.coordinator.v1.TierHealth
+	50, // 37: rewind.coordinator.v1.TierStatusResponse.nodes:type_name -> rewind.coordinator.v1.NodeTiers
+	4,  // 38: rewind.coordinator.v1.JobEvent.kind:type_name -> rewind.coordinator.v1.JobEventKind
+	62, // 39: rewind.coordinator.v1.JobEvent.placement:type_name -> rewind.coordinator.v1.JobEvent.PlacementEntry
+	63, // 40: rewind.coordinator.v1.JobEvent.sources:type_name -> rewind.coordinator.v1.JobEvent.SourcesEntry
+	22, // 41: rewind.coordinator.v1.JobEvent.skipped:type_name -> rewind.coordinator.v1.UnrestorableStep
+	57, // 42: rewind.coordinator.v1.RankSourcesResponse.sources:type_name -> rewind.coordinator.v1.RankSource
+	7,  // 43: rewind.coordinator.v1.Coordinator.Register:input_type -> rewind.coordinator.v1.RegisterRequest
+	10, // 44: rewind.coordinator.v1.Coordinator.RegisterJob:input_type -> rewind.coordinator.v1.RegisterJobRequest
+	12, // 45: rewind.coordinator.v1.Coordinator.Report:input_type -> rewind.coordinator.v1.ReportRequest
+	12, // 46: rewind.coordinator.v1.Coordinator.ReportStream:input_type -> rewind.coordinator.v1.ReportRequest
+	14, // 47: rewind.coordinator.v1.Coordinator.Latest:input_type -> rewind.coordinator.v1.LatestRequest
+	16, // 48: rewind.coordinator.v1.Coordinator.ListJobs:input_type -> rewind.coordinator.v1.ListJobsRequest
+	19, // 49: rewind.coordinator.v1.Coordinator.ListSteps:input_type -> rewind.coordinator.v1.ListStepsRequest
+	27, // 50: rewind.coordinator.v1.Coordinator.InspectStep:input_type -> rewind.coordinator.v1.StepRequest
+	27, // 51: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
+	31, // 52: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
+	56, // 53: rewind.coordinator.v1.Coordinator.RankSources:input_type -> rewind.coordinator.v1.RankSourcesRequest
+	34, // 54: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
+	36, // 55: rewind.coordinator.v1.Coordinator.Transfers:input_type -> rewind.coordinator.v1.TransfersRequest
+	47, // 56: rewind.coordinator.v1.Coordinator.TierReport:input_type -> rewind.coordinator.v1.TierReportRequest
+	49, // 57: rewind.coordinator.v1.Coordinator.TierStatus:input_type -> rewind.coordinator.v1.TierStatusRequest
+	52, // 58: rewind.coordinator.v1.Coordinator.NodeDown:input_type -> rewind.coordinator.v1.NodeDownRequest
+	54, // 59: rewind.coordinator.v1.Coordinator.WatchJob:input_type -> rewind.coordinator.v1.WatchJobRequest
+	9,  // 60: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
+	11, // 61: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
+	13, // 62: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
+	13, // 63: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
+	15, // 64: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
+	18, // 65: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
+	26, // 66: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
+	28, // 67: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
+	30, // 68: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
+	33, // 69: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
+	58, // 70: rewind.coordinator.v1.Coordinator.RankSources:output_type -> rewind.coordinator.v1.RankSourcesResponse
+	35, // 71: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
+	38, // 72: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
+	48, // 73: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
+	51, // 74: rewind.coordinator.v1.Coordinator.TierStatus:output_type -> rewind.coordinator.v1.TierStatusResponse
+	53, // 75: rewind.coordinator.v1.Coordinator.NodeDown:output_type -> rewind.coordinator.v1.NodeDownResponse
+	55, // 76: rewind.coordinator.v1.Coordinator.WatchJob:output_type -> rewind.coordinator.v1.JobEvent
+	60, // [60:77] is the sub-list for method output_type
+	43, // [43:60] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_coordinator_proto_init() }
@@ -4349,7 +4593,7 @@ func file_coordinator_proto_init() {
 		return
 	}
 	file_coordinator_proto_msgTypes[5].OneofWrappers = []any{}
-	file_coordinator_proto_msgTypes[30].OneofWrappers = []any{
+	file_coordinator_proto_msgTypes[33].OneofWrappers = []any{
 		(*TransferOrder_Push)(nil),
 		(*TransferOrder_Manifest)(nil),
 		(*TransferOrder_Delete)(nil),
@@ -4363,7 +4607,7 @@ func file_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_coordinator_proto_rawDesc), len(file_coordinator_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   56,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

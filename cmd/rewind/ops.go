@@ -123,10 +123,19 @@ func lsCoordinator(ctx context.Context, o opFlags) error {
 			var size uint64
 			nodes := map[string]int{}
 			for _, cp := range st.Copies {
-				size += cp.SizeBytes
-				nodes[cp.Tier+":"+cp.Node]++
+				where := cp.Tier + ":" + cp.Node
+				if cp.State == coordpb.CopyState_COPY_STATE_CORRUPT {
+					where += "(corrupt)"
+				} else {
+					size += cp.SizeBytes
+				}
+				nodes[where]++
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%d/%d\t%s\t%s\t%s\n", st.Step, st.State.Label(), st.RanksCommitted, st.WorldSize, units.Bytes(size), copiesSummary(nodes), tiersSummary(st))
+			state := st.State.Label()
+			if st.Unrestorable != nil {
+				state += ", unrestorable"
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%d/%d\t%s\t%s\t%s\n", st.Step, state, st.RanksCommitted, st.WorldSize, units.Bytes(size), copiesSummary(nodes), tiersSummary(st))
 		}
 		return nil
 	}
@@ -299,7 +308,7 @@ func runRestore(ctx context.Context, args []string) error {
 		return err
 	}
 	if plan.Executed && !plan.Ok {
-		return errors.New("some ranks could not be restored")
+		return errors.New("some ranks could not be restored: no rank was switched to the step")
 	}
 	return nil
 }
@@ -312,18 +321,42 @@ func printRestoreHead(plan *coordpb.PlanRestoreResponse, restart bool) {
 	}
 	switch {
 	case !plan.Executed && restart:
-		fmt.Printf("restore plan for job %s: step %d, %d ranks; a restart would delete %s (dry run: nothing moved)\n\n",
+		fmt.Printf("restore plan for job %s: step %d, %d ranks; a restart would delete %s (dry run: nothing moved)\n",
 			plan.Job, plan.Step, len(plan.Ranks), dropped)
 	case !plan.Executed:
-		fmt.Printf("restore plan for job %s: step %d, %d ranks (dry run: nothing moved)\n\n", plan.Job, plan.Step, len(plan.Ranks))
+		fmt.Printf("restore plan for job %s: step %d, %d ranks (dry run: nothing moved)\n", plan.Job, plan.Step, len(plan.Ranks))
+	case !plan.Ok:
+		fmt.Printf("restore of job %s FAILED at step %d, %d ranks in %s: no rank was switched to it\n", plan.Job, plan.Step, len(plan.Ranks),
+			time.Duration(plan.Nanos).Round(time.Millisecond))
 	default:
-		fmt.Printf("restored job %s: step %d, %d ranks in %s: %s\n", plan.Job, plan.Step, len(plan.Ranks),
-			time.Duration(plan.Nanos).Round(time.Millisecond), map[bool]string{true: "ok", false: "FAILED"}[plan.Ok])
+		fmt.Printf("restored job %s: step %d, %d ranks in %s: ok\n", plan.Job, plan.Step, len(plan.Ranks),
+			time.Duration(plan.Nanos).Round(time.Millisecond))
 		if plan.Restarted {
 			fmt.Printf("the job's ranks are restarting at step %d; deleted %s\n", plan.Step, dropped)
 		}
-		fmt.Println()
 	}
+	for _, u := range plan.Skipped {
+		fmt.Printf("passed over step %d, which cannot be restored whole: %s\n", u.Step, unrestorableText(u))
+	}
+	fmt.Println()
+}
+
+// unrestorableText says why a step cannot be restored whole: "rank 0:
+// nvme:node-0 corrupt (…); pfs:- corrupt (…)".
+func unrestorableText(u *coordpb.UnrestorableStep) string {
+	var parts []string
+	for _, r := range u.Ranks {
+		var cs []string
+		for _, c := range r.Copies {
+			what := "failed"
+			if c.Corrupt {
+				what = "corrupt"
+			}
+			cs = append(cs, fmt.Sprintf("%s %s (%s)", c.Copy, what, c.Error))
+		}
+		parts = append(parts, fmt.Sprintf("rank %d: %s", r.Rank, strings.Join(cs, "; ")))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // printRestorePlan prints the plan's ranks, their sources and, once run,
@@ -412,7 +445,19 @@ func inspectStep(ctx context.Context, o opFlags, job string, step int64) error {
 		return printJSON(resp)
 	}
 	st := resp.Step
-	fmt.Printf("job %s step %d: %s, %d/%d ranks committed\n\n", st.Job, st.Step, st.State.Label(), st.RanksCommitted, st.WorldSize)
+	fmt.Printf("job %s step %d: %s, %d/%d ranks committed\n", st.Job, st.Step, st.State.Label(), st.RanksCommitted, st.WorldSize)
+	if st.Unrestorable != nil {
+		fmt.Printf("unrestorable (a restore found at %s): %s\n", time.Unix(0, st.Unrestorable.AtUnixNano).Format(time.DateTime), unrestorableText(st.Unrestorable))
+	}
+	if len(st.Tiers) > 0 {
+		fmt.Printf("tiers: %s\n", tiersSummary(st))
+		for _, tc := range st.Tiers {
+			if tc.State == coordpb.TierCopyState_TIER_COPY_STATE_CORRUPT {
+				fmt.Printf("  %s: %s\n", tc.Tier, tc.Error)
+			}
+		}
+	}
+	fmt.Println()
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "RANK\tNODE\tTIER\tSIZE\tHEADER CHECKSUM\tSTATE")
 	for _, cp := range st.Copies {

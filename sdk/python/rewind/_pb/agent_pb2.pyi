@@ -5,9 +5,14 @@ from google.protobuf import message as _message
 from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+FETCH_FAILURE_CORRUPT: FetchFailure
+FETCH_FAILURE_NO_ROOM: FetchFailure
+FETCH_FAILURE_UNAVAILABLE: FetchFailure
+FETCH_FAILURE_UNSPECIFIED: FetchFailure
 SHARD_STATE_COMMITTED: ShardState
 SHARD_STATE_CORRUPT: ShardState
 SHARD_STATE_FREE: ShardState
+SHARD_STATE_STAGED: ShardState
 SHARD_STATE_UNSPECIFIED: ShardState
 SHARD_STATE_WRITING: ShardState
 
@@ -70,20 +75,23 @@ class DeleteResponse(_message.Message):
     def __init__(self, deleted: _Optional[int] = ..., bytes_freed: _Optional[int] = ...) -> None: ...
 
 class FetchAttempt(_message.Message):
-    __slots__ = ["error", "tier"]
+    __slots__ = ["error", "failure", "tier"]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     error: str
+    failure: FetchFailure
     tier: str
-    def __init__(self, tier: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+    def __init__(self, tier: _Optional[str] = ..., error: _Optional[str] = ..., failure: _Optional[_Union[FetchFailure, str]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ["header_checksum", "job", "rank", "size_bytes", "sources", "step", "tiers", "world_size"]
+    __slots__ = ["header_checksum", "job", "rank", "size_bytes", "sources", "stage", "step", "tiers", "world_size"]
     HEADER_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -92,22 +100,25 @@ class FetchRequest(_message.Message):
     rank: int
     size_bytes: int
     sources: _containers.RepeatedCompositeFieldContainer[FetchSource]
+    stage: str
     step: int
     tiers: _containers.RepeatedScalarFieldContainer[str]
     world_size: int
-    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., tiers: _Optional[_Iterable[str]] = ..., sources: _Optional[_Iterable[_Union[FetchSource, _Mapping]]] = ..., world_size: _Optional[int] = ..., size_bytes: _Optional[int] = ..., header_checksum: _Optional[str] = ...) -> None: ...
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., tiers: _Optional[_Iterable[str]] = ..., sources: _Optional[_Iterable[_Union[FetchSource, _Mapping]]] = ..., world_size: _Optional[int] = ..., size_bytes: _Optional[int] = ..., header_checksum: _Optional[str] = ..., stage: _Optional[str] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
-    __slots__ = ["failed", "size_bytes", "step", "tier"]
+    __slots__ = ["failed", "size_bytes", "staged", "step", "tier"]
     FAILED_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STAGED_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     failed: _containers.RepeatedCompositeFieldContainer[FetchAttempt]
     size_bytes: int
+    staged: bool
     step: int
     tier: str
-    def __init__(self, step: _Optional[int] = ..., tier: _Optional[str] = ..., size_bytes: _Optional[int] = ..., failed: _Optional[_Iterable[_Union[FetchAttempt, _Mapping]]] = ...) -> None: ...
+    def __init__(self, step: _Optional[int] = ..., tier: _Optional[str] = ..., size_bytes: _Optional[int] = ..., failed: _Optional[_Iterable[_Union[FetchAttempt, _Mapping]]] = ..., staged: bool = ...) -> None: ...
 
 class FetchSource(_message.Message):
     __slots__ = ["addr", "node", "tier"]
@@ -118,6 +129,22 @@ class FetchSource(_message.Message):
     node: str
     tier: str
     def __init__(self, tier: _Optional[str] = ..., node: _Optional[str] = ..., addr: _Optional[str] = ...) -> None: ...
+
+class FinishRestoreRequest(_message.Message):
+    __slots__ = ["commit", "job", "stage"]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    commit: bool
+    job: str
+    stage: str
+    def __init__(self, job: _Optional[str] = ..., stage: _Optional[str] = ..., commit: bool = ...) -> None: ...
+
+class FinishRestoreResponse(_message.Message):
+    __slots__ = ["shards"]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    shards: int
+    def __init__(self, shards: _Optional[int] = ...) -> None: ...
 
 class ListRequest(_message.Message):
     __slots__ = ["job"]
@@ -356,6 +383,9 @@ class VerifyResponse(_message.Message):
     ok: bool
     problem: str
     def __init__(self, ok: bool = ..., problem: _Optional[str] = ..., bytes_checked: _Optional[int] = ...) -> None: ...
+
+class FetchFailure(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
 
 class ShardState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

@@ -74,6 +74,11 @@ class AgentStub(object):
                 request_serializer=agent__pb2.FetchRequest.SerializeToString,
                 response_deserializer=agent__pb2.FetchResponse.FromString,
                 )
+        self.FinishRestore = channel.unary_unary(
+                '/rewind.agent.v1.Agent/FinishRestore',
+                request_serializer=agent__pb2.FinishRestoreRequest.SerializeToString,
+                response_deserializer=agent__pb2.FinishRestoreResponse.FromString,
+                )
         self.TierCopies = channel.unary_stream(
                 '/rewind.agent.v1.Agent/TierCopies',
                 request_serializer=agent__pb2.TierCopiesRequest.SerializeToString,
@@ -175,6 +180,16 @@ class AgentServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FinishRestore(self, request, context):
+        """FinishRestore ends a restore's staging on this node (FetchRequest.stage):
+        with commit, every shard staged for it becomes its rank's committed
+        checkpoint, as a save's commit does; without, the staged slots are
+        freed and the node's memory is as it was before the restore.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def TierCopies(self, request, context):
         """TierCopies lists the step copies the agent's durable tiers hold, as
         their manifests describe them, for a coordinator rebuilding its index
@@ -249,6 +264,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Fetch,
                     request_deserializer=agent__pb2.FetchRequest.FromString,
                     response_serializer=agent__pb2.FetchResponse.SerializeToString,
+            ),
+            'FinishRestore': grpc.unary_unary_rpc_method_handler(
+                    servicer.FinishRestore,
+                    request_deserializer=agent__pb2.FinishRestoreRequest.FromString,
+                    response_serializer=agent__pb2.FinishRestoreResponse.SerializeToString,
             ),
             'TierCopies': grpc.unary_stream_rpc_method_handler(
                     servicer.TierCopies,
@@ -466,6 +486,23 @@ class Agent(object):
         return grpc.experimental.unary_unary(request, target, '/rewind.agent.v1.Agent/Fetch',
             agent__pb2.FetchRequest.SerializeToString,
             agent__pb2.FetchResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def FinishRestore(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/rewind.agent.v1.Agent/FinishRestore',
+            agent__pb2.FinishRestoreRequest.SerializeToString,
+            agent__pb2.FinishRestoreResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
