@@ -14,25 +14,28 @@ MPIJOB_CRD := manifests/base/kubeflow.org_mpijobs.yaml
 JOBSET_CRD := config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml
 JOBSET_WEBHOOKS := config/components/webhook/manifests.yaml
 TRAINER := github.com/kubeflow/trainer/v2
+# No symbol table or DWARF: the tests never debug these, and linking the
+# control plane's binaries without them is much quicker.
+KUBE_BUILD := $(GO) build -ldflags='-s -w'
 
 ## kube-bin: kube-apiserver and kube-controller-manager (k8s.io/kubernetes), mpi-operator, the JobSet controller, the Kubeflow Trainer controller, built from the Go module proxy into bin/; etcd from Debian.
 kube-bin: $(KUBE_BIN_STAMP)
 
 $(KUBE_BIN_STAMP): $(KUBE_BIN_MODS) kube.mk
 	@command -v etcd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server)
-	cd internal/kubetest/kubebin && $(GO) build -o $(BIN)/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
-	cd internal/kubetest/kubebin && $(GO) build -o $(BIN)/kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
-	cd internal/kubetest/mpiopbin && $(GO) build -o $(BIN)/mpi-operator github.com/kubeflow/mpi-operator/cmd/mpi-operator
+	@mkdir -p $(BIN)
+	cd internal/kubetest/kubebin && $(KUBE_BUILD) -o $(BIN)/ k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
+	cd internal/kubetest/mpiopbin && $(KUBE_BUILD) -o $(BIN)/mpi-operator github.com/kubeflow/mpi-operator/cmd/mpi-operator
 	cp "$$(cd internal/kubetest/mpiopbin && $(GO) list -m -f '{{.Dir}}' github.com/kubeflow/mpi-operator)/$(MPIJOB_CRD)" $(BIN)/kubeflow.org_mpijobs.yaml
-	cd internal/kubetest/jobsetbin && $(GO) build -o $(BIN)/jobset-controller sigs.k8s.io/jobset
+	cd internal/kubetest/jobsetbin && $(KUBE_BUILD) -o $(BIN)/jobset-controller sigs.k8s.io/jobset
 	install -m 0644 "$$(cd internal/kubetest/jobsetbin && $(GO) list -m -f '{{.Dir}}' sigs.k8s.io/jobset)/$(JOBSET_CRD)" $(BIN)/jobset.x-k8s.io_jobsets.yaml
 	install -m 0644 "$$(cd internal/kubetest/jobsetbin && $(GO) list -m -f '{{.Dir}}' sigs.k8s.io/jobset)/$(JOBSET_WEBHOOKS)" $(BIN)/jobset-webhooks.yaml
-	cd internal/kubetest/trainerbin && $(GO) build -o $(BIN)/trainer-controller-manager $(TRAINER)/cmd/trainer-controller-manager
+	cd internal/kubetest/trainerbin && $(KUBE_BUILD) -o $(BIN)/trainer-controller-manager $(TRAINER)/cmd/trainer-controller-manager
 	mkdir -p $(BIN)/trainer && d="$$(cd internal/kubetest/trainerbin && $(GO) list -m -f '{{.Dir}}' $(TRAINER))" && \
 		install -m 0644 $$d/manifests/base/crds/trainer.kubeflow.org_*.yaml $$d/manifests/base/runtimes/torch_distributed.yaml $(BIN)/trainer/
 	@touch $@
 
-## test-kube: the controller end to end against a real etcd, kube-apiserver (RBAC on), kube-controller-manager, mpi-operator and the JobSet controller, the chart applied, real agents and ranks.
+## test-kube: the controller end to end against a real etcd, kube-apiserver (RBAC on), kube-controller-manager, mpi-operator, the JobSet and Kubeflow Trainer controllers, the chart applied, real agents and ranks.
 test-kube: kube-bin helm build
 	$(HELM) template rewind $(CHART) --namespace rewind > $(BIN)/rewind-chart.yaml
 	REWIND_KUBE_BIN=$(BIN) REWIND_BIN=$(BIN)/rewind REWIND_CHART_RENDERED=$(BIN)/rewind-chart.yaml REWIND_REQUIRE_KUBE=1 \
