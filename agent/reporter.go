@@ -191,6 +191,21 @@ func (r *reporter) pinned(job string) pinSet {
 	return pinSet{-1, -1, true}
 }
 
+// told returns the pins every job's answers set, for a registration: a
+// coordinator that has not rebuilt a job up to them yet does not answer
+// for it (coordinator/rebuild.go).
+func (r *reporter) told() []*coordpb.Pin {
+	r.pinMu.Lock()
+	defer r.pinMu.Unlock()
+	out := make([]*coordpb.Pin, 0, len(r.pins))
+	for job, p := range r.pins {
+		if p.pins.consistent >= 0 {
+			out = append(out, &coordpb.Pin{Job: job, Step: p.pins.consistent, Protected: p.pins.protected})
+		}
+	}
+	return out
+}
+
 // setPins applies the pins of the answer to request asked (see pin).
 func (r *reporter) setPins(asked uint64, pins []*coordpb.Pin) {
 	r.pinMu.Lock()
@@ -283,7 +298,7 @@ func (r *reporter) register(ctx context.Context, c coordpb.CoordinatorClient) (s
 	defer cancel()
 	asked := r.ask()
 	resp, err := c.Register(cctx, &coordpb.RegisterRequest{Node: &coordpb.Node{Name: r.a.cfg.Node, Addr: r.a.advertise,
-		FailureDomain: r.a.cfg.FailureDomain, ShmBudgetBytes: r.a.budget}, Inventory: inv})
+		FailureDomain: r.a.cfg.FailureDomain, ShmBudgetBytes: r.a.budget}, Inventory: inv, Pins: r.told()})
 	if err != nil {
 		return "", fmt.Errorf("register: %w", err)
 	}
@@ -309,6 +324,12 @@ func (r *reporter) registerWriting(ctx context.Context, c coordpb.CoordinatorCli
 	for _, j := range jobs {
 		_, err := c.Latest(ctx, &coordpb.LatestRequest{Job: j.Job})
 		if err == nil {
+			continue
+		}
+		if status.Code(err) == codes.Unavailable {
+			// Rebuilding its index from the agents: a job it has not
+			// heard of is registered by the rank's next save.
+			r.a.log.Info("coordinator rebuilding; the job of a prepared save is registered by its next save", "job", j.Job, "err", err)
 			continue
 		}
 		if status.Code(err) != codes.NotFound {

@@ -479,9 +479,15 @@ func (x *ShardRecord) GetState() CopyState {
 }
 
 type RegisterRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	Inventory     []*ShardRecord         `protobuf:"bytes,2,rep,name=inventory,proto3" json:"inventory,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Node      *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Inventory []*ShardRecord         `protobuf:"bytes,2,rep,name=inventory,proto3" json:"inventory,omitempty"`
+	// The latest consistent step (and protected step) the agent was told of
+	// each job it holds, by this coordinator or one before it. A coordinator
+	// whose index is behind one of them (a standby taking over, a lost
+	// store) does not answer the job's latest step until it has rebuilt it
+	// from the agents: an answer never goes back (DESIGN invariant 9).
+	Pins          []*Pin `protobuf:"bytes,3,rep,name=pins,proto3" json:"pins,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -526,6 +532,13 @@ func (x *RegisterRequest) GetNode() *Node {
 func (x *RegisterRequest) GetInventory() []*ShardRecord {
 	if x != nil {
 		return x.Inventory
+	}
+	return nil
+}
+
+func (x *RegisterRequest) GetPins() []*Pin {
+	if x != nil {
+		return x.Pins
 	}
 	return nil
 }
@@ -3858,10 +3871,11 @@ const file_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"size_bytes\x18\x06 \x01(\x04R\tsizeBytes\x12'\n" +
 	"\x0fheader_checksum\x18\a \x01(\tR\x0eheaderChecksum\x126\n" +
-	"\x05state\x18\b \x01(\x0e2 .rewind.coordinator.v1.CopyStateR\x05state\"\x84\x01\n" +
+	"\x05state\x18\b \x01(\x0e2 .rewind.coordinator.v1.CopyStateR\x05state\"\xb4\x01\n" +
 	"\x0fRegisterRequest\x12/\n" +
 	"\x04node\x18\x01 \x01(\v2\x1b.rewind.coordinator.v1.NodeR\x04node\x12@\n" +
-	"\tinventory\x18\x02 \x03(\v2\".rewind.coordinator.v1.ShardRecordR\tinventory\"I\n" +
+	"\tinventory\x18\x02 \x03(\v2\".rewind.coordinator.v1.ShardRecordR\tinventory\x12.\n" +
+	"\x04pins\x18\x03 \x03(\v2\x1a.rewind.coordinator.v1.PinR\x04pins\"I\n" +
 	"\x03Pin\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x1c\n" +
@@ -4267,80 +4281,81 @@ var file_coordinator_proto_depIdxs = []int32{
 	0,  // 0: rewind.coordinator.v1.ShardRecord.state:type_name -> rewind.coordinator.v1.CopyState
 	5,  // 1: rewind.coordinator.v1.RegisterRequest.node:type_name -> rewind.coordinator.v1.Node
 	6,  // 2: rewind.coordinator.v1.RegisterRequest.inventory:type_name -> rewind.coordinator.v1.ShardRecord
-	8,  // 3: rewind.coordinator.v1.RegisterResponse.pins:type_name -> rewind.coordinator.v1.Pin
-	56, // 4: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
-	6,  // 5: rewind.coordinator.v1.ReportRequest.shards:type_name -> rewind.coordinator.v1.ShardRecord
-	8,  // 6: rewind.coordinator.v1.ReportResponse.pins:type_name -> rewind.coordinator.v1.Pin
-	8,  // 7: rewind.coordinator.v1.ReportResponse.consistent:type_name -> rewind.coordinator.v1.Pin
-	57, // 8: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
-	17, // 9: rewind.coordinator.v1.ListJobsResponse.jobs:type_name -> rewind.coordinator.v1.Job
-	0,  // 10: rewind.coordinator.v1.Copy.state:type_name -> rewind.coordinator.v1.CopyState
-	1,  // 11: rewind.coordinator.v1.Step.state:type_name -> rewind.coordinator.v1.StepState
-	20, // 12: rewind.coordinator.v1.Step.copies:type_name -> rewind.coordinator.v1.Copy
-	22, // 13: rewind.coordinator.v1.Step.tiers:type_name -> rewind.coordinator.v1.TierCopy
-	2,  // 14: rewind.coordinator.v1.TierCopy.state:type_name -> rewind.coordinator.v1.TierCopyState
-	21, // 15: rewind.coordinator.v1.ListStepsResponse.steps:type_name -> rewind.coordinator.v1.Step
-	21, // 16: rewind.coordinator.v1.InspectStepResponse.step:type_name -> rewind.coordinator.v1.Step
-	20, // 17: rewind.coordinator.v1.CopyCheck.copy:type_name -> rewind.coordinator.v1.Copy
-	26, // 18: rewind.coordinator.v1.VerifyStepResponse.checks:type_name -> rewind.coordinator.v1.CopyCheck
-	20, // 19: rewind.coordinator.v1.RankPlan.sources:type_name -> rewind.coordinator.v1.Copy
-	29, // 20: rewind.coordinator.v1.PlanRestoreResponse.ranks:type_name -> rewind.coordinator.v1.RankPlan
-	58, // 21: rewind.coordinator.v1.TransfersRequest.broken_gangs:type_name -> rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
-	36, // 22: rewind.coordinator.v1.TransferOrder.push:type_name -> rewind.coordinator.v1.PushOrder
-	37, // 23: rewind.coordinator.v1.TransferOrder.manifest:type_name -> rewind.coordinator.v1.ManifestOrder
-	38, // 24: rewind.coordinator.v1.TransferOrder.delete:type_name -> rewind.coordinator.v1.DeleteOrder
-	39, // 25: rewind.coordinator.v1.TransferOrder.replicate:type_name -> rewind.coordinator.v1.ReplicateOrder
-	40, // 26: rewind.coordinator.v1.TransferOrder.abort:type_name -> rewind.coordinator.v1.AbortOrder
-	41, // 27: rewind.coordinator.v1.TransferOrder.resume:type_name -> rewind.coordinator.v1.ResumeOrder
-	34, // 28: rewind.coordinator.v1.ManifestOrder.shards:type_name -> rewind.coordinator.v1.ShardEntry
-	3,  // 29: rewind.coordinator.v1.TierEvent.kind:type_name -> rewind.coordinator.v1.OrderKind
-	42, // 30: rewind.coordinator.v1.TierReportRequest.events:type_name -> rewind.coordinator.v1.TierEvent
-	43, // 31: rewind.coordinator.v1.TierReportRequest.health:type_name -> rewind.coordinator.v1.TierHealth
-	43, // 32: rewind.coordinator.v1.NodeTiers.tiers:type_name -> rewind.coordinator.v1.TierHealth
-	47, // 33: rewind.coordinator.v1.TierStatusResponse.nodes:type_name -> rewind.coordinator.v1.NodeTiers
-	4,  // 34: rewind.coordinator.v1.JobEvent.kind:type_name -> rewind.coordinator.v1.JobEventKind
-	59, // 35: rewind.coordinator.v1.JobEvent.placement:type_name -> rewind.coordinator.v1.JobEvent.PlacementEntry
-	60, // 36: rewind.coordinator.v1.JobEvent.sources:type_name -> rewind.coordinator.v1.JobEvent.SourcesEntry
-	54, // 37: rewind.coordinator.v1.RankSourcesResponse.sources:type_name -> rewind.coordinator.v1.RankSource
-	7,  // 38: rewind.coordinator.v1.Coordinator.Register:input_type -> rewind.coordinator.v1.RegisterRequest
-	10, // 39: rewind.coordinator.v1.Coordinator.RegisterJob:input_type -> rewind.coordinator.v1.RegisterJobRequest
-	12, // 40: rewind.coordinator.v1.Coordinator.Report:input_type -> rewind.coordinator.v1.ReportRequest
-	12, // 41: rewind.coordinator.v1.Coordinator.ReportStream:input_type -> rewind.coordinator.v1.ReportRequest
-	14, // 42: rewind.coordinator.v1.Coordinator.Latest:input_type -> rewind.coordinator.v1.LatestRequest
-	16, // 43: rewind.coordinator.v1.Coordinator.ListJobs:input_type -> rewind.coordinator.v1.ListJobsRequest
-	19, // 44: rewind.coordinator.v1.Coordinator.ListSteps:input_type -> rewind.coordinator.v1.ListStepsRequest
-	24, // 45: rewind.coordinator.v1.Coordinator.InspectStep:input_type -> rewind.coordinator.v1.StepRequest
-	24, // 46: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
-	28, // 47: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
-	53, // 48: rewind.coordinator.v1.Coordinator.RankSources:input_type -> rewind.coordinator.v1.RankSourcesRequest
-	31, // 49: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
-	33, // 50: rewind.coordinator.v1.Coordinator.Transfers:input_type -> rewind.coordinator.v1.TransfersRequest
-	44, // 51: rewind.coordinator.v1.Coordinator.TierReport:input_type -> rewind.coordinator.v1.TierReportRequest
-	46, // 52: rewind.coordinator.v1.Coordinator.TierStatus:input_type -> rewind.coordinator.v1.TierStatusRequest
-	49, // 53: rewind.coordinator.v1.Coordinator.NodeDown:input_type -> rewind.coordinator.v1.NodeDownRequest
-	51, // 54: rewind.coordinator.v1.Coordinator.WatchJob:input_type -> rewind.coordinator.v1.WatchJobRequest
-	9,  // 55: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
-	11, // 56: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
-	13, // 57: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
-	13, // 58: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
-	15, // 59: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
-	18, // 60: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
-	23, // 61: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
-	25, // 62: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
-	27, // 63: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
-	30, // 64: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
-	55, // 65: rewind.coordinator.v1.Coordinator.RankSources:output_type -> rewind.coordinator.v1.RankSourcesResponse
-	32, // 66: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
-	35, // 67: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
-	45, // 68: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
-	48, // 69: rewind.coordinator.v1.Coordinator.TierStatus:output_type -> rewind.coordinator.v1.TierStatusResponse
-	50, // 70: rewind.coordinator.v1.Coordinator.NodeDown:output_type -> rewind.coordinator.v1.NodeDownResponse
-	52, // 71: rewind.coordinator.v1.Coordinator.WatchJob:output_type -> rewind.coordinator.v1.JobEvent
-	55, // [55:72] is the sub-list for method output_type
-	38, // [38:55] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	8,  // 3: rewind.coordinator.v1.RegisterRequest.pins:type_name -> rewind.coordinator.v1.Pin
+	8,  // 4: rewind.coordinator.v1.RegisterResponse.pins:type_name -> rewind.coordinator.v1.Pin
+	56, // 5: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
+	6,  // 6: rewind.coordinator.v1.ReportRequest.shards:type_name -> rewind.coordinator.v1.ShardRecord
+	8,  // 7: rewind.coordinator.v1.ReportResponse.pins:type_name -> rewind.coordinator.v1.Pin
+	8,  // 8: rewind.coordinator.v1.ReportResponse.consistent:type_name -> rewind.coordinator.v1.Pin
+	57, // 9: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
+	17, // 10: rewind.coordinator.v1.ListJobsResponse.jobs:type_name -> rewind.coordinator.v1.Job
+	0,  // 11: rewind.coordinator.v1.Copy.state:type_name -> rewind.coordinator.v1.CopyState
+	1,  // 12: rewind.coordinator.v1.Step.state:type_name -> rewind.coordinator.v1.StepState
+	20, // 13: rewind.coordinator.v1.Step.copies:type_name -> rewind.coordinator.v1.Copy
+	22, // 14: rewind.coordinator.v1.Step.tiers:type_name -> rewind.coordinator.v1.TierCopy
+	2,  // 15: rewind.coordinator.v1.TierCopy.state:type_name -> rewind.coordinator.v1.TierCopyState
+	21, // 16: rewind.coordinator.v1.ListStepsResponse.steps:type_name -> rewind.coordinator.v1.Step
+	21, // 17: rewind.coordinator.v1.InspectStepResponse.step:type_name -> rewind.coordinator.v1.Step
+	20, // 18: rewind.coordinator.v1.CopyCheck.copy:type_name -> rewind.coordinator.v1.Copy
+	26, // 19: rewind.coordinator.v1.VerifyStepResponse.checks:type_name -> rewind.coordinator.v1.CopyCheck
+	20, // 20: rewind.coordinator.v1.RankPlan.sources:type_name -> rewind.coordinator.v1.Copy
+	29, // 21: rewind.coordinator.v1.PlanRestoreResponse.ranks:type_name -> rewind.coordinator.v1.RankPlan
+	58, // 22: rewind.coordinator.v1.TransfersRequest.broken_gangs:type_name -> rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
+	36, // 23: rewind.coordinator.v1.TransferOrder.push:type_name -> rewind.coordinator.v1.PushOrder
+	37, // 24: rewind.coordinator.v1.TransferOrder.manifest:type_name -> rewind.coordinator.v1.ManifestOrder
+	38, // 25: rewind.coordinator.v1.TransferOrder.delete:type_name -> rewind.coordinator.v1.DeleteOrder
+	39, // 26: rewind.coordinator.v1.TransferOrder.replicate:type_name -> rewind.coordinator.v1.ReplicateOrder
+	40, // 27: rewind.coordinator.v1.TransferOrder.abort:type_name -> rewind.coordinator.v1.AbortOrder
+	41, // 28: rewind.coordinator.v1.TransferOrder.resume:type_name -> rewind.coordinator.v1.ResumeOrder
+	34, // 29: rewind.coordinator.v1.ManifestOrder.shards:type_name -> rewind.coordinator.v1.ShardEntry
+	3,  // 30: rewind.coordinator.v1.TierEvent.kind:type_name -> rewind.coordinator.v1.OrderKind
+	42, // 31: rewind.coordinator.v1.TierReportRequest.events:type_name -> rewind.coordinator.v1.TierEvent
+	43, // 32: rewind.coordinator.v1.TierReportRequest.health:type_name -> rewind.coordinator.v1.TierHealth
+	43, // 33: rewind.coordinator.v1.NodeTiers.tiers:type_name -> rewind.coordinator.v1.TierHealth
+	47, // 34: rewind.coordinator.v1.TierStatusResponse.nodes:type_name -> rewind.coordinator.v1.NodeTiers
+	4,  // 35: rewind.coordinator.v1.JobEvent.kind:type_name -> rewind.coordinator.v1.JobEventKind
+	59, // 36: rewind.coordinator.v1.JobEvent.placement:type_name -> rewind.coordinator.v1.JobEvent.PlacementEntry
+	60, // 37: rewind.coordinator.v1.JobEvent.sources:type_name -> rewind.coordinator.v1.JobEvent.SourcesEntry
+	54, // 38: rewind.coordinator.v1.RankSourcesResponse.sources:type_name -> rewind.coordinator.v1.RankSource
+	7,  // 39: rewind.coordinator.v1.Coordinator.Register:input_type -> rewind.coordinator.v1.RegisterRequest
+	10, // 40: rewind.coordinator.v1.Coordinator.RegisterJob:input_type -> rewind.coordinator.v1.RegisterJobRequest
+	12, // 41: rewind.coordinator.v1.Coordinator.Report:input_type -> rewind.coordinator.v1.ReportRequest
+	12, // 42: rewind.coordinator.v1.Coordinator.ReportStream:input_type -> rewind.coordinator.v1.ReportRequest
+	14, // 43: rewind.coordinator.v1.Coordinator.Latest:input_type -> rewind.coordinator.v1.LatestRequest
+	16, // 44: rewind.coordinator.v1.Coordinator.ListJobs:input_type -> rewind.coordinator.v1.ListJobsRequest
+	19, // 45: rewind.coordinator.v1.Coordinator.ListSteps:input_type -> rewind.coordinator.v1.ListStepsRequest
+	24, // 46: rewind.coordinator.v1.Coordinator.InspectStep:input_type -> rewind.coordinator.v1.StepRequest
+	24, // 47: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
+	28, // 48: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
+	53, // 49: rewind.coordinator.v1.Coordinator.RankSources:input_type -> rewind.coordinator.v1.RankSourcesRequest
+	31, // 50: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
+	33, // 51: rewind.coordinator.v1.Coordinator.Transfers:input_type -> rewind.coordinator.v1.TransfersRequest
+	44, // 52: rewind.coordinator.v1.Coordinator.TierReport:input_type -> rewind.coordinator.v1.TierReportRequest
+	46, // 53: rewind.coordinator.v1.Coordinator.TierStatus:input_type -> rewind.coordinator.v1.TierStatusRequest
+	49, // 54: rewind.coordinator.v1.Coordinator.NodeDown:input_type -> rewind.coordinator.v1.NodeDownRequest
+	51, // 55: rewind.coordinator.v1.Coordinator.WatchJob:input_type -> rewind.coordinator.v1.WatchJobRequest
+	9,  // 56: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
+	11, // 57: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
+	13, // 58: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
+	13, // 59: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
+	15, // 60: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
+	18, // 61: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
+	23, // 62: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
+	25, // 63: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
+	27, // 64: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
+	30, // 65: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
+	55, // 66: rewind.coordinator.v1.Coordinator.RankSources:output_type -> rewind.coordinator.v1.RankSourcesResponse
+	32, // 67: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
+	35, // 68: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
+	45, // 69: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
+	48, // 70: rewind.coordinator.v1.Coordinator.TierStatus:output_type -> rewind.coordinator.v1.TierStatusResponse
+	50, // 71: rewind.coordinator.v1.Coordinator.NodeDown:output_type -> rewind.coordinator.v1.NodeDownResponse
+	52, // 72: rewind.coordinator.v1.Coordinator.WatchJob:output_type -> rewind.coordinator.v1.JobEvent
+	56, // [56:73] is the sub-list for method output_type
+	39, // [39:56] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_coordinator_proto_init() }
