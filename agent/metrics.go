@@ -4,6 +4,7 @@ import "github.com/prometheus/client_golang/prometheus"
 
 type metrics struct {
 	saves          *prometheus.CounterVec
+	pinRefreshes   prometheus.Counter
 	committedBytes prometheus.Counter
 	corrupt        prometheus.Counter
 	verifySeconds  prometheus.Histogram
@@ -18,6 +19,10 @@ func newMetrics(reg prometheus.Registerer, a *Agent) *metrics {
 			Name: "rewind_agent_saves_total",
 			Help: "Saves by outcome: ok (committed), budget, no_space.",
 		}, []string{"result"}),
+		pinRefreshes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rewind_agent_pin_refreshes_total",
+			Help: "Saves that asked the coordinator for a job's pins: every slot left held the consistent or protected step, or a step newer than the consistent one.",
+		}),
 		committedBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rewind_agent_committed_bytes_total",
 			Help: "Bytes of shards committed into shared memory.",
@@ -58,7 +63,7 @@ func newMetrics(reg prometheus.Registerer, a *Agent) *metrics {
 		}
 		return float64(n)
 	})
-	reg.MustRegister(m.saves, m.committedBytes, m.corrupt, m.verifySeconds, m.readBytes, shards, m.transfers, m.tierBytes,
+	reg.MustRegister(m.saves, m.pinRefreshes, m.committedBytes, m.corrupt, m.verifySeconds, m.readBytes, shards, m.transfers, m.tierBytes,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rewind_agent_shm_bytes", Help: "Bytes of all segments in shared memory."}, usedFn),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rewind_agent_shm_budget_bytes", Help: "The node's shared-memory budget."}, budgetFn),
 	)

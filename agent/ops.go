@@ -152,12 +152,13 @@ func (a *Agent) pickSlot(ctx context.Context, r *lockedRank, size int64, replica
 			// already and their reports are on the way: ask the
 			// coordinator until the pins move or PinWait runs out.
 			r.mu.Unlock()
+			a.metrics.pinRefreshes.Inc()
 			fresh := a.rep.refreshPin(ctx, r.job)
 			r.mu.Lock()
 			if fresh != pins {
 				continue
 			}
-			s = a.abandonedLatest(ctx, r, size, max, pins)
+			s = a.abandonedLatest(ctx, r, pins)
 			if s == nil && a.cfg.Clock.Now().Before(pinDeadline) && ctx.Err() == nil {
 				r.mu.Unlock()
 				time.Sleep(10 * time.Millisecond)
@@ -198,7 +199,7 @@ func (a *Agent) pickPinned(r *lockedRank, size int64, max int, pins pinSet, repl
 	if s := r.pick(size, extra, pins, replica); s != nil {
 		return s
 	}
-	s := r.pick(size, max, pinSet{consistent: pins.consistent, protected: -1}, replica)
+	s := r.pick(size, max, pinSet{consistent: pins.consistent, protected: -1, newer: pins.newer}, replica)
 	if s != nil && s.State == stateCommitted && s.Step == pins.protected {
 		a.log.Warn("the job's protected step (the newest that outlives a node's loss) gives way to a save: no slot or budget left for both pins; raise --slots or the budget",
 			"job", r.job, "rank", r.rank, "protected", pins.protected, "consistent", pins.consistent)
@@ -213,7 +214,7 @@ func (a *Agent) pickPinned(r *lockedRank, size int64, max int, pins pinSet, repl
 // consistent nor be restored, and keeping it would leave every later step
 // of the job without this rank's shard. The caller holds r's lock; it is
 // released during the call to the coordinator.
-func (a *Agent) abandonedLatest(ctx context.Context, r *lockedRank, size int64, max int, pins pinSet) *slot {
+func (a *Agent) abandonedLatest(ctx context.Context, r *lockedRank, pins pinSet) *slot {
 	latest := r.latest()
 	if latest == nil || latest.Step <= pins.consistent {
 		return nil
@@ -225,14 +226,18 @@ func (a *Agent) abandonedLatest(ctx context.Context, r *lockedRank, size int64, 
 	if !abandoned {
 		return nil
 	}
-	if l := r.latest(); l == nil || l.Step != step {
+	s := r.latest()
+	if s == nil || s.Step != step {
 		return nil // changed meanwhile: the caller looks again
 	}
-	s := r.pick(size, max, pinSet{consistent: pins.consistent, protected: -1}, true) // the latest slot may go
-	if s != nil {
-		a.log.Warn("the rank's latest checkpoint was abandoned by the job (a rank moved on without it): its slot is reused",
-			"job", r.job, "rank", r.rank, "step", step, "consistent", pins.consistent)
+	// Every other slot is pinned, newer than the consistent step (which
+	// may be consistent: pinSet.newer) or being read, or the caller's
+	// pick would have had it: the latest slot goes, unless it is read.
+	if s.readers > 0 {
+		return nil
 	}
+	a.log.Warn("the rank's latest checkpoint was abandoned by the job (a rank moved on without it): its slot is reused",
+		"job", r.job, "rank", r.rank, "step", step, "consistent", pins.consistent)
 	return s
 }
 

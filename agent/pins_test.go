@@ -64,10 +64,10 @@ func TestPinSet(t *testing.T) {
 		split bool
 	}{
 		{noPins, -1, false, false},
-		{pinSet{5, 5}, 5, true, false},
-		{pinSet{5, 4}, 4, true, true},
-		{pinSet{5, 4}, 3, false, true},
-		{pinSet{5, -1}, 5, true, false},
+		{pinSet{5, 5, true}, 5, true, false},
+		{pinSet{5, 4, true}, 4, true, true},
+		{pinSet{5, 4, true}, 3, false, true},
+		{pinSet{5, -1, true}, 5, true, false},
 	} {
 		if got := tc.p.holds(tc.step); got != tc.holds {
 			t.Errorf("%+v.holds(%d) = %v, want %v", tc.p, tc.step, got, tc.holds)
@@ -94,5 +94,31 @@ func TestPinHoldsOneCopyOfItsStep(t *testing.T) {
 	r = rankWith(10, 11)
 	if got := r.pick(4096, 2, pinSet{consistent: 10, protected: 10}, false); got != nil {
 		t.Fatalf("pick = %+v, want none: step 10 is pinned and 11 the latest", got)
+	}
+}
+
+// TestNewerThanConsistentKept: a rank holds steps 10 (the consistent step
+// it was told), 11 and 12 (its latest) in three slots. Step 11 may be
+// consistent already, answered so to someone, while this agent's answer
+// saying so is still to come (or lost with a coordinator that died): the
+// save of 13 must not take its slot. Once told 11 is consistent, the slot
+// of 10 goes. Without a coordinator (noPins) a rank rotates as before,
+// and a replica's slots are not held back.
+func TestNewerThanConsistentKept(t *testing.T) {
+	told := pinSet{consistent: 10, protected: 10, newer: true}
+	if got := rankWith(10, 11, 12).pick(4096, 3, told, false); got != nil {
+		t.Fatalf("pick = %+v, want none: 10 pinned, 11 newer than it, 12 the latest", got)
+	}
+	if got := rankWith(10, 11, 12).pick(4096, 3, pinSet{consistent: 11, protected: 11, newer: true}, false); got == nil || got.Step != 10 {
+		t.Fatalf("pick = %+v, want the slot of step 10 once 11 is consistent", got)
+	}
+	if got := rankWith(9, 10, 11, 12).pick(4096, 4, told, false); got == nil || got.Step != 9 {
+		t.Fatalf("pick = %+v, want the slot of step 9, older than the consistent step", got)
+	}
+	if got := rankWith(10, 11, 12).pick(4096, 3, noPins, false); got == nil || got.Step != 10 {
+		t.Fatalf("without a coordinator pick = %+v, want the slot of step 10", got)
+	}
+	if got := rankWith(10, 11, 12).pick(4096, 3, told, true); got == nil || got.Step != 11 {
+		t.Fatalf("a replica's pick = %+v, want the slot of step 11", got)
 	}
 }

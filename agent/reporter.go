@@ -52,12 +52,25 @@ type pin struct {
 // pinSet is the steps of a job that the node keeps whatever its saves
 // need (coordpb.Pin): the latest consistent step, and the protected one,
 // the newest that outlives the loss of any one node. -1: none.
+//
+// With newer set (pins from a coordinator), a rank's committed steps
+// newer than the consistent one are kept too: the coordinator may have
+// made one of them consistent, and answered so, before this agent's
+// next answer tells it. Its slot is reused only once an answer says the
+// latest consistent step is at or past it (DESIGN invariant 9: the step
+// an answer named must stay whole on every rank, through a coordinator
+// crash, for the successor to find it).
 type pinSet struct {
 	consistent, protected int64
+	newer                 bool
 }
 
 // noPins holds no step.
-var noPins = pinSet{-1, -1}
+var noPins = pinSet{-1, -1, false}
+
+// unconfirmed reports whether step is newer than the consistent step and
+// the pins keep such steps.
+func (p pinSet) unconfirmed(step int64) bool { return p.newer && step > p.consistent }
 
 // holds reports whether step is pinned.
 func (p pinSet) holds(step int64) bool {
@@ -163,7 +176,9 @@ func (r *reporter) registerJob(job string, rank, ws uint32) {
 	r.push(event{job: &coordpb.RegisterJobRequest{Job: job, WorldSize: ws, Placement: map[uint32]string{rank: r.a.cfg.Node}}})
 }
 
-// pinned returns the job's pins; noPins when none is known.
+// pinned returns the job's pins. Without a coordinator none; with one
+// that has not answered for the job yet, every committed step is newer
+// than its (unknown) consistent step.
 func (r *reporter) pinned(job string) pinSet {
 	if r == nil {
 		return noPins
@@ -173,7 +188,22 @@ func (r *reporter) pinned(job string) pinSet {
 	if p, ok := r.pins[job]; ok {
 		return p.pins
 	}
-	return noPins
+	return pinSet{-1, -1, true}
+}
+
+// told returns the pins every job's answers set, for a registration: a
+// coordinator that has not rebuilt a job up to them yet does not answer
+// for it (coordinator/rebuild.go).
+func (r *reporter) told() []*coordpb.Pin {
+	r.pinMu.Lock()
+	defer r.pinMu.Unlock()
+	out := make([]*coordpb.Pin, 0, len(r.pins))
+	for job, p := range r.pins {
+		if p.pins.consistent >= 0 {
+			out = append(out, &coordpb.Pin{Job: job, Step: p.pins.consistent, Protected: p.pins.protected})
+		}
+	}
+	return out
 }
 
 // setPins applies the pins of the answer to request asked (see pin).
@@ -182,7 +212,7 @@ func (r *reporter) setPins(asked uint64, pins []*coordpb.Pin) {
 	defer r.pinMu.Unlock()
 	for _, p := range pins {
 		if old, ok := r.pins[p.Job]; !ok || old.asked <= asked {
-			r.pins[p.Job] = pin{pins: pinSet{consistent: p.Step, protected: p.Protected}, asked: asked}
+			r.pins[p.Job] = pin{pins: pinSet{consistent: p.Step, protected: p.Protected, newer: true}, asked: asked}
 		}
 	}
 }
@@ -268,7 +298,7 @@ func (r *reporter) register(ctx context.Context, c coordpb.CoordinatorClient) (s
 	defer cancel()
 	asked := r.ask()
 	resp, err := c.Register(cctx, &coordpb.RegisterRequest{Node: &coordpb.Node{Name: r.a.cfg.Node, Addr: r.a.advertise,
-		FailureDomain: r.a.cfg.FailureDomain, ShmBudgetBytes: r.a.budget}, Inventory: inv})
+		FailureDomain: r.a.cfg.FailureDomain, ShmBudgetBytes: r.a.budget}, Inventory: inv, Pins: r.told()})
 	if err != nil {
 		return "", fmt.Errorf("register: %w", err)
 	}
@@ -294,6 +324,12 @@ func (r *reporter) registerWriting(ctx context.Context, c coordpb.CoordinatorCli
 	for _, j := range jobs {
 		_, err := c.Latest(ctx, &coordpb.LatestRequest{Job: j.Job})
 		if err == nil {
+			continue
+		}
+		if status.Code(err) == codes.Unavailable {
+			// Rebuilding its index from the agents: a job it has not
+			// heard of is registered by the rank's next save.
+			r.a.log.Info("coordinator rebuilding; the job of a prepared save is registered by its next save", "job", j.Job, "err", err)
 			continue
 		}
 		if status.Code(err) != codes.NotFound {

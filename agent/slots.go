@@ -106,7 +106,9 @@ func (r *rankState) find(step int64) *slot {
 }
 
 // pick chooses the slot a new save writes into, or nil when every slot is
-// the latest checkpoint, a step the job's pins hold or being read. Preference: an unused slot of the right size (warm), any unused
+// the latest checkpoint, a step the job's pins hold (for a rank's own
+// save, also a step newer than the consistent one: pinSet.newer) or being
+// read. Preference: an unused slot of the right size (warm), any unused
 // slot, a new slot while fewer than max exist, the oldest committed slot
 // that is not the latest, then a new slot beside those being read.
 func (r *rankState) pick(size int64, max int, pins pinSet, replica bool) *slot {
@@ -130,7 +132,8 @@ func (r *rankState) pick(size int64, max int, pins pinSet, replica bool) *slot {
 		if s.readers > 0 || s.State == stateStaged {
 			held++
 		}
-		if s == latest || s.readers > 0 || s.State == stateCommitted && pinned[s.Step] == s || s.State == stateStaged {
+		if s == latest || s.readers > 0 || s.State == stateStaged ||
+			s.State == stateCommitted && (pinned[s.Step] == s || !replica && pins.unconfirmed(s.Step)) {
 			continue
 		}
 		switch s.State {

@@ -34,7 +34,9 @@ type Config struct {
 	// failure detection (membership): agents declared dead are recovered.
 	Gossip *membership.Config
 	// LeaveGrace is how long an agent that left the cluster gracefully
-	// (a restart) has to come back before its jobs are recovered.
+	// (a restart) has to come back before its jobs are recovered, and how
+	// long agents have to register with a coordinator that begins to
+	// lead before it answers without them (rebuild.go).
 	LeaveGrace time.Duration
 	// Quorum, when set, replaces failure detection's answer to whether
 	// this coordinator reaches a majority of the cluster; without a

@@ -26,6 +26,11 @@ type Coordinator struct {
 	state *State
 	store *Store
 	down  map[string]time.Time // nodes declared dead, since when (recovery.go)
+	// rebuild is the catching up with the answers given before this
+	// coordinator (rebuild.go); followed is set by a call refused while
+	// it did not lead, so that the next lead starts a catching up.
+	rebuild  rebuild
+	followed atomic.Bool
 
 	recovering map[string]*sync.Mutex // per job: one recovery at a time
 	watchers   watchers               // WatchJob streams
@@ -84,6 +89,7 @@ func New(cfg Config) (*Coordinator, error) {
 	}
 	c.replication.load(replicas)
 	c.tiers.load(copies, policies)
+	c.startRebuild(false)
 	c.log.Info("index loaded", "jobs", len(c.state.Jobs), "nodes", len(c.state.Nodes),
 		"took", time.Since(start).Round(time.Millisecond), "incarnation", c.Incarnation())
 	return c, nil
@@ -159,17 +165,30 @@ func (c *Coordinator) apply(f func(ch *Changes) error) (*Changes, error) {
 // from the store so memory never claims what disk does not hold.
 func (c *Coordinator) persist(ch *Changes) error {
 	if err := c.store.Write(ch); err != nil {
-		// Grouped writes acknowledged earlier may be lost with this batch:
-		// a new incarnation makes every agent register its inventory again.
-		c.incarnation.Store(newIncarnation())
-		c.log.Error("persisting index change failed; reloading, agents will re-register", "err", err)
-		fresh := c.cfg.newState()
-		if lerr := c.store.Load(fresh); lerr == nil {
-			c.state = fresh
-		}
-		return fmt.Errorf("coordinator: %w", err)
+		return c.reload(err)
 	}
 	return nil
+}
+
+// reload makes the index in memory what the store holds, after a change
+// applied in memory was not stored (err, which it returns wrapped): no
+// answer may tell what a crash would take back (DESIGN invariant 9). A
+// step made consistent in memory only would otherwise be answered from
+// there, and the agent's report sent again would find its commit known
+// and decide nothing, so nothing would ever store it. Grouped writes
+// acknowledged earlier are dropped with the change: a new incarnation
+// makes every agent register its inventory again. The caller holds c.mu.
+func (c *Coordinator) reload(err error) error {
+	c.store.Discard()
+	c.incarnation.Store(newIncarnation())
+	c.log.Error("index change not stored; reloading the index, agents will re-register", "err", err)
+	fresh := c.cfg.newState()
+	if lerr := c.store.Load(fresh); lerr != nil {
+		c.log.Error("reloading the index", "err", lerr)
+	} else {
+		c.state = fresh
+	}
+	return fmt.Errorf("coordinator: %w", err)
 }
 
 // flushEvery is how often grouped index writes are committed when no
@@ -181,7 +200,7 @@ func (c *Coordinator) flush() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.store.Flush(); err != nil {
-		c.log.Error("flushing index writes", "err", err)
+		_ = c.reload(fmt.Errorf("flushing index writes: %w", err))
 	}
 }
 

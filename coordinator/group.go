@@ -116,9 +116,11 @@ func (c *Coordinator) applyGroup(group []*pendingReport) {
 		p.consistent = ch.Consistent[from:len(ch.Consistent):len(ch.Consistent)]
 	}
 	c.metrics.countReports(counts)
-	err := c.faultBeforeConsistent(&ch)
-	if err == nil {
-		err = c.persist(&ch)
+	err := c.faultAtConsistent(&ch, faultinject.CoordBeforeConsistent)
+	if err != nil {
+		err = c.reload(err) // applied in memory, not stored: memory must not tell it
+	} else if err = c.persist(&ch); err == nil {
+		err = c.faultAtConsistent(&ch, faultinject.CoordConsistentStored)
 	}
 	if err != nil {
 		for _, p := range group {
@@ -176,6 +178,9 @@ func (c *Coordinator) pinsLocked(node string, recs []Record) []*coordpb.Pin {
 				return
 			}
 		}
+		if c.rebuildingLocked(id) != nil {
+			return // not rebuilt yet: the agent keeps the pins it has
+		}
 		if j := c.state.Jobs[id]; j != nil { // -1 too: an agent drops a pin that no longer holds
 			pins = append(pins, &coordpb.Pin{Job: id, Step: j.Latest, Protected: j.Protected})
 		}
@@ -189,13 +194,14 @@ func (c *Coordinator) pinsLocked(node string, recs []Record) []*coordpb.Pin {
 	return pins
 }
 
-// faultBeforeConsistent fires coordinator/before-consistent when the
-// changes about to be stored make a step consistent.
-func (c *Coordinator) faultBeforeConsistent(ch *Changes) error {
+// faultAtConsistent fires point (coordinator/before-consistent before
+// the changes are stored, coordinator/consistent-stored after, before any
+// answer) when the changes make a step consistent.
+func (c *Coordinator) faultAtConsistent(ch *Changes, point string) error {
 	if len(ch.Consistent) == 0 {
 		return nil
 	}
-	if err := c.cfg.Faults.Check(context.Background(), faultinject.CoordBeforeConsistent); err != nil {
+	if err := c.cfg.Faults.Check(context.Background(), point); err != nil {
 		return fmt.Errorf("coordinator: recording step %d of %s consistent: %w", ch.Consistent[0].Step, ch.Consistent[0].Job, err)
 	}
 	return nil

@@ -17,7 +17,8 @@ import (
 // once it routes there), and its /readyz says 503, so that the Service's
 // endpoints are the leader alone: several replicas never split agents
 // between indexes. A new leader's index is rebuilt from the agents, which
-// re-register with their inventory when their connection moves to it.
+// re-register with their inventory when their connection moves to it;
+// until then it answers about jobs Unavailable (rebuild.go).
 
 // leading reports whether this coordinator serves.
 func (c *Coordinator) leading() bool {
@@ -29,6 +30,7 @@ var errNotLeader = status.Error(codes.Unavailable, "coordinator: this replica is
 
 func (c *Coordinator) unaryLeader(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	if !c.leading() {
+		c.followed.Store(true)
 		return nil, errNotLeader
 	}
 	return h(ctx, req)
@@ -36,6 +38,7 @@ func (c *Coordinator) unaryLeader(ctx context.Context, req any, _ *grpc.UnarySer
 
 func (c *Coordinator) streamLeader(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 	if !c.leading() {
+		c.followed.Store(true)
 		return errNotLeader
 	}
 	return h(srv, ss)

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -16,17 +17,20 @@ import (
 
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/coordinator"
+	"rewind.dev/rewind/internal/wait"
 )
 
 // TestOnlyTheLeaderServes: a replica that does not hold the leader lease
 // answers every call Unavailable and is not ready (the Service leaves it
-// out); once it leads it serves and is ready.
+// out); once it leads it is ready, and serves. Its index knows no node
+// whose agent to wait for, so answers about jobs wait for the agents'
+// registrations a LeaveGrace (at least a second; rebuild.go), then come.
 func TestOnlyTheLeaderServes(t *testing.T) {
 	var leading atomic.Bool
 	cfg := coordinator.DefaultConfig()
 	cfg.ListenAddr, cfg.MetricsAddr, cfg.DataDir = "127.0.0.1:0", "127.0.0.1:0", t.TempDir()
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	cfg.Leading = leading.Load
+	cfg.Leading, cfg.LeaveGrace = leading.Load, time.Second
 	c, err := coordinator.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -67,10 +71,15 @@ func TestOnlyTheLeaderServes(t *testing.T) {
 		t.Fatalf("a follower's /readyz: %d", code)
 	}
 	leading.Store(true)
-	if _, err := api.ListJobs(ctxT(t), &coordpb.ListJobsRequest{}); err != nil {
-		t.Fatalf("the leader's ListJobs: %v", err)
-	}
 	if code := ready(); code != http.StatusOK {
 		t.Fatalf("the leader's /readyz: %d", code)
 	}
+	_, err = api.ListJobs(ctxT(t), &coordpb.ListJobsRequest{})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "rebuilding") {
+		t.Fatalf("a new leader answered ListJobs before the agents could register: %v", err)
+	}
+	wait.ForNil(t, 10*time.Second, "the new leader to answer ListJobs", func() error {
+		_, err := api.ListJobs(ctxT(t), &coordpb.ListJobsRequest{})
+		return err
+	})
 }

@@ -19,7 +19,7 @@ import (
 // registered from the shards' world sizes when the index does not know
 // them (a coordinator rebuilding a lost store), and every shard is applied.
 // It returns the pins for the jobs the agent holds.
-func (c *Coordinator) Register(n *NodeInfo, inventory []Record) ([]*coordpb.Pin, error) {
+func (c *Coordinator) Register(n *NodeInfo, inventory []Record, told map[string]int64) ([]*coordpb.Pin, error) {
 	n.RegisteredAt = c.cfg.Clock.Now()
 	c.mu.Lock()
 	err := c.store.PutNode(n)
@@ -30,6 +30,7 @@ func (c *Coordinator) Register(n *NodeInfo, inventory []Record) ([]*coordpb.Pin,
 	// Apply the newest steps last, so a job's world size ends as its newest.
 	slices.SortFunc(inventory, func(a, b Record) int { return int(a.Step - b.Step) })
 	written, err := c.apply(func(ch *Changes) error {
+		c.noteLeadLocked() // a lead that begins with this call expects the nodes known before it
 		c.state.Nodes[n.Name] = n
 		var errs []error
 		for _, r := range inventory {
@@ -45,6 +46,7 @@ func (c *Coordinator) Register(n *NodeInfo, inventory []Record) ([]*coordpb.Pin,
 			}
 		}
 		c.state.Reconcile(n.Name, inventory, ch)
+		c.noteRegisteredLocked(n.Name, told)
 		ch.Sync = true
 		return errors.Join(errs...)
 	})
@@ -202,6 +204,10 @@ func uniqueRanks(cs []*coordpb.Copy) map[uint32]bool {
 // refused unless force is set: it is what a restore would use.
 func (c *Coordinator) DeleteStep(ctx context.Context, job string, step int64, force bool) (int, error) {
 	c.mu.Lock()
+	if err := c.rebuildingLocked(job); err != nil && !force { // latest may be behind: what to refuse is not known yet
+		c.mu.Unlock()
+		return 0, err
+	}
 	j := c.state.Jobs[job]
 	var latest int64 = -1
 	if j != nil {

@@ -141,6 +141,10 @@ func (c *Coordinator) recoverJob(ctx context.Context, job, node, reason string, 
 	defer lock.Unlock()
 	ev := &coordpb.JobEvent{Job: job, Kind: coordpb.JobEventKind_JOB_EVENT_KIND_REGANG, Reason: fmt.Sprintf("node %s down: %s", node, reason), Node: node,
 		DetectedUnixNano: detected.UnixNano(), Sources: map[string]uint32{}}
+	if err := c.waitRebuilt(ctx, job); err != nil {
+		c.failRegang(ev, err)
+		return
+	}
 	placement, err := c.replace(job)
 	if err != nil {
 		c.failRegang(ev, err)

@@ -172,7 +172,10 @@ func TestRestoreFallsBackFromACorruptReplica(t *testing.T) {
 // (on node-1) saves first, and its replicas fill three of them on node-0;
 // then rank 0 saves on node-0 and needs two: the replicas give way (never
 // the newest one), and no save of the node's own fails for a replica's
-// sake.
+// sake. Rank 1 has three slots (and node-1 room for them beside rank 0's
+// replicas): with no step consistent yet, an agent keeps every step of
+// its rank (any may be the one the job makes consistent), so two would
+// not take three steps ahead of rank 0.
 func TestReplicasGiveWayToSaves(t *testing.T) {
 	const job, ws = "budget", 2
 	l, err := shm.NewLayout(shm.ShardMeta{Job: job, Rank: 0, WorldSize: ws, Step: 1},
@@ -185,7 +188,7 @@ func TestReplicasGiveWayToSaves(t *testing.T) {
 	cl.dial()
 	for i, d := range []string{"rack-a", "rack-b"} {
 		cl.addAgent(func(cfg *agent.Config) {
-			cfg.Node, cfg.FailureDomain, cfg.BudgetBytes = fmt.Sprintf("node-%d", i), d, uint64(4*l.Size)
+			cfg.Node, cfg.FailureDomain, cfg.BudgetBytes, cfg.SlotsPerRank = fmt.Sprintf("node-%d", i), d, uint64(int64(4+4*i)*l.Size), 2+i
 		})
 	}
 	for step := int64(1); step <= 3; step++ {

@@ -59,6 +59,12 @@ func (c *Coordinator) plan(ctx context.Context, job string, step int64, placemen
 // consistent, complete step is restorable as it stands).
 func (c *Coordinator) chooseStep(ctx context.Context, job string, step, rank int64, wantPlacement bool) (*stepView, nodeView, map[uint32]string, []*coordpb.UnrestorableStep, error) {
 	c.mu.Lock()
+	if step < 0 { // the newest restorable step: not before the index caught up
+		if err := c.rebuildingLocked(job); err != nil {
+			c.mu.Unlock()
+			return nil, nodeView{}, nil, nil, err
+		}
+	}
 	j := c.state.Jobs[job]
 	if j == nil {
 		c.mu.Unlock()

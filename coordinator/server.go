@@ -40,6 +40,8 @@ func toStatus(err error) error {
 		code = codes.InvalidArgument
 	case errors.Is(err, ErrRefused):
 		code = codes.FailedPrecondition
+	case errors.Is(err, ErrRebuilding):
+		code = codes.Unavailable
 	case errors.Is(err, context.DeadlineExceeded):
 		code = codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled):
@@ -53,7 +55,13 @@ func (s *server) Register(ctx context.Context, req *coordpb.RegisterRequest) (*c
 	if err := shm.ValidateNode(n.GetName()); err != nil {
 		return nil, toStatus(fmt.Errorf("%w: coordinator: register: %w", ErrInvalid, err))
 	}
-	pins, err := s.c.Register(&NodeInfo{Name: n.Name, Addr: n.Addr, FailureDomain: n.FailureDomain, BudgetBytes: n.ShmBudgetBytes}, recordsOf(req.Inventory))
+	told := make(map[string]int64, len(req.Pins))
+	for _, p := range req.Pins {
+		if t, ok := told[p.Job]; p.Step >= 0 && (!ok || p.Step > t) {
+			told[p.Job] = p.Step
+		}
+	}
+	pins, err := s.c.Register(&NodeInfo{Name: n.Name, Addr: n.Addr, FailureDomain: n.FailureDomain, BudgetBytes: n.ShmBudgetBytes}, recordsOf(req.Inventory), told)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -148,6 +156,9 @@ func recordsOf(shards []*coordpb.ShardRecord) []Record {
 func (s *server) Latest(ctx context.Context, req *coordpb.LatestRequest) (*coordpb.LatestResponse, error) {
 	s.c.mu.Lock()
 	defer s.c.mu.Unlock()
+	if err := s.c.rebuildingLocked(req.Job); err != nil {
+		return nil, toStatus(err)
+	}
 	j := s.c.state.Jobs[req.Job]
 	if j == nil {
 		return nil, toStatus(fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, req.Job))
@@ -161,6 +172,10 @@ func (s *server) Latest(ctx context.Context, req *coordpb.LatestRequest) (*coord
 
 func (s *server) ListJobs(ctx context.Context, req *coordpb.ListJobsRequest) (*coordpb.ListJobsResponse, error) {
 	s.c.mu.Lock()
+	if err := s.c.rebuildingLocked(""); err != nil {
+		s.c.mu.Unlock()
+		return nil, toStatus(err)
+	}
 	resp := &coordpb.ListJobsResponse{}
 	for _, j := range s.c.state.Jobs {
 		resp.Jobs = append(resp.Jobs, &coordpb.Job{Id: j.ID, WorldSize: j.WorldSize, LatestConsistent: j.Latest, Protected: j.Protected, Steps: uint32(len(j.Steps)), Placement: maps.Clone(j.Placement)})
@@ -188,6 +203,10 @@ func cmpString(a, b string) int {
 // not hold up the others, and a step that goes meanwhile is left out.
 func (s *server) ListSteps(ctx context.Context, req *coordpb.ListStepsRequest) (*coordpb.ListStepsResponse, error) {
 	s.c.mu.Lock()
+	if err := s.c.rebuildingLocked(req.Job); err != nil {
+		s.c.mu.Unlock()
+		return nil, toStatus(err)
+	}
 	j := s.c.state.Jobs[req.Job]
 	if j == nil {
 		s.c.mu.Unlock()

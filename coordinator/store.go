@@ -163,6 +163,14 @@ func (s *Store) Write(ch *Changes) error {
 // Flush commits the grouped writes, unsynced.
 func (s *Store) Flush() error { return s.commit(false) }
 
+// Discard drops the grouped writes not committed yet.
+func (s *Store) Discard() {
+	if s.pending != nil {
+		s.pending.Close()
+		s.pending = nil
+	}
+}
+
 func (s *Store) commit(sync bool) error {
 	b := s.pending
 	if b == nil || b.Empty() && !sync {

@@ -21,6 +21,7 @@ const (
 	AgentTierManifest     = "agent/tier-manifest-written"
 	AgentRestoreFetched   = "agent/restore-fetched"
 	CoordBeforeConsistent = "coordinator/before-consistent"
+	CoordConsistentStored = "coordinator/consistent-stored"
 	CoordBeforeTierRecord = "coordinator/before-tier-record"
 	CoordBeforeRegang     = "coordinator/before-regang"
 	CoordResumeSent       = "coordinator/resume-sent"
@@ -59,6 +60,8 @@ var Points = []Point{
 		"a source that fails is passed over for the next one in the plan", processKinds},
 	{CoordBeforeConsistent, "coordinator, before a step that every rank committed is recorded consistent",
 		"a coordinator crash mid-commit: agents re-report and the step becomes consistent once", processKinds},
+	{CoordConsistentStored, "coordinator, after a step's consistency is stored (synced), before any answer tells it",
+		"a crash between the decision and its answers: the successor answers the step, nothing answered goes back", processKinds},
 	{CoordBeforeTierRecord, "coordinator, before a reported tier copy is recorded durable",
 		"a tier copy reported but not recorded is re-reported, never lost", processKinds},
 	{CoordBeforeRegang, "coordinator recovery, after every shard was placed, before the ranks are told to restart",

@@ -486,9 +486,15 @@ func (x *ShardRecord) GetState() CopyState {
 }
 
 type RegisterRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	Inventory     []*ShardRecord         `protobuf:"bytes,2,rep,name=inventory,proto3" json:"inventory,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Node      *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Inventory []*ShardRecord         `protobuf:"bytes,2,rep,name=inventory,proto3" json:"inventory,omitempty"`
+	// The latest consistent step (and protected step) the agent was told of
+	// each job it holds, by this coordinator or one before it. A coordinator
+	// whose index is behind one of them (a standby taking over, a lost
+	// store) does not answer the job's latest step until it has rebuilt it
+	// from the agents: an answer never goes back (DESIGN invariant 9).
+	Pins          []*Pin `protobuf:"bytes,3,rep,name=pins,proto3" json:"pins,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -533,6 +539,13 @@ func (x *RegisterRequest) GetNode() *Node {
 func (x *RegisterRequest) GetInventory() []*ShardRecord {
 	if x != nil {
 		return x.Inventory
+	}
+	return nil
+}
+
+func (x *RegisterRequest) GetPins() []*Pin {
+	if x != nil {
+		return x.Pins
 	}
 	return nil
 }
@@ -4078,10 +4091,11 @@ const file_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"size_bytes\x18\x06 \x01(\x04R\tsizeBytes\x12'\n" +
 	"\x0fheader_checksum\x18\a \x01(\tR\x0eheaderChecksum\x126\n" +
-	"\x05state\x18\b \x01(\x0e2 .rewind.coordinator.v1.CopyStateR\x05state\"\x84\x01\n" +
+	"\x05state\x18\b \x01(\x0e2 .rewind.coordinator.v1.CopyStateR\x05state\"\xb4\x01\n" +
 	"\x0fRegisterRequest\x12/\n" +
 	"\x04node\x18\x01 \x01(\v2\x1b.rewind.coordinator.v1.NodeR\x04node\x12@\n" +
-	"\tinventory\x18\x02 \x03(\v2\".rewind.coordinator.v1.ShardRecordR\tinventory\"I\n" +
+	"\tinventory\x18\x02 \x03(\v2\".rewind.coordinator.v1.ShardRecordR\tinventory\x12.\n" +
+	"\x04pins\x18\x03 \x03(\v2\x1a.rewind.coordinator.v1.PinR\x04pins\"I\n" +
 	"\x03Pin\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x1c\n" +
@@ -4506,85 +4520,86 @@ var file_coordinator_proto_depIdxs = []int32{
 	0,  // 0: rewind.coordinator.v1.ShardRecord.state:type_name -> rewind.coordinator.v1.CopyState
 	5,  // 1: rewind.coordinator.v1.RegisterRequest.node:type_name -> rewind.coordinator.v1.Node
 	6,  // 2: rewind.coordinator.v1.RegisterRequest.inventory:type_name -> rewind.coordinator.v1.ShardRecord
-	8,  // 3: rewind.coordinator.v1.RegisterResponse.pins:type_name -> rewind.coordinator.v1.Pin
-	59, // 4: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
-	6,  // 5: rewind.coordinator.v1.ReportRequest.shards:type_name -> rewind.coordinator.v1.ShardRecord
-	8,  // 6: rewind.coordinator.v1.ReportResponse.pins:type_name -> rewind.coordinator.v1.Pin
-	8,  // 7: rewind.coordinator.v1.ReportResponse.consistent:type_name -> rewind.coordinator.v1.Pin
-	60, // 8: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
-	17, // 9: rewind.coordinator.v1.ListJobsResponse.jobs:type_name -> rewind.coordinator.v1.Job
-	0,  // 10: rewind.coordinator.v1.Copy.state:type_name -> rewind.coordinator.v1.CopyState
-	1,  // 11: rewind.coordinator.v1.Step.state:type_name -> rewind.coordinator.v1.StepState
-	20, // 12: rewind.coordinator.v1.Step.copies:type_name -> rewind.coordinator.v1.Copy
-	25, // 13: rewind.coordinator.v1.Step.tiers:type_name -> rewind.coordinator.v1.TierCopy
-	22, // 14: rewind.coordinator.v1.Step.unrestorable:type_name -> rewind.coordinator.v1.UnrestorableStep
-	23, // 15: rewind.coordinator.v1.UnrestorableStep.ranks:type_name -> rewind.coordinator.v1.RankFailure
-	24, // 16: rewind.coordinator.v1.RankFailure.copies:type_name -> rewind.coordinator.v1.CopyFailure
-	2,  // 17: rewind.coordinator.v1.TierCopy.state:type_name -> rewind.coordinator.v1.TierCopyState
-	21, // 18: rewind.coordinator.v1.ListStepsResponse.steps:type_name -> rewind.coordinator.v1.Step
-	21, // 19: rewind.coordinator.v1.InspectStepResponse.step:type_name -> rewind.coordinator.v1.Step
-	20, // 20: rewind.coordinator.v1.CopyCheck.copy:type_name -> rewind.coordinator.v1.Copy
-	29, // 21: rewind.coordinator.v1.VerifyStepResponse.checks:type_name -> rewind.coordinator.v1.CopyCheck
-	20, // 22: rewind.coordinator.v1.RankPlan.sources:type_name -> rewind.coordinator.v1.Copy
-	32, // 23: rewind.coordinator.v1.PlanRestoreResponse.ranks:type_name -> rewind.coordinator.v1.RankPlan
-	22, // 24: rewind.coordinator.v1.PlanRestoreResponse.skipped:type_name -> rewind.coordinator.v1.UnrestorableStep
-	61, // 25: rewind.coordinator.v1.TransfersRequest.broken_gangs:type_name -> rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
-	39, // 26: rewind.coordinator.v1.TransferOrder.push:type_name -> rewind.coordinator.v1.PushOrder
-	40, // 27: rewind.coordinator.v1.TransferOrder.manifest:type_name -> rewind.coordinator.v1.ManifestOrder
-	41, // 28: rewind.coordinator.v1.TransferOrder.delete:type_name -> rewind.coordinator.v1.DeleteOrder
-	42, // 29: rewind.coordinator.v1.TransferOrder.replicate:type_name -> rewind.coordinator.v1.ReplicateOrder
-	43, // 30: rewind.coordinator.v1.TransferOrder.abort:type_name -> rewind.coordinator.v1.AbortOrder
-	44, // 31: rewind.coordinator.v1.TransferOrder.resume:type_name -> rewind.coordinator.v1.ResumeOrder
-	37, // 32: rewind.coordinator.v1.ManifestOrder.shards:type_name -> rewind.coordinator.v1.ShardEntry
-	3,  // 33: rewind.coordinator.v1.TierEvent.kind:type_name -> rewind.coordinator.v1.OrderKind
-	45, // 34: rewind.coordinator.v1.TierReportRequest.events:type_name -> rewind.coordinator.v1.TierEvent
-	46, // 35: rewind.coordinator.v1.TierReportRequest.health:type_name -> rewind.coordinator.v1.TierHealth
-	46, // 36: rewind.coordinator.v1.NodeTiers.tiers:type_name -> rewind.coordinator.v1.TierHealth
-	50, // 37: rewind.coordinator.v1.TierStatusResponse.nodes:type_name -> rewind.coordinator.v1.NodeTiers
-	4,  // 38: rewind.coordinator.v1.JobEvent.kind:type_name -> rewind.coordinator.v1.JobEventKind
-	62, // 39: rewind.coordinator.v1.JobEvent.placement:type_name -> rewind.coordinator.v1.JobEvent.PlacementEntry
-	63, // 40: rewind.coordinator.v1.JobEvent.sources:type_name -> rewind.coordinator.v1.JobEvent.SourcesEntry
-	22, // 41: rewind.coordinator.v1.JobEvent.skipped:type_name -> rewind.coordinator.v1.UnrestorableStep
-	57, // 42: rewind.coordinator.v1.RankSourcesResponse.sources:type_name -> rewind.coordinator.v1.RankSource
-	7,  // 43: rewind.coordinator.v1.Coordinator.Register:input_type -> rewind.coordinator.v1.RegisterRequest
-	10, // 44: rewind.coordinator.v1.Coordinator.RegisterJob:input_type -> rewind.coordinator.v1.RegisterJobRequest
-	12, // 45: rewind.coordinator.v1.Coordinator.Report:input_type -> rewind.coordinator.v1.ReportRequest
-	12, // 46: rewind.coordinator.v1.Coordinator.ReportStream:input_type -> rewind.coordinator.v1.ReportRequest
-	14, // 47: rewind.coordinator.v1.Coordinator.Latest:input_type -> rewind.coordinator.v1.LatestRequest
-	16, // 48: rewind.coordinator.v1.Coordinator.ListJobs:input_type -> rewind.coordinator.v1.ListJobsRequest
-	19, // 49: rewind.coordinator.v1.Coordinator.ListSteps:input_type -> rewind.coordinator.v1.ListStepsRequest
-	27, // 50: rewind.coordinator.v1.Coordinator.InspectStep:input_type -> rewind.coordinator.v1.StepRequest
-	27, // 51: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
-	31, // 52: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
-	56, // 53: rewind.coordinator.v1.Coordinator.RankSources:input_type -> rewind.coordinator.v1.RankSourcesRequest
-	34, // 54: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
-	36, // 55: rewind.coordinator.v1.Coordinator.Transfers:input_type -> rewind.coordinator.v1.TransfersRequest
-	47, // 56: rewind.coordinator.v1.Coordinator.TierReport:input_type -> rewind.coordinator.v1.TierReportRequest
-	49, // 57: rewind.coordinator.v1.Coordinator.TierStatus:input_type -> rewind.coordinator.v1.TierStatusRequest
-	52, // 58: rewind.coordinator.v1.Coordinator.NodeDown:input_type -> rewind.coordinator.v1.NodeDownRequest
-	54, // 59: rewind.coordinator.v1.Coordinator.WatchJob:input_type -> rewind.coordinator.v1.WatchJobRequest
-	9,  // 60: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
-	11, // 61: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
-	13, // 62: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
-	13, // 63: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
-	15, // 64: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
-	18, // 65: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
-	26, // 66: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
-	28, // 67: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
-	30, // 68: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
-	33, // 69: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
-	58, // 70: rewind.coordinator.v1.Coordinator.RankSources:output_type -> rewind.coordinator.v1.RankSourcesResponse
-	35, // 71: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
-	38, // 72: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
-	48, // 73: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
-	51, // 74: rewind.coordinator.v1.Coordinator.TierStatus:output_type -> rewind.coordinator.v1.TierStatusResponse
-	53, // 75: rewind.coordinator.v1.Coordinator.NodeDown:output_type -> rewind.coordinator.v1.NodeDownResponse
-	55, // 76: rewind.coordinator.v1.Coordinator.WatchJob:output_type -> rewind.coordinator.v1.JobEvent
-	60, // [60:77] is the sub-list for method output_type
-	43, // [43:60] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	8,  // 3: rewind.coordinator.v1.RegisterRequest.pins:type_name -> rewind.coordinator.v1.Pin
+	8,  // 4: rewind.coordinator.v1.RegisterResponse.pins:type_name -> rewind.coordinator.v1.Pin
+	59, // 5: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
+	6,  // 6: rewind.coordinator.v1.ReportRequest.shards:type_name -> rewind.coordinator.v1.ShardRecord
+	8,  // 7: rewind.coordinator.v1.ReportResponse.pins:type_name -> rewind.coordinator.v1.Pin
+	8,  // 8: rewind.coordinator.v1.ReportResponse.consistent:type_name -> rewind.coordinator.v1.Pin
+	60, // 9: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
+	17, // 10: rewind.coordinator.v1.ListJobsResponse.jobs:type_name -> rewind.coordinator.v1.Job
+	0,  // 11: rewind.coordinator.v1.Copy.state:type_name -> rewind.coordinator.v1.CopyState
+	1,  // 12: rewind.coordinator.v1.Step.state:type_name -> rewind.coordinator.v1.StepState
+	20, // 13: rewind.coordinator.v1.Step.copies:type_name -> rewind.coordinator.v1.Copy
+	25, // 14: rewind.coordinator.v1.Step.tiers:type_name -> rewind.coordinator.v1.TierCopy
+	22, // 15: rewind.coordinator.v1.Step.unrestorable:type_name -> rewind.coordinator.v1.UnrestorableStep
+	23, // 16: rewind.coordinator.v1.UnrestorableStep.ranks:type_name -> rewind.coordinator.v1.RankFailure
+	24, // 17: rewind.coordinator.v1.RankFailure.copies:type_name -> rewind.coordinator.v1.CopyFailure
+	2,  // 18: rewind.coordinator.v1.TierCopy.state:type_name -> rewind.coordinator.v1.TierCopyState
+	21, // 19: rewind.coordinator.v1.ListStepsResponse.steps:type_name -> rewind.coordinator.v1.Step
+	21, // 20: rewind.coordinator.v1.InspectStepResponse.step:type_name -> rewind.coordinator.v1.Step
+	20, // 21: rewind.coordinator.v1.CopyCheck.copy:type_name -> rewind.coordinator.v1.Copy
+	29, // 22: rewind.coordinator.v1.VerifyStepResponse.checks:type_name -> rewind.coordinator.v1.CopyCheck
+	20, // 23: rewind.coordinator.v1.RankPlan.sources:type_name -> rewind.coordinator.v1.Copy
+	32, // 24: rewind.coordinator.v1.PlanRestoreResponse.ranks:type_name -> rewind.coordinator.v1.RankPlan
+	22, // 25: rewind.coordinator.v1.PlanRestoreResponse.skipped:type_name -> rewind.coordinator.v1.UnrestorableStep
+	61, // 26: rewind.coordinator.v1.TransfersRequest.broken_gangs:type_name -> rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
+	39, // 27: rewind.coordinator.v1.TransferOrder.push:type_name -> rewind.coordinator.v1.PushOrder
+	40, // 28: rewind.coordinator.v1.TransferOrder.manifest:type_name -> rewind.coordinator.v1.ManifestOrder
+	41, // 29: rewind.coordinator.v1.TransferOrder.delete:type_name -> rewind.coordinator.v1.DeleteOrder
+	42, // 30: rewind.coordinator.v1.TransferOrder.replicate:type_name -> rewind.coordinator.v1.ReplicateOrder
+	43, // 31: rewind.coordinator.v1.TransferOrder.abort:type_name -> rewind.coordinator.v1.AbortOrder
+	44, // 32: rewind.coordinator.v1.TransferOrder.resume:type_name -> rewind.coordinator.v1.ResumeOrder
+	37, // 33: rewind.coordinator.v1.ManifestOrder.shards:type_name -> rewind.coordinator.v1.ShardEntry
+	3,  // 34: rewind.coordinator.v1.TierEvent.kind:type_name -> rewind.coordinator.v1.OrderKind
+	45, // 35: rewind.coordinator.v1.TierReportRequest.events:type_name -> rewind.coordinator.v1.TierEvent
+	46, // 36: rewind.coordinator.v1.TierReportRequest.health:type_name -> rewind.coordinator.v1.TierHealth
+	46, // 37: rewind.coordinator.v1.NodeTiers.tiers:type_name -> rewind.coordinator.v1.TierHealth
+	50, // 38: rewind.coordinator.v1.TierStatusResponse.nodes:type_name -> rewind.coordinator.v1.NodeTiers
+	4,  // 39: rewind.coordinator.v1.JobEvent.kind:type_name -> rewind.coordinator.v1.JobEventKind
+	62, // 40: rewind.coordinator.v1.JobEvent.placement:type_name -> rewind.coordinator.v1.JobEvent.PlacementEntry
+	63, // 41: rewind.coordinator.v1.JobEvent.sources:type_name -> rewind.coordinator.v1.JobEvent.SourcesEntry
+	22, // 42: rewind.coordinator.v1.JobEvent.skipped:type_name -> rewind.coordinator.v1.UnrestorableStep
+	57, // 43: rewind.coordinator.v1.RankSourcesResponse.sources:type_name -> rewind.coordinator.v1.RankSource
+	7,  // 44: rewind.coordinator.v1.Coordinator.Register:input_type -> rewind.coordinator.v1.RegisterRequest
+	10, // 45: rewind.coordinator.v1.Coordinator.RegisterJob:input_type -> rewind.coordinator.v1.RegisterJobRequest
+	12, // 46: rewind.coordinator.v1.Coordinator.Report:input_type -> rewind.coordinator.v1.ReportRequest
+	12, // 47: rewind.coordinator.v1.Coordinator.ReportStream:input_type -> rewind.coordinator.v1.ReportRequest
+	14, // 48: rewind.coordinator.v1.Coordinator.Latest:input_type -> rewind.coordinator.v1.LatestRequest
+	16, // 49: rewind.coordinator.v1.Coordinator.ListJobs:input_type -> rewind.coordinator.v1.ListJobsRequest
+	19, // 50: rewind.coordinator.v1.Coordinator.ListSteps:input_type -> rewind.coordinator.v1.ListStepsRequest
+	27, // 51: rewind.coordinator.v1.Coordinator.InspectStep:input_type -> rewind.coordinator.v1.StepRequest
+	27, // 52: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
+	31, // 53: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
+	56, // 54: rewind.coordinator.v1.Coordinator.RankSources:input_type -> rewind.coordinator.v1.RankSourcesRequest
+	34, // 55: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
+	36, // 56: rewind.coordinator.v1.Coordinator.Transfers:input_type -> rewind.coordinator.v1.TransfersRequest
+	47, // 57: rewind.coordinator.v1.Coordinator.TierReport:input_type -> rewind.coordinator.v1.TierReportRequest
+	49, // 58: rewind.coordinator.v1.Coordinator.TierStatus:input_type -> rewind.coordinator.v1.TierStatusRequest
+	52, // 59: rewind.coordinator.v1.Coordinator.NodeDown:input_type -> rewind.coordinator.v1.NodeDownRequest
+	54, // 60: rewind.coordinator.v1.Coordinator.WatchJob:input_type -> rewind.coordinator.v1.WatchJobRequest
+	9,  // 61: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
+	11, // 62: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
+	13, // 63: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
+	13, // 64: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
+	15, // 65: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
+	18, // 66: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
+	26, // 67: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
+	28, // 68: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
+	30, // 69: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
+	33, // 70: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
+	58, // 71: rewind.coordinator.v1.Coordinator.RankSources:output_type -> rewind.coordinator.v1.RankSourcesResponse
+	35, // 72: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
+	38, // 73: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
+	48, // 74: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
+	51, // 75: rewind.coordinator.v1.Coordinator.TierStatus:output_type -> rewind.coordinator.v1.TierStatusResponse
+	53, // 76: rewind.coordinator.v1.Coordinator.NodeDown:output_type -> rewind.coordinator.v1.NodeDownResponse
+	55, // 77: rewind.coordinator.v1.Coordinator.WatchJob:output_type -> rewind.coordinator.v1.JobEvent
+	61, // [61:78] is the sub-list for method output_type
+	44, // [44:61] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_coordinator_proto_init() }

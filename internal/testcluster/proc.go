@@ -275,6 +275,11 @@ func agentRole() int {
 type CoordinatorProcess struct {
 	Addr    string // the gRPC address to listen on
 	DataDir string
+	Metrics string // the metrics address (/debug/faults too); "" for none
+	// Standby makes it a replica that took the leader lease at start (as
+	// with leader election), its store its own, not its predecessor's.
+	Standby    bool
+	LeaveGrace time.Duration // 0: the default
 }
 
 // SpawnCoordinator starts a coordinator process configured by spec, env
@@ -299,8 +304,14 @@ func coordinatorRole() int {
 		return fail(err)
 	}
 	cfg := coordinator.DefaultConfig()
-	cfg.ListenAddr, cfg.MetricsAddr, cfg.DataDir = spec.Addr, "", spec.DataDir
+	cfg.ListenAddr, cfg.MetricsAddr, cfg.DataDir = spec.Addr, spec.Metrics, spec.DataDir
 	cfg.Logger, cfg.Faults = Discard(), faults
+	if spec.Standby {
+		cfg.Leading = func() bool { return true }
+	}
+	if spec.LeaveGrace > 0 {
+		cfg.LeaveGrace = spec.LeaveGrace
+	}
 	c, err := coordinator.New(cfg)
 	if err != nil {
 		return fail(err)
