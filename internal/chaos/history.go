@@ -101,7 +101,7 @@ func (h *History) Ops() []Op {
 
 // HistoryName is the name of the history checker's check (and of its
 // column in the table).
-const HistoryName = "the history is linearizable to the promises"
+const HistoryName = "what every client saw keeps the promises (history)"
 
 // CheckHistory verifies the promises of rewind against what the clients
 // saw, per job, in time order:

@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/api/coordpb"
@@ -47,17 +49,20 @@ func playHostileClient(ctx context.Context, s *session) error {
 	}
 	from := before.LatestConsistent()
 	seed := s.rng.Uint64()
-	var refused Check
+	var refused, garbage Check
 	i, err := s.inject(ctx, fmt.Sprintf("hostile client against every daemon for %v", hostileFor), "", false, func(ctx context.Context) error {
 		actx, cancel := context.WithTimeout(ctx, hostileFor)
 		defer cancel()
 		var wg sync.WaitGroup
-		for k, addr := range s.hostileTargets() {
+		targets := s.hostileTargets()
+		took := make([]int, len(targets))
+		for k, addr := range targets {
 			r := rand.New(rand.NewPCG(seed, uint64(k)))
-			wg.Go(func() { babble(actx, addr, r) })
+			wg.Go(func() { took[k] = babble(actx, addr, r) })
 		}
 		refused = s.adversarialCalls(actx)
 		wg.Wait()
+		garbage = garbageTaken(targets, took)
 		return nil
 	})
 	if err != nil {
@@ -69,6 +74,7 @@ func playHostileClient(ctx context.Context, s *session) error {
 		return fmt.Errorf("chaos: the coordinator after the hostile client: %w", err)
 	}
 	s.check(refused)
+	s.check(garbage)
 	s.check(stepRate(from, after.LatestConsistent(), after.At.Sub(start), s.cfg.StepTime))
 	s.check(s.daemonsUp(ctx))
 	s.check(s.noFailedSaves(ctx, start))
@@ -100,8 +106,9 @@ var openings = [][]byte{
 }
 
 // babble opens connections to addr one after another until ctx ends,
-// each writing an opening and up to 64 KiB of random bytes.
-func babble(ctx context.Context, addr string, r *rand.Rand) {
+// each writing an opening and up to 64 KiB of random bytes; it returns
+// how many connections the port took.
+func babble(ctx context.Context, addr string, r *rand.Rand) (took int) {
 	var d net.Dialer
 	for n := 0; n < 200 && ctx.Err() == nil; n++ {
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -117,10 +124,29 @@ func babble(ctx context.Context, addr string, r *rand.Rand) {
 		for j := range buf {
 			buf[j] = byte(r.Uint32())
 		}
+		took++
 		_, _ = conn.Write(append(openings[r.IntN(len(openings))], buf...))
 		_, _ = conn.Read(make([]byte, 512))
 		_ = conn.Close()
 	}
+	return took
+}
+
+// garbageTaken checks that every port took garbage: a port that could
+// not be reached was not attacked.
+func garbageTaken(targets []string, took []int) Check {
+	c := Check{Name: "every daemon's every port took garbage", OK: true}
+	total := 0
+	for k, n := range took {
+		total += n
+		if n == 0 {
+			c.OK = false
+			c.Detail = fmt.Sprintf("%s took no connection", targets[k])
+			return c
+		}
+	}
+	c.Detail = fmt.Sprintf("%d connections of garbage to %d ports", total, len(targets))
+	return c
 }
 
 // call is one adversarial call; refuse says it must fail.
@@ -157,8 +183,13 @@ func (s *session) adversarialCalls(ctx context.Context) Check {
 				break
 			}
 			made++
-			if cl.refuse && err == nil {
+			switch {
+			case cl.refuse && err == nil:
 				bad = append(bad, cl.what+": accepted")
+			case cl.refuse && (status.Code(err) == codes.Unavailable || status.Code(err) == codes.DeadlineExceeded):
+				bad = append(bad, cl.what+": not answered: "+err.Error())
+			case !cl.refuse && err != nil:
+				bad = append(bad, cl.what+": "+err.Error())
 			}
 		}
 		if len(bad) > 0 {

@@ -24,7 +24,9 @@ func (m memObject) ReadAt(p []byte, off int64) (int, error) {
 // the object is read, changed and put back whole, so that its manifest
 // still lists it and only its checksum tells.
 func CorruptTier(ctx context.Context, tier, rawURL, endpoint, job string, step int64, rank uint32) (Corrupted, error) {
-	st, err := tiers.Open(tiers.Name(tier), rawURL, tiers.S3Config{Endpoint: endpoint})
+	cfg := tiers.DefaultS3Config()
+	cfg.Endpoint = endpoint
+	st, err := tiers.Open(tiers.Name(tier), rawURL, cfg)
 	if err != nil {
 		return Corrupted{}, fmt.Errorf("chaos: corrupt-tier: %w", err)
 	}
