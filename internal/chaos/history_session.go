@@ -78,16 +78,6 @@ func (s *session) recoveryOp(ev *coordpb.JobEvent) Op {
 	return op
 }
 
-// operatorRestoreOp records an operator's restore that landed on step.
-func (s *session) operatorRestoreOp(at time.Time, named, newest int64, resp *coordpb.PlanRestoreResponse) Op {
-	op := Op{At: at, Done: time.Now(), Client: "operator", Job: s.cfg.Job, Kind: OpRestore,
-		Step: resp.GetStep(), Newest: newest, Named: named}
-	for _, sk := range resp.GetSkipped() {
-		op.Skipped = append(op.Skipped, sk.Step)
-	}
-	return op
-}
-
 // rankOps turns the ranks' reports into ops: every save acknowledged,
 // every restore landed.
 func rankOps(job string, lines []Line) []Op {
