@@ -52,7 +52,7 @@ func runChaos(ctx context.Context, args []string) error {
 // runChaosTool is `rewind-dev chaos-tool`: what the chaos runner needs done
 // inside the cluster's containers, whose images have no shell.
 func runChaosTool(ctx context.Context, args []string) error {
-	usage := errors.New("usage: rewind-dev chaos-tool fill DIR | unfill DIR | corrupt SHM_ROOT JOB RANK | mkbucket ENDPOINT BUCKET")
+	usage := errors.New("usage: rewind-dev chaos-tool fill DIR | unfill DIR | corrupt SHM_ROOT JOB RANK | corrupt-tier TIER URL S3_ENDPOINT JOB STEP RANK | mkbucket ENDPOINT BUCKET")
 	if len(args) < 2 {
 		return usage
 	}
@@ -69,6 +69,20 @@ func runChaosTool(ctx context.Context, args []string) error {
 			return fmt.Errorf("rank %q: %w", args[3], err)
 		}
 		done, err := chaos.Corrupt(args[1], args[2], uint32(rank))
+		if err != nil {
+			return err
+		}
+		return json.NewEncoder(os.Stdout).Encode(done)
+	case args[0] == "corrupt-tier" && len(args) == 7:
+		step, err := strconv.ParseInt(args[5], 10, 64)
+		if err != nil {
+			return fmt.Errorf("step %q: %w", args[5], err)
+		}
+		rank, err := strconv.ParseUint(args[6], 10, 32)
+		if err != nil {
+			return fmt.Errorf("rank %q: %w", args[6], err)
+		}
+		done, err := chaos.CorruptTier(ctx, args[1], args[2], args[3], args[4], step, uint32(rank))
 		if err != nil {
 			return err
 		}

@@ -8,6 +8,10 @@ STATIC := $(BIN)/static
 # (--scenarios node-kill,partition, --keep).
 SEED ?=
 CHAOS_FLAGS ?=
+# CHAOS_REWIND_IMAGE tags the rewind image (the compose file reads it
+# too): two checkouts sharing one Docker engine each give their own.
+CHAOS_REWIND_IMAGE ?= rewind-chaos/rewind:dev
+export CHAOS_REWIND_IMAGE
 CHAOS_SEED = $(if $(SEED),--seed $(SEED))
 
 .PHONY: images chaos chaos-smoke
@@ -27,7 +31,7 @@ images: $(STATIC)/minio
 		file $(STATIC)/$$b | grep -q 'statically linked' || { echo "$(STATIC)/$$b is not statically linked"; exit 1; }; done; fi
 	mkdir -p $(COMPOSE_CONTEXT)
 	for b in rewind rewind-dev minio; do ln -f $(STATIC)/$$b $(COMPOSE_CONTEXT)/$$b 2>/dev/null || cp $(STATIC)/$$b $(COMPOSE_CONTEXT)/$$b; done
-	docker build -q --target rewind -t rewind-chaos/rewind:dev -f $(COMPOSE_DIR)/Dockerfile $(COMPOSE_CONTEXT)
+	docker build -q --target rewind -t $(CHAOS_REWIND_IMAGE) -f $(COMPOSE_DIR)/Dockerfile $(COMPOSE_CONTEXT)
 	docker build -q --target minio -t rewind-chaos/minio:dev -f $(COMPOSE_DIR)/Dockerfile $(COMPOSE_CONTEXT)
 
 ## chaos: every fault scenario against the compose cluster, each checked; prints a table (SEED=N replays); a failed scenario's logs go to bin/chaos-logs.

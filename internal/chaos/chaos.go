@@ -135,7 +135,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer cancel()
 	for _, sc := range list {
 		if runCtx.Err() != nil {
-			rows = append(rows, Row{sc.name, "-", "-", "-", "-", "NOT RUN"})
+			rows = append(rows, Row{sc.name, "-", "-", "-", "-", "-", "NOT RUN"})
 			failed = append(failed, fmt.Sprintf("%s: not run (the run's bound of %v: %v)", sc.name, cfg.Timeout, runCtx.Err()))
 			continue
 		}

@@ -55,10 +55,18 @@ func (s *session) finish(ctx context.Context, playErr error) (Row, []Check) {
 		checks = append(checks, Check{Name: "a fault was injected", Detail: "the scenario injected none"})
 	}
 	checks = append(checks, s.extra...)
+	for _, op := range rankOps(s.cfg.Job, s.ev.Lines) {
+		s.hist.Add(op)
+	}
+	ops := s.hist.Ops()
+	hist := CheckHistory(ops, s.ev.Keep)
+	checks = append(checks, hist)
 	for _, c := range checks {
 		s.logf("%s %s: %s", mark(c.OK), c.Name, c.Detail)
 	}
-	return s.row(checks, restored), checks
+	row := s.row(checks, restored)
+	row.History = historyCell(hist, len(ops))
+	return row, checks
 }
 
 func mark(ok bool) string {

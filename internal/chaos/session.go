@@ -33,6 +33,8 @@ type session struct {
 	// back (thawed, reconnected): its old ranks must commit nothing.
 	staleNode string
 	extraSeen int // recoveries beyond the lost nodes already noted
+	// hist is what the clients saw, for the history checker.
+	hist History
 }
 
 func (s *session) logf(format string, args ...any) {
@@ -79,6 +81,7 @@ func (s *session) watch(ctx context.Context) {
 			defer s.mu.Unlock()
 			if ev.Ok && ev.Kind == coordpb.JobEventKind_JOB_EVENT_KIND_REGANG {
 				s.ev.Recoveries = append(s.ev.Recoveries, ev)
+				s.hist.Add(s.recoveryOp(ev))
 			} else {
 				s.ev.Failed = append(s.ev.Failed, ev)
 			}
@@ -87,12 +90,14 @@ func (s *session) watch(ctx context.Context) {
 	wg.Go(func() {
 		for clock.Sleep(ctx, 250*time.Millisecond) == nil {
 			if snap, err := s.snapshot(ctx); err == nil {
+				s.hist.Add(listingOp(s.cfg.Job, snap))
 				s.mu.Lock()
 				s.ev.Snapshots = append(s.ev.Snapshots, snap)
 				s.mu.Unlock()
 			}
 		}
 	})
+	wg.Go(func() { s.pollLatest(ctx) })
 	wg.Wait()
 }
 

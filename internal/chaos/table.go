@@ -17,13 +17,14 @@ type Row struct {
 	Recovered string // fault (or healing) to the job recovered
 	StepsLost string
 	Bytes     string // restored state compared with the reference, and tier copies re-read
+	History   string // the history checker's verdict: ok (ops checked) or FAIL
 	Result    string // PASS, FAIL or SKIP
 }
 
-var tableHeader = Row{"scenario", "detected after", "recovered after", "steps lost", "bytes verified", "result"}
+var tableHeader = Row{"scenario", "detected after", "recovered after", "steps lost", "bytes verified", "history", "result"}
 
 func (r Row) cells() []string {
-	return []string{r.Scenario, r.Detected, r.Recovered, r.StepsLost, r.Bytes, r.Result}
+	return []string{r.Scenario, r.Detected, r.Recovered, r.StepsLost, r.Bytes, r.History, r.Result}
 }
 
 // WriteTable writes rows as a Markdown table, columns padded to align.
@@ -70,7 +71,7 @@ func ParseTable(text string) ([]Row, error) {
 		for i := range cells {
 			cells[i] = strings.TrimSpace(cells[i])
 		}
-		r := Row{cells[0], cells[1], cells[2], cells[3], cells[4], cells[5]}
+		r := Row{cells[0], cells[1], cells[2], cells[3], cells[4], cells[5], cells[6]}
 		if r == tableHeader || strings.Trim(cells[0], "-") == "" {
 			continue
 		}

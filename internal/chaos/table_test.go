@@ -11,8 +11,8 @@ import (
 
 func TestTableRoundTrip(t *testing.T) {
 	rows := []Row{
-		{"node-kill", seconds(1300 * time.Millisecond), seconds(1400 * time.Millisecond), counts(0), bytesCell(60 << 20), "PASS"},
-		{"two-nodes", seconds(time.Second, 1200*time.Millisecond), "1.2 s / 1.5 s", counts(1, 0), "-", "FAIL (1 of 7 checks)"},
+		{"node-kill", seconds(1300 * time.Millisecond), seconds(1400 * time.Millisecond), counts(0), bytesCell(60 << 20), "ok (812 ops)", "PASS"},
+		{"two-nodes", seconds(time.Second, 1200*time.Millisecond), "1.2 s / 1.5 s", counts(1, 0), "-", "FAIL", "FAIL (1 of 7 checks)"},
 	}
 	var b bytes.Buffer
 	WriteTable(&b, rows)
@@ -41,7 +41,7 @@ func TestParseTableRejects(t *testing.T) {
 	for name, text := range map[string]string{
 		"not a table":   "scenario detected",
 		"missing cells": "| a | b |",
-		"open row":      "| a | b | c | d | e | f",
+		"open row":      "| a | b | c | d | e | f | g",
 	} {
 		if _, err := ParseTable(text); err == nil {
 			t.Errorf("%s: %q parsed", name, text)
