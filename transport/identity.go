@@ -98,6 +98,11 @@ func (id Identity) Validate() error {
 	return nil
 }
 
+// SPIFFE is id's SPIFFE ID in trustDomain, as text.
+func (id Identity) SPIFFE(trustDomain string) string {
+	return "spiffe://" + trustDomain + "/" + id.Role.String() + "/" + id.Name
+}
+
 // URI is id's SPIFFE ID in trustDomain.
 func (id Identity) URI(trustDomain string) *url.URL {
 	return &url.URL{Scheme: "spiffe", Host: trustDomain, Path: "/" + id.Role.String() + "/" + id.Name}
