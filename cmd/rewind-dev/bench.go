@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -24,8 +25,11 @@ func runBench(ctx context.Context, args []string) error {
 	if len(args) > 0 && args[0] == "recovery" {
 		return benchRecovery(ctx, args[1:])
 	}
+	if len(args) > 0 && args[0] == "peer" {
+		return benchPeer(ctx, args[1:])
+	}
 	if len(args) == 0 || args[0] != "save" {
-		return fmt.Errorf("usage: rewind-dev bench save|coordinator|tiers|recovery [flags]")
+		return fmt.Errorf("usage: rewind-dev bench save|coordinator|tiers|recovery|peer [flags]")
 	}
 	fs := flag.NewFlagSet("bench save", flag.ContinueOnError)
 	sizes := fs.String("sizes", "1GiB,4GiB", "comma-separated state sizes per rank")
@@ -117,5 +121,27 @@ func benchRecovery(ctx context.Context, args []string) error {
 		units.Bytes(b), cfg.Runs, units.Bytes(bench.RecoveryShmNeeded(b)))
 	res, err := bench.Recovery(ctx, cfg)
 	bench.PrintRecovery(os.Stdout, res)
+	return err
+}
+
+func benchPeer(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("bench peer", flag.ContinueOnError)
+	size := fs.String("size", "1GiB", "the shard restored")
+	runs := fs.Int("runs", 5, "runs, each measuring every figure once (the medians are printed)")
+	shmDir := fs.String("shm-dir", "/dev/shm", "tmpfs to put the agents' shared memory in")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	b, err := units.ParseBytes(*size)
+	if err != nil {
+		return err
+	}
+	cfg := bench.PeerConfig{Size: b, Runs: *runs, ShmDir: *shmDir, Out: os.Stdout}
+	fmt.Printf("rewind-dev bench peer: a %s shard restored from a peer agent's memory (Fetch, the peer data path, every leaf hashed as it lands,\n"+
+		"a new segment), between two agents in this process on loopback: plaintext, and mutual TLS 1.3 with each node's own certificate;\n"+
+		"against bare loopback transfers of the same bytes into a fresh tmpfs mapping, plaintext and TLS. %d runs, %d CPUs\n",
+		units.Bytes(b), cfg.Runs, runtime.NumCPU())
+	res, err := bench.Peer(ctx, cfg)
+	bench.PrintPeer(os.Stdout, res)
 	return err
 }

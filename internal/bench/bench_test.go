@@ -2,8 +2,10 @@ package bench
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The benchmarks' own code must work; their figures come from `make bench`.
@@ -39,5 +41,35 @@ func TestFileTierBenchRuns(t *testing.T) {
 	}
 	if r.DD <= 0 || r.Store <= 0 {
 		t.Fatalf("result %+v", r)
+	}
+}
+
+// The peer restore benchmark's plumbing: a small shard, one run; every
+// figure positive, every restore over the data path. Its figures come
+// from `rewind-dev bench peer`.
+func TestPeerBenchRuns(t *testing.T) {
+	shmDir, err := os.MkdirTemp("/dev/shm", "rewind-test-")
+	if err != nil {
+		t.Skipf("the agents need /dev/shm: %v", err)
+	}
+	defer os.RemoveAll(shmDir)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := Peer(ctx, PeerConfig{Size: 8 << 20, Runs: 1, ShmDir: shmDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := res.Runs[0]
+	if r.Plain <= 0 || r.TLS <= 0 || r.BareTCP <= 0 || r.BareTLS <= 0 || res.TLSRatio <= 0 {
+		t.Fatalf("run %+v", r)
+	}
+	var b strings.Builder
+	PrintPeer(&b, res)
+	t.Log(b.String())
+	if !strings.Contains(b.String(), "peer restore TLS / bare TLS") {
+		t.Fatalf("table lacks the ratio:\n%s", b.String())
+	}
+	if left, _ := os.ReadDir(shmDir); len(left) > 0 {
+		t.Fatalf("shared memory left behind: %v", left)
 	}
 }

@@ -1,0 +1,196 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"rewind.dev/rewind/internal/units"
+	"rewind.dev/rewind/transport"
+)
+
+// PeerConfig configures the peer restore benchmark.
+type PeerConfig struct {
+	Size    uint64 // bytes of the shard restored
+	Runs    int    // each run measures every figure once; medians are reported
+	Tensors int    // the shard is split into this many tensors (0: 4)
+	ShmDir  string // tmpfs for the agents' shared memory and the bare transfers' sinks
+	Out     io.Writer
+}
+
+// PeerRun is one run's figures, in bytes per second, all into a fresh
+// tmpfs mapping (a restore writes into a new segment).
+type PeerRun struct {
+	Plain, TLS       float64 // a peer restore: plaintext TCP, mutual TLS
+	BareTCP, BareTLS float64 // the same bytes over a bare loopback connection, plaintext or TLS
+	Load             float64 // the 1-minute load average as the run began
+}
+
+// PeerResult is every run and the medians.
+type PeerResult struct {
+	Size                         uint64
+	Runs                         []PeerRun
+	Plain, TLS, BareTCP, BareTLS float64
+	// TLSRatio is TLS/BareTLS (the target), PlainRatio Plain/BareTCP,
+	// Cost TLS/Plain: what TLS leaves of a plaintext restore.
+	TLSRatio, PlainRatio, Cost float64
+	Met                        bool
+}
+
+// targetTLSRatio: a peer restore over TLS reaches this share of a bare
+// TLS transfer of the same bytes.
+const targetTLSRatio = 0.8
+
+// Peer measures a restore of one rank's shard from a peer agent's memory,
+// the path a recovery takes (Fetch with a peer as the source: the peer
+// data path, every leaf hashed as it lands, committed into a new
+// segment), once between two agents in plaintext and once between two
+// agents with mutual TLS, against bare loopback transfers of the same
+// bytes, plaintext and TLS, with the same certificates. Every figure is
+// measured once per run, in turn, so that they share the machine's
+// conditions; the medians are reported.
+func Peer(ctx context.Context, cfg PeerConfig) (PeerResult, error) {
+	res := PeerResult{Size: cfg.Size}
+	if cfg.Runs < 1 {
+		cfg.Runs = 5
+	}
+	if cfg.Tensors < 1 {
+		cfg.Tensors = 4
+	}
+	if cfg.Out == nil {
+		cfg.Out = io.Discard
+	}
+	root, err := os.MkdirTemp(cfg.ShmDir, "rewind-bench-peer-")
+	if err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(root)
+	secs, err := peerCerts(filepath.Join(root, "certs"))
+	if err != nil {
+		return res, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	plain, err := startPeerPair(ctx, filepath.Join(root, "plain"), nil, nil, cfg)
+	if err != nil {
+		return res, err
+	}
+	defer plain.stop()
+	tls, err := startPeerPair(ctx, filepath.Join(root, "tls"), secs[0], secs[1], cfg)
+	if err != nil {
+		return res, err
+	}
+	defer tls.stop()
+	sink := freshShm(root, int(plain.ps.Size))
+	src := make([]byte, plain.ps.Size)
+	fill(src)
+	for i := range cfg.Runs {
+		r := PeerRun{Load: loadAverage()}
+		steps := []struct {
+			name string
+			f    func() (float64, error)
+			to   *float64
+		}{
+			{"peer restore (plaintext)", plain.restore, &r.Plain},
+			{"peer restore (TLS)", tls.restore, &r.TLS},
+			{"bare TCP", func() (float64, error) { return bareOnce(ctx, nil, nil, src, sink) }, &r.BareTCP},
+			{"bare TLS", func() (float64, error) { return bareOnce(ctx, secs[0], secs[1], src, sink) }, &r.BareTLS},
+		}
+		for _, s := range steps {
+			v, err := s.f()
+			if err != nil {
+				return res, fmt.Errorf("bench: run %d: %s: %w", i+1, s.name, err)
+			}
+			*s.to = v
+		}
+		fmt.Fprintf(cfg.Out, "run %d: restore plaintext %s, TLS %s; bare TCP %s, TLS %s (load %.2f)\n", i+1,
+			gbps2(r.Plain), gbps2(r.TLS), gbps2(r.BareTCP), gbps2(r.BareTLS), r.Load)
+		res.Runs = append(res.Runs, r)
+	}
+	pick := func(f func(PeerRun) float64) float64 {
+		var v []float64
+		for _, r := range res.Runs {
+			v = append(v, f(r))
+		}
+		return med(v)
+	}
+	res.Plain, res.TLS = pick(func(r PeerRun) float64 { return r.Plain }), pick(func(r PeerRun) float64 { return r.TLS })
+	res.BareTCP, res.BareTLS = pick(func(r PeerRun) float64 { return r.BareTCP }), pick(func(r PeerRun) float64 { return r.BareTLS })
+	res.TLSRatio, res.PlainRatio, res.Cost = res.TLS/res.BareTLS, res.Plain/res.BareTCP, res.TLS/res.Plain
+	res.Met = res.TLSRatio >= targetTLSRatio
+	return res, nil
+}
+
+// bareOnce sends src over a fresh loopback connection (TLS when the
+// securities are set: the holder's listens, the receiver's dials) into a
+// buffer of sink, and returns the throughput from the dial to the last
+// byte received.
+func bareOnce(ctx context.Context, server, client *transport.Security, src []byte, sink func() ([]byte, func(), error)) (float64, error) {
+	l, err := server.Listen("bench", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	dst, release, err := sink()
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	deadline := time.Now().Add(time.Minute)
+	sent := make(chan error, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			sent <- err
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(deadline)
+		_, err = c.Write(src)
+		sent <- err
+	}()
+	t0 := time.Now()
+	c, err := client.DialData(ctx, l.Addr().String(), transport.ExpectNode(peerHolder))
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	c.SetDeadline(deadline)
+	if _, err := io.ReadFull(c, dst[:len(src)]); err != nil {
+		return 0, err
+	}
+	d := time.Since(t0)
+	if err := <-sent; err != nil {
+		return 0, err
+	}
+	return float64(len(src)) / d.Seconds(), nil
+}
+
+// PrintPeer writes every run and the medians against the target.
+func PrintPeer(w io.Writer, res PeerResult) {
+	if len(res.Runs) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "%-4s %12s %12s %12s %12s %10s %5s\n", "run", "restore", "restore TLS", "bare TCP", "bare TLS", "TLS/bare", "load")
+	lo, hi := res.Runs[0].Load, res.Runs[0].Load
+	for i, r := range res.Runs {
+		fmt.Fprintf(w, "%-4d %12s %12s %12s %12s %10.2f %5.2f\n", i+1, gbps2(r.Plain), gbps2(r.TLS), gbps2(r.BareTCP), gbps2(r.BareTLS), r.TLS/r.BareTLS, r.Load)
+		lo, hi = min(lo, r.Load), max(hi, r.Load)
+	}
+	met := "NO"
+	if res.Met {
+		met = "yes"
+	}
+	fmt.Fprintf(w, "\nmedians of %d runs, a %s shard (1-minute load average as they began: %.2f to %.2f):\n", len(res.Runs), units.Bytes(res.Size), lo, hi)
+	fmt.Fprintf(w, "%-44s %10s %8s %4s\n", "figure", "median", "target", "met")
+	fmt.Fprintf(w, "%-44s %10s %8s %4s\n", "peer restore, plaintext TCP", gbps2(res.Plain), "", "")
+	fmt.Fprintf(w, "%-44s %10s %8s %4s\n", "peer restore, mutual TLS", gbps2(res.TLS), "", "")
+	fmt.Fprintf(w, "%-44s %10s %8s %4s\n", "bare loopback TCP, same bytes", gbps2(res.BareTCP), "", "")
+	fmt.Fprintf(w, "%-44s %10s %8s %4s\n", "bare loopback TLS, same bytes", gbps2(res.BareTLS), "", "")
+	fmt.Fprintf(w, "%-44s %10.2f %8s %4s\n", "peer restore TLS / bare TLS", res.TLSRatio, ">= 0.8", met)
+	fmt.Fprintf(w, "%-44s %10.2f %8s %4s\n", "peer restore plaintext / bare TCP", res.PlainRatio, "", "")
+	fmt.Fprintf(w, "%-44s %10.2f %8s %4s\n", "peer restore TLS / plaintext", res.Cost, "", "")
+}
