@@ -143,6 +143,16 @@ func (c Config) Validate() error {
 	if c.Socket == "" {
 		errs = append(errs, errors.New("socket path is empty"))
 	}
+	if c.ListenAddr != "" {
+		if err := c.Transport.CheckAddr("listen on", c.ListenAddr); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.CoordinatorAddr != "" {
+		if err := c.Transport.CheckAddr("dial the coordinator at", c.CoordinatorAddr); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if c.SlotsPerRank < 2 {
 		errs = append(errs, fmt.Errorf("slots per rank is %d; at least 2 keep the latest checkpoint safe while the next is written", c.SlotsPerRank))
 	}

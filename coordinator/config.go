@@ -103,6 +103,8 @@ func (c Config) Validate() error {
 	var errs []error
 	if c.ListenAddr == "" {
 		errs = append(errs, errors.New("listen address is empty"))
+	} else if err := c.Transport.CheckAddr("listen on", c.ListenAddr); err != nil {
+		errs = append(errs, err)
 	}
 	if c.DataDir == "" {
 		errs = append(errs, errors.New("data directory is empty"))
