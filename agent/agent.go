@@ -110,7 +110,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a.advertise = cfg.AdvertiseAddr
 	if a.advertise == "" && cfg.ListenAddr != "" {
-		if _, port, err := net.SplitHostPort(cfg.ListenAddr); err == nil {
+		if host, port, err := net.SplitHostPort(cfg.ListenAddr); err == nil && port != "0" && transport.IsLoopback(cfg.ListenAddr) && host != "" {
+			a.advertise = cfg.ListenAddr // a node on loopback: no other machine reaches it by its name
+		} else if err == nil {
 			a.advertise = net.JoinHostPort(cfg.Node, port)
 		}
 	}

@@ -46,7 +46,8 @@ type Config struct {
 	CoordinatorAddr string
 	// AdvertiseAddr is the address the coordinator and peers use to reach
 	// this agent's TCP listener; empty derives it from the node name and
-	// ListenAddr's port.
+	// ListenAddr's port, or is ListenAddr itself when that is a loopback
+	// address.
 	AdvertiseAddr string
 	// FailureDomain names what fails together with this node (a rack, a
 	// switch); replicas are placed outside it.

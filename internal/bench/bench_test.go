@@ -66,7 +66,7 @@ func TestPeerBenchRuns(t *testing.T) {
 	var b strings.Builder
 	PrintPeer(&b, res)
 	t.Log(b.String())
-	if !strings.Contains(b.String(), "peer restore TLS / bare TLS") {
+	if !strings.Contains(b.String(), "peer restore TLS / bare TLS (per run)") {
 		t.Fatalf("table lacks the ratio:\n%s", b.String())
 	}
 	if left, _ := os.ReadDir(shmDir); len(left) > 0 {
