@@ -65,6 +65,7 @@ func benchCoordinator(ctx context.Context, args []string) error {
 	spread := fs.Duration("spread", 0, "window over which each step's reports are sent at random offsets (0: all at once, the worst case)")
 	dir := fs.String("data-dir", os.TempDir(), "parent of the coordinator's temporary pebble store (a real disk: its syncs are measured)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (coordinator and simulated agents) to this file")
+	useTLS := fs.Bool("tls", false, "mutual TLS between the simulated agents and the coordinator, as in production")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -79,7 +80,7 @@ func benchCoordinator(ctx context.Context, args []string) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	cfg := bench.CoordConfig{RanksPerNode: *perNode, Steps: *steps, DataDir: *dir, Spread: *spread}
+	cfg := bench.CoordConfig{RanksPerNode: *perNode, Steps: *steps, DataDir: *dir, Spread: *spread, TLS: *useTLS}
 	for _, s := range strings.Split(*ranks, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 1 {
@@ -87,7 +88,11 @@ func benchCoordinator(ctx context.Context, args []string) error {
 		}
 		cfg.Ranks = append(cfg.Ranks, n)
 	}
-	fmt.Printf("rewind-dev bench coordinator: simulated agents (%d ranks each) report every step at once over loopback gRPC to a coordinator with a pebble store in %s\n", cfg.RanksPerNode, cfg.DataDir)
+	transportName := "plaintext"
+	if cfg.TLS {
+		transportName = "mutual TLS"
+	}
+	fmt.Printf("rewind-dev bench coordinator: simulated agents (%d ranks each) report every step at once over loopback gRPC (%s) to a coordinator with a pebble store in %s\n", cfg.RanksPerNode, transportName, cfg.DataDir)
 	fmt.Println("latency: from the sending of a step's last report (the last rank's commit) to the answer that the step is consistent (synced)")
 	rs, err := bench.Coordinator(ctx, cfg)
 	bench.PrintCoordinator(os.Stdout, rs)

@@ -25,12 +25,14 @@ func TestSaveBenchRuns(t *testing.T) {
 }
 
 func TestCoordinatorBenchRuns(t *testing.T) {
-	rs, err := Coordinator(context.Background(), CoordConfig{Ranks: []int{64}, RanksPerNode: 8, Steps: 3, DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(rs) != 1 || rs[0].Agents != 8 || rs[0].P99 <= 0 || rs[0].CommitsPerSec <= 0 {
-		t.Fatalf("results %+v", rs)
+	for _, tls := range []bool{false, true} {
+		rs, err := Coordinator(context.Background(), CoordConfig{Ranks: []int{64}, RanksPerNode: 8, Steps: 3, DataDir: t.TempDir(), TLS: tls})
+		if err != nil {
+			t.Fatalf("tls %v: %v", tls, err)
+		}
+		if len(rs) != 1 || rs[0].Agents != 8 || rs[0].P99 <= 0 || rs[0].CommitsPerSec <= 0 {
+			t.Fatalf("tls %v: results %+v", tls, rs)
+		}
 	}
 }
 
