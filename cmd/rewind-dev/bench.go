@@ -144,7 +144,7 @@ func benchPeer(ctx context.Context, args []string) error {
 	cfg := bench.PeerConfig{Size: b, Runs: *runs, ShmDir: *shmDir, Out: os.Stdout}
 	fmt.Printf("rewind-dev bench peer: a %s shard restored from a peer agent's memory (Fetch, the peer data path, every leaf hashed as it lands,\n"+
 		"a new segment), between two agents in this process on loopback: plaintext, and mutual TLS 1.3 with each node's own certificate;\n"+
-		"against bare loopback transfers of the same bytes into a fresh tmpfs mapping, plaintext and TLS. %d runs, %d CPUs\n",
+		"against bare loopback transfers of the same bytes into memory already faulted in, plaintext and TLS. %d runs, %d CPUs\n",
 		units.Bytes(b), cfg.Runs, runtime.NumCPU())
 	res, err := bench.Peer(ctx, cfg)
 	bench.PrintPeer(os.Stdout, res)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -19,8 +20,10 @@ import (
 )
 
 // The peer restore benchmark's agents: a holder, whose memory has the
-// shard, and a receiver, which restores it; in this process, each with
-// its own shared-memory root, socket and loopback TCP port.
+// shard, and a receiver, which restores it as a spare does in a recovery
+// (its warm segment, allocated and faulted in ahead of need, takes the
+// shard); in this process, each with its own shared-memory root, socket
+// and loopback TCP port.
 const (
 	peerHolder   = "holder"
 	peerReceiver = "receiver"
@@ -52,6 +55,7 @@ func peerCerts(dir string) ([2]*transport.Security, error) {
 type peerPair struct {
 	holder, receiver *agent.Agent
 	ps               agent.PeerShard
+	warm             string // the receiver's warm segment, there once ready
 	dataPath         atomic.Int64 // shards the receiver took over the peer data path
 	stops            []func()
 }
@@ -72,10 +76,7 @@ func startPeerPair(ctx context.Context, dir string, holderSec, receiverSec *tran
 		}
 	}()
 	var addrs agent.Addrs
-	if p.holder, addrs, err = p.start(ctx, dir, peerHolder, holderSec, nil); err != nil {
-		return p, err
-	}
-	if p.receiver, _, err = p.start(ctx, dir, peerReceiver, receiverSec, &p.dataPath); err != nil {
+	if p.holder, addrs, err = p.start(ctx, dir, peerHolder, holderSec, nil, 0); err != nil {
 		return p, err
 	}
 	c, err := sdk.Dial(ctx, addrs.Socket, sdk.Options{CallTimeout: 2 * time.Minute})
@@ -104,16 +105,22 @@ func startPeerPair(ctx context.Context, dir string, holderSec, receiverSec *tran
 	if p.ps.Size == 0 {
 		return p, errors.New("bench: the holder lists no shard after the save")
 	}
+	if p.receiver, _, err = p.start(ctx, dir, peerReceiver, receiverSec, &p.dataPath, p.ps.Size); err != nil {
+		return p, err
+	}
+	p.warm = filepath.Join(dir, peerReceiver, "shm", ".warm") // agent/warm.go: renamed there once ready
 	return p, nil
 }
 
 // start runs one agent; dataPath, when set, counts the shards it
-// received over the peer data path (from its log).
-func (p *peerPair) start(ctx context.Context, dir, node string, sec *transport.Security, dataPath *atomic.Int64) (*agent.Agent, agent.Addrs, error) {
+// received over the peer data path (from its log); warm is its warm
+// segment's size (0: none).
+func (p *peerPair) start(ctx context.Context, dir, node string, sec *transport.Security, dataPath *atomic.Int64, warm int64) (*agent.Agent, agent.Addrs, error) {
 	cfg := agent.DefaultConfig()
 	cfg.Node, cfg.ShmRoot, cfg.Socket = node, filepath.Join(dir, node, "shm"), filepath.Join(dir, node+".sock")
 	cfg.ListenAddr, cfg.MetricsAddr, cfg.Transport = "127.0.0.1:0", "", sec
 	cfg.VerifyAfterCommit = false // the receiver checks every leaf as it lands; a second pass would compete with the next run
+	cfg.WarmSegment = warm
 	cfg.Logger = discardLog()
 	if dataPath != nil {
 		cfg.Logger = slog.New(countHandler{msg: "shard received over the peer data path", n: dataPath})
@@ -141,6 +148,9 @@ func (p *peerPair) start(ctx context.Context, dir, node string, sec *transport.S
 func (p *peerPair) restore() (float64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	if err := p.waitWarm(ctx); err != nil {
+		return 0, err
+	}
 	before := p.dataPath.Load()
 	t0 := time.Now()
 	res, err := p.receiver.FetchFrom(ctx, p.ps, []agent.Source{{Tier: "shm", Node: peerHolder, Addr: p.ps.Addr}})
@@ -154,7 +164,20 @@ func (p *peerPair) restore() (float64, error) {
 	if res.Tier != "shm:"+peerHolder || p.dataPath.Load() != before+1 {
 		return 0, fmt.Errorf("bench: the restore came from %s, not over the peer data path", res.Tier)
 	}
+	// The next warm segment is made in the background after a restore:
+	// let it finish before the next figure is measured, not during it.
+	if err := p.waitWarm(ctx); err != nil {
+		return 0, err
+	}
 	return float64(p.ps.Size) / d.Seconds(), nil
+}
+
+// waitWarm waits until the receiver's warm segment is ready.
+func (p *peerPair) waitWarm(ctx context.Context) error {
+	return poll(ctx, time.Minute, "the receiver's warm segment", func() (bool, error) {
+		_, err := os.Stat(p.warm)
+		return err == nil, nil
+	})
 }
 
 // countHandler counts the log records whose message contains msg, and
