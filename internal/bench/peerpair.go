@@ -55,7 +55,7 @@ func peerCerts(dir string) ([2]*transport.Security, error) {
 type peerPair struct {
 	holder, receiver *agent.Agent
 	ps               agent.PeerShard
-	warm             string // the receiver's warm segment, there once ready
+	warm             string       // the receiver's warm segment, there once ready
 	dataPath         atomic.Int64 // shards the receiver took over the peer data path
 	stops            []func()
 }
