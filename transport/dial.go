@@ -50,7 +50,9 @@ func (s *Security) DialData(ctx context.Context, addr string, expect Expect) (ne
 	if err != nil || !s.TLS() {
 		return c, err
 	}
-	tc := tls.Client(c, s.clientTLS(expect, ProtoData))
+	cfg := s.clientTLS(expect, ProtoData)
+	cfg.ClientSessionCache = s.sessions // keyed by the server's address
+	tc := tls.Client(c, cfg)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("transport: TLS handshake with %s: %w", addr, err)

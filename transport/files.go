@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -52,6 +53,11 @@ type material struct {
 	id    Identity
 	pool  *x509.CertPool
 	stamp [3]stamp
+	// verified remembers the peer chains verified against pool (which
+	// never changes: new files make new material), so that a peer that
+	// connects again (a shard copy is a connection) costs no chain
+	// verification until its certificates' validity ends.
+	verified verifiedCache
 }
 
 // files reads a certificate directory and reads it again when one of
@@ -149,15 +155,86 @@ func (m *material) verify(chain []*x509.Certificate, usage x509.ExtKeyUsage, tru
 	if len(chain) == 0 {
 		return Identity{}, errNoCert
 	}
+	key := verifiedKey{usage: usage, chain: chainSum(chain)}
+	if id, ok := m.verified.get(key, now); ok {
+		return id, nil
+	}
 	inter := x509.NewCertPool()
 	for _, c := range chain[1:] {
 		inter.AddCert(c)
 	}
-	_, err := chain[0].Verify(x509.VerifyOptions{Roots: m.pool, Intermediates: inter, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{usage}})
+	chains, err := chain[0].Verify(x509.VerifyOptions{Roots: m.pool, Intermediates: inter, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{usage}})
 	if err != nil {
 		return Identity{}, fmt.Errorf("certificate %q not trusted: %w", subject(chain[0]), err)
 	}
-	return IdentityOf(chain[0], trustDomain)
+	id, err := IdentityOf(chain[0], trustDomain)
+	if err != nil {
+		return Identity{}, err
+	}
+	m.verified.put(key, id, chains)
+	return id, nil
+}
+
+// verifiedCache holds chains that verified, until the first of their
+// certificates' validity ends; at most maxVerified, then it starts over.
+type verifiedCache struct {
+	mu sync.Mutex
+	m  map[verifiedKey]verifiedID
+}
+
+type verifiedKey struct {
+	usage x509.ExtKeyUsage
+	chain [sha256.Size]byte
+}
+
+type verifiedID struct {
+	id                  Identity
+	notBefore, notAfter time.Time
+}
+
+const maxVerified = 4096
+
+// chainSum identifies a presented chain by its certificates' bytes.
+func chainSum(chain []*x509.Certificate) [sha256.Size]byte {
+	h := sha256.New()
+	for _, c := range chain {
+		h.Write(c.Raw)
+	}
+	var s [sha256.Size]byte
+	h.Sum(s[:0])
+	return s
+}
+
+func (c *verifiedCache) get(k verifiedKey, now time.Time) (Identity, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v, ok := c.m[k]
+	if !ok || now.Before(v.notBefore) || now.After(v.notAfter) {
+		return Identity{}, false
+	}
+	return v.id, true
+}
+
+// put remembers k's identity for as long as every certificate of every
+// chain it verified through is valid.
+func (c *verifiedCache) put(k verifiedKey, id Identity, chains [][]*x509.Certificate) {
+	v := verifiedID{id: id}
+	for _, ch := range chains {
+		for _, cert := range ch {
+			if v.notBefore.IsZero() || cert.NotBefore.After(v.notBefore) {
+				v.notBefore = cert.NotBefore
+			}
+			if v.notAfter.IsZero() || cert.NotAfter.Before(v.notAfter) {
+				v.notAfter = cert.NotAfter
+			}
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) >= maxVerified {
+		c.m = map[verifiedKey]verifiedID{}
+	}
+	c.m[k] = v
 }
 
 var errNotTLS = errors.New("transport: not a TLS connection")

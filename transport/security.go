@@ -39,6 +39,11 @@ type Security struct {
 	trustDomain string
 	reloads     atomic.Uint64
 	now         func() time.Time
+	// sessions lets the peer data path, a connection per shard copied,
+	// resume a TLS session with a server it already met: no certificate
+	// is sent or signed again; the server's chain is still checked, and
+	// the server still checks the client's, as the certificates stand now.
+	sessions tls.ClientSessionCache
 }
 
 // New returns the security cfg asks for: nil (plaintext on loopback)
@@ -67,7 +72,7 @@ func New(cfg Config) (*Security, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.files = f
+	s.files, s.sessions = f, tls.NewLRUClientSessionCache(256)
 	return s, nil
 }
 

@@ -395,3 +395,51 @@ func TestIdentityOf(t *testing.T) {
 		})
 	}
 }
+
+// TestDataPathResumes: a second connection of the data path to the same
+// server resumes the TLS session (no certificates sent or signed), and
+// both ends still know and check who the other is.
+func TestDataPathResumes(t *testing.T) {
+	p := newPKI(t)
+	srv, cli := p.sec(Identity{RoleNode, "a"}), p.sec(Identity{RoleNode, "b"})
+	l, err := srv.Listen("test", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				peer := PeerOf(c)
+				msg := peer.Identity.String()
+				if peer.Err != nil {
+					msg = peer.Err.Error()
+				}
+				_, _ = c.Write([]byte(msg + "\n"))
+			}()
+		}
+	}()
+	for i, wantResumed := range []bool{false, true} {
+		c, err := cli.DialData(context.Background(), l.Addr().String(), ExpectNode("a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(c)
+		c.Close()
+		if err != nil || string(b) != "node/b\n" {
+			t.Fatalf("connection %d: the server saw %q (%v)", i, b, err)
+		}
+		if got := c.(*tls.Conn).ConnectionState().DidResume; got != wantResumed {
+			t.Errorf("connection %d resumed %v, want %v", i, got, wantResumed)
+		}
+	}
+	// A client that expects another node refuses the resumed session too.
+	if _, err := cli.DialData(context.Background(), l.Addr().String(), ExpectNode("z")); err == nil {
+		t.Fatal("a resumed session skipped the server's identity check")
+	}
+}
