@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -236,5 +235,3 @@ func (c *verifiedCache) put(k verifiedKey, id Identity, chains [][]*x509.Certifi
 	}
 	c.m[k] = v
 }
-
-var errNotTLS = errors.New("transport: not a TLS connection")

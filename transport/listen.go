@@ -173,7 +173,7 @@ func (serverCreds) ClientHandshake(context.Context, string, net.Conn) (net.Conn,
 
 func (c serverCreds) Info() credentials.ProtocolInfo {
 	if c.s.TLS() {
-		return credentials.ProtocolInfo{SecurityProtocol: "tls", SecurityVersion: "1.3"}
+		return credentials.ProtocolInfo{SecurityProtocol: "tls"}
 	}
 	return credentials.ProtocolInfo{SecurityProtocol: "insecure"}
 }

@@ -171,35 +171,53 @@ func noCertConn(t *testing.T, addr string) *grpc.ClientConn {
 // and a reader's reading shard bytes are refused PermissionDenied; each
 // refusal names the caller and the method. The daemons stay up and
 // serve the rank's saves and the operator all along.
-func TestRefusedCallsLeaveTheDaemonsUp(t *testing.T) {
-	c := startSecureCluster(t)
-	op := c.client(t, "operator")
-	expired := filepath.Join(t.TempDir(), "expired")
+// refusal is a call that must be refused with code, its message naming
+// says.
+type refusal struct {
+	call func(ctx context.Context) error
+	code codes.Code
+	says []string
+}
+
+// strangers are two operators the cluster must not trust: one whose
+// certificate expired, and mallory, whose certificate another CA issued
+// (she trusts the cluster's CA, so that her own check of the server
+// passes).
+func strangers(t *testing.T, c *secureCluster) (expired, mallory *transport.Security) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "expired")
 	ca, err := transport.LoadCA(filepath.Join(c.certs, "ca"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ca.IssueDir(expired, transport.Leaf{Identity: transport.Identity{Role: transport.RoleOperator, Name: "old"},
+	if err := ca.IssueDir(dir, transport.Leaf{Identity: transport.Identity{Role: transport.RoleOperator, Name: "old"},
 		NotBefore: time.Now().Add(-48 * time.Hour), NotAfter: time.Now().Add(-24 * time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
-	otherCA := filepath.Join(t.TempDir(), "other")
-	if out, err := exec.Command(testcluster.Binary(t, testcluster.RewindPackage), "certs", "--out", otherCA, "--operator", "mallory").CombinedOutput(); err != nil {
+	other := filepath.Join(t.TempDir(), "other")
+	if out, err := exec.Command(testcluster.Binary(t, testcluster.RewindPackage), "certs", "--out", other, "--operator", "mallory").CombinedOutput(); err != nil {
 		t.Fatalf("rewind certs: %v\n%s", err, out)
 	}
-	// Mallory trusts the cluster's CA (so that her own check of the
-	// server passes) but her certificate is from another.
 	b, _ := os.ReadFile(filepath.Join(c.certs, "ca", transport.CAFile))
-	if err := os.WriteFile(filepath.Join(otherCA, "operator", transport.CAFile), b, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(other, "operator", transport.CAFile), b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	sec := func(dir string) *transport.Security {
+	load := func(dir string) *transport.Security {
 		s, err := transport.Load(dir, testcluster.Discard())
 		if err != nil {
 			t.Fatal(err)
 		}
 		return s
 	}
+	return load(dir), load(filepath.Join(other, "operator"))
+}
+
+// refusals are the calls TestRefusedCallsLeaveTheDaemonsUp makes: with no
+// certificate, another CA's, an expired one, and the cluster's own
+// certificates calling what their roles do not allow.
+func refusals(t *testing.T, c *secureCluster) map[string]refusal {
+	t.Helper()
+	expired, mallory := strangers(t, c)
 	n1, bob := c.client(t, filepath.Join("node", "n1")), c.client(t, "reader")
 	agentAs := func(dir string) agentpb.AgentClient {
 		conn, err := c.sec(t, dir).NewClient(c.agentAddr, transport.ExpectNode("n1"))
@@ -209,24 +227,19 @@ func TestRefusedCallsLeaveTheDaemonsUp(t *testing.T) {
 		t.Cleanup(func() { conn.Close() })
 		return agentpb.NewAgentClient(conn)
 	}
-	type tc struct {
-		call func(ctx context.Context) error
-		code codes.Code
-		says []string // the refusal names these
-	}
 	listJobs := func(api coordpb.CoordinatorClient) func(context.Context) error {
 		return func(ctx context.Context) error { _, err := api.ListJobs(ctx, &coordpb.ListJobsRequest{}); return err }
 	}
-	cases := map[string]tc{
+	return map[string]refusal{
 		"no certificate": {listJobs(coordpb.NewCoordinatorClient(noCertConn(t, c.coordAddr))), codes.Unauthenticated,
 			[]string{"ListJobs", "no client certificate"}},
 		"no certificate, agent": {func(ctx context.Context) error {
 			_, err := agentpb.NewAgentClient(noCertConn(t, c.agentAddr)).Status(ctx, &agentpb.StatusRequest{})
 			return err
 		}, codes.Unauthenticated, []string{"Agent/Status", "no client certificate"}},
-		"another CA's certificate": {listJobs(clientWith(t, sec(filepath.Join(otherCA, "operator")), c.coordAddr)), codes.Unauthenticated,
+		"another CA's certificate": {listJobs(clientWith(t, mallory, c.coordAddr)), codes.Unauthenticated,
 			[]string{"ListJobs", "operator/mallory", "unknown authority"}},
-		"expired certificate": {listJobs(clientWith(t, sec(expired), c.coordAddr)), codes.Unauthenticated,
+		"expired certificate": {listJobs(clientWith(t, expired, c.coordAddr)), codes.Unauthenticated,
 			[]string{"ListJobs", "operator/old", "expired"}},
 		"node deletes a step": {func(ctx context.Context) error {
 			_, err := n1.DeleteStep(ctx, &coordpb.DeleteStepRequest{Job: "j", Step: 1})
@@ -265,6 +278,12 @@ func TestRefusedCallsLeaveTheDaemonsUp(t *testing.T) {
 			return err
 		}, codes.PermissionDenied, []string{"operator/alice", "Prepare", "Unix socket only"}},
 	}
+}
+
+func TestRefusedCallsLeaveTheDaemonsUp(t *testing.T) {
+	c := startSecureCluster(t)
+	op := c.client(t, "operator")
+	cases := refusals(t, c)
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			err := tc.call(ctxT(t))

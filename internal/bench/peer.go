@@ -93,35 +93,13 @@ func Peer(ctx context.Context, cfg PeerConfig) (PeerResult, error) {
 	fill(src)
 	fill(dst)
 	sink := func() ([]byte, func(), error) { return dst, func() {}, nil }
+	bare := func(server, client *transport.Security) func() (float64, error) {
+		return func() (float64, error) { return bareOnce(ctx, server, client, src, sink) }
+	}
 	for i := range cfg.Runs {
-		r := PeerRun{Load: loadAverage()}
-		type step struct {
-			name string
-			f    func() (float64, error)
-			to   *float64
-		}
-		// Each restore beside its bare transfer, in turn: a pair sees the
-		// same load. Every other run the bare transfer goes first, so that
-		// a load that rises or falls through a run favours neither.
-		pairs := [][2]step{
-			{{"peer restore (plaintext)", plain.restore, &r.Plain},
-				{"bare TCP", func() (float64, error) { return bareOnce(ctx, nil, nil, src, sink) }, &r.BareTCP}},
-			{{"peer restore (TLS)", tls.restore, &r.TLS},
-				{"bare TLS", func() (float64, error) { return bareOnce(ctx, secs[0], secs[1], src, sink) }, &r.BareTLS}},
-		}
-		var steps []step
-		for _, p := range pairs {
-			if i%2 == 1 {
-				p[0], p[1] = p[1], p[0]
-			}
-			steps = append(steps, p[0], p[1])
-		}
-		for _, s := range steps {
-			v, err := s.f()
-			if err != nil {
-				return res, fmt.Errorf("bench: run %d: %s: %w", i+1, s.name, err)
-			}
-			*s.to = v
+		r, err := peerRun(i, plain.restore, bare(nil, nil), tls.restore, bare(secs[0], secs[1]))
+		if err != nil {
+			return res, err
 		}
 		fmt.Fprintf(cfg.Out, "run %d: restore plaintext %s, bare TCP %s; restore TLS %s, bare TLS %s (load %.2f)\n", i+1,
 			gbps2(r.Plain), gbps2(r.BareTCP), gbps2(r.TLS), gbps2(r.BareTLS), r.Load)
@@ -143,6 +121,36 @@ func Peer(ctx context.Context, cfg PeerConfig) (PeerResult, error) {
 	res.Cost = pick(func(r PeerRun) float64 { return r.TLS / r.Plain })
 	res.Met = res.TLSRatio >= targetTLSRatio
 	return res, nil
+}
+
+// peerRun measures run i's four figures. Each restore is measured beside
+// its bare transfer, in turn, so that a pair sees the same load; every
+// other run the bare transfer goes first, so that a load that rises or
+// falls through a run favours neither.
+func peerRun(i int, plain, bareTCP, tls, bareTLS func() (float64, error)) (PeerRun, error) {
+	r := PeerRun{Load: loadAverage()}
+	type step struct {
+		name string
+		f    func() (float64, error)
+		to   *float64
+	}
+	pairs := [][2]step{
+		{{"peer restore (plaintext)", plain, &r.Plain}, {"bare TCP", bareTCP, &r.BareTCP}},
+		{{"peer restore (TLS)", tls, &r.TLS}, {"bare TLS", bareTLS, &r.BareTLS}},
+	}
+	for _, p := range pairs {
+		if i%2 == 1 {
+			p[0], p[1] = p[1], p[0]
+		}
+		for _, s := range p {
+			v, err := s.f()
+			if err != nil {
+				return r, fmt.Errorf("bench: run %d: %s: %w", i+1, s.name, err)
+			}
+			*s.to = v
+		}
+	}
+	return r, nil
 }
 
 // bareOnce sends src over a fresh loopback connection (TLS when the
