@@ -52,7 +52,7 @@ var Rules = map[string]Rule{
 	coordpb.Coordinator_Report_FullMethodName:       {Roles: nodeOnly, Check: self(reportNodes)},
 	coordpb.Coordinator_ReportStream_FullMethodName: {Roles: nodeOnly, Check: self(reportNodes)},
 	coordpb.Coordinator_Latest_FullMethodName:       {Roles: anyRole},
-	coordpb.Coordinator_ListJobs_FullMethodName:     {Roles: readers},
+	coordpb.Coordinator_ListJobs_FullMethodName:     {Roles: anyRole}, // a node's supervisor compares its ranks with the placement
 	coordpb.Coordinator_ListSteps_FullMethodName:    {Roles: readers},
 	coordpb.Coordinator_InspectStep_FullMethodName:  {Roles: anyRole},
 	coordpb.Coordinator_VerifyStep_FullMethodName:   {Roles: readers},

@@ -219,6 +219,7 @@ func TestAuthorization(t *testing.T) {
 		"reader declares a node down":       {p.sec(Identity{RoleReader, "bob"}), nodeDown, codes.PermissionDenied},
 		"node declares another node down":   {p.sec(Identity{RoleNode, "n1"}), nodeDown, codes.PermissionDenied},
 		"node watches a job":                {p.sec(Identity{RoleNode, "n1"}), watch, codes.Unimplemented},
+		"node lists jobs":                   {p.sec(Identity{RoleNode, "n1"}), listJobs, codes.Unimplemented},
 		"operator lists after the refusals": {p.sec(Identity{RoleOperator, "alice"}), listJobs, codes.Unimplemented},
 	}
 	for name, c := range cases {

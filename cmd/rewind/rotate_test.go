@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -130,5 +131,35 @@ func TestPlaintextRefusedBeyondLoopback(t *testing.T) {
 	}
 	if m := metric(t, metrics, "rewind_transport_insecure"); m != "rewind_transport_insecure 1" {
 		t.Errorf("metric %q, want rewind_transport_insecure 1", m)
+	}
+}
+
+// TestNodeRunsWithTLS: `rewind node`, as each container of the compose
+// cluster runs it, with its node's certificate: the agent registers and
+// reports over TLS, and the ranks' supervisor (placement from ListJobs,
+// recoveries from WatchJob) is allowed every call it makes, so the job's
+// rank trains to its last step.
+func TestNodeRunsWithTLS(t *testing.T) {
+	c := startSecureCluster(t) // its own agent is node n1; the node here is n2
+	op := c.client(t, "operator")
+	trainer := testcluster.Binary(t, "rewind.dev/rewind/cmd/rewind-dev")
+	listen := testcluster.FreeAddr(t)
+	n := startDaemon(t, "node", "--job", "nodejob", "--world-size", "1", "--ranks", "0", "--steps", "6", "--size", "64KiB",
+		"--step-time", "20ms", "--trainer", trainer, "--",
+		"--node", "n2", "--coordinator", c.coordAddr, "--listen", listen, "--advertise", listen, "--metrics", "", "--gossip", "",
+		"--shm-root", filepath.Join(testcluster.ShmDir(t), "shm"), "--socket", filepath.Join(t.TempDir(), "n2.sock"),
+		"--tls-dir", filepath.Join(c.certs, "node", "n2"))
+	wait.ForNil(t, 60*time.Second, "rank 0 of nodejob to reach step 6 through rewind node", func() error {
+		if !n.running() {
+			t.Fatalf("rewind node exited:\n%s", n.out)
+		}
+		resp, err := op.Latest(ctxT(t), &coordpb.LatestRequest{Job: "nodejob"})
+		if err == nil && resp.Step < 6 {
+			err = fmt.Errorf("latest %d", resp.Step)
+		}
+		return err
+	})
+	if strings.Contains(n.out.String(), "PermissionDenied") || strings.Contains(n.out.String(), "Unauthenticated") {
+		t.Fatalf("rewind node was refused a call:\n%s", n.out)
 	}
 }
