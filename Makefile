@@ -102,6 +102,8 @@ bench: build minio
 	$(BIN)/rewind-dev bench coordinator --ranks 1024,8192 --steps 200
 	$(BIN)/rewind-dev bench tiers --size 1GiB --cpu-size 4GiB --runs 3 --bandwidth 500MB
 	$(BIN)/rewind-dev bench recovery --size 1GiB --runs 3
+	$(BIN)/rewind-dev bench coordinator --ranks 8192 --steps 200 --tls
+	$(BIN)/rewind-dev bench peer --size 1GiB --runs 9
 
 # make fuzz: each fuzz target for FUZZTIME (go test -fuzz runs one target
 # at a time); a failing input is written under the package's

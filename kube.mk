@@ -58,5 +58,6 @@ test-helm:
 	$(HELM) template rewind $(CHART) --namespace rewind > $(BIN)/rewind-chart.yaml; \
 	$(HELM) template rewind $(CHART) --namespace rewind \
 		--set coordinator.persistence.storageClass=fast,agent.socketGroup=1000,coordinator.policy=nvme:every=10 > /dev/null; \
-	REWIND_CHART_RENDERED=$(BIN)/rewind-chart.yaml $(GO) test -count=1 -run '^TestChart(RBAC|CoordinatorReadiness)$$' ./kube; \
-	echo "test-helm: chart lints, renders, and grants only what the controller calls"
+	$(HELM) template rewind $(CHART) --namespace rewind --set tls.enabled=false | grep -q -- '- --insecure'; \
+	REWIND_CHART_RENDERED=$(BIN)/rewind-chart.yaml $(GO) test -count=1 -run '^TestChart(RBAC|CoordinatorReadiness|TLS)$$' ./kube; \
+	echo "test-helm: chart lints, renders, runs mutual TLS, and grants only what the controller calls"

@@ -14,6 +14,7 @@ import (
 
 	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/transport"
 	"rewind.dev/rewind/vfs"
 )
 
@@ -37,11 +38,12 @@ type Agent struct {
 
 	verifyQ chan verifyJob
 
-	rep       *reporter  // nil without a coordinator
-	tr        *transfers // nil without a coordinator
-	peers     peers      // connections to other agents
-	gang      gang       // jobs being recovered
-	warm      warm       // a segment made ready ahead of need
+	rep       *reporter             // nil without a coordinator
+	tr        *transfers            // nil without a coordinator
+	peers     peers                 // connections to other agents
+	authz     *transport.Authorizer // who may call what over TCP
+	gang      gang                  // jobs being recovered
+	warm      warm                  // a segment made ready ahead of need
 	advertise string
 }
 
@@ -93,6 +95,9 @@ func New(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a.metrics = newMetrics(cfg.Registry, a)
+	if err := a.initTransport(); err != nil {
+		return nil, err
+	}
 	err := a.reindex()
 	if err != nil {
 		return nil, err
@@ -105,7 +110,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a.advertise = cfg.AdvertiseAddr
 	if a.advertise == "" && cfg.ListenAddr != "" {
-		if _, port, err := net.SplitHostPort(cfg.ListenAddr); err == nil {
+		if host, port, err := net.SplitHostPort(cfg.ListenAddr); err == nil && port != "0" && transport.IsLoopback(cfg.ListenAddr) && host != "" {
+			a.advertise = cfg.ListenAddr // a node on loopback: no other machine reaches it by its name
+		} else if err == nil {
 			a.advertise = net.JoinHostPort(cfg.Node, port)
 		}
 	}

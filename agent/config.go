@@ -14,6 +14,7 @@ import (
 	"rewind.dev/rewind/membership"
 	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
+	"rewind.dev/rewind/transport"
 	"rewind.dev/rewind/vfs"
 )
 
@@ -32,8 +33,12 @@ type Config struct {
 	// writable by this group (0660) instead of by the owner only (0600).
 	SocketGroup string
 	// ListenAddr is the TCP address for peers and the coordinator; empty
-	// disables it.
+	// disables it. Without TLS it must be a loopback address unless
+	// Transport is insecure.
 	ListenAddr string
+	// Transport protects the TCP listener and every connection the agent
+	// dials (the coordinator, peers); nil is plaintext on loopback only.
+	Transport *transport.Security
 	// MetricsAddr serves Prometheus /metrics over HTTP; empty disables it.
 	MetricsAddr string
 	// CoordinatorAddr is the coordinator's gRPC address; empty runs the
@@ -41,7 +46,8 @@ type Config struct {
 	CoordinatorAddr string
 	// AdvertiseAddr is the address the coordinator and peers use to reach
 	// this agent's TCP listener; empty derives it from the node name and
-	// ListenAddr's port.
+	// ListenAddr's port, or is ListenAddr itself when that is a loopback
+	// address.
 	AdvertiseAddr string
 	// FailureDomain names what fails together with this node (a rack, a
 	// switch); replicas are placed outside it.
@@ -109,7 +115,7 @@ func DefaultConfig() Config {
 		Node:              host,
 		ShmRoot:           "/dev/shm/rewind",        // memory-backed on every Linux host and pod
 		Socket:            "/run/rewind/agent.sock", // runtime state of a system daemon (FHS), where ranks on the host find it
-		ListenAddr:        ":7070",                  // every interface: peers and the coordinator reach it from other nodes
+		ListenAddr:        "127.0.0.1:7070",         // loopback until TLS or --insecure is chosen: a cluster sets --listen :7070 with its certificates
 		MetricsAddr:       ":9464",                  // Prometheus's customary exporter range
 		SlotsPerRank:      2,                        // the latest committed step plus the save in progress
 		VerifyWorkers:     2,                        // verification runs beside training: leave it most cores
@@ -137,6 +143,16 @@ func (c Config) Validate() error {
 	}
 	if c.Socket == "" {
 		errs = append(errs, errors.New("socket path is empty"))
+	}
+	if c.ListenAddr != "" {
+		if err := c.Transport.CheckAddr("listen on", c.ListenAddr); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.CoordinatorAddr != "" {
+		if err := c.Transport.CheckAddr("dial the coordinator at", c.CoordinatorAddr); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if c.SlotsPerRank < 2 {
 		errs = append(errs, fmt.Errorf("slots per rank is %d; at least 2 keep the latest checkpoint safe while the next is written", c.SlotsPerRank))

@@ -16,6 +16,7 @@ import (
 	"rewind.dev/rewind/faultinject"
 	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
+	"rewind.dev/rewind/transport"
 )
 
 // The peer data path. A shard copied between agents (a replica, a restore
@@ -115,6 +116,9 @@ type peekedConn struct {
 
 func (p *peekedConn) Read(b []byte) (int, error) { return p.r.Read(b) }
 
+// NetConn is the connection under p (transport.PeerOf looks through it).
+func (p *peekedConn) NetConn() net.Conn { return p.Conn }
+
 // The receiver's verdict, one byte after the whole shard: accepted, or
 // refused because a checksum did not match. A receiver that predates
 // verdicts closes the connection instead.
@@ -133,6 +137,10 @@ const (
 func (a *Agent) serveData(conn net.Conn) {
 	defer conn.Close()
 	c := stallConn{conn}
+	if err := a.authz.Allow(transport.PeerOf(conn), transport.DataPath, nil); err != nil {
+		dataError(c, err)
+		return
+	}
 	req, err := readDataRequest(c)
 	if err != nil {
 		if errors.Is(err, ErrInvalid) {
@@ -276,8 +284,7 @@ const dataChunk = 8 << 20
 // receiveData reads the shard from the peer's data path straight into dst,
 // checking it as it arrives (receiveShard), and answers with its verdict.
 func (a *Agent) receiveData(ctx context.Context, ps PeerShard, dst []byte, lim *tiers.Limiter) error {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", ps.Addr)
+	conn, err := a.cfg.Transport.DialData(ctx, ps.Addr, transport.ExpectNode(ps.Node))
 	if err != nil {
 		return fmt.Errorf("%w: %v", errDataPath, err)
 	}

@@ -10,19 +10,20 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/faultinject"
 	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
+	"rewind.dev/rewind/transport"
 )
 
 // peers keeps one gRPC connection per peer agent.
 type peers struct {
+	sec   *transport.Security
 	mu    sync.Mutex
-	conns map[string]*grpc.ClientConn
+	conns map[string]*grpc.ClientConn // by node@addr
 	// copying holds a cancel function per copy in progress, by the node
 	// it reads from: a node declared dead has its copies cut at once.
 	copying map[string]map[*context.CancelFunc]bool
@@ -61,20 +62,23 @@ func (p *peers) cutCopies(node string) int {
 	return n
 }
 
-func (p *peers) client(addr string) (agentpb.AgentClient, error) {
+// client returns a client of node's agent at addr, which must present
+// node's certificate (any node's when node is empty).
+func (p *peers) client(addr, node string) (agentpb.AgentClient, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if c := p.conns[addr]; c != nil {
+	key := node + "@" + addr
+	if c := p.conns[key]; c != nil {
 		return agentpb.NewAgentClient(c), nil
 	}
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	c, err := p.sec.NewClient(addr, transport.ExpectNode(node))
 	if err != nil {
-		return nil, fmt.Errorf("agent: peer address %q: %w", addr, err)
+		return nil, fmt.Errorf("agent: peer %s at %q: %w", node, addr, err)
 	}
 	if p.conns == nil {
 		p.conns = map[string]*grpc.ClientConn{}
 	}
-	p.conns[addr] = c
+	p.conns[key] = c
 	return agentpb.NewAgentClient(c), nil
 }
 
@@ -130,7 +134,7 @@ func (a *Agent) copyFromPeer(ctx context.Context, ps PeerShard, lim *tiers.Limit
 	if ps.Stage != "" && a.staged(ps) { // a fetch of the same restore asked again
 		return 0, nil
 	}
-	peer, err := a.peers.client(ps.Addr)
+	peer, err := a.peers.client(ps.Addr, ps.Node)
 	if err != nil {
 		return 0, err
 	}

@@ -10,10 +10,10 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/transport"
 )
 
 // reporter tells the coordinator what this agent commits, in order, without
@@ -94,7 +94,7 @@ type event struct {
 const maxQueue = 100_000
 
 func newReporter(a *Agent, addr string) (*reporter, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	conn, err := a.cfg.Transport.NewClient(addr, transport.ExpectCoordinator,
 		// Fixed flow-control windows, as the coordinator's: no BDP ping
 		// round trip per answer received (coordinator/run.go).
 		grpc.WithStaticStreamWindowSize(1<<20), grpc.WithStaticConnWindowSize(1<<20), coordpb.KeepaliveDial(), coordpb.ReconnectDial())

@@ -29,20 +29,23 @@ func (a *Agent) Run(ctx context.Context, ready func(Addrs)) error {
 	if err != nil {
 		return err
 	}
-	srv := grpc.NewServer(
-		grpc.ChainUnaryInterceptor(unaryErrors),
-		grpc.ChainStreamInterceptor(streamErrors),
+	srv := grpc.NewServer(a.cfg.Transport.ServerOption(),
+		grpc.ChainUnaryInterceptor(a.authz.Unary, unaryErrors),
+		grpc.ChainStreamInterceptor(a.authz.Stream, streamErrors),
 	)
 	agentpb.RegisterAgentServer(srv, &server{a: a})
 	var addrs Addrs
 	addrs.Socket = a.cfg.Socket
+	if a.cfg.ListenAddr != "" || a.cfg.CoordinatorAddr != "" {
+		a.cfg.Transport.LogStart(a.log, "agent")
+	}
 	errc := make(chan error, 3)
 	go func() { errc <- srv.Serve(uds) }()
 	if a.cfg.ListenAddr != "" {
-		tcp, err := net.Listen("tcp", a.cfg.ListenAddr)
+		tcp, err := a.cfg.Transport.Listen("agent", a.cfg.ListenAddr)
 		if err != nil {
 			srv.Stop()
-			return fmt.Errorf("agent: listen %s: %w", a.cfg.ListenAddr, err)
+			return err
 		}
 		addrs.TCP = tcp.Addr().String()
 		mux := newMuxListener(tcp, a) // gRPC, and the peer data path (peerdata.go)

@@ -18,6 +18,7 @@ import (
 	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/transport"
 )
 
 // cluster is a coordinator and several agents on loopback, each agent with
@@ -254,14 +255,15 @@ func TestCoordinatorRebuildsFromAgents(t *testing.T) {
 func TestUnknownJobAndBadRankRefused(t *testing.T) {
 	cl := newCluster(t, 1)
 	ctx := ctxT(t)
-	_, err := cl.api.Report(ctx, &coordpb.ReportRequest{Node: "x", Shards: []*coordpb.ShardRecord{{Job: "nope", Step: 1, Rank: 0, WorldSize: 1, State: coordpb.CopyState_COPY_STATE_COMMITTED}}})
+	x := testcluster.DialCoordinatorAs(t, cl.addr, transport.Identity{Role: transport.RoleNode, Name: "x"}) // reports need a node's certificate
+	_, err := x.Report(ctx, &coordpb.ReportRequest{Node: "x", Shards: []*coordpb.ShardRecord{{Job: "nope", Step: 1, Rank: 0, WorldSize: 1, State: coordpb.CopyState_COPY_STATE_COMMITTED}}})
 	if status.Code(err) != codes.NotFound || !strings.Contains(err.Error(), "not registered") {
 		t.Fatalf("report for an unknown job: %v", err)
 	}
 	if _, err := cl.api.RegisterJob(ctx, &coordpb.RegisterJobRequest{Job: "j", WorldSize: 2}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = cl.api.Report(ctx, &coordpb.ReportRequest{Node: "x", Shards: []*coordpb.ShardRecord{{Job: "j", Step: 1, Rank: 2, WorldSize: 2, State: coordpb.CopyState_COPY_STATE_COMMITTED}}})
+	_, err = x.Report(ctx, &coordpb.ReportRequest{Node: "x", Shards: []*coordpb.ShardRecord{{Job: "j", Step: 1, Rank: 2, WorldSize: 2, State: coordpb.CopyState_COPY_STATE_COMMITTED}}})
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "rank 2 out of range") {
 		t.Fatalf("report for rank 2 of 2: %v", err)
 	}

@@ -12,12 +12,17 @@ import (
 	"rewind.dev/rewind/internal/clock"
 	"rewind.dev/rewind/membership"
 	"rewind.dev/rewind/tiers"
+	"rewind.dev/rewind/transport"
 )
 
 // Config configures a coordinator.
 type Config struct {
-	// ListenAddr is the gRPC address agents and operators dial.
+	// ListenAddr is the gRPC address agents and operators dial. Without
+	// TLS it must be a loopback address unless Transport is insecure.
 	ListenAddr string
+	// Transport protects the gRPC listener and the connections the
+	// coordinator dials to agents; nil is plaintext on loopback only.
+	Transport *transport.Security
 	// MetricsAddr serves Prometheus /metrics; empty disables it.
 	MetricsAddr string
 	// DataDir holds the pebble store.
@@ -77,7 +82,7 @@ type Config struct {
 // DefaultConfig returns a coordinator configuration for one cluster.
 func DefaultConfig() Config {
 	return Config{
-		ListenAddr:   ":7080",                       // every interface: agents reach it from other nodes
+		ListenAddr:   "127.0.0.1:7080",              // loopback until TLS or --insecure is chosen: a cluster sets --listen :7080 with its certificates
 		MetricsAddr:  ":9465",                       // the agent's metrics port plus one, so both run on one host
 		DataDir:      "/var/lib/rewind/coordinator", // state of a system daemon, kept across restarts (FHS)
 		AgentTimeout: 2 * time.Minute,               // verifying a large shard reads every byte
@@ -100,6 +105,8 @@ func (c Config) Validate() error {
 	var errs []error
 	if c.ListenAddr == "" {
 		errs = append(errs, errors.New("listen address is empty"))
+	} else if err := c.Transport.CheckAddr("listen on", c.ListenAddr); err != nil {
+		errs = append(errs, err)
 	}
 	if c.DataDir == "" {
 		errs = append(errs, errors.New("data directory is empty"))

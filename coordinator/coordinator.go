@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"rewind.dev/rewind/transport"
 )
 
 // Coordinator is the running coordinator: the index, its store and the
@@ -21,6 +23,7 @@ type Coordinator struct {
 	log         *slog.Logger
 	incarnation atomic.Value // string; changes when the index loses acknowledged writes
 	metrics     *metrics
+	authz       *transport.Authorizer
 
 	mu    sync.Mutex
 	state *State
@@ -80,6 +83,10 @@ func New(cfg Config) (*Coordinator, error) {
 		return nil, err
 	}
 	c.metrics = newMetrics(cfg.Registry, c)
+	if err := c.initTransport(); err != nil {
+		store.Close()
+		return nil, err
+	}
 	tm := c.registerTierMetrics(cfg.Registry)
 	c.streams, c.tiers, c.replication, c.gangs = newOrderStreams(), newTiering(c, tm), newReplication(c, tm), newGangs(c)
 	copies, policies, replicas, err := store.loadTiering()

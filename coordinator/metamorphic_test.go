@@ -10,10 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
-	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/faultinject"
 	"rewind.dev/rewind/internal/testcluster"
 	"rewind.dev/rewind/internal/wait"
@@ -42,12 +38,7 @@ func TestRandomizedCoordinatorKills(t *testing.T) {
 	addr := testcluster.FreeAddr(t)
 	dataDir := filepath.Join(t.TempDir(), "store")
 	coord := spawnCoordinator(t, addr, dataDir, rng.Uint64(), faultinject.EnvSpec+"=coordinator/before-consistent=4%exit(137)")
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	api := coordpb.NewCoordinatorClient(conn)
+	api := testcluster.DialCoordinator(t, addr)
 	waitUp(t, api)
 	restart := func() { coord.restartIfCrashed(dataDir) }
 

@@ -7,12 +7,10 @@ import (
 	"slices"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/tiers"
+	"rewind.dev/rewind/transport"
 )
 
 // Register records an agent and merges its inventory: jobs it holds are
@@ -112,7 +110,7 @@ func (c *Coordinator) agentCall(ctx context.Context, node string, f func(context
 	if n == nil || n.Addr == "" {
 		return fmt.Errorf("coordinator: node %s has not registered an address", node)
 	}
-	conn, err := grpc.NewClient(n.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := c.cfg.Transport.NewClient(n.Addr, transport.ExpectNode(node))
 	if err != nil {
 		return err
 	}

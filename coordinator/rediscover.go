@@ -11,11 +11,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/tiers"
+	"rewind.dev/rewind/transport"
 )
 
 // Rediscovery: the store is an index, not the only truth. Every durable
@@ -311,7 +311,7 @@ func (t *tiering) list(ctx context.Context, l listing) {
 // fetchListing streams an agent's listing, handing each page of manifests
 // to merge; it returns the tiers' outcomes from the last page.
 func (t *tiering) fetchListing(ctx context.Context, l listing, merge func([]*agentpb.TierManifest)) (map[string]*agentpb.TierListing, error) {
-	conn, err := grpc.NewClient(l.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	conn, err := t.c.cfg.Transport.NewClient(l.addr, transport.ExpectNode(l.node),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxListPage)))
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: listing the tiers of node %s: %w", l.node, err)

@@ -207,6 +207,28 @@ func TestReplicasGiveWayToSaves(t *testing.T) {
 	}
 	for step := int64(1); step <= 3; step++ {
 		cl.saveStep(job, ws, step, 0) // fails the test on any save error
+		// Rank 0's replica on node-1 before its next save: until it is
+		// there, step-1's copies are what memory keeps through a node's
+		// loss (the job's protected step), pinned on node-0 beside the
+		// latest, and a budget of four segments then holds nothing a
+		// save may take (the save refused, rightly). The test is about
+		// replicas giving way, not about that race.
+		wait.ForNil(t, 10*time.Second, fmt.Sprintf("a replica of rank 0 step %d on node-1", step), func() error {
+			st, err := cl.api.InspectStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: step})
+			if err != nil {
+				return err
+			}
+			n := 0
+			for _, c := range st.Step.Copies {
+				if c.Rank == 0 && c.State == coordpb.CopyState_COPY_STATE_COMMITTED {
+					n++
+				}
+			}
+			if n != 2 {
+				return fmt.Errorf("rank 0 has %d copies of step %d", n, step)
+			}
+			return nil
+		})
 	}
 	cl.waitLatest(job, 3)
 	if got := cl.replicaNodes(job, 3)[1]; len(got) != 2 {

@@ -3,7 +3,6 @@ package coordinator
 import (
 	"context"
 	"fmt"
-	"net"
 	"runtime"
 	"time"
 
@@ -20,18 +19,19 @@ const staticWindow = 1 << 20
 // Run serves the coordinator's gRPC API (and metrics) until ctx ends.
 // ready, when not nil, receives the gRPC and metrics addresses once open.
 func (c *Coordinator) Run(ctx context.Context, ready func(grpcAddr, metricsAddr string)) error {
-	l, err := net.Listen("tcp", c.cfg.ListenAddr)
+	l, err := c.cfg.Transport.Listen("coordinator", c.cfg.ListenAddr)
 	if err != nil {
-		return fmt.Errorf("coordinator: listen %s: %w", c.cfg.ListenAddr, err)
+		return err
 	}
-	srv := grpc.NewServer(append([]grpc.ServerOption{grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
+	c.cfg.Transport.LogStart(c.log, "coordinator")
+	srv := grpc.NewServer(append([]grpc.ServerOption{c.cfg.Transport.ServerOption(), grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 		// Reports are small requests answered one by one. With dynamic
 		// flow control every message received sends a BDP ping that the
 		// peer answers: two more packets, and two more wake-ups on each
 		// side, per report. A fixed window, larger than any report or
 		// inventory needs in flight, has none.
 		grpc.StaticStreamWindowSize(staticWindow), grpc.StaticConnWindowSize(staticWindow),
-		grpc.ChainUnaryInterceptor(c.unaryLeader), grpc.ChainStreamInterceptor(c.streamLeader)},
+		grpc.ChainUnaryInterceptor(c.authz.Unary, c.unaryLeader), grpc.ChainStreamInterceptor(c.authz.Stream, c.streamLeader)},
 		coordpb.KeepaliveServer()...)...)
 	coordpb.RegisterCoordinatorServer(srv, &server{c: c})
 	errc := make(chan error, 2)

@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/transport"
 )
 
 // DefaultSocket is where the agent listens unless told otherwise.
@@ -59,9 +59,9 @@ func Dial(ctx context.Context, socket string, opts ...Options) (*Client, error) 
 			o.CallTimeout = DefaultOptions().CallTimeout
 		}
 	}
-	conn, err := grpc.NewClient("unix://"+socket,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8<<20)))
+	// The node's agent, over its Unix socket: a local connection, no
+	// TLS (transport).
+	conn, err := transport.NewUnixClient(socket, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8<<20)))
 	if err != nil {
 		return nil, &Error{Op: "dial", Msg: err.Error(), kind: ErrNoAgent}
 	}

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -24,8 +25,11 @@ func runBench(ctx context.Context, args []string) error {
 	if len(args) > 0 && args[0] == "recovery" {
 		return benchRecovery(ctx, args[1:])
 	}
+	if len(args) > 0 && args[0] == "peer" {
+		return benchPeer(ctx, args[1:])
+	}
 	if len(args) == 0 || args[0] != "save" {
-		return fmt.Errorf("usage: rewind-dev bench save|coordinator|tiers|recovery [flags]")
+		return fmt.Errorf("usage: rewind-dev bench save|coordinator|tiers|recovery|peer [flags]")
 	}
 	fs := flag.NewFlagSet("bench save", flag.ContinueOnError)
 	sizes := fs.String("sizes", "1GiB,4GiB", "comma-separated state sizes per rank")
@@ -61,6 +65,7 @@ func benchCoordinator(ctx context.Context, args []string) error {
 	spread := fs.Duration("spread", 0, "window over which each step's reports are sent at random offsets (0: all at once, the worst case)")
 	dir := fs.String("data-dir", os.TempDir(), "parent of the coordinator's temporary pebble store (a real disk: its syncs are measured)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (coordinator and simulated agents) to this file")
+	useTLS := fs.Bool("tls", false, "mutual TLS between the simulated agents and the coordinator, as in production")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -75,7 +80,7 @@ func benchCoordinator(ctx context.Context, args []string) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	cfg := bench.CoordConfig{RanksPerNode: *perNode, Steps: *steps, DataDir: *dir, Spread: *spread}
+	cfg := bench.CoordConfig{RanksPerNode: *perNode, Steps: *steps, DataDir: *dir, Spread: *spread, TLS: *useTLS}
 	for _, s := range strings.Split(*ranks, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 1 {
@@ -83,7 +88,11 @@ func benchCoordinator(ctx context.Context, args []string) error {
 		}
 		cfg.Ranks = append(cfg.Ranks, n)
 	}
-	fmt.Printf("rewind-dev bench coordinator: simulated agents (%d ranks each) report every step at once over loopback gRPC to a coordinator with a pebble store in %s\n", cfg.RanksPerNode, cfg.DataDir)
+	transportName := "plaintext"
+	if cfg.TLS {
+		transportName = "mutual TLS"
+	}
+	fmt.Printf("rewind-dev bench coordinator: simulated agents (%d ranks each) report every step at once over loopback gRPC (%s) to a coordinator with a pebble store in %s\n", cfg.RanksPerNode, transportName, cfg.DataDir)
 	fmt.Println("latency: from the sending of a step's last report (the last rank's commit) to the answer that the step is consistent (synced)")
 	rs, err := bench.Coordinator(ctx, cfg)
 	bench.PrintCoordinator(os.Stdout, rs)
@@ -117,5 +126,27 @@ func benchRecovery(ctx context.Context, args []string) error {
 		units.Bytes(b), cfg.Runs, units.Bytes(bench.RecoveryShmNeeded(b)))
 	res, err := bench.Recovery(ctx, cfg)
 	bench.PrintRecovery(os.Stdout, res)
+	return err
+}
+
+func benchPeer(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("bench peer", flag.ContinueOnError)
+	size := fs.String("size", "1GiB", "the shard restored")
+	runs := fs.Int("runs", 5, "runs, each measuring every figure once (the medians are printed)")
+	shmDir := fs.String("shm-dir", "/dev/shm", "tmpfs to put the agents' shared memory in")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	b, err := units.ParseBytes(*size)
+	if err != nil {
+		return err
+	}
+	cfg := bench.PeerConfig{Size: b, Runs: *runs, ShmDir: *shmDir, Out: os.Stdout}
+	fmt.Printf("rewind-dev bench peer: a %s shard restored from a peer agent's memory (Fetch, the peer data path, every leaf hashed as it lands,\n"+
+		"a new segment), between two agents in this process on loopback: plaintext, and mutual TLS 1.3 with each node's own certificate;\n"+
+		"against bare loopback transfers of the same bytes into memory already faulted in, plaintext and TLS. %d runs, %d CPUs\n",
+		units.Bytes(b), cfg.Runs, runtime.NumCPU())
+	res, err := bench.Peer(ctx, cfg)
+	bench.PrintPeer(os.Stdout, res)
 	return err
 }

@@ -31,6 +31,7 @@ func runDemo(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.ShmDir, "shm-dir", cfg.ShmDir, "tmpfs in which the demo makes the nodes' shared-memory roots")
 	fs.BoolVar(&cfg.NoMinIO, "no-minio", false, "leave out the object-store tier even when bin/minio is built")
 	fs.BoolVar(&cfg.KeepLogs, "keep-logs", false, "leave the coordinator's and agents' logs behind, for inspection")
+	fs.BoolVar(&cfg.Plaintext, "plaintext", false, "run the cluster without TLS (plaintext TCP on loopback); by default every TCP connection is mutual TLS")
 	fs.StringVar(&cfg.Rewind, "rewind", "", "the rewind binary the coordinator and agents run (default: rewind beside this binary)")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: rewind-dev demo [flags]      a local cluster; a node dies and the job recovers\n       rewind-dev demo single [flags]  one agent and one trainer, killed in turn")

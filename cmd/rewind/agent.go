@@ -18,7 +18,7 @@ func runAgent(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.ShmRoot, "shm-root", cfg.ShmRoot, "directory on tmpfs that holds the segments")
 	fs.StringVar(&cfg.Socket, "socket", cfg.Socket, "Unix socket for the SDK")
 	fs.StringVar(&cfg.SocketGroup, "socket-group", cfg.SocketGroup, "group allowed to use the socket and segments (default: owner only)")
-	fs.StringVar(&cfg.ListenAddr, "listen", cfg.ListenAddr, "TCP address for peers and the coordinator (empty: off)")
+	fs.StringVar(&cfg.ListenAddr, "listen", cfg.ListenAddr, "TCP address for peers and the coordinator, e.g. :7070 with --tls-dir (empty: off; without TLS, loopback only unless --insecure)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics", cfg.MetricsAddr, "HTTP address for Prometheus /metrics (empty: off)")
 	fs.StringVar(&cfg.CoordinatorAddr, "coordinator", cfg.CoordinatorAddr, "coordinator address host:port (empty: this agent alone)")
 	fs.StringVar(&cfg.AdvertiseAddr, "advertise", cfg.AdvertiseAddr, "address the coordinator and peers reach this agent's --listen at (default: node name and the --listen port)")
@@ -34,6 +34,8 @@ func runAgent(ctx context.Context, args []string) error {
 	gf.register(fs, ":7946", "failure-detection members to join, host:port,... (default: the coordinator's host, port 7947)")
 	var ff faultFlags
 	ff.register(fs)
+	var tlf tlsFlags
+	tlf.register(fs)
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -44,6 +46,9 @@ func runAgent(ctx context.Context, args []string) error {
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	var err error
+	if cfg.Transport, err = tlf.security(cfg.Logger); err != nil {
+		return err
+	}
 	if cfg.Faults, err = ff.injector(cfg.Logger); err != nil {
 		return err
 	}

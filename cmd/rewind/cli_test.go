@@ -57,6 +57,9 @@ func TestOperatorCommands(t *testing.T) {
 		}
 	}
 	co := "--coordinator=" + addr
+	if !testcluster.Plaintext() { // the operator's certificate, as an operator's shell sets it
+		t.Setenv(EnvTLSDir, testcluster.TLSDir(t, testcluster.OperatorID))
+	}
 	wait.ForNil(t, 10*time.Second, "rewind ls to show step 2 consistent", func() error {
 		if out, _ := capture(t, runLs, co); !strings.Contains(out, "cli-job") || !strings.Contains(out, " 2 ") {
 			return fmt.Errorf("it shows:\n%s", out)

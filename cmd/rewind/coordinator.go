@@ -12,7 +12,7 @@ import (
 func runCoordinator(ctx context.Context, args []string) error {
 	cfg := coordinator.DefaultConfig()
 	fs := newFlagSet("coordinator", "coordinator [flags]", "")
-	fs.StringVar(&cfg.ListenAddr, "listen", cfg.ListenAddr, "gRPC address for agents and operators")
+	fs.StringVar(&cfg.ListenAddr, "listen", cfg.ListenAddr, "gRPC address for agents and operators, e.g. :7080 with --tls-dir (without TLS, loopback only unless --insecure)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics", cfg.MetricsAddr, "HTTP address for Prometheus /metrics (empty: off)")
 	fs.StringVar(&cfg.DataDir, "data", cfg.DataDir, "directory of the pebble store")
 	positiveDuration(fs, &cfg.AgentTimeout, "agent-timeout", "bound on each call to an agent (verify, delete)")
@@ -33,10 +33,16 @@ func runCoordinator(ctx context.Context, args []string) error {
 	kf.register(fs)
 	var ff faultFlags
 	ff.register(fs)
+	var tlf tlsFlags
+	tlf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	var err error
+	if cfg.Transport, err = tlf.security(cfg.Logger); err != nil {
+		return err
+	}
 	g, err := gf.config()
 	if err != nil {
 		return err
@@ -55,5 +61,6 @@ func runCoordinator(ctx context.Context, args []string) error {
 		return err
 	}
 	defer c.Close()
+	kf.sec = cfg.Transport
 	return runWithKube(ctx, c, &kf, cfg.Logger)
 }

@@ -9,11 +9,9 @@ import (
 	"os"
 	"sync/atomic"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/kube"
+	"rewind.dev/rewind/transport"
 )
 
 // kubeFlags are the coordinator's flags for the Kubernetes controller.
@@ -23,6 +21,9 @@ type kubeFlags struct {
 	cfg        kube.Config
 	lease      kube.LeaderConfig
 	leading    atomic.Bool // this replica holds the lease
+	// sec is the coordinator's own transport: the controller dials the
+	// coordinator with its certificate.
+	sec *transport.Security
 }
 
 // leadingFunc is the coordinator's Config.Leading: with --kube, whether
@@ -74,7 +75,7 @@ func (k *kubeFlags) run(ctx context.Context, log *slog.Logger, grpcAddr string) 
 	if err != nil {
 		return fmt.Errorf("kube: coordinator address %s: %w", grpcAddr, err)
 	}
-	conn, err := grpc.NewClient(net.JoinHostPort("localhost", port), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := k.sec.NewClient(net.JoinHostPort("localhost", port), transport.ExpectCoordinator)
 	if err != nil {
 		return err
 	}

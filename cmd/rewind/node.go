@@ -10,12 +10,10 @@ import (
 	"strconv"
 	"strings"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/internal/nodeproc"
+	"rewind.dev/rewind/transport"
 )
 
 // runNode is `rewind node [node flags] -- [agent flags]`: one node of a
@@ -52,7 +50,12 @@ func runNode(ctx context.Context, args []string) error {
 		}
 		exe = filepath.Join(filepath.Dir(self), "rewind-dev")
 	}
-	conn, err := grpc.NewClient(coord, grpc.WithTransportCredentials(insecure.NewCredentials()), coordpb.KeepaliveDial(), coordpb.ReconnectDial())
+	tlf := tlsFromArgs(agentArgs)
+	sec, err := tlf.security(slog.Default())
+	if err != nil {
+		return err
+	}
+	conn, err := sec.NewClient(coord, transport.ExpectCoordinator, coordpb.KeepaliveDial(), coordpb.ReconnectDial())
 	if err != nil {
 		return fmt.Errorf("node: coordinator %s: %w", coord, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"maps"
 	"os"
 	"os/user"
@@ -15,16 +16,15 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/internal/units"
+	"rewind.dev/rewind/transport"
 )
 
 // opFlags are the flags every operator command against the coordinator takes.
 type opFlags struct {
 	fs          *flag.FlagSet
+	tls         *tlsFlags
 	coordinator *string
 	asJSON      *bool
 	timeout     *time.Duration
@@ -36,11 +36,13 @@ func newOpFlags(name, usage string) opFlags {
 	timeout := 2 * time.Minute
 	o := opFlags{
 		fs:          fs,
+		tls:         &tlsFlags{},
 		coordinator: fs.String("coordinator", def, "coordinator address host:port (default $REWIND_COORDINATOR)"),
 		asJSON:      fs.Bool("json", false, "print JSON"),
 		timeout:     &timeout,
 	}
 	positiveDuration(fs, o.timeout, "timeout", "bound on the whole command")
+	o.tls.register(fs)
 	return o
 }
 
@@ -70,7 +72,11 @@ func (o opFlags) dial(ctx context.Context) (coordpb.CoordinatorClient, context.C
 	if *o.coordinator == "" {
 		return nil, nil, nil, errors.New("no coordinator: pass --coordinator host:port or set REWIND_COORDINATOR")
 	}
-	conn, err := grpc.NewClient(*o.coordinator, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	sec, err := o.tls.security(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	conn, err := sec.NewClient(*o.coordinator, transport.ExpectCoordinator)
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -2,8 +2,10 @@ package bench
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The benchmarks' own code must work; their figures come from `make bench`.
@@ -23,12 +25,14 @@ func TestSaveBenchRuns(t *testing.T) {
 }
 
 func TestCoordinatorBenchRuns(t *testing.T) {
-	rs, err := Coordinator(context.Background(), CoordConfig{Ranks: []int{64}, RanksPerNode: 8, Steps: 3, DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(rs) != 1 || rs[0].Agents != 8 || rs[0].P99 <= 0 || rs[0].CommitsPerSec <= 0 {
-		t.Fatalf("results %+v", rs)
+	for _, tls := range []bool{false, true} {
+		rs, err := Coordinator(context.Background(), CoordConfig{Ranks: []int{64}, RanksPerNode: 8, Steps: 3, DataDir: t.TempDir(), TLS: tls})
+		if err != nil {
+			t.Fatalf("tls %v: %v", tls, err)
+		}
+		if len(rs) != 1 || rs[0].Agents != 8 || rs[0].P99 <= 0 || rs[0].CommitsPerSec <= 0 {
+			t.Fatalf("tls %v: results %+v", tls, rs)
+		}
 	}
 }
 
@@ -39,5 +43,35 @@ func TestFileTierBenchRuns(t *testing.T) {
 	}
 	if r.DD <= 0 || r.Store <= 0 {
 		t.Fatalf("result %+v", r)
+	}
+}
+
+// The peer restore benchmark's plumbing: a small shard, one run; every
+// figure positive, every restore over the data path. Its figures come
+// from `rewind-dev bench peer`.
+func TestPeerBenchRuns(t *testing.T) {
+	shmDir, err := os.MkdirTemp("/dev/shm", "rewind-test-")
+	if err != nil {
+		t.Skipf("the agents need /dev/shm: %v", err)
+	}
+	defer os.RemoveAll(shmDir)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := Peer(ctx, PeerConfig{Size: 8 << 20, Runs: 1, ShmDir: shmDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := res.Runs[0]
+	if r.Plain <= 0 || r.TLS <= 0 || r.BareTCP <= 0 || r.BareTLS <= 0 || res.TLSRatio <= 0 {
+		t.Fatalf("run %+v", r)
+	}
+	var b strings.Builder
+	PrintPeer(&b, res)
+	t.Log(b.String())
+	if !strings.Contains(b.String(), "peer restore TLS / bare TLS (per run)") {
+		t.Fatalf("table lacks the ratio:\n%s", b.String())
+	}
+	if left, _ := os.ReadDir(shmDir); len(left) > 0 {
+		t.Fatalf("shared memory left behind: %v", left)
 	}
 }

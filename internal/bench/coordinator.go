@@ -7,15 +7,41 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/coordinator"
+	"rewind.dev/rewind/transport"
 )
+
+// coordCerts makes a CA, the coordinator's certificate and one that the
+// simulated agents share, under dir.
+func coordCerts(dir string) (coord, nodes *transport.Security, err error) {
+	ca, err := transport.NewCA("rewind bench CA", time.Hour)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, id := range []transport.Identity{{Role: transport.RoleCoordinator, Name: "coordinator"}, {Role: transport.RoleNode, Name: transport.AnyNode}} {
+		d := filepath.Join(dir, "certs", id.Role.String())
+		if err := ca.IssueDir(d, transport.Leaf{Identity: id, Validity: time.Hour}); err != nil {
+			return nil, nil, err
+		}
+		s, err := transport.Load(d, discardLog())
+		if err != nil {
+			return nil, nil, err
+		}
+		if id.Role == transport.RoleCoordinator {
+			coord = s
+		} else {
+			nodes = s
+		}
+	}
+	return coord, nodes, nil
+}
 
 // CoordConfig configures the coordinator benchmark.
 type CoordConfig struct {
@@ -27,6 +53,10 @@ type CoordConfig struct {
 	// sent, each at a random offset, as ranks finish their saves at
 	// slightly different times; 0 sends them all at once (the worst case).
 	Spread time.Duration
+	// TLS runs the coordinator and every simulated agent with mutual TLS
+	// (a shared node certificate: each report is still checked against
+	// the rules).
+	TLS bool
 }
 
 // CoordResult is the figures for one job size.
@@ -66,6 +96,12 @@ func coordOne(ctx context.Context, cfg CoordConfig, ranks int) (CoordResult, err
 	ccfg := coordinator.DefaultConfig()
 	ccfg.ListenAddr, ccfg.MetricsAddr, ccfg.DataDir = "127.0.0.1:0", "", dir
 	ccfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	var nodeSec *transport.Security
+	if cfg.TLS {
+		if ccfg.Transport, nodeSec, err = coordCerts(dir); err != nil {
+			return CoordResult{}, err
+		}
+	}
 	c, err := coordinator.New(ccfg)
 	if err != nil {
 		return CoordResult{}, err
@@ -84,7 +120,7 @@ func coordOne(ctx context.Context, cfg CoordConfig, ranks int) (CoordResult, err
 	var api coordpb.CoordinatorClient
 	for i := range clients {
 		// Dialed as the agent's reporter dials (agent/reporter.go).
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		conn, err := nodeSec.NewClient(addr, transport.ExpectCoordinator,
 			grpc.WithStaticStreamWindowSize(1<<20), grpc.WithStaticConnWindowSize(1<<20))
 		if err != nil {
 			return CoordResult{}, err

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/api/coordpb"
@@ -23,6 +22,7 @@ import (
 	"rewind.dev/rewind/membership"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/transport"
 )
 
 // The recovery benchmark's cluster: a coordinator in this process, agent
@@ -51,6 +51,9 @@ type recCluster struct {
 	events   <-chan *coordpb.JobEvent // the job's recovery events
 	unwatch  context.CancelFunc
 	shutdown sync.Once
+	// sec is nil: the recovery benchmark runs in plaintext on loopback
+	// (its TLS cost is the peer benchmark's).
+	sec *transport.Security
 }
 
 // startCluster starts the coordinator and the agents; on an error it
@@ -73,7 +76,7 @@ func startCluster(ctx context.Context, cfg RecoveryConfig) (_ *recCluster, err e
 	if err != nil {
 		return cl, err
 	}
-	if cl.conn, err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+	if cl.conn, err = cl.sec.NewClient(addr, transport.ExpectCoordinator); err != nil {
 		return cl, err
 	}
 	cl.api = coordpb.NewCoordinatorClient(cl.conn)
@@ -420,7 +423,7 @@ func (cl *recCluster) grpcRead(ctx context.Context, node string, rank uint32, st
 			addr = x.listen
 		}
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := cl.sec.NewClient(addr, transport.ExpectNode(node))
 	if err != nil {
 		return 0, err
 	}

@@ -148,14 +148,15 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	if cfg.Keep {
-		fmt.Fprintf(cfg.Out, "\nthe last cluster is left running (project %s): coordinator gRPC on 127.0.0.1:%d, metrics on 127.0.0.1:%d, nodes' metrics on %v\n",
-			cfg.Project, c.Ports.Coord, c.Ports.CoordMetrics, c.Ports.Nodes)
+		fmt.Fprintf(cfg.Out, "\nthe last cluster is left running (project %s): coordinator gRPC on 127.0.0.1:%d (mutual TLS: --tls-dir %s), metrics on 127.0.0.1:%d, nodes' metrics on %v\n",
+			cfg.Project, c.Ports.Coord, filepath.Join(c.Certs, "operator"), c.Ports.CoordMetrics, c.Ports.Nodes)
 	} else {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Minute)
 		if err := c.Down(dctx); err != nil {
 			fmt.Fprintf(cfg.Out, "removing the cluster: %v\n", err)
 		}
 		cancel()
+		c.removeCerts()
 	}
 	fmt.Fprintf(cfg.Out, "\nseed %d, %d scenarios in %.0f s:\n\n", cfg.Seed, len(rows), time.Since(start).Seconds())
 	WriteTable(cfg.Out, rows)

@@ -17,9 +17,9 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/transport"
 )
 
 // The compose services (deploy/compose/docker-compose.yml).
@@ -47,6 +47,11 @@ type Cluster struct {
 	Job, Size string
 	StepTime  time.Duration
 
+	// Certs is the cluster's certificate directory (makeCerts), mounted
+	// into every container as /certs.
+	Certs string
+	sec   *transport.Security // the runner's, an operator's
+
 	ids  map[string]string // service -> container id
 	conn *grpc.ClientConn
 	API  coordpb.CoordinatorClient
@@ -67,7 +72,8 @@ func (c *Cluster) env() []string {
 		"CHAOS_SIZE="+c.Size,
 		"CHAOS_STEP_TIME="+c.StepTime.String(),
 		"CHAOS_COORD_PORT="+strconv.Itoa(c.Ports.Coord),
-		"CHAOS_COORD_METRICS_PORT="+strconv.Itoa(c.Ports.CoordMetrics))
+		"CHAOS_COORD_METRICS_PORT="+strconv.Itoa(c.Ports.CoordMetrics),
+		"CHAOS_CERTS="+c.Certs)
 	for i, n := range nodeServices {
 		e = append(e, fmt.Sprintf("CHAOS_NODE%d_METRICS_PORT=%d", i+1, c.Ports.Nodes[n]))
 	}
@@ -262,8 +268,7 @@ func (c *Cluster) httpDo(ctx context.Context, method string, port int, body stri
 
 // dial connects to the coordinator's published gRPC port.
 func (c *Cluster) dial() error {
-	conn, err := grpc.NewClient(net.JoinHostPort("127.0.0.1", strconv.Itoa(c.Ports.Coord)),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	conn, err := c.sec.NewClient(net.JoinHostPort("127.0.0.1", strconv.Itoa(c.Ports.Coord)), transport.ExpectCoordinator,
 		// The coordinator restarts in some scenarios: reconnect within a
 		// second of its return, not after grpc's minutes of backoff.
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{

@@ -34,6 +34,9 @@ func newCluster(ctx context.Context, file, project string) (*Cluster, error) {
 	for i, n := range nodeServices {
 		c.Ports.Nodes[n] = ports[2+i]
 	}
+	if err := c.makeCerts(); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/internal/clock"
@@ -23,6 +22,7 @@ import (
 	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/regang"
 	"rewind.dev/rewind/sdk"
+	"rewind.dev/rewind/transport"
 	"rewind.dev/rewind/vfs"
 )
 
@@ -48,6 +48,7 @@ type ClusterConfig struct {
 	ShmDir           string
 	NoMinIO          bool // leave the object store out even when built
 	KeepLogs         bool // leave the coordinator's and agents' logs (and tier directories) behind
+	Plaintext        bool // no TLS: plaintext TCP on loopback (the default is mutual TLS, certificates made for the run)
 	// Faults, when set, is a faultinject spec armed in every agent
 	// (started with --fault-injection; each seeded from Seed): the
 	// randomized tests' metamorphic mode.
@@ -89,6 +90,8 @@ type cluster struct {
 	minio   *miniotest.Server
 
 	coordAddr, gossip string
+	certs             string              // the certificates' directory ("" with Plaintext)
+	sec               *transport.Security // the demo's own, an operator's
 	coord             *proc
 	nodes             []*node
 	api               coordpb.CoordinatorClient
@@ -192,6 +195,9 @@ func (d *cluster) setup(ctx context.Context) error {
 			d.tl.log("minio", "not built (`make minio`): the demo runs without the object-store tier")
 		}
 	}
+	if err := d.makeCerts(); err != nil {
+		return err
+	}
 	if err := d.startCoordinator(ctx); err != nil {
 		return err
 	}
@@ -222,10 +228,11 @@ func (d *cluster) startCoordinator(ctx context.Context) error {
 	defer log.Close()
 	args := []string{"coordinator", "--listen", d.coordAddr, "--data", filepath.Join(d.tmp, "coordinator"), "--metrics", "",
 		"--gossip", d.gossip, "--replicas", "1", "--policy", d.policy()}
+	args = append(args, d.tlsArgs("coordinator")...)
 	if d.coord, err = startProc("coord", d.rewind, args, log, log); err != nil {
 		return err
 	}
-	d.conn, err = grpc.NewClient(d.coordAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	d.conn, err = d.sec.NewClient(d.coordAddr, transport.ExpectCoordinator)
 	if err != nil {
 		return err
 	}
@@ -246,13 +253,14 @@ func (d *cluster) startCoordinator(ctx context.Context) error {
 }
 
 func (d *cluster) startAgent(ctx context.Context, i int) error {
-	n := &node{name: fmt.Sprintf("node-%d", i), domain: fmt.Sprintf("rack-%c", 'a'+i%2),
+	n := &node{name: nodeName(i), domain: fmt.Sprintf("rack-%c", 'a'+i%2),
 		shmRoot: filepath.Join(d.shmBase, fmt.Sprintf("node-%d", i)), socket: filepath.Join(d.tmp, fmt.Sprintf("node-%d.sock", i)),
 		listen: freeAddr(), gossip: freeAddr()}
 	args := []string{"agent", "--node", n.name, "--failure-domain", n.domain, "--shm-root", n.shmRoot, "--socket", n.socket,
 		"--listen", n.listen, "--advertise", n.listen, "--metrics", "", "--coordinator", d.coordAddr,
 		"--gossip", n.gossip, "--gossip-join", d.gossip,
 		"--tier", "nvme=file://" + filepath.Join(d.tmp, "nvme-"+n.name), "--tier", "pfs=file://" + filepath.Join(d.tmp, "pfs")}
+	args = append(args, d.tlsArgs(filepath.Join("node", n.name))...)
 	if d.minio != nil {
 		args = append(args, "--tier", "s3=s3://"+d.minio.Bucket+"/demo", "--s3-endpoint", d.minio.URL())
 	}

@@ -45,7 +45,8 @@ func ShmDir(t testing.TB) string {
 
 // AgentConfig returns an agent configuration rooted in fresh temporary
 // directories, with no TCP or metrics listener, logging into the test's
-// log.
+// log, and the test nodes' shared certificate (NodeID) for the TCP
+// listener and dials a test may turn on.
 func AgentConfig(t testing.TB) agent.Config {
 	t.Helper()
 	cfg := agent.DefaultConfig()
@@ -60,6 +61,7 @@ func AgentConfig(t testing.TB) agent.Config {
 	cfg.Socket = filepath.Join(sockDir, "a.sock")
 	cfg.ListenAddr, cfg.MetricsAddr = "", ""
 	cfg.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	cfg.Transport = TLS(t, NodeID)
 	return cfg
 }
 

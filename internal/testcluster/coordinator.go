@@ -5,9 +5,6 @@ import (
 	"sync"
 	"testing"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/coordinator"
 )
@@ -22,13 +19,15 @@ type Coordinator struct {
 }
 
 // CoordinatorConfig returns a coordinator configuration listening on a
-// loopback port of its choosing, with no metrics listener, its store in a
-// fresh temporary directory, and its logs discarded.
+// loopback port of its choosing with the test coordinator's certificate
+// (CoordinatorID), no metrics listener, its store in a fresh temporary
+// directory, and its logs discarded.
 func CoordinatorConfig(t testing.TB) coordinator.Config {
 	t.Helper()
 	cfg := coordinator.DefaultConfig()
 	cfg.ListenAddr, cfg.MetricsAddr, cfg.DataDir = "127.0.0.1:0", "", t.TempDir()
 	cfg.Logger = Discard()
+	cfg.Transport = TLS(t, CoordinatorID)
 	return cfg
 }
 
@@ -54,14 +53,10 @@ func StartCoordinator(t testing.TB, cfg coordinator.Config) *Coordinator {
 // may open it then); it may be called more than once.
 func (r *Coordinator) Stop() { r.stop() }
 
-// DialCoordinator returns a client of the coordinator at addr, closed
-// when t ends. It does not wait for the coordinator to answer.
+// DialCoordinator returns a client of the coordinator at addr with an
+// operator's certificate (OperatorID), closed when t ends. It does not
+// wait for the coordinator to answer.
 func DialCoordinator(t testing.TB, addr string) coordpb.CoordinatorClient {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return coordpb.NewCoordinatorClient(conn)
+	return DialCoordinatorAs(t, addr, OperatorID)
 }

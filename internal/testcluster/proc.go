@@ -59,6 +59,7 @@ func Main(m *testing.M, roles map[string]Role) {
 	}
 	code := m.Run()
 	removeBuilt()
+	removePKI()
 	os.Exit(code)
 }
 
@@ -195,6 +196,9 @@ type AgentProcess struct {
 	Coordinator         string // "" for none
 	GossipSeed          string // failure detection joining this member; "" for none
 	Logs                bool   // log to the test binary's standard error (else discard)
+	// TLSDir is the agent's certificate directory; empty: the test
+	// nodes' shared one (NodeID), or none with REWIND_TEST_PLAINTEXT=1.
+	TLSDir string
 }
 
 // SpawnAgent starts an agent process configured by spec, env added to its
@@ -202,6 +206,7 @@ type AgentProcess struct {
 // it answers on its socket.
 func SpawnAgent(t testing.TB, spec AgentProcess, env ...string) *Proc {
 	t.Helper()
+	spec.TLSDir = specTLSDir(t, spec.TLSDir, NodeID)
 	p := spawnSpec(t, "agent", spec, env)
 	WaitAgent(t, p, spec.Socket)
 	return p
@@ -257,6 +262,9 @@ func agentRole() int {
 	cfg.Faults = faults
 	cfg.Node, cfg.FailureDomain, cfg.ShmRoot, cfg.Socket = spec.Node, spec.FailureDomain, spec.ShmRoot, spec.Socket
 	cfg.ListenAddr, cfg.AdvertiseAddr, cfg.CoordinatorAddr, cfg.MetricsAddr = spec.Listen, spec.Listen, spec.Coordinator, ""
+	if cfg.Transport, err = processTLS(spec.TLSDir); err != nil {
+		return fail(err)
+	}
 	if spec.GossipSeed != "" {
 		g := GossipConfig(nil)
 		cfg.Gossip, cfg.GossipJoin = &g, []string{spec.GossipSeed}
@@ -280,6 +288,9 @@ type CoordinatorProcess struct {
 	// with leader election), its store its own, not its predecessor's.
 	Standby    bool
 	LeaveGrace time.Duration // 0: the default
+	// TLSDir is the coordinator's certificate directory; empty: the test
+	// coordinator's (CoordinatorID), or none with REWIND_TEST_PLAINTEXT=1.
+	TLSDir string
 }
 
 // SpawnCoordinator starts a coordinator process configured by spec, env
@@ -287,6 +298,7 @@ type CoordinatorProcess struct {
 // REWIND_FAULT_SEED=n). It does not wait for it to listen.
 func SpawnCoordinator(t testing.TB, spec CoordinatorProcess, env ...string) *Proc {
 	t.Helper()
+	spec.TLSDir = specTLSDir(t, spec.TLSDir, CoordinatorID)
 	return spawnSpec(t, "coordinator", spec, env)
 }
 
@@ -311,6 +323,9 @@ func coordinatorRole() int {
 	}
 	if spec.LeaveGrace > 0 {
 		cfg.LeaveGrace = spec.LeaveGrace
+	}
+	if cfg.Transport, err = processTLS(spec.TLSDir); err != nil {
+		return fail(err)
 	}
 	c, err := coordinator.New(cfg)
 	if err != nil {

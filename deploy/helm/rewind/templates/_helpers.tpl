@@ -34,3 +34,36 @@ prometheus.io/port: {{ .port | quote }}
 prometheus.io/path: /metrics
 {{- end }}
 {{- end -}}
+
+{{/*
+The transport flags of a daemon: its certificate directory with TLS on,
+--insecure with it off. Takes the root context.
+*/}}
+{{- define "rewind.tlsArgs" -}}
+{{- if .Values.tls.enabled -}}
+- --tls-dir=/etc/rewind/tls
+- --tls-trust-domain={{ .Values.tls.trustDomain }}
+{{- else -}}
+- --insecure
+{{- end -}}
+{{- end -}}
+
+{{/*
+The certificate volume of a daemon: dict "root" . "secret" NAME.
+*/}}
+{{- define "rewind.tlsVolume" -}}
+{{- if .root.Values.tls.enabled -}}
+- name: tls
+  secret: {secretName: {{ .secret }}, defaultMode: 0440}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The mount of the certificate volume (not a subPath: a subPath mount
+never sees the Secret's renewals).
+*/}}
+{{- define "rewind.tlsMount" -}}
+{{- if .Values.tls.enabled -}}
+- {name: tls, mountPath: /etc/rewind/tls, readOnly: true}
+{{- end -}}
+{{- end -}}

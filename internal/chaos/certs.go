@@ -1,0 +1,61 @@
+package chaos
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"rewind.dev/rewind/transport"
+)
+
+// chaosOperator names the chaos runner's own client of the coordinator.
+const chaosOperator = "chaos"
+
+// makeCerts issues the compose cluster's certificates into a fresh
+// directory, in `rewind certs`'s layout (the compose file mounts it as
+// /certs, CHAOS_CERTS): the coordinator's, each node's own, and the
+// runner's (an operator). Every TCP connection of the cluster is mutual
+// TLS, as in production.
+func (c *Cluster) makeCerts() error {
+	dir, err := os.MkdirTemp("", "rewind-chaos-certs-")
+	if err != nil {
+		return err
+	}
+	// The containers read the files as root; the directory stays the
+	// runner's alone on the host.
+	ca, err := transport.NewCA("rewind chaos CA", 7*24*time.Hour)
+	if err != nil {
+		return err
+	}
+	issue := func(sub string, id transport.Identity) error {
+		leaf := transport.Leaf{Identity: id, Validity: 7 * 24 * time.Hour}
+		if err := ca.IssueDir(filepath.Join(dir, sub), leaf); err != nil {
+			return fmt.Errorf("chaos: certificate of %s: %w", id, err)
+		}
+		return nil
+	}
+	if err := issue("coordinator", transport.Identity{Role: transport.RoleCoordinator, Name: svcCoordinator}); err != nil {
+		return err
+	}
+	if err := issue("operator", transport.Identity{Role: transport.RoleOperator, Name: chaosOperator}); err != nil {
+		return err
+	}
+	for _, n := range nodeServices {
+		if err := issue(filepath.Join("node", n), transport.Identity{Role: transport.RoleNode, Name: n}); err != nil {
+			return err
+		}
+	}
+	if c.sec, err = transport.Load(filepath.Join(dir, "operator"), nil); err != nil {
+		return err
+	}
+	c.Certs = dir
+	return nil
+}
+
+// removeCerts removes the certificates once the cluster is gone.
+func (c *Cluster) removeCerts() {
+	if c.Certs != "" {
+		os.RemoveAll(c.Certs)
+	}
+}

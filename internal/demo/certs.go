@@ -1,0 +1,63 @@
+package demo
+
+import (
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"rewind.dev/rewind/transport"
+)
+
+// demoOperator names the demo's own client of the coordinator.
+const demoOperator = "demo"
+
+// makeCerts makes the cluster's certificate authority and a certificate
+// for the coordinator, each node and the demo itself (an operator), as
+// `rewind certs` does, under the demo's directory: every TCP connection
+// of the demo is mutual TLS. With Plaintext, none, and the daemons
+// listen in plaintext on loopback.
+func (d *cluster) makeCerts() error {
+	if d.cfg.Plaintext {
+		d.tl.log("tls", "off (--plaintext): plaintext TCP on loopback addresses")
+		return nil
+	}
+	d.certs = filepath.Join(d.tmp, "certs")
+	ca, err := transport.NewCA("rewind demo CA", 24*time.Hour)
+	if err != nil {
+		return err
+	}
+	issue := func(dir string, id transport.Identity) error {
+		if err := ca.IssueDir(filepath.Join(d.certs, dir), transport.Leaf{Identity: id, Validity: 24 * time.Hour}); err != nil {
+			return fmt.Errorf("demo: certificate of %s: %w", id, err)
+		}
+		return nil
+	}
+	if err := issue("coordinator", transport.Identity{Role: transport.RoleCoordinator, Name: "coordinator"}); err != nil {
+		return err
+	}
+	if err := issue("operator", transport.Identity{Role: transport.RoleOperator, Name: demoOperator}); err != nil {
+		return err
+	}
+	for i := range d.cfg.Nodes {
+		if err := issue(filepath.Join("node", nodeName(i)), transport.Identity{Role: transport.RoleNode, Name: nodeName(i)}); err != nil {
+			return err
+		}
+	}
+	if d.sec, err = transport.Load(filepath.Join(d.certs, "operator"), nil); err != nil {
+		return err
+	}
+	d.tl.log("tls", "mutual TLS 1.3 on every TCP connection: a CA and certificates for the coordinator, %d nodes (each its own) and the demo (an operator) in %s",
+		d.cfg.Nodes, d.certs)
+	return nil
+}
+
+// tlsArgs are the flags of a daemon whose certificate is in dir (under
+// the demo's certificates).
+func (d *cluster) tlsArgs(dir string) []string {
+	if d.certs == "" {
+		return nil
+	}
+	return []string{"--tls-dir", filepath.Join(d.certs, dir)}
+}
+
+func nodeName(i int) string { return fmt.Sprintf("node-%d", i) }

@@ -1,0 +1,213 @@
+package transport
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// A CA issues the certificates of a cluster that has no PKI of its own
+// (rewind certs, the demo, the tests). A cluster with cert-manager or a
+// SPIFFE issuer uses those instead; only the files' layout matters.
+type CA struct {
+	Cert *x509.Certificate
+	Key  *ecdsa.PrivateKey
+	PEM  []byte // Cert, PEM-encoded: what ca.crt holds
+}
+
+// CA files in a CA directory: the certificate, and its key (0600).
+const CAKeyFile = "ca.key"
+
+// NewCA makes a self-signed certificate authority named name, valid for
+// validity from now.
+func NewCA(name string, validity time.Duration) (*CA, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial(),
+		Subject:               pkix.Name{CommonName: name, Organization: []string{"rewind"}},
+		NotBefore:             now.Add(-time.Hour), // a peer's clock a little behind still accepts it
+		NotAfter:              now.Add(validity),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLenZero:        true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	return &CA{Cert: cert, Key: key, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
+}
+
+// LoadCA reads a CA that WriteCA wrote into dir.
+func LoadCA(dir string) (*CA, error) {
+	certPEM, err := os.ReadFile(filepath.Join(dir, CAFile))
+	if err != nil {
+		return nil, fmt.Errorf("transport: %w", err)
+	}
+	keyPEM, err := os.ReadFile(filepath.Join(dir, CAKeyFile))
+	if err != nil {
+		return nil, fmt.Errorf("transport: %w", err)
+	}
+	cb, _ := pem.Decode(certPEM)
+	kb, _ := pem.Decode(keyPEM)
+	if cb == nil || kb == nil {
+		return nil, fmt.Errorf("transport: %s: %s or %s is not PEM", dir, CAFile, CAKeyFile)
+	}
+	cert, err := x509.ParseCertificate(cb.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("transport: %s: %w", dir, err)
+	}
+	key, err := x509.ParseECPrivateKey(kb.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("transport: %s: %w", dir, err)
+	}
+	return &CA{Cert: cert, Key: key, PEM: certPEM}, nil
+}
+
+// WriteCA writes the CA's certificate and key (owner-only) into dir.
+func (ca *CA) WriteCA(dir string) error {
+	der, err := x509.MarshalECPrivateKey(ca.Key)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	if err := writeFile(filepath.Join(dir, CAKeyFile), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		return err
+	}
+	return writeFile(filepath.Join(dir, CAFile), ca.PEM, 0o644)
+}
+
+// Leaf asks for a certificate.
+type Leaf struct {
+	Identity    Identity
+	TrustDomain string // empty: DefaultTrustDomain
+	// DNSNames and IPs are extra SANs, for tools that check host names
+	// (grpcurl, a load balancer); rewind itself checks the identity.
+	DNSNames []string
+	IPs      []net.IP
+	// Validity from now; NotBefore and NotAfter, when set, override it
+	// (a test's expired certificate).
+	Validity            time.Duration
+	NotBefore, NotAfter time.Time
+}
+
+// Issue signs a new key's certificate for leaf and returns both,
+// PEM-encoded. Nodes and the coordinator both serve and dial; operators
+// and readers only dial.
+func (ca *CA) Issue(leaf Leaf) (certPEM, keyPEM []byte, err error) {
+	if err := leaf.Identity.Validate(); err != nil {
+		return nil, nil, err
+	}
+	td := leaf.TrustDomain
+	if td == "" {
+		td = DefaultTrustDomain
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	nb, na := leaf.NotBefore, leaf.NotAfter
+	if nb.IsZero() {
+		nb = time.Now().Add(-time.Hour)
+	}
+	if na.IsZero() {
+		na = time.Now().Add(leaf.Validity)
+	}
+	usage := []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	if r := leaf.Identity.Role; r == RoleNode || r == RoleCoordinator {
+		usage = append(usage, x509.ExtKeyUsageServerAuth)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(),
+		Subject:      pkix.Name{CommonName: leaf.Identity.Name, OrganizationalUnit: []string{leaf.Identity.Role.String()}, Organization: []string{"rewind"}},
+		NotBefore:    nb,
+		NotAfter:     na,
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  usage,
+		URIs:         []*url.URL{leaf.Identity.URI(td)},
+		DNSNames:     leaf.DNSNames,
+		IPAddresses:  leaf.IPs,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
+	if err != nil {
+		return nil, nil, err
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), nil
+}
+
+// IssueDir issues leaf's certificate into dir, with the CA's certificate
+// as ca.crt (WriteDir).
+func (ca *CA) IssueDir(dir string, leaf Leaf) error {
+	certPEM, keyPEM, err := ca.Issue(leaf)
+	if err != nil {
+		return err
+	}
+	return WriteDir(dir, certPEM, keyPEM, ca.PEM)
+}
+
+// WriteDir writes a certificate directory: each file to a temporary name
+// and then renamed over the old one, the trusted authorities first and
+// the certificate last, so that a process reading the directory sees
+// each file whole. A reader that catches the new key beside the old
+// certificate keeps what it had and reads again at its next handshake.
+func WriteDir(dir string, certPEM, keyPEM, caPEM []byte) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	for _, f := range []struct {
+		name string
+		b    []byte
+		mode os.FileMode
+	}{{CAFile, caPEM, 0o644}, {KeyFile, keyPEM, 0o600}, {CertFile, certPEM, 0o644}} {
+		if err := writeFile(filepath.Join(dir, f.name), f.b, f.mode); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func writeFile(path string, b []byte, mode os.FileMode) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, mode); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
+func serial() *big.Int {
+	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		panic(errors.New("transport: no randomness for a serial number"))
+	}
+	return n
+}
