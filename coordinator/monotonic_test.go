@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"rewind.dev/rewind/api/coordpb"
@@ -347,7 +346,11 @@ func TestLatestNeverBackKilledAtFaultPoints(t *testing.T) {
 				wait.ForNil(t, 30*time.Second, "ten steps consistent", func() error { return m.h.atLeast(10) })
 				for range 3 {
 					m.waitNewer()
-					spec := point + "=1*sleep(3s)"
+					// Held 1 s, within the successor's LeaveGrace (2 s):
+					// an agent silent for longer is one the successor
+					// may count as gone, and the answers of a node gone
+					// may go back with it (the design's bound).
+					spec := point + "=1*sleep(1s)"
 					hits := func() uint64 { return m.faults.Hits()[point] }
 					if coord {
 						m.armCoordinator(spec)
@@ -369,11 +372,6 @@ func TestLatestNeverBackKilledAtFaultPoints(t *testing.T) {
 // within 20 ms, as a fresh connection (an operator's command) would: it
 // asks a restarted coordinator as soon as it listens.
 func eagerClient(t *testing.T, addr string) coordpb.CoordinatorClient {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	return testcluster.DialCoordinatorAs(t, addr, testcluster.OperatorID,
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 5 * time.Millisecond, Multiplier: 1.2, MaxDelay: 20 * time.Millisecond}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return coordpb.NewCoordinatorClient(conn)
 }

@@ -83,6 +83,7 @@ var Rules = map[string]Rule{
 	agentpb.Agent_Verify_FullMethodName:        {Roles: readers},
 	agentpb.Agent_Delete_FullMethodName:        {Roles: operators},
 	agentpb.Agent_Fetch_FullMethodName:         {Roles: []Role{RoleCoordinator}},
+	agentpb.Agent_FinishRestore_FullMethodName: {Roles: []Role{RoleCoordinator}},
 	agentpb.Agent_TierCopies_FullMethodName:    {Roles: readers},
 }
 
