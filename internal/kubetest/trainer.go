@@ -71,7 +71,7 @@ func (cp *ControlPlane) StartTrainer() *Proc {
 		}
 		crt, key = s.Data["tls.crt"], s.Data["tls.key"]
 		if len(crt) == 0 || len(key) == 0 {
-			return fmt.Errorf("keys %v", keysOf(s.Data))
+			return fmt.Errorf("keys %v", slices.Sorted(maps.Keys(s.Data)))
 		}
 		return nil
 	})
@@ -89,8 +89,4 @@ func (cp *ControlPlane) StartTrainer() *Proc {
 		}
 	}
 	return p
-}
-
-func keysOf(m map[string][]byte) []string {
-	return slices.Sorted(maps.Keys(m))
 }

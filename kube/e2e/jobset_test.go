@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -99,18 +100,21 @@ func (e *env) jobSetRegistered(t *testing.T) {
 	e.registerExample(t, "deploy/examples/jobset-train.yaml", "JobSet", 2)
 }
 
-// jobSetPods returns the live pods of JobSet name (not being deleted) by
-// job index.
-func (e *env) jobSetPods(ns, name string) map[string]corev1.Pod {
+// setPods returns the pods of JobSet name that are not being deleted.
+func (e *env) setPods(ns, name string) []corev1.Pod {
 	pods, err := e.cp.Kube.CoreV1().Pods(ns).List(e.ctx, metav1.ListOptions{LabelSelector: "jobset.sigs.k8s.io/jobset-name=" + name})
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	return slices.DeleteFunc(pods.Items, func(p corev1.Pod) bool { return p.DeletionTimestamp != nil })
+}
+
+// jobSetPods returns the live pods of JobSet name (not being deleted) by
+// job index.
+func (e *env) jobSetPods(ns, name string) map[string]corev1.Pod {
 	out := map[string]corev1.Pod{}
-	for _, p := range pods.Items {
-		if p.DeletionTimestamp == nil {
-			out[p.Labels["jobset.sigs.k8s.io/job-index"]] = p
-		}
+	for _, p := range e.setPods(ns, name) {
+		out[p.Labels["jobset.sigs.k8s.io/job-index"]] = p
 	}
 	return out
 }

@@ -102,13 +102,9 @@ func (e *env) ownedByTrainJob(t *testing.T) {
 // being deleted) by torchrun node rank: the trainer Job's completion
 // index.
 func (e *env) trainJobPods(ns, name string) map[string]corev1.Pod {
-	pods, err := e.cp.Kube.CoreV1().Pods(ns).List(e.ctx, metav1.ListOptions{LabelSelector: "jobset.sigs.k8s.io/jobset-name=" + name})
-	if err != nil {
-		e.t.Fatal(err)
-	}
 	out := map[string]corev1.Pod{}
-	for _, p := range pods.Items {
-		if p.DeletionTimestamp == nil && p.Status.Phase != corev1.PodFailed && p.Status.Phase != corev1.PodSucceeded {
+	for _, p := range e.setPods(ns, name) {
+		if p.Status.Phase != corev1.PodFailed && p.Status.Phase != corev1.PodSucceeded {
 			out[p.Annotations["batch.kubernetes.io/job-completion-index"]] = p
 		}
 	}
