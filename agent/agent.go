@@ -43,6 +43,7 @@ type Agent struct {
 	peers     peers                 // connections to other agents
 	authz     *transport.Authorizer // who may call what over TCP
 	gang      gang                  // jobs being recovered
+	epochs    epochs                // each job's epoch, as the coordinator told it (epoch.go)
 	warm      warm                  // a segment made ready ahead of need
 	advertise string
 }

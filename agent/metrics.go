@@ -17,7 +17,7 @@ func newMetrics(reg prometheus.Registerer, a *Agent) *metrics {
 	m := &metrics{
 		saves: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rewind_agent_saves_total",
-			Help: "Saves by outcome: ok (committed), budget, no_space.",
+			Help: "Saves by outcome: ok (committed), budget, no_space, fenced (a rank of an epoch its job has left).",
 		}, []string{"result"}),
 		pinRefreshes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rewind_agent_pin_refreshes_total",

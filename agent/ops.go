@@ -30,7 +30,14 @@ const maxShardBytes = 16 << 40
 // holding the rank's latest committed step is never chosen, so a save that
 // fails or dies half-way cannot damage it.
 func (a *Agent) Prepare(ctx context.Context, job string, rank, worldSize uint32, step int64, size int64) (PrepareResult, error) {
-	return a.prepare(ctx, job, rank, worldSize, step, size, true, false)
+	return a.prepare(ctx, job, rank, worldSize, step, size, true, false, a.epochs.get(job).epoch)
+}
+
+// PrepareAt is Prepare for a rank of the job's epoch (epoch.go): the
+// save's shard records carry it, and a commit after the job left it is
+// refused.
+func (a *Agent) PrepareAt(ctx context.Context, job string, rank, worldSize uint32, step int64, size int64, epoch uint64) (PrepareResult, error) {
+	return a.prepare(ctx, job, rank, worldSize, step, size, true, false, epoch)
 }
 
 // prepare is Prepare; place says the rank runs on this node (a save, a
@@ -39,7 +46,7 @@ func (a *Agent) Prepare(ctx context.Context, job string, rank, worldSize uint32,
 //
 // warm lets a new slot adopt the node's warm segment (warm.go): the caller
 // fills it through warmMapping.
-func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32, step int64, size int64, place, warm bool) (PrepareResult, error) {
+func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32, step int64, size int64, place, warm bool, epoch uint64) (PrepareResult, error) {
 	if err := validateRank(job, rank, worldSize); err != nil {
 		return PrepareResult{}, err
 	}
@@ -77,7 +84,7 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 	// Record the slot as being written before its file changes, so that an
 	// agent restarted mid-save never takes the old bytes for a checkpoint.
 	s.State, s.Step, s.Seq, s.token, s.HeaderSum, s.Problem, s.verified = stateWriting, step, 0, newToken(), "", "", false
-	s.WorldSize, s.CommittedAt, s.Replica = worldSize, 0, !place
+	s.WorldSize, s.CommittedAt, s.Replica, s.Epoch = worldSize, 0, !place, epoch
 	if err := a.persist(&r.rankState); err != nil {
 		*s = prev
 		a.releaseBudget(prev.Size, size)
@@ -108,7 +115,7 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 	}
 	s.Size = size
 	if place {
-		a.rep.registerJob(job, rank, worldSize)
+		a.rep.registerJob(job, rank, worldSize, epoch)
 	}
 	if prev.State == stateCommitted || prev.State == stateCorrupt { // a corrupt one leaves the index too
 		a.rep.shard(job, rank, prev.WorldSize, prev.Step, prev.Size, prev.HeaderSum, coordpb.CopyState_COPY_STATE_DELETED)
@@ -269,6 +276,11 @@ func (a *Agent) commit(ctx context.Context, job string, rank, slotIdx uint32, to
 	if err != nil {
 		return 0, err
 	}
+	if cur := a.epochs.get(job); s.Epoch != 0 && s.Epoch < cur.epoch && s.Step > cur.step {
+		a.metrics.saves.WithLabelValues("fenced").Inc()
+		return 0, fmt.Errorf("%w: agent: rank %d of job %s belongs to epoch %d; the job is at epoch %d, which resumed from step %d: its save of step %d is not committed; this rank's gang was replaced, exit",
+			ErrFenced, rank, job, s.Epoch, cur.epoch, cur.step, step)
+	}
 	prev := *s
 	s.State, s.Seq, s.HeaderSum = stateCommitted, a.nextSeq(), headerSum
 	s.CommittedAt, s.WorldSize, s.Tensors, s.token = a.cfg.Clock.Now().UnixNano(), h.Meta.WorldSize, uint32(len(h.Tensors)), 0
@@ -285,7 +297,7 @@ func (a *Agent) commit(ctx context.Context, job string, rank, slotIdx uint32, to
 // committed tells the coordinator of a slot just committed, counts it, and
 // queues its background verification; the caller holds r.mu.
 func (a *Agent) committed(r *lockedRank, s *slot) {
-	a.rep.shard(r.job, r.rank, s.WorldSize, s.Step, s.Size, s.HeaderSum, coordpb.CopyState_COPY_STATE_COMMITTED)
+	a.rep.shardOfEpoch(r.job, r.rank, s.WorldSize, s.Step, s.Size, s.HeaderSum, coordpb.CopyState_COPY_STATE_COMMITTED, s.Epoch)
 	a.metrics.saves.WithLabelValues("ok").Inc()
 	a.metrics.committedBytes.Add(float64(s.Size))
 	if a.cfg.VerifyAfterCommit && a.verifyQ != nil && !s.verified {

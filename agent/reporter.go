@@ -152,16 +152,22 @@ func (r *reporter) push(e event) {
 }
 
 func (r *reporter) shard(job string, rank, ws uint32, step int64, size int64, sum string, state coordpb.CopyState) {
+	r.shardOfEpoch(job, rank, ws, step, size, sum, state, 0)
+}
+
+// shardOfEpoch queues a shard event naming the epoch of the save (see
+// coordpb.ShardRecord.epoch).
+func (r *reporter) shardOfEpoch(job string, rank, ws uint32, step int64, size int64, sum string, state coordpb.CopyState, epoch uint64) {
 	if r == nil {
 		return
 	}
 	r.push(event{rec: &coordpb.ShardRecord{Job: job, Step: step, Rank: rank, WorldSize: ws, Node: r.a.cfg.Node,
-		SizeBytes: uint64(size), HeaderChecksum: sum, State: state}})
+		SizeBytes: uint64(size), HeaderChecksum: sum, State: state, Epoch: epoch}})
 }
 
 // registerJob queues the registration of a rank of a job, once per
 // session and world size.
-func (r *reporter) registerJob(job string, rank, ws uint32) {
+func (r *reporter) registerJob(job string, rank, ws uint32, epoch uint64) {
 	if r == nil {
 		return
 	}
@@ -173,7 +179,7 @@ func (r *reporter) registerJob(job string, rank, ws uint32) {
 	if done {
 		return
 	}
-	r.push(event{job: &coordpb.RegisterJobRequest{Job: job, WorldSize: ws, Placement: map[uint32]string{rank: r.a.cfg.Node}}})
+	r.push(event{job: &coordpb.RegisterJobRequest{Job: job, WorldSize: ws, Placement: map[uint32]string{rank: r.a.cfg.Node}, Epoch: epoch}})
 }
 
 // pinned returns the job's pins. Without a coordinator none; with one
@@ -200,7 +206,8 @@ func (r *reporter) told() []*coordpb.Pin {
 	out := make([]*coordpb.Pin, 0, len(r.pins))
 	for job, p := range r.pins {
 		if p.pins.consistent >= 0 {
-			out = append(out, &coordpb.Pin{Job: job, Step: p.pins.consistent, Protected: p.pins.protected})
+			e := r.a.epochs.get(job)
+			out = append(out, &coordpb.Pin{Job: job, Step: p.pins.consistent, Protected: p.pins.protected, Epoch: e.epoch, EpochStep: e.step})
 		}
 	}
 	return out
@@ -209,10 +216,15 @@ func (r *reporter) told() []*coordpb.Pin {
 // setPins applies the pins of the answer to request asked (see pin).
 func (r *reporter) setPins(asked uint64, pins []*coordpb.Pin) {
 	r.pinMu.Lock()
-	defer r.pinMu.Unlock()
 	for _, p := range pins {
 		if old, ok := r.pins[p.Job]; !ok || old.asked <= asked {
 			r.pins[p.Job] = pin{pins: pinSet{consistent: p.Step, protected: p.Protected, newer: true}, asked: asked}
+		}
+	}
+	r.pinMu.Unlock()
+	for _, p := range pins { // outside pinMu: fencing deletes shards, which reports them
+		if p.Epoch > 0 {
+			r.a.learnEpoch(p.Job, p.Epoch, p.EpochStep)
 		}
 	}
 }
@@ -450,7 +462,8 @@ func (a *Agent) inventory() ([]*coordpb.ShardRecord, []*coordpb.RegisterJobReque
 		case stateCommitted:
 			committed[rankKey{sh.Job, sh.Rank}] = true
 			recs = append(recs, &coordpb.ShardRecord{Job: sh.Job, Step: sh.Step, Rank: sh.Rank, WorldSize: sh.WorldSize,
-				Node: a.cfg.Node, SizeBytes: uint64(sh.Size), HeaderChecksum: sh.HeaderSum, State: coordpb.CopyState_COPY_STATE_COMMITTED})
+				Node: a.cfg.Node, SizeBytes: uint64(sh.Size), HeaderChecksum: sh.HeaderSum, State: coordpb.CopyState_COPY_STATE_COMMITTED,
+				Epoch: sh.Epoch})
 		case stateWriting:
 			if sh.WorldSize > 0 && !committed[rankKey{sh.Job, sh.Rank}] {
 				jobs = append(jobs, &coordpb.RegisterJobRequest{Job: sh.Job, WorldSize: sh.WorldSize, Placement: map[uint32]string{sh.Rank: a.cfg.Node}})

@@ -27,11 +27,16 @@ func (s *server) Prepare(ctx context.Context, req *agentpb.PrepareRequest) (*age
 	if req.SizeBytes > maxShardBytes {
 		return nil, fmt.Errorf("%w: agent: shard size %d bytes is too large", ErrInvalid, req.SizeBytes)
 	}
-	res, err := s.a.Prepare(ctx, req.Job, req.Rank, req.WorldSize, req.Step, int64(req.SizeBytes))
+	epoch, err := s.a.checkEpoch(req.Job, req.Rank, req.Epoch)
 	if err != nil {
 		return nil, err
 	}
-	return &agentpb.PrepareResponse{Slot: res.Slot, Path: res.Path, SizeBytes: uint64(res.Size), Token: res.Token, Resized: res.Resized}, nil
+	res, err := s.a.PrepareAt(ctx, req.Job, req.Rank, req.WorldSize, req.Step, int64(req.SizeBytes), epoch)
+	if err != nil {
+		return nil, err
+	}
+	return &agentpb.PrepareResponse{Slot: res.Slot, Path: res.Path, SizeBytes: uint64(res.Size), Token: res.Token, Resized: res.Resized,
+		Epoch: epoch}, nil
 }
 
 func (s *server) Commit(ctx context.Context, req *agentpb.CommitRequest) (*agentpb.CommitResponse, error) {

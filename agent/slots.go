@@ -65,6 +65,9 @@ type slot struct {
 	Replica bool `json:"replica,omitempty"`
 	// Stage: the restore a staged slot was fetched for (stage.go).
 	Stage string `json:"stage,omitempty"`
+	// Epoch: the job's epoch the saving rank belonged to, or for a copy
+	// the one this agent knew when it made it (epoch.go); 0: not known.
+	Epoch uint64 `json:"epoch,omitempty"`
 
 	stagedAt time.Time // when it was staged; a restore that never finishes gives it up after stageTTL
 
@@ -230,7 +233,7 @@ func (a *Agent) shardOf(r *rankState, s *slot) *shardInfo {
 		Job: r.job, Rank: r.rank, Slot: s.Index, State: s.State, Step: s.Step, Seq: s.Seq,
 		Size: s.Size, WorldSize: s.WorldSize, Tensors: s.Tensors, HeaderSum: s.HeaderSum,
 		CommittedAt: time.Unix(0, s.CommittedAt), Verified: s.verified, Problem: s.Problem,
-		Path: a.paths.Segment(r.job, r.rank, s.Index),
+		Path: a.paths.Segment(r.job, r.rank, s.Index), Epoch: s.Epoch,
 	}
 }
 
@@ -250,6 +253,7 @@ type shardInfo struct {
 	Verified    bool
 	Problem     string
 	Path        string
+	Epoch       uint64
 }
 
 // readHeader decodes the header of the segment at path.

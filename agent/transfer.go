@@ -127,11 +127,13 @@ func (t *transfers) subscribe(ctx context.Context) {
 func (t *transfers) enqueue(o *coordpb.TransferOrder) {
 	switch x := o.Order.(type) { // gang orders at once, not behind transfers
 	case *coordpb.TransferOrder_Abort:
+		t.a.epochs.raise(o.Job, x.Abort.Epoch, o.Step)
 		t.a.gang.abort(o.Job, o.Step, x.Abort.Reason)
 		t.a.log.Warn("job's gang broken: its ranks' calls fail until the recovery is done", "job", o.Job, "restoring", o.Step, "reason", x.Abort.Reason)
 		t.a.discardAfter(o.Job, o.Step)
 		return
 	case *coordpb.TransferOrder_Resume:
+		t.a.epochs.raise(o.Job, x.Resume.Epoch, o.Step)
 		// The coordinator sends a job's last gang order again (replay)
 		// when this stream reconnects or this agent reports the job's
 		// gang broken (coordinator/gang.go): a replayed resume only ends

@@ -53,6 +53,7 @@ type Coordinator struct {
 
 type metrics struct {
 	reports        *prometheus.CounterVec
+	fenced         prometheus.Counter
 	consistent     prometheus.Counter
 	commitToConsis prometheus.Histogram
 }
@@ -108,6 +109,10 @@ func newMetrics(reg prometheus.Registerer, c *Coordinator) *metrics {
 			Name: "rewind_coordinator_shard_reports_total",
 			Help: "Shard events reported by agents, by state and result.",
 		}, []string{"state", "result"}),
+		fenced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rewind_coordinator_fenced_reports_total",
+			Help: "Committed copies refused because a rank of an epoch the job has left saved them (a fenced gang).",
+		}),
 		consistent: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rewind_coordinator_consistent_steps_total",
 			Help: "Steps that became consistent (every rank committed).",
@@ -141,7 +146,7 @@ func newMetrics(reg prometheus.Registerer, c *Coordinator) *metrics {
 			ConstLabels: prometheus.Labels{"state": string(st)},
 		}, countSteps(st)))
 	}
-	reg.MustRegister(append(steps, m.reports, m.consistent, m.commitToConsis)...)
+	reg.MustRegister(append(steps, m.reports, m.fenced, m.consistent, m.commitToConsis)...)
 	return m
 }
 

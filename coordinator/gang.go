@@ -45,6 +45,7 @@ type gangRecord struct {
 	kind   coordpb.OrderKind // ORDER_KIND_ABORT or ORDER_KIND_RESUME
 	failed bool              // an abort whose recovery failed: not sent again
 	step   int64
+	epoch  uint64 // the job's epoch when the order was given
 	reason string
 	nodes  map[string]bool
 }
@@ -65,6 +66,7 @@ func (c *Coordinator) gangOrders(job string, kind coordpb.OrderKind, step int64,
 		g.mu.Unlock()
 	}
 	c.mu.Lock()
+	epoch, _ := c.jobEpochLocked(job)
 	maps.Copy(nodes, c.jobNodes(job))
 	for n := range c.down {
 		delete(nodes, n)
@@ -76,7 +78,7 @@ func (c *Coordinator) gangOrders(job string, kind coordpb.OrderKind, step int64,
 		rec = &gangRecord{nodes: map[string]bool{}}
 		g.records[job] = rec
 	}
-	rec.kind, rec.failed, rec.step, rec.reason = kind, false, step, reason
+	rec.kind, rec.failed, rec.step, rec.reason, rec.epoch = kind, false, step, reason, epoch
 	var ids []uint64
 	for _, n := range slices.Sorted(maps.Keys(nodes)) {
 		rec.nodes[n] = true
@@ -134,9 +136,9 @@ func (g *gangs) reconnected(node string, broken map[string]int64) {
 func (r *gangRecord) order(job string, replay bool) *coordpb.TransferOrder {
 	o := &coordpb.TransferOrder{Job: job, Step: r.step}
 	if r.kind == coordpb.OrderKind_ORDER_KIND_ABORT {
-		o.Order = &coordpb.TransferOrder_Abort{Abort: &coordpb.AbortOrder{Reason: r.reason, Replay: replay}}
+		o.Order = &coordpb.TransferOrder_Abort{Abort: &coordpb.AbortOrder{Reason: r.reason, Replay: replay, Epoch: r.epoch}}
 	} else {
-		o.Order = &coordpb.TransferOrder_Resume{Resume: &coordpb.ResumeOrder{Replay: replay}}
+		o.Order = &coordpb.TransferOrder_Resume{Resume: &coordpb.ResumeOrder{Replay: replay, Epoch: r.epoch}}
 	}
 	return o
 }

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"rewind.dev/rewind/api/coordpb"
@@ -95,7 +96,7 @@ func (c *Coordinator) applyGroup(group []*pendingReport) {
 	ch.Copies = make([]CopyKey, 0, n)
 	counts := map[reportCount]int{}
 	for _, p := range group {
-		from, refused := len(ch.Consistent), 0
+		from, refused, fenced := len(ch.Consistent), 0, 0
 		var first error
 		for _, r := range p.recs {
 			err := c.state.Apply(r, &ch)
@@ -103,14 +104,20 @@ func (c *Coordinator) applyGroup(group []*pendingReport) {
 			if err != nil && first == nil {
 				first = err
 			}
-			if err != nil {
+			switch {
+			case errors.Is(err, ErrFenced):
+				fenced++
+			case err != nil:
 				refused++
 			}
 		}
-		if refused > 0 {
-			c.log.Warn("refused shard reports", "node", p.node, "count", refused, "first", first)
+		if refused+fenced > 0 {
+			c.log.Warn("refused shard reports", "node", p.node, "count", refused+fenced, "fenced", fenced, "first", first)
+			c.metrics.fenced.Add(float64(fenced))
 		}
-		if refused > 0 && refused == len(p.recs) {
+		// A fenced report is answered with the job's pins, which carry its
+		// epoch: that is how the agent learns to stop the old gang's ranks.
+		if refused > 0 && refused+fenced == len(p.recs) {
 			p.err = first
 		}
 		p.consistent = ch.Consistent[from:len(ch.Consistent):len(ch.Consistent)]
@@ -182,7 +189,7 @@ func (c *Coordinator) pinsLocked(node string, recs []Record) []*coordpb.Pin {
 			return // not rebuilt yet: the agent keeps the pins it has
 		}
 		if j := c.state.Jobs[id]; j != nil { // -1 too: an agent drops a pin that no longer holds
-			pins = append(pins, &coordpb.Pin{Job: id, Step: j.Latest, Protected: j.Protected})
+			pins = append(pins, &coordpb.Pin{Job: id, Step: j.Latest, Protected: j.Protected, Epoch: j.epochOf(), EpochStep: j.epochStep()})
 		}
 	}
 	for id := range c.state.JobsOn(node) {

@@ -81,7 +81,7 @@ func (c *Coordinator) watchMembers(m *membership.Members) {
 
 func (c *Coordinator) memberDown(node, how string, at time.Time) {
 	c.log.Warn("agent down", "node", node, "how", how)
-	if _, err := c.NodeDown(node, fmt.Sprintf("%s at %s", how, at.Format(time.StampMilli))); err != nil {
+	if _, err := c.nodeDown(node, fmt.Sprintf("%s at %s", how, at.Format(time.StampMilli)), true); err != nil {
 		c.log.Warn("not recovering", "node", node, "err", err)
 		return
 	}
@@ -109,21 +109,22 @@ func (c *Coordinator) GossipAddr() string {
 // the cluster's last known members now: it pings them directly rather
 // than trust its view, in which, as a partition begins, the members on
 // the other side die one at a time and the first death is seen while the
-// others still look alive. Always true without failure detection.
-func (c *Coordinator) quorum() bool {
+// others still look alive. Always true without failure detection. It
+// returns the members that answered.
+func (c *Coordinator) quorum() (reached []string, ok bool) {
 	if c.cfg.Quorum != nil {
-		return c.cfg.Quorum()
+		return nil, c.cfg.Quorum()
 	}
 	m, _ := c.members.Load().(*membership.Members)
 	if m == nil {
-		return true
+		return nil, true
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	q, err := m.CheckQuorum(ctx, nil)
 	if err != nil || !q.OK {
 		c.log.Warn("no quorum", "reached", q.Reached, "unreached", q.Unreached, "err", err)
-		return false
+		return q.Reached, false
 	}
-	return true
+	return q.Reached, true
 }

@@ -92,9 +92,22 @@ func (w *watchers) publish(ev *coordpb.JobEvent) {
 // NodeDown declares node dead and starts the recovery of every job with a
 // rank on it; it returns those jobs. Without quorum it refuses.
 func (c *Coordinator) NodeDown(node, reason string) ([]string, error) {
-	if !c.quorum() {
+	return c.nodeDown(node, reason, false)
+}
+
+// nodeDown is NodeDown; detected says failure detection declared the
+// node dead, not an operator. Such a verdict can be stale: as a partition
+// heals, the members cut off spread the deaths they declared of the
+// others, and a live node is declared dead until it refutes it. So a node
+// failure detection names that answers a direct ping is left alone.
+func (c *Coordinator) nodeDown(node, reason string, detected bool) ([]string, error) {
+	reached, ok := c.quorum()
+	if !ok {
 		c.log.Warn("node reported down, but this coordinator sees no quorum: no recovery from this side of a partition", "node", node, "reason", reason)
 		return nil, fmt.Errorf("%w: coordinator: no quorum of the cluster is reachable; %s is not recovered from here", ErrRefused, node)
+	}
+	if detected && slices.Contains(reached, node) {
+		return nil, fmt.Errorf("%w: coordinator: %s answers a direct ping: its death is a stale verdict (a partition healing); not recovered", ErrRefused, node)
 	}
 	now := c.cfg.Clock.Now()
 	c.mu.Lock()
@@ -159,6 +172,11 @@ func (c *Coordinator) recoverJob(ctx context.Context, job, node, reason string, 
 	// must not hang in a collective with the dead node's.
 	ev.PlannedUnixNano = c.cfg.Clock.Now().UnixNano()
 	aborted := plan.Step
+	// The fence is stored before any agent hears of the new gang.
+	if _, err := c.raiseEpoch(ctx, job, aborted); err != nil {
+		c.failRegang(ev, err)
+		return
+	}
 	c.gangOrders(job, coordpb.OrderKind_ORDER_KIND_ABORT, aborted, ev.Reason)
 	plan, stage, err := c.restore(ctx, job, -1, placement, plan)
 	if err != nil {
@@ -215,6 +233,17 @@ func (c *Coordinator) regang(ctx context.Context, plan *coordpb.PlanRestoreRespo
 		return false
 	}
 	if aborted != plan.Step {
+		var err error
+		if aborted < 0 { // an operator's restart: no abort yet
+			_, err = c.raiseEpoch(ctx, job, plan.Step)
+		} else { // the restore fell back past the step the abort named
+			err = c.resumeEpochFrom(job, plan.Step)
+		}
+		if err != nil {
+			_ = c.finishStage(context.WithoutCancel(ctx), plan, stage, false)
+			c.failRegang(ev, err)
+			return false
+		}
 		c.gangOrders(job, coordpb.OrderKind_ORDER_KIND_ABORT, plan.Step, ev.Reason)
 	}
 	if err := c.finishStage(ctx, plan, stage, true); err != nil {
@@ -237,6 +266,9 @@ func (c *Coordinator) regang(ctx context.Context, plan *coordpb.PlanRestoreRespo
 		return false
 	}
 	ev.Ok = true
+	c.mu.Lock()
+	ev.Epoch, _ = c.jobEpochLocked(job)
+	c.mu.Unlock()
 	c.gangOrders(job, coordpb.OrderKind_ORDER_KIND_RESUME, plan.Step, "")
 	c.log.Info("job re-ganged", "job", job, "step", plan.Step, "node", ev.Node, "reason", ev.Reason,
 		"plan_ms", (ev.PlannedUnixNano-ev.DetectedUnixNano)/1e6, "restore_ms", (ev.RestoredUnixNano-ev.PlannedUnixNano)/1e6,

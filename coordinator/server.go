@@ -38,7 +38,7 @@ func toStatus(err error) error {
 		code = codes.NotFound
 	case errors.Is(err, ErrInvalid):
 		code = codes.InvalidArgument
-	case errors.Is(err, ErrRefused):
+	case errors.Is(err, ErrRefused), errors.Is(err, ErrFenced):
 		code = codes.FailedPrecondition
 	case errors.Is(err, ErrRebuilding):
 		code = codes.Unavailable
@@ -61,8 +61,14 @@ func (s *server) Register(ctx context.Context, req *coordpb.RegisterRequest) (*c
 			told[p.Job] = p.Step
 		}
 	}
+	if err := s.c.adoptEpochs(req.Pins); err != nil {
+		return nil, toStatus(err)
+	}
 	pins, err := s.c.Register(&NodeInfo{Name: n.Name, Addr: n.Addr, FailureDomain: n.FailureDomain, BudgetBytes: n.ShmBudgetBytes}, recordsOf(req.Inventory), told)
 	if err != nil {
+		return nil, toStatus(err)
+	}
+	if err := s.c.adoptEpochs(req.Pins); err != nil { // jobs the inventory created
 		return nil, toStatus(err)
 	}
 	return &coordpb.RegisterResponse{Incarnation: s.c.Incarnation(), Pins: pins}, nil
@@ -88,6 +94,10 @@ func (s *server) RegisterJob(ctx context.Context, req *coordpb.RegisterJobReques
 	var re bool
 	_, err := s.c.apply(func(ch *Changes) error {
 		var err error
+		if j := s.c.state.Jobs[req.Job]; j != nil && req.Epoch != 0 && req.Epoch < j.epochOf() {
+			return fmt.Errorf("%w: coordinator: job %s: a rank of epoch %d registers it; the job is at epoch %d (a recovery or restart replaced that gang)",
+				ErrFenced, req.Job, req.Epoch, j.epochOf())
+		}
 		re, err = s.c.state.RegisterJob(req.Job, req.WorldSize, req.Placement, ch)
 		return err
 	})
@@ -148,7 +158,7 @@ func recordsOf(shards []*coordpb.ShardRecord) []Record {
 	out := make([]Record, len(shards))
 	for i, r := range shards {
 		out[i] = Record{Job: r.Job, Step: r.Step, Rank: r.Rank, WorldSize: r.WorldSize, Node: r.Node,
-			Size: r.SizeBytes, Sum: r.HeaderChecksum, State: copyStateOf(r.State)}
+			Size: r.SizeBytes, Sum: r.HeaderChecksum, State: copyStateOf(r.State), Epoch: r.Epoch}
 	}
 	return out
 }
@@ -163,7 +173,7 @@ func (s *server) Latest(ctx context.Context, req *coordpb.LatestRequest) (*coord
 	if j == nil {
 		return nil, toStatus(fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, req.Job))
 	}
-	resp := &coordpb.LatestResponse{Step: j.Latest, WorldSize: j.WorldSize, Protected: j.Protected}
+	resp := &coordpb.LatestResponse{Step: j.Latest, WorldSize: j.WorldSize, Protected: j.Protected, Epoch: j.epochOf(), EpochStep: j.epochStep()}
 	if st := j.Steps[j.Latest]; st != nil {
 		resp.WorldSize = st.WorldSize
 	}
@@ -178,7 +188,8 @@ func (s *server) ListJobs(ctx context.Context, req *coordpb.ListJobsRequest) (*c
 	}
 	resp := &coordpb.ListJobsResponse{}
 	for _, j := range s.c.state.Jobs {
-		resp.Jobs = append(resp.Jobs, &coordpb.Job{Id: j.ID, WorldSize: j.WorldSize, LatestConsistent: j.Latest, Protected: j.Protected, Steps: uint32(len(j.Steps)), Placement: maps.Clone(j.Placement)})
+		resp.Jobs = append(resp.Jobs, &coordpb.Job{Id: j.ID, WorldSize: j.WorldSize, LatestConsistent: j.Latest, Protected: j.Protected, Steps: uint32(len(j.Steps)), Placement: maps.Clone(j.Placement),
+			Epoch: j.epochOf()})
 	}
 	s.c.mu.Unlock()
 	for _, j := range resp.Jobs { // after the index lock: tiering's lock comes first

@@ -76,6 +76,9 @@ type Step struct {
 	// whole (unrestorable.go): an automatic choice of step skips it, and
 	// it is never the job's latest consistent step.
 	Unrestorable *Unrestorable
+	// Epoch is the epoch whose ranks saved the step (epoch.go); 0 when
+	// no rank's save named one.
+	Epoch uint64
 	// safe counts the ranks whose copies in memory outlive the loss of
 	// any one node (see survives); derived from Copies, kept as they
 	// change.
@@ -142,6 +145,11 @@ type Job struct {
 	// Derived from the steps, not stored.
 	Protected int64
 	Steps     map[int64]*Step
+	// Epoch is the job's gang generation (epoch.go), raised at each
+	// re-gang; 0 reads as 1. Epochs holds the last ones and the step
+	// each resumed from, oldest first.
+	Epoch  uint64
+	Epochs []EpochStart
 	// rankLatest is the newest step each rank of the current world size
 	// has committed.
 	rankLatest map[uint32]int64
@@ -273,6 +281,9 @@ func (s *State) Apply(rec Record, ch *Changes) error {
 		return fmt.Errorf("%w: coordinator: job %s: negative step %d", ErrInvalid, rec.Job, rec.Step)
 	}
 	if rec.State == CopyCommitted {
+		if err := j.checkEpoch(rec); err != nil {
+			return err
+		}
 		if err := s.checkCommit(j, rec); err != nil {
 			return err
 		}
@@ -326,6 +337,7 @@ func (s *State) commit(j *Job, rec Record, ch *Changes) {
 			}
 		}
 	}
+	j.noteEpoch(st, rec, ch)
 	tier := rec.tier()
 	s.noteNode(rec.Node, j.ID)
 	for _, c := range st.Copies[rec.Rank] {
@@ -493,6 +505,7 @@ type Record struct {
 	Size      uint64
 	Sum       string
 	State     CopyState
+	Epoch     uint64 // the saving rank's epoch; 0 for a copy the coordinator ordered (epoch.go)
 }
 
 func (r Record) tier() string {

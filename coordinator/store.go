@@ -42,6 +42,8 @@ type jobRecord struct {
 	WorldSize uint32            `json:"world_size"`
 	Placement map[uint32]string `json:"placement,omitempty"`
 	Latest    int64             `json:"latest"`
+	Epoch     uint64            `json:"epoch,omitempty"`
+	Epochs    []EpochStart      `json:"epochs,omitempty"`
 }
 
 type stepRecord struct {
@@ -49,6 +51,7 @@ type stepRecord struct {
 	State        StepState     `json:"state"`
 	ConsistentAt time.Time     `json:"consistent_at,omitzero"`
 	Unrestorable *Unrestorable `json:"unrestorable,omitempty"`
+	Epoch        uint64        `json:"epoch,omitempty"`
 }
 
 // OpenStore opens (or creates) the store in dir.
@@ -131,13 +134,14 @@ func (s *Store) Write(ch *Changes) error {
 		}
 	}
 	for _, j := range ch.Jobs {
-		if err := put(jobKey(j.ID), jobRecord{WorldSize: j.WorldSize, Placement: j.Placement, Latest: j.Latest}); err != nil {
+		if err := put(jobKey(j.ID), jobRecord{WorldSize: j.WorldSize, Placement: j.Placement, Latest: j.Latest,
+			Epoch: j.Epoch, Epochs: j.Epochs}); err != nil {
 			return err
 		}
 	}
 	for _, st := range ch.Steps {
 		if err := put(stepKey(st.Job, st.Step), stepRecord{WorldSize: st.WorldSize, State: st.State, ConsistentAt: st.ConsistentAt,
-			Unrestorable: st.Unrestorable}); err != nil {
+			Unrestorable: st.Unrestorable, Epoch: st.Epoch}); err != nil {
 			return err
 		}
 	}
@@ -248,7 +252,7 @@ func (st *State) loadKey(key string, val []byte) error {
 			return err
 		}
 		j := st.job(rest)
-		j.WorldSize, j.Latest = r.WorldSize, r.Latest
+		j.WorldSize, j.Latest, j.Epoch, j.Epochs = r.WorldSize, r.Latest, r.Epoch, r.Epochs
 		if r.Placement != nil {
 			j.Placement = r.Placement
 		}
@@ -269,7 +273,7 @@ func (st *State) loadKey(key string, val []byte) error {
 			return err
 		}
 		stp := st.step(job, step)
-		stp.WorldSize, stp.State, stp.ConsistentAt, stp.Unrestorable = r.WorldSize, r.State, r.ConsistentAt, r.Unrestorable
+		stp.WorldSize, stp.State, stp.ConsistentAt, stp.Unrestorable, stp.Epoch = r.WorldSize, r.State, r.ConsistentAt, r.Unrestorable, r.Epoch
 	case "copy":
 		parts := strings.SplitN(rest, "/", 5)
 		if len(parts) != 5 {

@@ -47,6 +47,7 @@ type stepView struct {
 	sorted       bool    // the groups are in rank order
 	bad          []*Copy // the copies found corrupt (few: copied in the first hold)
 	unrestorable *Unrestorable
+	epoch        uint64
 }
 
 // view copies job's step n out of the index, locking c.mu for at most
@@ -71,7 +72,7 @@ func (c *Coordinator) view(ctx context.Context, job string, n, rank int64, want 
 		c.mu.Unlock()
 		return nil, err
 	}
-	v := &stepView{Job: st.Job, Step: st.Step, WorldSize: st.WorldSize, State: st.State, ConsistentAt: st.ConsistentAt, ranks: uint32(len(st.Copies)),
+	v := &stepView{Job: st.Job, Step: st.Step, WorldSize: st.WorldSize, State: st.State, ConsistentAt: st.ConsistentAt, ranks: uint32(len(st.Copies)), epoch: st.Epoch,
 		unrestorable: st.Unrestorable}
 	for r, cs := range st.Bad {
 		if rank < 0 || uint32(rank) == r {
@@ -128,7 +129,7 @@ func (v *stepView) complete() bool { return v.ranks == v.WorldSize }
 // proto returns the step as the API shows it, copies in rank order (the
 // ones found corrupt among them, so marked).
 func (v *stepView) proto(ctx context.Context) (*coordpb.Step, error) {
-	p := &coordpb.Step{Job: v.Job, Step: v.Step, WorldSize: v.WorldSize, State: v.State.proto(), RanksCommitted: v.ranks}
+	p := &coordpb.Step{Job: v.Job, Step: v.Step, WorldSize: v.WorldSize, State: v.State.proto(), RanksCommitted: v.ranks, Epoch: v.epoch}
 	if !v.ConsistentAt.IsZero() {
 		p.ConsistentUnixNano = v.ConsistentAt.UnixNano()
 	}

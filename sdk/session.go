@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -67,6 +68,11 @@ type Session struct {
 	maps      map[string]*segmentMap
 	last      SaveStats
 	mu        sync.Mutex
+	// epoch is the job's epoch this rank belongs to, as the agent's answer
+	// to its first save told it (0 before): every later save names it, and
+	// a save after a re-gang replaced this rank's gang fails with
+	// ErrGangBroken (the agent fences it).
+	epoch atomic.Uint64
 }
 
 // segmentMap is a slot's segment kept mapped between saves.
@@ -117,11 +123,13 @@ func (s *Session) Save(ctx context.Context, step int64, tensors []Tensor, object
 	st := SaveStats{Step: step, Bytes: layout.Size}
 
 	cctx, cancel := s.c.call(ctx)
-	prep, err := s.c.api.Prepare(cctx, &agentpb.PrepareRequest{Job: s.job, Rank: s.rank, WorldSize: s.worldSize, Step: step, SizeBytes: uint64(layout.Size)})
+	prep, err := s.c.api.Prepare(cctx, &agentpb.PrepareRequest{Job: s.job, Rank: s.rank, WorldSize: s.worldSize, Step: step, SizeBytes: uint64(layout.Size),
+		Epoch: s.epoch.Load()})
 	cancel()
 	if err != nil {
 		return wrap(op, err)
 	}
+	s.epoch.CompareAndSwap(0, prep.Epoch)
 	st.Prepare = time.Since(start)
 	if int64(prep.SizeBytes) != layout.Size {
 		return &Error{Op: op, Msg: fmt.Sprintf("agent sized the segment %d bytes, %d asked", prep.SizeBytes, layout.Size)}

@@ -1056,7 +1056,12 @@ type PrepareRequest struct {
 	WorldSize uint32                 `protobuf:"varint,3,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
 	Step      int64                  `protobuf:"varint,4,opt,name=step,proto3" json:"step,omitempty"`
 	// Total bytes of the shard file (header and data).
-	SizeBytes     uint64 `protobuf:"varint,5,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	SizeBytes uint64 `protobuf:"varint,5,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// The job's epoch the rank belongs to, as an earlier PrepareResponse
+	// told it; 0 on a rank's first save. A rank of an epoch the job has
+	// left is refused with the gang-broken error (Aborted): it belongs to
+	// a gang that a recovery or restart replaced.
+	Epoch         uint64 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1126,6 +1131,13 @@ func (x *PrepareRequest) GetSizeBytes() uint64 {
 	return 0
 }
 
+func (x *PrepareRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
 type PrepareResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Slot  uint32                 `protobuf:"varint,1,opt,name=slot,proto3" json:"slot,omitempty"`
@@ -1135,7 +1147,10 @@ type PrepareResponse struct {
 	// Token proves to Commit that the caller owns this prepared slot.
 	Token uint64 `protobuf:"varint,4,opt,name=token,proto3" json:"token,omitempty"`
 	// Whether the segment was created or resized (its pages are cold).
-	Resized       bool `protobuf:"varint,5,opt,name=resized,proto3" json:"resized,omitempty"`
+	Resized bool `protobuf:"varint,5,opt,name=resized,proto3" json:"resized,omitempty"`
+	// The job's epoch the rank belongs to from now on (see PrepareRequest):
+	// the rank sends it with every later save.
+	Epoch         uint64 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1203,6 +1218,13 @@ func (x *PrepareResponse) GetResized() bool {
 		return x.Resized
 	}
 	return false
+}
+
+func (x *PrepareResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
 }
 
 type CommitRequest struct {
@@ -2390,7 +2412,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x12ConsistentResponse\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x1d\n" +
 	"\n" +
-	"world_size\x18\x02 \x01(\rR\tworldSize\"\x88\x01\n" +
+	"world_size\x18\x02 \x01(\rR\tworldSize\"\x9e\x01\n" +
 	"\x0ePrepareRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\rR\x04rank\x12\x1d\n" +
@@ -2398,14 +2420,16 @@ const file_agent_proto_rawDesc = "" +
 	"world_size\x18\x03 \x01(\rR\tworldSize\x12\x12\n" +
 	"\x04step\x18\x04 \x01(\x03R\x04step\x12\x1d\n" +
 	"\n" +
-	"size_bytes\x18\x05 \x01(\x04R\tsizeBytes\"\x88\x01\n" +
+	"size_bytes\x18\x05 \x01(\x04R\tsizeBytes\x12\x14\n" +
+	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\"\x9e\x01\n" +
 	"\x0fPrepareResponse\x12\x12\n" +
 	"\x04slot\x18\x01 \x01(\rR\x04slot\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x03 \x01(\x04R\tsizeBytes\x12\x14\n" +
 	"\x05token\x18\x04 \x01(\x04R\x05token\x12\x18\n" +
-	"\aresized\x18\x05 \x01(\bR\aresized\"\x9c\x01\n" +
+	"\aresized\x18\x05 \x01(\bR\aresized\x12\x14\n" +
+	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\"\x9c\x01\n" +
 	"\rCommitRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\rR\x04rank\x12\x12\n" +

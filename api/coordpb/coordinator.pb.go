@@ -395,8 +395,14 @@ type ShardRecord struct {
 	SizeBytes      uint64                 `protobuf:"varint,6,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	HeaderChecksum string                 `protobuf:"bytes,7,opt,name=header_checksum,json=headerChecksum,proto3" json:"header_checksum,omitempty"`
 	State          CopyState              `protobuf:"varint,8,opt,name=state,proto3,enum=rewind.coordinator.v1.CopyState" json:"state,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The job's epoch (its gang's generation) the rank saved under; 0 for
+	// a copy the coordinator ordered from one it recorded (a replica, a
+	// restore), which is of the step's epoch. A save of an epoch the job
+	// has left, of a step past where the next epoch resumed, is refused
+	// (fencing: docs/design/20261125_fencing.md).
+	Epoch         uint64 `protobuf:"varint,9,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ShardRecord) Reset() {
@@ -485,6 +491,13 @@ func (x *ShardRecord) GetState() CopyState {
 	return CopyState_COPY_STATE_UNSPECIFIED
 }
 
+func (x *ShardRecord) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
 type RegisterRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Node      *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -558,10 +571,16 @@ func (x *RegisterRequest) GetPins() []*Pin {
 // older than step; without it a node lost then would leave nothing newer
 // than the tiers to restore.
 type Pin struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
-	Step          int64                  `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
-	Protected     int64                  `protobuf:"varint,3,opt,name=protected,proto3" json:"protected,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Job       string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Step      int64                  `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
+	Protected int64                  `protobuf:"varint,3,opt,name=protected,proto3" json:"protected,omitempty"`
+	// The job's epoch, raised at each recovery and restart, and the step
+	// that epoch resumed from (-1 for the first): an agent that learns of a
+	// newer epoch than it knew stops the job's ranks of older epochs and
+	// discards their saves past epoch_step.
+	Epoch         uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	EpochStep     int64  `protobuf:"varint,5,opt,name=epoch_step,json=epochStep,proto3" json:"epoch_step,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -613,6 +632,20 @@ func (x *Pin) GetStep() int64 {
 func (x *Pin) GetProtected() int64 {
 	if x != nil {
 		return x.Protected
+	}
+	return 0
+}
+
+func (x *Pin) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *Pin) GetEpochStep() int64 {
+	if x != nil {
+		return x.EpochStep
 	}
 	return 0
 }
@@ -685,7 +718,12 @@ type RegisterJobRequest struct {
 	Policy string `protobuf:"bytes,4,opt,name=policy,proto3" json:"policy,omitempty"`
 	// Copies of each shard kept in other nodes' shared memory; unset keeps
 	// the job's setting, or the coordinator's default.
-	Replicas      *uint32 `protobuf:"varint,5,opt,name=replicas,proto3,oneof" json:"replicas,omitempty"`
+	Replicas *uint32 `protobuf:"varint,5,opt,name=replicas,proto3,oneof" json:"replicas,omitempty"`
+	// The epoch of the rank whose save registers the job (0: not a rank's
+	// save, e.g. an operator or a driver): a registration from a rank of an
+	// epoch the job has left is refused, so a fenced rank cannot move the
+	// job's placement.
+	Epoch         uint64 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -751,6 +789,13 @@ func (x *RegisterJobRequest) GetPolicy() string {
 func (x *RegisterJobRequest) GetReplicas() uint32 {
 	if x != nil && x.Replicas != nil {
 		return *x.Replicas
+	}
+	return 0
+}
+
+func (x *RegisterJobRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
 	}
 	return 0
 }
@@ -989,7 +1034,10 @@ type LatestResponse struct {
 	WorldSize uint32 `protobuf:"varint,2,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
 	// The newest consistent step that memory keeps through the loss of any
 	// one node (see Pin); -1 if none.
-	Protected     int64 `protobuf:"varint,3,opt,name=protected,proto3" json:"protected,omitempty"`
+	Protected int64 `protobuf:"varint,3,opt,name=protected,proto3" json:"protected,omitempty"`
+	// The job's epoch and the step it resumed from (see Pin).
+	Epoch         uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	EpochStep     int64  `protobuf:"varint,5,opt,name=epoch_step,json=epochStep,proto3" json:"epoch_step,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1045,6 +1093,20 @@ func (x *LatestResponse) GetProtected() int64 {
 	return 0
 }
 
+func (x *LatestResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *LatestResponse) GetEpochStep() int64 {
+	if x != nil {
+		return x.EpochStep
+	}
+	return 0
+}
+
 type ListJobsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1091,7 +1153,10 @@ type Job struct {
 	Policy           string                 `protobuf:"bytes,6,opt,name=policy,proto3" json:"policy,omitempty"`
 	// The newest consistent step in the memory of two nodes (see Pin); -1
 	// if none.
-	Protected     int64 `protobuf:"varint,7,opt,name=protected,proto3" json:"protected,omitempty"`
+	Protected int64 `protobuf:"varint,7,opt,name=protected,proto3" json:"protected,omitempty"`
+	// The job's epoch: how many times a recovery or restart re-ganged it,
+	// plus one.
+	Epoch         uint64 `protobuf:"varint,8,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1171,6 +1236,13 @@ func (x *Job) GetPolicy() string {
 func (x *Job) GetProtected() int64 {
 	if x != nil {
 		return x.Protected
+	}
+	return 0
+}
+
+func (x *Job) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
 	}
 	return 0
 }
@@ -1363,7 +1435,10 @@ type Step struct {
 	// Set when a restore could not bring the step back whole: the ranks
 	// none of whose copies served, and why each failed. An automatic choice
 	// of step (a restore without a step, a recovery) skips it.
-	Unrestorable  *UnrestorableStep `protobuf:"bytes,9,opt,name=unrestorable,proto3" json:"unrestorable,omitempty"`
+	Unrestorable *UnrestorableStep `protobuf:"bytes,9,opt,name=unrestorable,proto3" json:"unrestorable,omitempty"`
+	// The epoch whose ranks saved the step (a step never holds shards of
+	// two epochs); 0 when not known (a step older than fencing).
+	Epoch         uint64 `protobuf:"varint,10,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1459,6 +1534,13 @@ func (x *Step) GetUnrestorable() *UnrestorableStep {
 		return x.Unrestorable
 	}
 	return nil
+}
+
+func (x *Step) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
 }
 
 // UnrestorableStep is a step a restore tried and could not restore
@@ -2991,7 +3073,10 @@ type AbortOrder struct {
 	Reason string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
 	// Sent again, not live: the job's last gang order, to an agent whose
 	// order stream reconnected or that reports the job's gang broken.
-	Replay        bool `protobuf:"varint,2,opt,name=replay,proto3" json:"replay,omitempty"`
+	Replay bool `protobuf:"varint,2,opt,name=replay,proto3" json:"replay,omitempty"`
+	// The epoch the recovery raised the job to: the agent refuses saves of
+	// the job's ranks of older epochs from now on.
+	Epoch         uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3040,13 +3125,22 @@ func (x *AbortOrder) GetReplay() bool {
 	return false
 }
 
+func (x *AbortOrder) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
 // ResumeOrder: the job's gang is whole again at the step; its ranks may
 // save.
 type ResumeOrder struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Sent again, not live (see AbortOrder): a replayed resume ends a break
 	// and discards nothing.
-	Replay        bool `protobuf:"varint,1,opt,name=replay,proto3" json:"replay,omitempty"`
+	Replay bool `protobuf:"varint,1,opt,name=replay,proto3" json:"replay,omitempty"`
+	// The job's epoch (see AbortOrder).
+	Epoch         uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3086,6 +3180,13 @@ func (x *ResumeOrder) GetReplay() bool {
 		return x.Replay
 	}
 	return false
+}
+
+func (x *ResumeOrder) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
 }
 
 // TierEvent is how a transfer order ended.
@@ -3734,7 +3835,9 @@ type JobEvent struct {
 	Seq uint64 `protobuf:"varint,14,opt,name=seq,proto3" json:"seq,omitempty"`
 	// Newer steps the recovery passed over because they could not be
 	// restored whole (see PlanRestoreResponse.skipped).
-	Skipped       []*UnrestorableStep `protobuf:"bytes,15,rep,name=skipped,proto3" json:"skipped,omitempty"`
+	Skipped []*UnrestorableStep `protobuf:"bytes,15,rep,name=skipped,proto3" json:"skipped,omitempty"`
+	// The job's epoch after the event: a re-gang raises it.
+	Epoch         uint64 `protobuf:"varint,16,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3872,6 +3975,13 @@ func (x *JobEvent) GetSkipped() []*UnrestorableStep {
 		return x.Skipped
 	}
 	return nil
+}
+
+func (x *JobEvent) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
 }
 
 type RankSourcesRequest struct {
@@ -4080,7 +4190,7 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12%\n" +
 	"\x0efailure_domain\x18\x03 \x01(\tR\rfailureDomain\x12(\n" +
-	"\x10shm_budget_bytes\x18\x04 \x01(\x04R\x0eshmBudgetBytes\"\xfa\x01\n" +
+	"\x10shm_budget_bytes\x18\x04 \x01(\x04R\x0eshmBudgetBytes\"\x90\x02\n" +
 	"\vShardRecord\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x12\n" +
@@ -4091,25 +4201,30 @@ const file_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"size_bytes\x18\x06 \x01(\x04R\tsizeBytes\x12'\n" +
 	"\x0fheader_checksum\x18\a \x01(\tR\x0eheaderChecksum\x126\n" +
-	"\x05state\x18\b \x01(\x0e2 .rewind.coordinator.v1.CopyStateR\x05state\"\xb4\x01\n" +
+	"\x05state\x18\b \x01(\x0e2 .rewind.coordinator.v1.CopyStateR\x05state\x12\x14\n" +
+	"\x05epoch\x18\t \x01(\x04R\x05epoch\"\xb4\x01\n" +
 	"\x0fRegisterRequest\x12/\n" +
 	"\x04node\x18\x01 \x01(\v2\x1b.rewind.coordinator.v1.NodeR\x04node\x12@\n" +
 	"\tinventory\x18\x02 \x03(\v2\".rewind.coordinator.v1.ShardRecordR\tinventory\x12.\n" +
-	"\x04pins\x18\x03 \x03(\v2\x1a.rewind.coordinator.v1.PinR\x04pins\"I\n" +
+	"\x04pins\x18\x03 \x03(\v2\x1a.rewind.coordinator.v1.PinR\x04pins\"~\n" +
 	"\x03Pin\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x1c\n" +
-	"\tprotected\x18\x03 \x01(\x03R\tprotected\"d\n" +
+	"\tprotected\x18\x03 \x01(\x03R\tprotected\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x1d\n" +
+	"\n" +
+	"epoch_step\x18\x05 \x01(\x03R\tepochStep\"d\n" +
 	"\x10RegisterResponse\x12 \n" +
 	"\vincarnation\x18\x01 \x01(\tR\vincarnation\x12.\n" +
-	"\x04pins\x18\x02 \x03(\v2\x1a.rewind.coordinator.v1.PinR\x04pins\"\xa1\x02\n" +
+	"\x04pins\x18\x02 \x03(\v2\x1a.rewind.coordinator.v1.PinR\x04pins\"\xb7\x02\n" +
 	"\x12RegisterJobRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1d\n" +
 	"\n" +
 	"world_size\x18\x02 \x01(\rR\tworldSize\x12V\n" +
 	"\tplacement\x18\x03 \x03(\v28.rewind.coordinator.v1.RegisterJobRequest.PlacementEntryR\tplacement\x12\x16\n" +
 	"\x06policy\x18\x04 \x01(\tR\x06policy\x12\x1f\n" +
-	"\breplicas\x18\x05 \x01(\rH\x00R\breplicas\x88\x01\x01\x1a<\n" +
+	"\breplicas\x18\x05 \x01(\rH\x00R\breplicas\x88\x01\x01\x12\x14\n" +
+	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\x1a<\n" +
 	"\x0ePlacementEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\v\n" +
@@ -4131,13 +4246,16 @@ const file_coordinator_proto_rawDesc = "" +
 	"error_code\x18\x04 \x01(\x05R\terrorCode\x12\x14\n" +
 	"\x05error\x18\x05 \x01(\tR\x05error\"!\n" +
 	"\rLatestRequest\x12\x10\n" +
-	"\x03job\x18\x01 \x01(\tR\x03job\"a\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\"\x96\x01\n" +
 	"\x0eLatestResponse\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x1d\n" +
 	"\n" +
 	"world_size\x18\x02 \x01(\rR\tworldSize\x12\x1c\n" +
-	"\tprotected\x18\x03 \x01(\x03R\tprotected\"\x11\n" +
-	"\x0fListJobsRequest\"\xb4\x02\n" +
+	"\tprotected\x18\x03 \x01(\x03R\tprotected\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x1d\n" +
+	"\n" +
+	"epoch_step\x18\x05 \x01(\x03R\tepochStep\"\x11\n" +
+	"\x0fListJobsRequest\"\xca\x02\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -4146,7 +4264,8 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x05steps\x18\x04 \x01(\rR\x05steps\x12G\n" +
 	"\tplacement\x18\x05 \x03(\v2).rewind.coordinator.v1.Job.PlacementEntryR\tplacement\x12\x16\n" +
 	"\x06policy\x18\x06 \x01(\tR\x06policy\x12\x1c\n" +
-	"\tprotected\x18\a \x01(\x03R\tprotected\x1a<\n" +
+	"\tprotected\x18\a \x01(\x03R\tprotected\x12\x14\n" +
+	"\x05epoch\x18\b \x01(\x04R\x05epoch\x1a<\n" +
 	"\x0ePlacementEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"B\n" +
@@ -4161,7 +4280,7 @@ const file_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"size_bytes\x18\x04 \x01(\x04R\tsizeBytes\x12'\n" +
 	"\x0fheader_checksum\x18\x05 \x01(\tR\x0eheaderChecksum\x126\n" +
-	"\x05state\x18\x06 \x01(\x0e2 .rewind.coordinator.v1.CopyStateR\x05state\"\x97\x03\n" +
+	"\x05state\x18\x06 \x01(\x0e2 .rewind.coordinator.v1.CopyStateR\x05state\"\xad\x03\n" +
 	"\x04Step\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x1d\n" +
@@ -4172,7 +4291,9 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x14consistent_unix_nano\x18\x06 \x01(\x03R\x12consistentUnixNano\x123\n" +
 	"\x06copies\x18\a \x03(\v2\x1b.rewind.coordinator.v1.CopyR\x06copies\x125\n" +
 	"\x05tiers\x18\b \x03(\v2\x1f.rewind.coordinator.v1.TierCopyR\x05tiers\x12K\n" +
-	"\funrestorable\x18\t \x01(\v2'.rewind.coordinator.v1.UnrestorableStepR\funrestorable\"\x82\x01\n" +
+	"\funrestorable\x18\t \x01(\v2'.rewind.coordinator.v1.UnrestorableStepR\funrestorable\x12\x14\n" +
+	"\x05epoch\x18\n" +
+	" \x01(\x04R\x05epoch\"\x82\x01\n" +
 	"\x10UnrestorableStep\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x128\n" +
 	"\x05ranks\x18\x02 \x03(\v2\".rewind.coordinator.v1.RankFailureR\x05ranks\x12 \n" +
@@ -4292,13 +4413,15 @@ const file_coordinator_proto_rawDesc = "" +
 	"sourceAddr\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x05 \x01(\x04R\tsizeBytes\x12'\n" +
-	"\x0fheader_checksum\x18\x06 \x01(\tR\x0eheaderChecksum\"<\n" +
+	"\x0fheader_checksum\x18\x06 \x01(\tR\x0eheaderChecksum\"R\n" +
 	"\n" +
 	"AbortOrder\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x16\n" +
-	"\x06replay\x18\x02 \x01(\bR\x06replay\"%\n" +
+	"\x06replay\x18\x02 \x01(\bR\x06replay\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\";\n" +
 	"\vResumeOrder\x12\x16\n" +
-	"\x06replay\x18\x01 \x01(\bR\x06replay\"\x88\x02\n" +
+	"\x06replay\x18\x01 \x01(\bR\x06replay\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\x88\x02\n" +
 	"\tTierEvent\x12\x14\n" +
 	"\x05order\x18\x01 \x01(\x04R\x05order\x124\n" +
 	"\x04kind\x18\x02 \x01(\x0e2 .rewind.coordinator.v1.OrderKindR\x04kind\x12\x10\n" +
@@ -4343,7 +4466,7 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x0fWatchJobRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x16\n" +
 	"\x06replay\x18\x02 \x01(\bR\x06replay\x12\x1b\n" +
-	"\tafter_seq\x18\x03 \x01(\x04R\bafterSeq\"\xbe\x05\n" +
+	"\tafter_seq\x18\x03 \x01(\x04R\bafterSeq\"\xd4\x05\n" +
 	"\bJobEvent\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x127\n" +
 	"\x04kind\x18\x02 \x01(\x0e2#.rewind.coordinator.v1.JobEventKindR\x04kind\x12\x12\n" +
@@ -4360,7 +4483,8 @@ const file_coordinator_proto_rawDesc = "" +
 	"\asources\x18\f \x03(\v2,.rewind.coordinator.v1.JobEvent.SourcesEntryR\asources\x12\x12\n" +
 	"\x04node\x18\r \x01(\tR\x04node\x12\x10\n" +
 	"\x03seq\x18\x0e \x01(\x04R\x03seq\x12A\n" +
-	"\askipped\x18\x0f \x03(\v2'.rewind.coordinator.v1.UnrestorableStepR\askipped\x1a<\n" +
+	"\askipped\x18\x0f \x03(\v2'.rewind.coordinator.v1.UnrestorableStepR\askipped\x12\x14\n" +
+	"\x05epoch\x18\x10 \x01(\x04R\x05epoch\x1a<\n" +
 	"\x0ePlacementEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +

@@ -63,6 +63,7 @@ class Client:
         self.timeout, self.workers = timeout, workers
         self.last_save: SaveStats | None = None
         self._segments = SegmentCache()
+        self._epoch = 0  # the job's epoch this rank belongs to (0: not told yet)
         self._streams: cuda.SideStreams | None = None
         self._lock = threading.Lock()
         self._agent = AgentChannel(self.socket)
@@ -127,7 +128,13 @@ class Client:
         step = int(step)
         leaves, layout = self._plan(op, step, state_)
         prep = self._call(op, "Prepare", pb.PrepareRequest(
-            job=self.job, rank=self.rank, world_size=self.world_size, step=step, size_bytes=layout.size))
+            job=self.job, rank=self.rank, world_size=self.world_size, step=step, size_bytes=layout.size,
+            epoch=self._epoch))
+        if not self._epoch:
+            # The job's epoch this rank belongs to: every later save names
+            # it, and one after a re-gang replaced this rank's gang fails
+            # with GangBrokenError (the agent fences it).
+            self._epoch = prep.epoch
         t1 = time.perf_counter()
         if prep.size_bytes != layout.size:
             raise RewindError(op, f"agent sized the segment {prep.size_bytes} bytes, {layout.size} asked")

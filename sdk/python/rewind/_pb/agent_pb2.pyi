@@ -179,32 +179,36 @@ class OpenResponse(_message.Message):
     def __init__(self, shard: _Optional[_Union[Shard, _Mapping]] = ..., lease: _Optional[int] = ...) -> None: ...
 
 class PrepareRequest(_message.Message):
-    __slots__ = ["job", "rank", "size_bytes", "step", "world_size"]
+    __slots__ = ["epoch", "job", "rank", "size_bytes", "step", "world_size"]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
     job: str
     rank: int
     size_bytes: int
     step: int
     world_size: int
-    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., size_bytes: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class PrepareResponse(_message.Message):
-    __slots__ = ["path", "resized", "size_bytes", "slot", "token"]
+    __slots__ = ["epoch", "path", "resized", "size_bytes", "slot", "token"]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     RESIZED_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     SLOT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
     path: str
     resized: bool
     size_bytes: int
     slot: int
     token: int
-    def __init__(self, slot: _Optional[int] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., token: _Optional[int] = ..., resized: bool = ...) -> None: ...
+    def __init__(self, slot: _Optional[int] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., token: _Optional[int] = ..., resized: bool = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class ReadChunk(_message.Message):
     __slots__ = ["data", "offset", "shard"]
