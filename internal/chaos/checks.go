@@ -370,3 +370,36 @@ func checkStaleQuiet(e *Evidence, node string) Check {
 	c.Detail = fmt.Sprintf("no save by %s's old ranks after it came back", node)
 	return c
 }
+
+// EpochsName is the name of the check that no step mixes epochs.
+const EpochsName = "no step mixes epochs"
+
+// checkEpochs: every step saved after the last re-gang is of the epoch
+// that re-gang raised (a rank the re-gang left behind, cut off or hung,
+// wrote none of them), and the job is still at that epoch.
+func checkEpochs(e *Evidence) Check {
+	c := Check{Name: EpochsName}
+	if len(e.Recoveries) == 0 || e.Final == nil || e.Final.Job == nil {
+		c.OK, c.Detail = true, "no re-gang to fence"
+		return c
+	}
+	last := e.Recoveries[len(e.Recoveries)-1]
+	if e.Final.Job.Epoch != last.Epoch {
+		c.Detail = fmt.Sprintf("the job ends at epoch %d; its last re-gang (step %d) raised it to %d", e.Final.Job.Epoch, last.Step, last.Epoch)
+		return c
+	}
+	n := 0
+	for _, st := range e.Final.Steps {
+		if st.Step <= last.Step {
+			continue
+		}
+		if st.Epoch != last.Epoch {
+			c.Detail = fmt.Sprintf("step %d, after the re-gang at step %d to epoch %d, holds shards of epoch %d", st.Step, last.Step, last.Epoch, st.Epoch)
+			return c
+		}
+		n++
+	}
+	c.OK = true
+	c.Detail = fmt.Sprintf("the %d steps after the last re-gang (step %d) are all of its epoch %d", n, last.Step, last.Epoch)
+	return c
+}

@@ -46,7 +46,8 @@ func (s *session) finish(ctx context.Context, playErr error) (Row, []Check) {
 	if len(s.ev.Faults) > 0 && s.ev.Final != nil {
 		var digests Check
 		digests, restored = checkDigests(&s.ev, newReferences(s.ev.Size))
-		checks = append(checks, checkResumed(&s.ev), digests, checkDurableKept(&s.ev), checkNewestRestorable(&s.ev), checkTierCopiesWhole(&s.ev))
+		checks = append(checks, checkResumed(&s.ev), digests, checkDurableKept(&s.ev), checkNewestRestorable(&s.ev), checkTierCopiesWhole(&s.ev),
+			checkEpochs(&s.ev))
 		if s.staleNode != "" {
 			checks = append(checks, checkStaleQuiet(&s.ev, s.staleNode))
 		}

@@ -22,11 +22,12 @@ const progressSteps = 5
 var scenarios = []scenario{
 	{"node-kill", "SIGKILL a node container running a rank (agent, ranks and shared memory die)", true, playNodeKill},
 	{"node-pause", "freeze a rank's node (docker pause: a hung node), thaw it after the recovery", false, playNodePause},
-	{"partition", "disconnect a rank's node from the network, reconnect it after the recovery", false, playPartition},
+	{"partition-heal", "disconnect a rank's node from the network, reconnect it after the recovery: its old rank must be fenced", false, playPartition},
 	{"minio-stop", "kill MinIO while uploads run, start it again 5 to 10 s later", true, playMinIOStop},
 	{"nvme-full", "fill a rank's node's NVMe volume (ENOSPC), free it again", false, playNVMeFull},
 	{"corrupt-replica", "hang a rank's node and corrupt the copies of its rank that the spare holds; the restore must fall back", false, playCorruptReplica},
 	{"coordinator-commit", "the coordinator exits while recording a step consistent (fault coordinator/before-consistent), restarted", false, playCoordinatorKill},
+	{"coordinator-kill-loop", "SIGKILL the coordinator 20 times during commits (at the commit path's fault points or at random), each time restarted", false, playCoordinatorKillLoop},
 	{"coordinator-regang", "a rank's node killed, the coordinator exits in the middle of the recovery (fault coordinator/before-regang), restarted", false, playCoordinatorRegang},
 	{"agent-transfer", "a rank's node exits after a tier upload, before its manifest (fault agent/tier-uploaded)", false, playAgentTransfer},
 	{"two-nodes", "two rank nodes killed one after the other, each recovered", false, playTwoNodes},
@@ -96,8 +97,13 @@ func (s *session) loseAndReturn(ctx context.Context, verb string, do func(contex
 	}
 	s.mu.Lock()
 	s.ev.Progress = progressSteps
+	recoveries := len(s.ev.Recoveries)
 	s.mu.Unlock()
 	s.staleNode = victim
+	// As the node comes back it may spread the deaths it declared of the
+	// others while cut off; the coordinator must not believe them.
+	c := Check{Name: "the return declared no live node dead", OK: recoveries == 1, Detail: fmt.Sprintf("%d recoveries", recoveries)}
+	s.check(c)
 	return nil
 }
 

@@ -90,14 +90,14 @@ func TestScenarioSelection(t *testing.T) {
 	if err != nil || len(smoke) != 2 || smoke[0].name != "node-kill" || smoke[1].name != "minio-stop" {
 		t.Fatalf("smoke set: %v, %v", smoke, err)
 	}
-	cfg.Scenarios = []string{"partition", "nope"}
+	cfg.Scenarios = []string{"partition-heal", "nope"}
 	if _, err := cfg.selected(); err == nil || !strings.Contains(err.Error(), `no scenario "nope"`) {
 		t.Fatalf("an unknown scenario: %v", err)
 	}
 	// Each scenario draws from its own stream: the same seed, the same
 	// choices, whatever else runs.
 	a, b := scenarioRNG(42, "node-kill"), scenarioRNG(42, "node-kill")
-	c := scenarioRNG(42, "partition")
+	c := scenarioRNG(42, "partition-heal")
 	x, y, z := a.Uint64(), b.Uint64(), c.Uint64()
 	if x != y || x == z {
 		t.Fatalf("streams: %d %d %d", x, y, z)

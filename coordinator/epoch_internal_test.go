@@ -1,0 +1,73 @@
+package coordinator
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+// TestEpochFence drives the index through three epochs and checks which
+// committed copies it takes: a save of an epoch the job left is taken
+// only for steps every later epoch kept, whatever the step numbers of the
+// epochs in between; a step never takes two epochs' shards.
+func TestEpochFence(t *testing.T) {
+	s := NewState(time.Now)
+	var ch Changes
+	if _, err := s.RegisterJob("j", 1, map[uint32]string{0: "a"}, &ch); err != nil {
+		t.Fatal(err)
+	}
+	rec := func(step int64, epoch uint64) Record {
+		return Record{Job: "j", Step: step, Rank: 0, WorldSize: 1, Node: "a", Sum: "s", State: CopyCommitted, Epoch: epoch}
+	}
+	apply := func(step int64, epoch uint64) error { return s.Apply(rec(step, epoch), &ch) }
+	for step := int64(1); step <= 100; step++ {
+		if err := apply(step, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	j := s.Jobs["j"]
+	// Epoch 2 resumes from step 100, epoch 3 goes back to step 50 (an
+	// operator's restore), then trains to 120.
+	j.Epoch, j.Epochs = 2, []EpochStart{{2, 100}}
+	if err := apply(101, 2); err != nil {
+		t.Fatal(err)
+	}
+	j.Epoch, j.Epochs = 3, append(j.Epochs, EpochStart{3, 50})
+	delete(j.Steps, 101)
+	for step := int64(51); step <= 120; step++ {
+		delete(j.Steps, step) // the re-gang dropped them; epoch 3 saves them again
+	}
+	for step := int64(51); step <= 120; step++ {
+		if err := apply(step, 3); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		step  int64
+		epoch uint64
+		ok    bool
+	}{
+		{50, 1, true},   // kept by epochs 2 and 3: a late copy is one of the timeline
+		{51, 1, false},  // epoch 3 went back to 50: epoch 1's 51 was left behind
+		{99, 1, false},  // even though epoch 2 kept up to 100
+		{101, 2, false}, // epoch 2's own step, left by epoch 3
+		{105, 3, true},  // the current epoch's
+		{50, 3, true},   // a restore's copy of the step epoch 3 resumed from
+		{121, 2, false}, // a fenced rank saving on
+		{121, 0, true},  // a copy the coordinator ordered
+		{122, 4, true},  // newer than this index knows: a lost store (adoptEpoch)
+	} {
+		err := apply(c.step, c.epoch)
+		if c.ok != (err == nil) || err != nil && !errors.Is(err, ErrFenced) {
+			t.Errorf("step %d of epoch %d: %v, want taken %v", c.step, c.epoch, err, c.ok)
+		}
+	}
+	if st := j.Steps[105]; st.Epoch != 3 {
+		t.Errorf("step 105 is of epoch %d, want 3", st.Epoch)
+	}
+	// A step one epoch saved takes no shard of another.
+	j.Steps[130] = &Step{Job: "j", Step: 130, WorldSize: 1, State: Partial, Copies: map[uint32][]*Copy{}, Epoch: 4}
+	if err := apply(130, 3); !errors.Is(err, ErrFenced) {
+		t.Errorf("epoch 3's shard into epoch 4's step: %v, want ErrFenced", err)
+	}
+}
