@@ -123,14 +123,14 @@ func newMetrics(reg prometheus.Registerer, c *Coordinator) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
 	}
-	countSteps := func(state StepState) func() float64 {
+	countSteps := func(want func(*Step) bool) func() float64 {
 		return func() float64 {
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			n := 0
 			for _, j := range c.state.Jobs {
 				for _, st := range j.Steps {
-					if st.State == state {
+					if want(st) {
 						n++
 					}
 				}
@@ -139,13 +139,17 @@ func newMetrics(reg prometheus.Registerer, c *Coordinator) *metrics {
 		}
 	}
 	var steps []prometheus.Collector
-	for _, st := range []StepState{Partial, Consistent, Abandoned} {
+	for _, state := range []StepState{Partial, Consistent, Abandoned} {
 		steps = append(steps, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "rewind_coordinator_steps",
 			Help:        "Steps in the index, by state.",
-			ConstLabels: prometheus.Labels{"state": string(st)},
-		}, countSteps(st)))
+			ConstLabels: prometheus.Labels{"state": string(state)},
+		}, countSteps(func(st *Step) bool { return st.State == state })))
 	}
+	steps = append(steps, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "rewind_coordinator_unrestorable_steps",
+		Help: "Steps a restore could not bring back whole (some rank had no copy that served); automatic restores pass over them.",
+	}, countSteps(func(st *Step) bool { return st.Unrestorable != nil })))
 	reg.MustRegister(append(steps, m.reports, m.fenced, m.consistent, m.commitToConsis)...)
 	return m
 }
