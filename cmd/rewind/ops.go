@@ -152,9 +152,9 @@ func lsCoordinator(ctx context.Context, o opFlags) error {
 	if *o.asJSON {
 		return printJSON(resp)
 	}
-	fmt.Fprintln(tw, "JOB\tWORLD SIZE\tLATEST CONSISTENT\tPROTECTED\tSTEPS\tTIER POLICY")
+	fmt.Fprintln(tw, "JOB\tWORLD SIZE\tEPOCH\tLATEST CONSISTENT\tPROTECTED\tSTEPS\tTIER POLICY")
 	for _, j := range resp.Jobs {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%s\n", j.Id, j.WorldSize, stepOrDash(j.LatestConsistent), stepOrDash(j.Protected), j.Steps, j.Policy)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%d\t%s\n", j.Id, j.WorldSize, j.Epoch, stepOrDash(j.LatestConsistent), stepOrDash(j.Protected), j.Steps, j.Policy)
 	}
 	return nil
 }
