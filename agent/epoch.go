@@ -80,12 +80,22 @@ func (a *Agent) checkEpoch(job string, rank uint32, epoch uint64) (uint64, error
 // and those ranks are refused from their next call.
 func (a *Agent) learnEpoch(job string, epoch uint64, step int64) {
 	old, newer := a.epochs.raise(job, epoch, step)
-	if !newer || old.epoch == 0 {
-		return // the first this agent hears (a restart): nothing of its own to fence
+	if !newer {
+		return
 	}
-	a.log.Warn("job moved to a newer epoch while this node was not told (cut off): fencing its old ranks",
-		"job", job, "epoch", epoch, "was", old.epoch, "resumes_from", step)
+	if old.epoch != 0 { // else the first this agent hears (a restart): its slots still say their epochs
+		a.log.Warn("job moved to a newer epoch while this node was not told (cut off): fencing its old ranks",
+			"job", job, "epoch", epoch, "was", old.epoch, "resumes_from", step)
+	}
 	a.discardFenced(job, epoch, step)
+}
+
+// fencedSlot reports whether s holds a save of an epoch the job has
+// left, past the step its current epoch resumed from: never served, as
+// nobody continues that timeline. The caller holds the rank's lock.
+func (a *Agent) fencedSlot(job string, s *slot) bool {
+	cur := a.epochs.get(job)
+	return s.Epoch != 0 && s.Epoch < cur.epoch && s.Step > cur.step
 }
 
 // discardFenced deletes the job's shards on this node that ranks of an

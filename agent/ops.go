@@ -375,7 +375,7 @@ func (a *Agent) pinFor(job string, rank uint32, step int64, verify bool) (*shard
 	}
 	r.mu.Lock()
 	s := r.find(step)
-	if s == nil {
+	if s == nil || a.fencedSlot(job, s) {
 		r.mu.Unlock()
 		return nil, nil, fmt.Errorf("%w: agent: no committed checkpoint for job %s rank %d at step %d", ErrNotFound, job, rank, step)
 	}
@@ -411,6 +411,9 @@ func (a *Agent) Open(job string, rank uint32, step int64, latest bool) (*shardIn
 	s := r.latest()
 	if !latest {
 		s = r.find(step)
+	}
+	if s != nil && a.fencedSlot(job, s) {
+		s = nil // a fenced epoch's save: discarded as soon as the epoch was learned
 	}
 	if s == nil {
 		return nil, 0, fmt.Errorf("%w: agent: no committed checkpoint for job %s rank %d%s", ErrNotFound, job, rank, stepSuffix(step, latest))
