@@ -3,6 +3,7 @@ package chaos
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -80,10 +81,16 @@ func ParseTable(text string) ([]Row, error) {
 	return rows, nil
 }
 
-// seconds formats durations as "1.2 s", several joined by " / ".
+// seconds formats durations as "1.2 s", up to three joined by " / ",
+// more as their median and maximum ("median 0.8 s, max 3.5 s of 20").
 func seconds(ds ...time.Duration) string {
 	if len(ds) == 0 {
 		return "-"
+	}
+	if len(ds) > 3 {
+		s := slices.Sorted(slices.Values(ds))
+		f := func(d time.Duration) string { return strconv.FormatFloat(d.Seconds(), 'f', 1, 64) + " s" }
+		return fmt.Sprintf("median %s, max %s of %d", f(s[len(s)/2]), f(s[len(s)-1]), len(s))
 	}
 	parts := make([]string, len(ds))
 	for i, d := range ds {
