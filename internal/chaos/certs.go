@@ -41,6 +41,9 @@ func (c *Cluster) makeCerts() error {
 	if err := issue("operator", transport.Identity{Role: transport.RoleOperator, Name: chaosOperator}); err != nil {
 		return err
 	}
+	if err := issue("reader", transport.Identity{Role: transport.RoleReader, Name: chaosOperator}); err != nil {
+		return err
+	}
 	for _, n := range nodeServices {
 		if err := issue(filepath.Join("node", n), transport.Identity{Role: transport.RoleNode, Name: n}); err != nil {
 			return err

@@ -6,19 +6,21 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/internal/clock"
 	"rewind.dev/rewind/internal/demo"
+	"rewind.dev/rewind/transport"
 )
 
 // The daemons' TCP ports inside the cluster (deploy/compose).
@@ -162,9 +164,15 @@ type call struct {
 func (s *session) adversarialCalls(ctx context.Context) Check {
 	c := Check{Name: "every call that must be refused was, every daemon answered"}
 	calls := s.coordinatorCalls()
+	reader, rconn, err := s.readerCalls()
+	if err != nil {
+		c.Detail = err.Error()
+		return c
+	}
+	defer rconn.Close()
+	calls = append(calls, reader...)
 	for _, n := range nodeServices {
-		conn, err := grpc.NewClient(net.JoinHostPort(s.c.addr(n), fmt.Sprint(agentGRPCPort)),
-			grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := s.c.sec.NewClient(net.JoinHostPort(s.c.addr(n), fmt.Sprint(agentGRPCPort)), transport.ExpectNode(n))
 		if err != nil {
 			c.Detail = fmt.Sprintf("dialing %s: %v", n, err)
 			return c
@@ -245,6 +253,42 @@ func (s *session) coordinatorCalls() []call {
 			return err
 		}},
 	}
+}
+
+// readerCalls are the state-changing calls a reader's certificate makes:
+// each must be refused (PermissionDenied) and change nothing.
+func (s *session) readerCalls() ([]call, *grpc.ClientConn, error) {
+	sec, err := transport.Load(filepath.Join(s.c.Certs, "reader"), nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("chaos: the reader's certificate: %w", err)
+	}
+	conn, err := sec.NewClient(net.JoinHostPort("127.0.0.1", strconv.Itoa(s.c.Ports.Coord)), transport.ExpectCoordinator)
+	if err != nil {
+		return nil, nil, fmt.Errorf("chaos: dialing the coordinator as a reader: %w", err)
+	}
+	api, job := coordpb.NewCoordinatorClient(conn), s.cfg.Job
+	return []call{
+		{"a reader's DeleteStep of the newest step, forced", true, func(ctx context.Context) error {
+			l, err := api.Latest(ctx, &coordpb.LatestRequest{Job: job})
+			if err != nil {
+				return err
+			}
+			_, err = api.DeleteStep(ctx, &coordpb.DeleteStepRequest{Job: job, Step: l.GetStep(), Force: true})
+			return err
+		}},
+		{"a reader's NodeDown of a rank's node", true, func(ctx context.Context) error {
+			_, err := api.NodeDown(ctx, &coordpb.NodeDownRequest{Node: nodeServices[0], Reason: "hostile reader"})
+			return err
+		}},
+		{"a reader's RegisterJob of the job", true, func(ctx context.Context) error {
+			_, err := api.RegisterJob(ctx, &coordpb.RegisterJobRequest{Job: job, WorldSize: s.cfg.WorldSize + 1})
+			return err
+		}},
+		{"a reader's ListSteps of the job", false, func(ctx context.Context) error {
+			_, err := api.ListSteps(ctx, &coordpb.ListStepsRequest{Job: job})
+			return err
+		}},
+	}, conn, nil
 }
 
 func agentCalls(node string, a agentpb.AgentClient, job string) []call {
