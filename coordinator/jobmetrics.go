@@ -30,17 +30,18 @@ var recoveryBuckets = prometheus.ExponentialBuckets(0.01, 2, 14)
 // measure: the restart of a re-ganged job ends when its new gang makes
 // its first step consistent.
 type jobMetrics struct {
-	c          *Coordinator
-	phases     *prometheus.HistogramVec
-	recoveries *prometheus.CounterVec
+	c      *Coordinator
+	phases *prometheus.HistogramVec
 
 	latest, consistentAge, protectedAge, replicationLag *prometheus.Desc
 	recoveryPointAge, tierLag, stepBytes, epoch, lost   *prometheus.Desc
+	worldSize, recoveries                               *prometheus.Desc
 	leader, nodeDegraded                                *prometheus.Desc
 
 	// mu guards what follows. Lock order: c.mu, then mu.
 	mu      sync.Mutex
 	lostSec map[string]float64        // job -> work lost to recoveries, seconds
+	regangs map[string]*[2]float64    // job -> re-gangs that succeeded, failed
 	pending map[string]*restartWatch  // job -> a re-gang waiting for its first step
 	bytes   map[string]stepBytesCache // job -> its latest step's bytes
 }
@@ -72,10 +73,6 @@ func newJobMetrics(reg prometheus.Registerer, c *Coordinator) *jobMetrics {
 			Help:    "Duration of each phase of a job's re-gang: plan (node declared dead to restore planned), restore (planned to every rank restored), restart (restored to the new gang's first consistent step).",
 			Buckets: recoveryBuckets,
 		}, []string{"job_id", "phase"}),
-		recoveries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rewind_job_recoveries_total",
-			Help: "Re-gangs of a job (a node lost, or an operator's restart), by result (ok, failed).",
-		}, []string{"job_id", "result"}),
 		latest:           desc("rewind_job_latest_step", "The job's newest consistent step (every rank committed, restorable).", job...),
 		consistentAge:    desc("rewind_job_consistent_age_seconds", "Seconds since the job's newest consistent step became consistent.", job...),
 		protectedAge:     desc("rewind_job_protected_age_seconds", "Seconds since the job's newest step held in two nodes' memory (surviving the loss of any one node) became consistent.", job...),
@@ -83,22 +80,25 @@ func newJobMetrics(reg prometheus.Registerer, c *Coordinator) *jobMetrics {
 		recoveryPointAge: desc("rewind_job_recovery_point_age_seconds", "The recovery point on each durable tier: seconds since the job's newest step with a durable copy on the tier became consistent.", "job_id", "tier"),
 		tierLag:          desc("rewind_job_tier_lag_seconds", "How far the newest durable copy on each tier trails the newest consistent step, in seconds of their consistency times.", "job_id", "tier"),
 		stepBytes:        desc("rewind_job_step_bytes", "Bytes of the job's newest consistent step, over all ranks (one copy each).", job...),
+		worldSize:        desc("rewind_job_world_size", "The job's number of ranks.", job...),
+		recoveries:       desc("rewind_job_recoveries_total", "Re-gangs of the job (a node lost, or an operator's restart) since this coordinator started, by result (ok, failed); 0 from the job's first step, so that increase() sees the first one.", "job_id", "result"),
 		epoch:            desc("rewind_job_epoch", "The job's gang generation, raised by each re-gang or restore.", job...),
 		lost:             desc("rewind_job_lost_seconds_total", "Wall time lost to re-gangs: from the resumed step's consistency to the new gang's first consistent step, less the time its steps since take without a failure (the job's time per step before it).", job...),
 		leader:           desc("rewind_coordinator_leader", "1 while this coordinator leads (serves and reports the per-job metrics), else 0."),
 		nodeDegraded:     desc("rewind_coordinator_node_tier_degraded", "1 while a node's transfers to a tier fail and are retried, as the node last reported, else 0.", "node", "tier"),
 		lostSec:          map[string]float64{},
+		regangs:          map[string]*[2]float64{},
 		pending:          map[string]*restartWatch{},
 		bytes:            map[string]stepBytesCache{},
 	}
-	reg.MustRegister(m.phases, m.recoveries, m)
+	reg.MustRegister(m.phases, m)
 	return m
 }
 
 // Describe sends the descriptions of the gauges computed when scraped.
 func (m *jobMetrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.latest, m.consistentAge, m.protectedAge, m.replicationLag,
-		m.recoveryPointAge, m.tierLag, m.stepBytes, m.epoch, m.lost, m.leader, m.nodeDegraded} {
+		m.recoveryPointAge, m.tierLag, m.stepBytes, m.epoch, m.lost, m.worldSize, m.recoveries, m.leader, m.nodeDegraded} {
 		ch <- d
 	}
 }
@@ -108,6 +108,7 @@ type jobSnap struct {
 	id                    string
 	latest, protected     int64
 	latestAt, protectedAt time.Time
+	worldSize             uint32
 	epoch                 uint64
 	durable               map[string]time.Time // tier -> when its newest durable step was consistent
 }
@@ -133,6 +134,7 @@ func (m *jobMetrics) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(m.latest, float64(j.latest), j.id)
 		gauge(m.epoch, float64(max(j.epoch, 1)), j.id)
+		gauge(m.worldSize, float64(j.worldSize), j.id)
 		gauge(m.consistentAge, age(now, j.latestAt), j.id)
 		if j.protected >= 0 {
 			gauge(m.protectedAge, age(now, j.protectedAt), j.id)
@@ -147,9 +149,14 @@ func (m *jobMetrics) Collect(ch chan<- prometheus.Metric) {
 			gauge(m.stepBytes, float64(b), j.id)
 		}
 		m.mu.Lock()
-		lost := m.lostSec[j.id]
+		lost, regangs := m.lostSec[j.id], [2]float64{}
+		if r := m.regangs[j.id]; r != nil {
+			regangs = *r
+		}
 		m.mu.Unlock()
 		ch <- prometheus.MustNewConstMetric(m.lost, prometheus.CounterValue, lost, j.id)
+		ch <- prometheus.MustNewConstMetric(m.recoveries, prometheus.CounterValue, regangs[0], j.id, "ok")
+		ch <- prometheus.MustNewConstMetric(m.recoveries, prometheus.CounterValue, regangs[1], j.id, "failed")
 	}
 }
 
@@ -179,7 +186,7 @@ func (m *jobMetrics) snapshot() []jobSnap {
 	out := make([]jobSnap, 0, len(c.state.Jobs))
 	for _, id := range slices.Sorted(maps.Keys(c.state.Jobs)) {
 		j := c.state.Jobs[id]
-		s := jobSnap{id: id, latest: j.Latest, protected: j.Protected, epoch: j.Epoch, durable: map[string]time.Time{}}
+		s := jobSnap{id: id, latest: j.Latest, protected: j.Protected, epoch: j.Epoch, worldSize: j.WorldSize, durable: map[string]time.Time{}}
 		if st := j.Steps[j.Latest]; st != nil {
 			s.latestAt = st.ConsistentAt
 		} else {
@@ -231,11 +238,15 @@ func (m *jobMetrics) latestBytes(job string, step int64) (uint64, bool) {
 // plan and restore phases, and, when it succeeded, a watch for the new
 // gang's first consistent step, which ends its restart.
 func (m *jobMetrics) reganged(ev *coordpb.JobEvent) {
+	m.mu.Lock()
+	if m.regangs[ev.Job] == nil {
+		m.regangs[ev.Job] = &[2]float64{}
+	}
+	m.regangs[ev.Job][map[bool]int{true: 0, false: 1}[ev.Ok]]++
+	m.mu.Unlock()
 	if !ev.Ok {
-		m.recoveries.WithLabelValues(ev.Job, "failed").Inc()
 		return
 	}
-	m.recoveries.WithLabelValues(ev.Job, "ok").Inc()
 	if ev.DetectedUnixNano > 0 && ev.PlannedUnixNano >= ev.DetectedUnixNano {
 		m.phases.WithLabelValues(ev.Job, "plan").Observe(time.Duration(ev.PlannedUnixNano - ev.DetectedUnixNano).Seconds())
 	}

@@ -60,6 +60,8 @@ func TestJobMetrics(t *testing.T) {
 		`rewind_coordinator_leader`:                                     1,
 		`rewind_job_latest_step{job_id="j"}`:                            2,
 		`rewind_job_epoch{job_id="j"}`:                                  1,
+		`rewind_job_world_size{job_id="j"}`:                             2,
+		`rewind_job_recoveries_total{job_id="j",result="ok"}`:           0,
 		`rewind_job_consistent_age_seconds{job_id="j"}`:                 5,
 		`rewind_job_protected_age_seconds{job_id="j"}`:                  15,
 		`rewind_job_replication_lag_seconds{job_id="j"}`:                10,
