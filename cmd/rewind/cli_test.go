@@ -124,6 +124,7 @@ func TestOperatorCommands(t *testing.T) {
 	}
 	expect(runLs, false, []string{"TIER POLICY", "nvme:every=10,keep=2"}, co)
 	expect(runTiers, false, []string{"NODE", "node-a", "nvme", "file://", "ok"}, co)
+	expect(runTiers, false, []string{"TIER", "nvme", "durable", "4.0 KiB"}, co, "--wait", "cli-job", onNVMe)
 	expect(runPolicy, false, []string{"cli-job: nvme:every=100,keep=2"}, co, "cli-job", "nvme:every=100,keep=2")
 	expect(runPolicy, false, []string{"cli-job: nvme:every=100,keep=2"}, co, "cli-job")
 	expect(runPolicy, true, []string{"unknown tier"}, co, "cli-job", "tape:every=1,keep=1")

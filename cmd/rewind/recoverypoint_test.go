@@ -50,3 +50,19 @@ pfs                  0     2m5s
 		t.Errorf("a job with no step:\n%s", out.String())
 	}
 }
+
+// TestTierProgress: two ranks of 100 bytes; NVMe durable, the object
+// store half way, the shared filesystem failed.
+func TestTierProgress(t *testing.T) {
+	st := &coordpb.Step{
+		Copies: []*coordpb.Copy{{Rank: 0, SizeBytes: 100}, {Rank: 0, SizeBytes: 100}, {Rank: 1, SizeBytes: 100}},
+		Tiers: []*coordpb.TierCopy{
+			{Tier: "nvme", State: coordpb.TierCopyState_TIER_COPY_STATE_DURABLE, BytesDone: 200},
+			{Tier: "s3", State: coordpb.TierCopyState_TIER_COPY_STATE_COPYING, BytesDone: 100},
+			{Tier: "pfs", State: coordpb.TierCopyState_TIER_COPY_STATE_FAILED, BytesDone: 50},
+		},
+	}
+	if done, total, copying := tierProgress(st); done != 300 || total != 600 || copying != 1 {
+		t.Errorf("progress %d/%d bytes, %d copying; want 300/600, 1", done, total, copying)
+	}
+}

@@ -63,6 +63,15 @@ func (p *Printer) Add(items int, bytes uint64) {
 	p.drawLocked(p.items == p.itemsTotal)
 }
 
+// Set replaces what is done, and the totals, by values read from
+// elsewhere (a transfer's bytes as its holder reports them); it redraws.
+func (p *Printer) Set(items, itemsTotal int, bytes, bytesTotal uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.items, p.itemsTotal, p.bytes, p.bytesTotal = items, itemsTotal, bytes, bytesTotal
+	p.drawLocked(false)
+}
+
 // Tick redraws (the elapsed time moves on while an item takes long).
 func (p *Printer) Tick() {
 	p.mu.Lock()
@@ -79,6 +88,19 @@ func (p *Printer) Clear() {
 		fmt.Fprint(p.w, "\r\x1b[K")
 		p.shown = false
 	}
+}
+
+// Above runs f, which prints the command's output, with the line taken
+// off the terminal, so that no redraw lands in the middle of it; the
+// next Add or Tick draws the line again, below.
+func (p *Printer) Above(f func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.shown {
+		fmt.Fprint(p.w, "\r\x1b[K")
+		p.shown = false
+	}
+	f()
 }
 
 // Ticking redraws every period until the returned stop is called, which

@@ -86,3 +86,15 @@ func TestLiveRedrawsInPlace(t *testing.T) {
 		t.Fatalf("clear wrote %q, want one erase", out.String())
 	}
 }
+
+// TestSet: values read from elsewhere replace what was counted.
+func TestSet(t *testing.T) {
+	clk := clock.NewFake(time.Unix(100, 0))
+	p := New(&bytes.Buffer{}, clk, false, "copying", 0, 0)
+	p.Add(1, 10)
+	clk.Step(4 * time.Second)
+	p.Set(1, 3, 2<<20, 8<<20)
+	if got, want := p.Line(), "copying: 1/3  2.0 MiB/8.0 MiB  512.0 KiB/s  12s left  4s elapsed"; got != want {
+		t.Errorf("line %q, want %q", got, want)
+	}
+}
