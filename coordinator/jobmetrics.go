@@ -129,14 +129,14 @@ func (m *jobMetrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	now := c.cfg.Clock.Now()
 	for _, j := range m.snapshot() {
-		if j.latest < 0 {
+		if j.latest < 0 || j.latestAt.IsZero() {
 			continue
 		}
 		gauge(m.latest, float64(j.latest), j.id)
 		gauge(m.epoch, float64(max(j.epoch, 1)), j.id)
 		gauge(m.worldSize, float64(j.worldSize), j.id)
 		gauge(m.consistentAge, age(now, j.latestAt), j.id)
-		if j.protected >= 0 {
+		if j.protected >= 0 && !j.protectedAt.IsZero() {
 			gauge(m.protectedAge, age(now, j.protectedAt), j.id)
 			gauge(m.replicationLag, j.latestAt.Sub(j.protectedAt).Seconds(), j.id)
 		}
