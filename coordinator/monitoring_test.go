@@ -98,7 +98,7 @@ func TestDashboardAndAlertsAgainstPrometheus(t *testing.T) {
 	panels := dashboardQueries(t)
 	// Rates and quantiles need saves within their window: the job goes
 	// on saving until every panel has a number.
-	wait.ForNil(t, 90*time.Second, "every dashboard panel returns a number", func() error {
+	wait.ForNil(t, 2*time.Minute, "every dashboard panel returns a number", func() error {
 		saveOn()
 		var missing []string
 		for _, p := range panels {
@@ -111,7 +111,7 @@ func TestDashboardAndAlertsAgainstPrometheus(t *testing.T) {
 		}
 		return nil
 	})
-	wait.ForNil(t, 30*time.Second, "every alert rule loaded and evaluated without error", prom.rulesHealthy)
+	wait.ForNil(t, time.Minute, "every alert rule loaded and evaluated without error", prom.rulesHealthy)
 }
 
 // monitoredCluster starts a coordinator (one replica per shard, a copy
@@ -250,7 +250,7 @@ scrape_configs:
 			t.Logf("prometheus log:\n%s", p.log)
 		}
 	})
-	wait.ForNil(t, 30*time.Second, "prometheus ready", func() error {
+	wait.ForNil(t, time.Minute, "prometheus ready", func() error {
 		select {
 		case err := <-exited:
 			exited <- err
