@@ -39,9 +39,10 @@ const (
 // loopback, a real Prometheus (Debian's package) scraping them every
 // second and evaluating the chart's alert rules, saves steps of a job,
 // loses a node and lets the job re-gang, saves on; then it queries
-// every panel of the chart's dashboard until each returns a number, and
+// every panel of the chart's dashboard until each returns a number,
 // checks that Prometheus loaded every alert rule and evaluated it
-// without error. Without a prometheus binary it skips, unless
+// without error, and that the alerts whose thresholds (lowered here) the
+// cluster crossed fire, naming their job or node. Without a prometheus binary it skips, unless
 // REWIND_REQUIRE_PROMETHEUS is set (make test).
 func TestDashboardAndAlertsAgainstPrometheus(t *testing.T) {
 	bin, err := exec.LookPath("prometheus")
@@ -53,10 +54,18 @@ func TestDashboardAndAlertsAgainstPrometheus(t *testing.T) {
 	}
 	const job, ws = "dash", 2
 	cl, targets := monitoredCluster(t)
-	prom := startPrometheus(t, bin, targets, renderAlerts(t))
+	// Thresholds this cluster crosses, so that the alerts fire: any age
+	// of a shared tier's copy, any use of a budget, one recovery.
+	prom := startPrometheus(t, bin, targets, renderAlerts(t, map[string]any{
+		"for": "0s", "recoveryPointAgeSeconds": 0, "budgetUsedRatio": 0, "recoveriesPerHour": 1}))
 
 	cl.saveSteps(job, ws, 3, 0, 1)
 	waitReplicas(t, cl, job, 3, ws, 2)
+	// A counter's first sample is its start: increase() counts the
+	// recovery only if Prometheus saw the job's count at 0 before.
+	wait.For(t, time.Minute, "prometheus to scrape the job's recoveries at 0", func() bool {
+		return prom.hasNumber(t, `rewind_job_recoveries_total{job_id="dash",result="ok"} == 0`)
+	})
 	events := cl.watch(job)
 	cl.agents[1].Stop() // node-1 dies with its memory
 	if _, err := cl.api.NodeDown(ctxT(t), &coordpb.NodeDownRequest{Node: "node-1", Reason: "test"}); err != nil {
@@ -112,6 +121,40 @@ func TestDashboardAndAlertsAgainstPrometheus(t *testing.T) {
 		return nil
 	})
 	wait.ForNil(t, time.Minute, "every alert rule loaded and evaluated without error", prom.rulesHealthy)
+	// A degraded tier is left out: nothing here fails a transfer.
+	wait.ForNil(t, time.Minute, "the alerts whose thresholds the cluster crossed fire", func() error {
+		return prom.firing(t, map[string]map[string]string{
+			"RewindRecoveryPointOld":    {"job_id": job},
+			"RewindShmBudgetNearlyFull": {"node": "node-0"},
+			"RewindRepeatedRecoveries":  {"job_id": job},
+		})
+	})
+}
+
+// firing checks that each alert named in want fires with the labels
+// given.
+func (p *promServer) firing(t *testing.T, want map[string]map[string]string) error {
+	var data struct {
+		Alerts []struct {
+			Labels map[string]string
+			State  string
+		}
+	}
+	p.get(t, "/api/v1/alerts", &data)
+	for name, labels := range want {
+		found := false
+		for _, a := range data.Alerts {
+			match := a.Labels["alertname"] == name && a.State == "firing"
+			for k, v := range labels {
+				match = match && a.Labels[k] == v
+			}
+			found = found || match
+		}
+		if !found {
+			return fmt.Errorf("%s%v does not fire; alerts: %+v", name, labels, data.Alerts)
+		}
+	}
+	return nil
 }
 
 // monitoredCluster starts a coordinator (one replica per shard, a copy
@@ -151,8 +194,9 @@ func monitoredCluster(t *testing.T) (*cluster, []string) {
 }
 
 // renderAlerts executes the chart's alert rule file with the chart's
-// default values, as Helm's tpl does, and returns the rule file.
-func renderAlerts(t *testing.T) string {
+// values, as Helm's tpl does, metrics.prometheusRule's changed by set,
+// and returns the rule file.
+func renderAlerts(t *testing.T, set map[string]any) string {
 	t.Helper()
 	raw, err := os.ReadFile(chartDir + "/values.yaml")
 	if err != nil {
@@ -161,6 +205,13 @@ func renderAlerts(t *testing.T) string {
 	var values map[string]any
 	if err := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096).Decode(&values); err != nil {
 		t.Fatal(err)
+	}
+	rule := values["metrics"].(map[string]any)["prometheusRule"].(map[string]any)
+	for k, v := range set {
+		if _, ok := rule[k]; !ok {
+			t.Fatalf("values.yaml has no metrics.prometheusRule.%s", k)
+		}
+		rule[k] = v
 	}
 	tmpl, err := template.New("alerts").Option("missingkey=error").ParseFiles(alertsFile)
 	if err != nil {
