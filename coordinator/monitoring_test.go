@@ -2,8 +2,11 @@ package coordinator_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"net/url"
@@ -121,9 +124,9 @@ func TestDashboardAndAlertsAgainstPrometheus(t *testing.T) {
 		return nil
 	})
 	wait.ForNil(t, time.Minute, "every alert rule loaded and evaluated without error", prom.rulesHealthy)
-	// A degraded tier is left out: nothing here fails a transfer.
 	wait.ForNil(t, time.Minute, "the alerts whose thresholds the cluster crossed fire", func() error {
 		return prom.firing(t, map[string]map[string]string{
+			"RewindTierDegraded":        {"node": "node-2", "tier": "nvme"},
 			"RewindRecoveryPointOld":    {"job_id": job},
 			"RewindShmBudgetNearlyFull": {"node": "node-0"},
 			"RewindRepeatedRecoveries":  {"job_id": job},
@@ -159,8 +162,8 @@ func (p *promServer) firing(t *testing.T, want map[string]map[string]string) err
 
 // monitoredCluster starts a coordinator (one replica per shard, a copy
 // of every step on NVMe and every other on the shared filesystem) and
-// three agents, all serving metrics on loopback; it returns the cluster
-// and the metrics addresses.
+// three agents, all serving metrics on loopback, node-2's NVMe failing
+// every write; it returns the cluster and the metrics addresses.
 func monitoredCluster(t *testing.T) (*cluster, []string) {
 	policy, err := tiers.ParsePolicy("nvme:every=1,keep=2;pfs:every=2,keep=2")
 	if err != nil {
@@ -174,9 +177,13 @@ func monitoredCluster(t *testing.T) (*cluster, []string) {
 	targets := []string{co.MetricsAddr}
 	pfs := filepath.Join(t.TempDir(), "pfs")
 	for i := range 3 {
+		var nvme tiers.Store
 		nvme, err := tiers.NewFileStore(filepath.Join(t.TempDir(), "nvme"), tiers.NVMeOptions())
 		if err != nil {
 			t.Fatal(err)
+		}
+		if i == 2 { // the spare's NVMe is broken: its tier degrades once it holds ranks
+			nvme = brokenStore{nvme}
 		}
 		shared, err := tiers.NewFileStore(pfs, tiers.PFSOptions())
 		if err != nil {
@@ -191,6 +198,13 @@ func monitoredCluster(t *testing.T) (*cluster, []string) {
 	}
 	cl.waitOrderStreams()
 	return cl, targets
+}
+
+// brokenStore is a store whose every write fails.
+type brokenStore struct{ tiers.Store }
+
+func (brokenStore) Put(context.Context, string, io.ReaderAt, int64) error {
+	return errors.New("test: this NVMe device is gone")
 }
 
 // renderAlerts executes the chart's alert rule file with the chart's
