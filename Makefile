@@ -13,7 +13,7 @@ STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(BIN)/staticcheck
 STATICCHECK_STAMP := $(BIN)/.staticcheck-$(STATICCHECK_VERSION)
 
-.PHONY: all build demo test test-go lint verify stress staticcheck bench generate tools clean fuzz help
+.PHONY: all build demo test test-go lint verify stress staticcheck bench generate tools clean fuzz help prometheus
 
 include sdk/python/python.mk
 include tiers/tiers.mk
@@ -33,17 +33,23 @@ demo: build
 ## test: lint, then every test: Go (race detector on), the Python SDK's pytest suite, the Helm chart, the controller against a real API server and mpi-operator, the chaos smoke run (when a Docker engine answers).
 test: lint test-go test-python test-helm test-kube chaos-smoke
 
-# MinIO is built first and required (REWIND_REQUIRE_MINIO=1): a plain
-# `go test ./...` skips the tests that need it, `make test` runs them.
+# MinIO is built first and required (REWIND_REQUIRE_MINIO=1), and so is
+# Prometheus (REWIND_REQUIRE_PROMETHEUS=1): a plain `go test ./...` skips
+# the tests that need them, `make test` runs them.
 # Every process of the run records the fault points it fired under
 # $(FAULT_HITS); the last step fails if a point of faultinject's table was
 # fired by no test.
 FAULT_HITS := $(BIN)/fault-hits
 ## test-go: every Go test, race detector on, MinIO required; then every fault point must have fired.
-test-go: minio
+test-go: minio prometheus
 	rm -rf $(FAULT_HITS) && mkdir -p $(FAULT_HITS)
-	REWIND_REQUIRE_MINIO=1 REWIND_FAULT_HITS=$(FAULT_HITS) $(GO) test -race -count=1 -timeout 15m ./...
+	REWIND_REQUIRE_MINIO=1 REWIND_REQUIRE_PROMETHEUS=1 REWIND_FAULT_HITS=$(FAULT_HITS) $(GO) test -race -count=1 -timeout 15m ./...
 	REWIND_FAULT_COVERAGE=$(FAULT_HITS) $(GO) test -count=1 -run TestEveryPointFired ./faultinject
+
+## prometheus: prometheus and promtool from Debian's prometheus package, for the tests of the dashboard and alert rules.
+prometheus:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus)
 
 ## lint: gofmt, go vet, staticcheck (pinned, installed into bin/), and pyflakes and mypy on the Python SDK.
 lint: $(STATICCHECK_STAMP) lint-python

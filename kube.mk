@@ -49,8 +49,8 @@ $(HELM_STAMP):
 	$(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 	@touch $@
 
-## test-helm: helm lint and helm template of the chart, and its RBAC grants exactly what kube/ calls.
-test-helm:
+## test-helm: helm lint and helm template of the chart, its RBAC grants exactly what kube/ calls, its dashboard and alert rules are valid (promtool).
+test-helm: prometheus
 	@if ! $(MAKE) --no-print-directory helm; then \
 		echo "test-helm: SKIPPED: could not build helm $(HELM_VERSION) with go install (no module proxy?)"; exit 0; fi; \
 	set -e; \
@@ -59,5 +59,8 @@ test-helm:
 	$(HELM) template rewind $(CHART) --namespace rewind \
 		--set coordinator.persistence.storageClass=fast,agent.socketGroup=1000,coordinator.policy=nvme:every=10 > /dev/null; \
 	$(HELM) template rewind $(CHART) --namespace rewind --set tls.enabled=false | grep -q -- '- --insecure'; \
-	REWIND_CHART_RENDERED=$(BIN)/rewind-chart.yaml $(GO) test -count=1 -run '^TestChart(RBAC|CoordinatorReadiness|TLS)$$' ./kube; \
-	echo "test-helm: chart lints, renders, runs mutual TLS, and grants only what the controller calls"
+	$(HELM) template rewind $(CHART) --namespace rewind \
+		--set metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true > $(BIN)/rewind-chart-monitoring.yaml; \
+	REWIND_CHART_RENDERED=$(BIN)/rewind-chart.yaml REWIND_CHART_MONITORING=$(BIN)/rewind-chart-monitoring.yaml REWIND_REQUIRE_PROMETHEUS=1 \
+		$(GO) test -count=1 -run '^TestChart(RBAC|CoordinatorReadiness|TLS|Monitoring|MonitoringDefaults)$$' ./kube; \
+	echo "test-helm: chart lints, renders, runs mutual TLS, grants only what the controller calls, and its dashboard and alert rules are valid"

@@ -11,6 +11,7 @@ type metrics struct {
 	readBytes      prometheus.Counter
 	transfers      *prometheus.CounterVec
 	tierBytes      *prometheus.CounterVec
+	saveSeconds    *prometheus.HistogramVec
 }
 
 func newMetrics(reg prometheus.Registerer, a *Agent) *metrics {
@@ -48,6 +49,12 @@ func newMetrics(reg prometheus.Registerer, a *Agent) *metrics {
 			Name: "rewind_agent_tier_bytes_total",
 			Help: "Bytes pushed to (or fetched from) durable tiers.",
 		}, []string{"tier"}),
+		saveSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "rewind_agent_save_seconds",
+			Help: "Time a rank's save blocks its training step, as the agent sees it: from Prepare to Commit (the copy into shared memory and its checksums), by job (job_id).",
+			// 1 ms to about 65 s: a small model's save to a large one's.
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 17),
+		}, []string{"job_id"}),
 	}
 	usedFn := func() float64 { u, _ := a.Used(); return float64(u) }
 	budgetFn := func() float64 { _, b := a.Used(); return float64(b) }
@@ -63,7 +70,7 @@ func newMetrics(reg prometheus.Registerer, a *Agent) *metrics {
 		}
 		return float64(n)
 	})
-	reg.MustRegister(m.saves, m.pinRefreshes, m.committedBytes, m.corrupt, m.verifySeconds, m.readBytes, shards, m.transfers, m.tierBytes,
+	reg.MustRegister(m.saves, m.saveSeconds, newNodeMetrics(a), m.pinRefreshes, m.committedBytes, m.corrupt, m.verifySeconds, m.readBytes, shards, m.transfers, m.tierBytes,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rewind_agent_shm_bytes", Help: "Bytes of all segments in shared memory."}, usedFn),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rewind_agent_shm_budget_bytes", Help: "The node's shared-memory budget."}, budgetFn),
 	)

@@ -84,7 +84,7 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 	// Record the slot as being written before its file changes, so that an
 	// agent restarted mid-save never takes the old bytes for a checkpoint.
 	s.State, s.Step, s.Seq, s.token, s.HeaderSum, s.Problem, s.verified = stateWriting, step, 0, newToken(), "", "", false
-	s.WorldSize, s.CommittedAt, s.Replica, s.Epoch = worldSize, 0, !place, epoch
+	s.WorldSize, s.CommittedAt, s.Replica, s.Epoch, s.preparedAt = worldSize, 0, !place, epoch, a.cfg.Clock.Now()
 	if err := a.persist(&r.rankState); err != nil {
 		*s = prev
 		a.releaseBudget(prev.Size, size)
@@ -288,6 +288,9 @@ func (a *Agent) commit(ctx context.Context, job string, rank, slotIdx uint32, to
 	if err := a.persist(&r.rankState); err != nil {
 		*s = prev // still being written by the same caller, who may retry
 		return 0, err
+	}
+	if !verified { // a rank's own save, not a peer's copy
+		a.metrics.saveSeconds.WithLabelValues(job).Observe(max(0, time.Unix(0, s.CommittedAt).Sub(s.preparedAt).Seconds()))
 	}
 	a.cfg.Faults.Eval(ctx, faultinject.AgentCommittedUnsent)
 	a.committed(r, s)

@@ -23,6 +23,7 @@ type Coordinator struct {
 	log         *slog.Logger
 	incarnation atomic.Value // string; changes when the index loses acknowledged writes
 	metrics     *metrics
+	jobs        *jobMetrics // per-job gauges and recoveries (jobmetrics.go)
 	authz       *transport.Authorizer
 
 	mu    sync.Mutex
@@ -84,6 +85,7 @@ func New(cfg Config) (*Coordinator, error) {
 		return nil, err
 	}
 	c.metrics = newMetrics(cfg.Registry, c)
+	c.jobs = newJobMetrics(cfg.Registry, c)
 	if err := c.initTransport(); err != nil {
 		store.Close()
 		return nil, err

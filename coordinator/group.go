@@ -142,6 +142,7 @@ func (c *Coordinator) applyGroup(group []*pendingReport) {
 	}
 	if len(ch.Consistent) > 0 {
 		c.tiers.poke() // a newly consistent step may be due on a tier
+		c.jobs.consistent(ch.Consistent)
 	}
 	for _, p := range group {
 		if p.err == nil {

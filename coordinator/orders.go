@@ -249,6 +249,18 @@ func (q *orderStreams) eachHealth(f func(h *coordpb.TierHealth)) {
 	}
 }
 
+// eachNodeHealth calls f with every node's tier health, nodes in name
+// order, under the lock.
+func (q *orderStreams) eachNodeHealth(f func(node string, h *coordpb.TierHealth)) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, n := range slices.Sorted(maps.Keys(q.health)) {
+		for _, h := range q.health[n] {
+			f(n, h)
+		}
+	}
+}
+
 // resetSeen starts a lead: the nodes seen are those connected now (the
 // streams of an earlier lead may have gone elsewhere since).
 func (q *orderStreams) resetSeen() {

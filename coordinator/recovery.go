@@ -190,6 +190,7 @@ func (c *Coordinator) recoverJob(ctx context.Context, job, node, reason string, 
 func (c *Coordinator) failRegang(ev *coordpb.JobEvent, err error) {
 	ev.Kind, ev.Error = coordpb.JobEventKind_JOB_EVENT_KIND_FAILED, err.Error()
 	c.gangs.failed(ev.Job)
+	c.jobs.reganged(ev)
 	c.log.Error("job re-gang failed", "job", ev.Job, "node", ev.Node, "reason", ev.Reason, "err", err)
 	c.watchers.publish(ev)
 }
@@ -273,6 +274,7 @@ func (c *Coordinator) regang(ctx context.Context, plan *coordpb.PlanRestoreRespo
 	c.log.Info("job re-ganged", "job", job, "step", plan.Step, "node", ev.Node, "reason", ev.Reason,
 		"plan_ms", (ev.PlannedUnixNano-ev.DetectedUnixNano)/1e6, "restore_ms", (ev.RestoredUnixNano-ev.PlannedUnixNano)/1e6,
 		"bytes", ev.Bytes, "sources", fmt.Sprint(ev.Sources), "skipped", len(ev.Skipped))
+	c.jobs.reganged(ev)
 	c.watchers.publish(ev)
 	return true
 }

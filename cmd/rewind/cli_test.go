@@ -7,7 +7,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -32,6 +34,27 @@ func capture(t *testing.T, run func(context.Context, []string) error, args ...st
 	out, _ := io.ReadAll(r)
 	os.Stdout = old
 	return string(out), <-errc
+}
+
+// captureStderr points os.Stderr at a pipe until the returned function,
+// which gives back what was written to it.
+func captureStderr(t *testing.T) func() string {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := os.Stderr
+	os.Stderr = w
+	got := make(chan string, 1)
+	go func() { b, _ := io.ReadAll(r); got <- string(b) }()
+	var once sync.Once
+	read := func() string {
+		once.Do(func() { os.Stderr = old; w.Close() })
+		return <-got
+	}
+	t.Cleanup(func() { once.Do(func() { os.Stderr = old; w.Close() }) })
+	return read
 }
 
 // TestOperatorCommands runs the operator commands against a real
@@ -91,9 +114,17 @@ func TestOperatorCommands(t *testing.T) {
 		onNVMe = strings.Fields(line)[0]
 		return nil
 	})
-	expect(runLs, false, []string{"STEP", "consistent", "1/1", "shm:node-a", "nvme:node-a", "nvme:durable"}, co, "cli-job")
+	out := expect(runLs, false, []string{"STEP", "consistent", "1/1", "shm:node-a", "nvme:node-a", "nvme:durable",
+		"RECOVERY POINT", "memory of two nodes"}, co, "cli-job")
+	if !slices.ContainsFunc(strings.Split(out, "\n"), func(l string) bool {
+		f := strings.Fields(l)
+		return len(f) == 3 && f[0] == "nvme" && f[1] == onNVMe
+	}) {
+		t.Fatalf("ls JOB does not show the NVMe recovery point at step %s:\n%s", onNVMe, out)
+	}
 	expect(runLs, false, []string{"TIER POLICY", "nvme:every=10,keep=2"}, co)
 	expect(runTiers, false, []string{"NODE", "node-a", "nvme", "file://", "ok"}, co)
+	expect(runTiers, false, []string{"TIER", "nvme", "durable", "4.0 KiB"}, co, "--wait", "cli-job", onNVMe)
 	expect(runPolicy, false, []string{"cli-job: nvme:every=100,keep=2"}, co, "cli-job", "nvme:every=100,keep=2")
 	expect(runPolicy, false, []string{"cli-job: nvme:every=100,keep=2"}, co, "cli-job")
 	expect(runPolicy, true, []string{"unknown tier"}, co, "cli-job", "tape:every=1,keep=1")
@@ -108,7 +139,7 @@ func TestOperatorCommands(t *testing.T) {
 		deleted = "deleted 2 copies"
 	}
 	expect(runDelete, false, []string{deleted}, co, "cli-job", "1")
-	out := expect(runLs, false, nil, co, "--json")
+	out = expect(runLs, false, nil, co, "--json")
 	var jobs struct {
 		Jobs []struct {
 			ID               string `json:"id"`
@@ -118,8 +149,49 @@ func TestOperatorCommands(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &jobs); err != nil || len(jobs.Jobs) != 1 || jobs.Jobs[0].LatestConsistent != 2 {
 		t.Fatalf("ls --json: %v %s", err, out)
 	}
+	// Many steps at once, piped: one result per step on standard
+	// output, and no progress line on standard error. The rank restarts
+	// from the restore above first.
+	s, _ = cl.Session("cli-job", 0, 1)
+	if _, err := s.RestoreStep(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	for step := int64(3); step <= 5; step++ {
+		if err := s.Save(ctx, step, []sdk.Tensor{{Name: "w", DType: shm.F32, Shape: []int64{2, 2}, Data: make([]byte, 16)}}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wait.ForNil(t, 10*time.Second, "step 5 consistent", func() error {
+		if out, _ := capture(t, runLs, co); !strings.Contains(out, " 5 ") {
+			return fmt.Errorf("it shows:\n%s", out)
+		}
+		return nil
+	})
+	stderr := captureStderr(t)
+	// Retention has freed some of steps 2-4 by now: the ranges name the
+	// steps the coordinator lists.
+	expect(runVerify, false, []string{"job cli-job step 2:", "job cli-job step 5:", "ok"}, co, "cli-job", "2-5")
+	out = expect(runDelete, false, []string{"deleted", "step 2\n"}, co, "cli-job", "2-4")
+	if strings.Contains(out, "step 5") {
+		t.Fatalf("delete 2-4 deleted step 5:\n%s", out)
+	}
+	var listed struct {
+		Steps []struct{ Step int64 } `json:"steps"`
+	}
+	if err := json.Unmarshal([]byte(expect(runLs, false, nil, co, "--json", "cli-job")), &listed); err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range listed.Steps {
+		if st.Step >= 2 && st.Step <= 4 {
+			t.Fatalf("step %d listed after delete 2-4", st.Step)
+		}
+	}
+	expect(runDelete, true, []string{"no step in the ranges"}, co, "cli-job", "2-4")
+	if got := stderr(); got != "" {
+		t.Fatalf("piped, the commands wrote to standard error: %q", got)
+	}
 	// Agent-side views through the socket.
 	expect(runLs, false, []string{"node node-a", "cli-job", "committed"}, "--socket="+acfg.Socket)
-	expect(runInspect, false, []string{"job cli-job  rank 0 of 1  step 2", "F32", "every checksum matches"}, "--socket="+acfg.Socket, "--job=cli-job", "--rank=0", "--verify")
+	expect(runInspect, false, []string{"job cli-job  rank 0 of 1  step 5", "F32", "every checksum matches"}, "--socket="+acfg.Socket, "--job=cli-job", "--rank=0", "--verify")
 	expect(runVerify, true, []string{"no coordinator"}, "cli-job", "2")
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/internal/progress"
 	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/transport"
 )
@@ -90,15 +91,6 @@ func printJSON(v any) error {
 	return enc.Encode(v)
 }
 
-// jobStep returns the JOB STEP positional arguments of a command.
-func (o opFlags) jobStep() (string, int64, error) {
-	if o.fs.NArg() != 2 {
-		return "", 0, usageError(o.fs, errors.New("need JOB and STEP"))
-	}
-	step, err := parseStep(o.fs.Arg(1))
-	return o.fs.Arg(0), step, err
-}
-
 func parseStep(s string) (int64, error) {
 	v, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || v < 0 {
@@ -123,6 +115,18 @@ func lsCoordinator(ctx context.Context, o opFlags) error {
 		}
 		if *o.asJSON {
 			return printJSON(resp)
+		}
+		jobs, err := c.ListJobs(ctx, &coordpb.ListJobsRequest{})
+		if err != nil {
+			return err
+		}
+		for _, j := range jobs.Jobs {
+			if j.Id == job {
+				if err := printRecoveryPoints(os.Stdout, recoveryPoints(j, resp.Steps), time.Now()); err != nil {
+					return err
+				}
+				fmt.Println()
+			}
 		}
 		fmt.Fprintln(tw, "STEP\tSTATE\tRANKS\tSIZE\tCOPIES\tTIERS")
 		for _, st := range resp.Steps {
@@ -177,11 +181,11 @@ func copiesSummary(nodes map[string]int) string {
 }
 
 func runVerify(ctx context.Context, args []string) error {
-	o := newOpFlags("verify", "verify [flags] JOB STEP")
+	o := newOpFlags("verify", "verify [flags] JOB STEP [STEP...]   (STEP: N, or FIRST-LAST)")
 	if err := o.parse(args); err != nil {
 		return err
 	}
-	job, step, err := o.jobStep()
+	job, specs, err := o.jobSteps()
 	if err != nil {
 		return err
 	}
@@ -190,29 +194,57 @@ func runVerify(ctx context.Context, args []string) error {
 		return err
 	}
 	defer done()
-	resp, err := c.VerifyStep(ctx, &coordpb.StepRequest{Job: job, Step: step})
+	steps, sizes, err := resolveSteps(ctx, c, job, specs)
 	if err != nil {
 		return err
 	}
-	if *o.asJSON {
-		if err := printJSON(resp); err != nil {
+	p := progress.Stderr("verifying job "+job, len(steps), sum(sizes))
+	defer p.Ticking(tickEvery)()
+	var errs []error
+	for i, step := range steps {
+		resp, err := c.VerifyStep(ctx, &coordpb.StepRequest{Job: job, Step: step})
+		if err != nil {
 			return err
 		}
-	} else {
-		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "RANK\tNODE\tTIER\tSIZE\tRESULT")
-		for _, ch := range resp.Checks {
-			res := "ok"
-			if !ch.Ok {
-				res = "FAILED: " + cell(ch.Problem)
-			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", ch.Copy.Rank, ch.Copy.Node, ch.Copy.Tier, units.Bytes(ch.Copy.SizeBytes), res)
+		p.Above(func() { err = printVerify(resp, job, step, len(steps) > 1, *o.asJSON) })
+		if err != nil {
+			return err
 		}
-		tw.Flush()
+		p.Add(1, sizes[i])
+		if !resp.Ok {
+			errs = append(errs, verifyFailed(ctx, c, job, step, resp))
+		}
 	}
-	if resp.Ok {
-		return nil
+	return errors.Join(errs...)
+}
+
+// printVerify prints one step's verification; named, a header names the
+// step (one of several).
+func printVerify(resp *coordpb.VerifyStepResponse, job string, step int64, named, asJSON bool) error {
+	if asJSON {
+		return printJSON(resp)
 	}
+	if named {
+		fmt.Printf("job %s step %d:\n", job, step)
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RANK\tNODE\tTIER\tSIZE\tRESULT")
+	for _, ch := range resp.Checks {
+		res := "ok"
+		if !ch.Ok {
+			res = "FAILED: " + cell(ch.Problem)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", ch.Copy.Rank, ch.Copy.Node, ch.Copy.Tier, units.Bytes(ch.Copy.SizeBytes), res)
+	}
+	err := tw.Flush()
+	if named {
+		fmt.Println()
+	}
+	return err
+}
+
+// verifyFailed is the error of a verification that was not clean.
+func verifyFailed(ctx context.Context, c coordpb.CoordinatorClient, job string, step int64, resp *coordpb.VerifyStepResponse) error {
 	var worldSize uint32 // to name ranks with no copy at all; 0 if the step is gone
 	if st, err := c.InspectStep(ctx, &coordpb.StepRequest{Job: job, Step: step}); err == nil {
 		worldSize = st.Step.WorldSize
@@ -301,8 +333,13 @@ func runRestore(ctx context.Context, args []string) error {
 	if u, err := user.Current(); err == nil {
 		who = u.Username
 	}
+	stop := func() {}
+	if !*dry {
+		stop = progress.Stderr("restoring job "+*job, 0, 0).Ticking(tickEvery)
+	}
 	plan, err := c.PlanRestore(ctx, &coordpb.PlanRestoreRequest{Job: *job, Step: *step, DryRun: *dry, RequestedBy: who + " via rewind restore",
 		Restart: !*noRestart, Force: *force})
+	stop()
 	if err != nil {
 		return err
 	}
@@ -411,12 +448,12 @@ func orDash(s string) string {
 }
 
 func runDelete(ctx context.Context, args []string) error {
-	o := newOpFlags("delete", "delete [flags] JOB STEP")
+	o := newOpFlags("delete", "delete [flags] JOB STEP [STEP...]   (STEP: N, or FIRST-LAST)")
 	force := o.fs.Bool("force", false, "also delete the latest consistent step")
 	if err := o.parse(args); err != nil {
 		return err
 	}
-	job, step, err := o.jobStep()
+	job, specs, err := o.jobSteps()
 	if err != nil {
 		return err
 	}
@@ -425,14 +462,32 @@ func runDelete(ctx context.Context, args []string) error {
 		return err
 	}
 	defer done()
-	resp, err := c.DeleteStep(ctx, &coordpb.DeleteStepRequest{Job: job, Step: step, Force: *force})
+	steps, sizes, err := resolveSteps(ctx, c, job, specs)
 	if err != nil {
 		return err
 	}
-	if *o.asJSON {
-		return printJSON(resp)
+	p := progress.Stderr("deleting job "+job, len(steps), sum(sizes))
+	defer p.Ticking(tickEvery)()
+	for i, step := range steps {
+		resp, err := c.DeleteStep(ctx, &coordpb.DeleteStepRequest{Job: job, Step: step, Force: *force})
+		if err != nil {
+			if i > 0 {
+				return fmt.Errorf("step %d (after deleting %d of %d steps): %w", step, i, len(steps), err)
+			}
+			return err
+		}
+		p.Above(func() {
+			if *o.asJSON {
+				err = printJSON(resp)
+			} else {
+				fmt.Printf("deleted %d copies of job %s step %d\n", resp.CopiesDeleted, job, step)
+			}
+		})
+		if err != nil {
+			return err
+		}
+		p.Add(1, sizes[i])
 	}
-	fmt.Printf("deleted %d copies of job %s step %d\n", resp.CopiesDeleted, job, step)
 	return nil
 }
 

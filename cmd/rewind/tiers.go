@@ -16,15 +16,31 @@ import (
 // runTiers shows each agent's durable tiers: what is moving, how fast, and
 // whether transfers fail.
 func runTiers(ctx context.Context, args []string) error {
-	o := newOpFlags("tiers", "tiers [flags]")
+	o := newOpFlags("tiers", "tiers [flags] | tiers --wait JOB STEP")
+	wait := o.fs.Bool("wait", false, "wait until the tier copies of JOB STEP being made end, showing their progress on a terminal, and print each one's outcome")
 	if err := o.parse(args); err != nil {
 		return err
+	}
+	var job string
+	var step int64
+	if *wait {
+		if o.fs.NArg() != 2 {
+			return usageError(o.fs, errors.New("--wait needs JOB and STEP"))
+		}
+		var err error
+		job = o.fs.Arg(0)
+		if step, err = parseStep(o.fs.Arg(1)); err != nil {
+			return err
+		}
 	}
 	c, ctx, done, err := o.dial(ctx)
 	if err != nil {
 		return err
 	}
 	defer done()
+	if *wait {
+		return waitTierCopies(ctx, c, job, step)
+	}
 	resp, err := c.TierStatus(ctx, &coordpb.TierStatusRequest{})
 	if err != nil {
 		return err
