@@ -332,9 +332,11 @@ class Reader(_Base, StorageReader):
         return fut
 
     def _read_rank(self, c: Client, rank: int, reqs: list, planner) -> None:
-        op = f"dcp load step {self.loaded_step} of job {c.job} rank {rank}"
+        step = self.loaded_step
+        assert step is not None
+        op = f"dcp load step {step} of job {c.job} rank {rank}"
         for attempt in range(2):  # a corrupt copy is reported; the agent serves another or none
-            with c.open_shard(rank, self.loaded_step) as sh:
+            with c.open_shard(rank, step) as sh:
                 if sh.shard.header_checksum != self._sums[rank]:
                     raise RewindError(op, "the shard changed between reading the metadata and the data "
                                       f"(header {sh.shard.header_checksum}, was {self._sums[rank]})")
@@ -369,7 +371,7 @@ def _index_shard(sh: OpenShard, rank: int, sdm: dict, stored: dict, sizes: dict)
     """Adds one saved rank's shard to the metadata being rebuilt; returns
     its planner_data (None when it has none)."""
     h = sh.header
-    op = f"dcp load step {h.meta.step} rank {rank}"
+    op = f"dcp load step {sh.shard.step} rank {rank}"
     try:
         doc = json.loads(h.objects or "null")
         if not isinstance(doc, dict) or doc.get("format") != DOC_FORMAT:

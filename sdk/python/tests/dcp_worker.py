@@ -18,6 +18,7 @@ seeded full tensor at any world size.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
@@ -95,6 +96,7 @@ def whole(v):
 
 
 def main() -> None:
+    faulthandler.dump_traceback_later(240, exit=True)  # a hung rank prints where, and ends
     action, rank, world, port, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     step = int(sys.argv[6]) if len(sys.argv) > 6 else 1
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -133,10 +135,13 @@ def main() -> None:
         res["placements"] = {n: str(p.placements) for n, p in model.named_parameters()}
     else:
         raise SystemExit(f"unknown action {action}")
-    dist.barrier()
     with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
         json.dump(res, f)
-    dist.destroy_process_group()
+    dist.barrier()
+    # Not destroy_process_group: with gloo it sometimes never returns on
+    # one rank after the others have gone. Everything is written.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def _equal(a, b) -> bool:
