@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -35,19 +36,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def gang(action: str, world: int, agent, job: str, out: Path, *extra: str) -> list[dict]:
-    """Runs world ranks of the worker and returns what each wrote."""
-    env = dict(os.environ, REWIND_SOCKET=agent.socket, REWIND_JOB=job, USE_LIBUV="0", GLOO_SOCKET_IFNAME="lo",
-               OMP_NUM_THREADS="1")
+def gang(action: str, world: int, agents, job: str, out: Path, *extra: str) -> list[dict]:
+    """Runs world ranks of the worker and returns what each wrote. agents:
+    the agent of every rank, or a list of them (rank r uses agents[r])."""
+    env = dict(os.environ, REWIND_JOB=job, USE_LIBUV="0", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     for k in ("REWIND_RANK", "REWIND_WORLD_SIZE", "RANK", "WORLD_SIZE"):
         env.pop(k, None)
     port = free_port()
     logs = [out / f"{action}-{world}-{r}.log" for r in range(world)]
     procs = []
     for r in range(world):
+        sock = (agents[r] if isinstance(agents, list) else agents).socket
         with open(logs[r], "w") as log:
             procs.append(subprocess.Popen([sys.executable, str(WORKER), action, str(r), str(world), str(port), str(out),
-                                           *extra], stdout=log, stderr=subprocess.STDOUT, env=env))
+                                           *extra], stdout=log, stderr=subprocess.STDOUT,
+                                          env=dict(env, REWIND_SOCKET=sock)))
     codes = []
     for p in procs:
         try:
@@ -132,6 +135,37 @@ def test_async_save_then_load(agent, tmp_path):
     results = gang("async_save", 4, agent, job, tmp_path, "7")
     assert all(r["blocked_s"] <= r["save_s"] for r in results)
     check_loaded(gang("load", 3, agent, job, tmp_path), 3)
+
+
+def test_load_after_a_node_is_lost(rewind_bin, start_agent, tmp_path):
+    """Saved at world size 4 over two nodes (ranks 0-1 on a, 2-3 on b)
+    with a coordinator, which has each shard replicated to the other node;
+    b dies with its shared memory, and no spare node is left: the job
+    loads at world size 2 on a alone, from a's own shards and the replicas
+    of b's, with every value equal to the full tensors."""
+    data = tmp_path / "coordinator"
+    addr = f"127.0.0.1:{free_port()}"
+    with open(tmp_path / "coordinator.log", "w") as log:
+        coord = subprocess.Popen([rewind_bin, "coordinator", "--listen", addr, "--data", str(data), "--metrics", "",
+                                  "--gossip", ""], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        a, b = (start_agent("--node", n, "--listen", f"127.0.0.1:{free_port()}", "--coordinator", addr, "--gossip", "")
+                for n in ("a", "b"))
+        job = f"dcp-lost-{os.getpid()}"
+        gang("save", 4, [a, a, b, b], job, tmp_path, "7")
+        with rewind.Client(socket=a.socket, job=job, rank=0, world_size=2) as c:
+            deadline = time.monotonic() + 60
+            while {s.rank for s in c.list() if s.step == 7 and s.state == rewind.ShardState.SHARD_STATE_COMMITTED} \
+                    != {0, 1, 2, 3}:  # b's shards replicated to a
+                assert time.monotonic() < deadline, f"b's shards never reached a: {c.list()}"
+                time.sleep(0.05)
+            b.close()  # the node and its shared memory are gone
+            assert not os.path.exists(b.root)
+            assert c.latest_consistent() == 7
+        check_loaded(gang("load", 2, a, job, tmp_path), 2)
+    finally:
+        coord.kill()
+        coord.wait()
 
 
 def test_checkpoint_id():
