@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import rewind
+from rewind import shard
 
 pytest.importorskip("torch.distributed.checkpoint.metadata", reason="needs torch 2.x")
 try:
@@ -137,35 +138,70 @@ def test_async_save_then_load(agent, tmp_path):
     check_loaded(gang("load", 3, agent, job, tmp_path), 3)
 
 
-def test_load_after_a_node_is_lost(rewind_bin, start_agent, tmp_path):
-    """Saved at world size 4 over two nodes (ranks 0-1 on a, 2-3 on b)
-    with a coordinator, which has each shard replicated to the other node;
-    b dies with its shared memory, and no spare node is left: the job
-    loads at world size 2 on a alone, from a's own shards and the replicas
-    of b's, with every value equal to the full tensors."""
-    data = tmp_path / "coordinator"
+@pytest.fixture
+def two_nodes(rewind_bin, start_agent, tmp_path):
+    """A coordinator and two agents, nodes a and b; the coordinator has
+    each committed step's shards replicated to the other node."""
     addr = f"127.0.0.1:{free_port()}"
     with open(tmp_path / "coordinator.log", "w") as log:
-        coord = subprocess.Popen([rewind_bin, "coordinator", "--listen", addr, "--data", str(data), "--metrics", "",
-                                  "--gossip", ""], stdout=log, stderr=subprocess.STDOUT)
+        coord = subprocess.Popen([rewind_bin, "coordinator", "--listen", addr, "--data", str(tmp_path / "coordinator"),
+                                  "--metrics", "", "--gossip", ""], stdout=log, stderr=subprocess.STDOUT)
     try:
-        a, b = (start_agent("--node", n, "--listen", f"127.0.0.1:{free_port()}", "--coordinator", addr, "--gossip", "")
-                for n in ("a", "b"))
-        job = f"dcp-lost-{os.getpid()}"
-        gang("save", 4, [a, a, b, b], job, tmp_path, "7")
-        with rewind.Client(socket=a.socket, job=job, rank=0, world_size=2) as c:
-            deadline = time.monotonic() + 60
-            while {s.rank for s in c.list() if s.step == 7 and s.state == rewind.ShardState.SHARD_STATE_COMMITTED} \
-                    != {0, 1, 2, 3}:  # b's shards replicated to a
-                assert time.monotonic() < deadline, f"b's shards never reached a: {c.list()}"
-                time.sleep(0.05)
-            b.close()  # the node and its shared memory are gone
-            assert not os.path.exists(b.root)
-            assert c.latest_consistent() == 7
-        check_loaded(gang("load", 2, a, job, tmp_path), 2)
+        yield [start_agent("--node", n, "--listen", f"127.0.0.1:{free_port()}", "--coordinator", addr, "--gossip", "")
+               for n in ("a", "b")]
     finally:
         coord.kill()
         coord.wait()
+
+
+def save_on_two_nodes(a, b, job: str, out: Path) -> None:
+    """dcp.save at world size 4, ranks 0-1 on a and 2-3 on b; returns once
+    each node holds all four shards (its own and the other's replicas)."""
+    gang("save", 4, [a, a, b, b], job, out, "7")
+    for agent in (a, b):
+        with rewind.Client(socket=agent.socket, job=job, rank=0, world_size=4) as c:
+            deadline = time.monotonic() + 60
+            while {s.rank for s in c.list() if s.step == 7 and s.state == rewind.ShardState.SHARD_STATE_COMMITTED} \
+                    != {0, 1, 2, 3}:
+                assert time.monotonic() < deadline, f"replicas never reached {agent.root}: {c.list()}"
+                time.sleep(0.05)
+
+
+def test_load_after_a_node_is_lost(two_nodes, tmp_path):
+    """Node b dies with its shared memory and no spare node is left: the
+    job loads at world size 2 on a alone, from a's own shards and the
+    replicas of b's, every value equal to the full tensors."""
+    a, b = two_nodes
+    job = f"dcp-lost-{os.getpid()}"
+    save_on_two_nodes(a, b, job, tmp_path)
+    b.close()  # the node and its shared memory are gone
+    assert not os.path.exists(b.root)
+    with rewind.Client(socket=a.socket, job=job, rank=0, world_size=2) as c:
+        assert c.latest_consistent() == 7
+    check_loaded(gang("load", 2, a, job, tmp_path), 2)
+
+
+def test_corrupt_piece_read_from_another_copy(two_nodes, tmp_path):
+    """A flipped byte in b's copy of rank 2's shard: the rank reading it
+    there finds the checksum wrong, the agent is told and drops that
+    copy, and the piece is read from the other copy (a's replica,
+    fetched back through the coordinator)."""
+    a, b = two_nodes
+    job = f"dcp-corrupt-{os.getpid()}"
+    save_on_two_nodes(a, b, job, tmp_path)
+    with rewind.Client(socket=b.socket, job=job, rank=2, world_size=4) as c:
+        sh = next(s for s in c.list() if s.rank == 2 and s.step == 7)
+    with open(sh.path, "r+b") as f:
+        h = shard.decode_header(f.read())
+        big = h.tensor("model.big.weight@2050,0")
+        f.seek(h.data_start + big.begin + big.nbytes // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0x40]))
+    check_loaded(gang("load", 4, [a, a, b, b], job, tmp_path), 4)
+    with rewind.Client(socket=b.socket, job=job, rank=2, world_size=4) as c:
+        with c.open_shard(2, 7) as again:  # b serves a good copy now
+            again.verify(t.name for t in again.header.tensors)
 
 
 def test_checkpoint_id():
