@@ -43,7 +43,7 @@ test-python: python-deps python-rewind-bin
 TRIXIE_ROOT := $(BIN)/trixie
 TRIXIE := sh $(PYTHON_SDK)/trixie.sh
 TRIXIE_REWIND := /src/$(patsubst $(CURDIR)/%,%,$(BIN))/rewind
-BENCH_DCP_FLAGS ?= --world 4 --mib 256 --runs 5
+BENCH_DCP_FLAGS ?= --world 2 --mib 256 --runs 5  # one rank per core of the 2-vCPU development machine
 
 ## python-trixie: the Debian trixie root (torch 2.x) for the DCP tests, under bin/ (once).
 python-trixie:

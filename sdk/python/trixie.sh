@@ -15,8 +15,9 @@
 set -eu
 
 MIRROR=${TRIXIE_MIRROR:-http://deb.debian.org/debian}
-# What the tests import. python3-torch is pinned to a major version: the
-# tests need torch 2.x's DCP interface (TRIXIE_TORCH overrides the check).
+# What the tests import. A minbase root from trixie's archive is what the
+# suite pins; the build checks that its torch is of the major version the
+# DCP interface needs (TRIXIE_TORCH_MAJOR).
 DEBS="python3-torch python3-numpy python3-grpcio python3-protobuf python3-pytest python3-xxhash"
 TORCH_MAJOR=${TRIXIE_TORCH_MAJOR:-2}
 STAMP=.rewind-trixie-ready

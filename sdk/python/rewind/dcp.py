@@ -115,8 +115,13 @@ _clients_lock = threading.Lock()
 
 def _client(socket: str | None, job: str | None, timeout: float) -> Client:
     """One client per agent socket, job and rank, kept across checkpoints so
-    that each save reuses its mapped segments."""
-    job_, rank, world = identity.resolve(job, None, None)
+    that each save reuses its mapped segments. Rank and world size are
+    torch.distributed's when it is initialized: DCP plans by them."""
+    import torch.distributed as dist
+
+    drank, dworld = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() \
+        else (None, None)
+    job_, rank, world = identity.resolve(job, drank, dworld)
     key = (os.path.abspath(socket or os.environ.get("REWIND_SOCKET") or DEFAULT_SOCKET), job_, rank, world)
     with _clients_lock:
         c = _clients.get(key)
@@ -194,7 +199,8 @@ class Writer(_Base, StorageWriter):
         self.save_id = uuid.uuid4().hex
 
     def storage_meta(self) -> StorageMeta | None:
-        return StorageMeta(checkpoint_id=self._id(self.job or "", self.step), save_id=self.save_id)
+        job = self.client.job if self.client is not None else self.job or ""
+        return StorageMeta(checkpoint_id=self._id(job, self.step), save_id=self.save_id)
 
     def set_up_storage_writer(self, is_coordinator: bool) -> None:
         if self.step is None:
