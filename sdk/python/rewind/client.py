@@ -137,7 +137,8 @@ class Client:
                 layout = fmt.Layout(fmt.ShardMeta(self.job, self.rank, self.world_size, int(step)), specs, objects)
             except InvalidError as e:
                 raise InvalidError(op, e.message) from None
-            return self._write(op, int(step), tensors, layout, t0)
+            values = {name: v if isinstance(v, np.ndarray) else v.detach() for name, v in tensors.items()}
+            return self._write(op, int(step), values, layout, t0)
 
     @staticmethod
     def _dtype(op: str, name: str, v) -> str:
@@ -356,7 +357,6 @@ class Client:
 
     def _release(self, lease: int) -> None:
         self._agent.call_quietly("Release", pb.ReleaseRequest(lease=lease), RELEASE_TIMEOUT)  # else it expires
-
 
 
 class OpenShard:
