@@ -30,8 +30,8 @@ build:
 demo: build
 	$(BIN)/rewind-dev demo
 
-## test: lint, then every test: Go (race detector on), the Python SDK's pytest suite, the Helm chart, the controller against a real API server and mpi-operator, the chaos smoke run (when a Docker engine answers).
-test: lint test-go test-python test-helm test-kube chaos-smoke
+## test: lint, then every test: Go (race detector on), the Python SDK's pytest suite (and its DCP tests in a trixie root), the Helm chart, the controller against a real API server and mpi-operator, the chaos smoke run (when a Docker engine answers).
+test: lint test-go test-python test-python-dcp test-helm test-kube chaos-smoke
 
 # MinIO is built first and required (REWIND_REQUIRE_MINIO=1), and so is
 # Prometheus (REWIND_REQUIRE_PROMETHEUS=1): a plain `go test ./...` skips

@@ -3,6 +3,9 @@
 #
 #   python-deps      Debian's torch, grpcio, numpy, protobuf, pytest, xxhash (apt, when missing)
 #   test-python      the SDK's pytest suite against a real agent (bin/rewind)
+#   python-trixie    a Debian trixie root with torch 2.x, under bin/ (once)
+#   test-python-dcp  rewind.dcp's tests (torch 2.x DCP, gloo on the CPU) in that root
+#   bench-dcp        dcp.save through rewind.dcp.Writer against FileSystemWriter
 #   bench-python     client.save against torch.save to local disk and /dev/shm
 #   generate-python  regenerate sdk/python/rewind/_pb from api/agent.proto
 #   lint-python      pyflakes and mypy on the SDK (Debian's; bookworm has no ruff)
@@ -15,7 +18,8 @@ PYTHON_PB := $(PYTHON_SDK)/rewind/_pb
 PYTHON_DEBS := python3-torch python3-grpcio python3-numpy python3-protobuf python3-pytest python3-xxhash
 BENCH_PYTHON_FLAGS ?= --sizes 1GiB,4GiB --runs 5
 
-.PHONY: python-deps python-rewind-bin test-python bench-python generate-python lint-python python-lint-deps
+.PHONY: python-deps python-rewind-bin test-python bench-python generate-python lint-python python-lint-deps \
+	python-trixie test-python-dcp bench-dcp
 
 python-deps:
 	@$(PYTHON) -c 'import torch, grpc, numpy, google.protobuf, pytest, xxhash' 2>/dev/null || \
@@ -28,6 +32,32 @@ python-rewind-bin:
 ## test-python: the Python SDK's tests, each against a real agent.
 test-python: python-deps python-rewind-bin
 	REWIND_BIN=$(BIN)/rewind $(PYTHON) -m pytest -q $(PYTHON_SDK)/tests
+
+# Bookworm's torch (1.13) has no torch 2.x DCP, DTensor or FSDP2: those
+# tests run in a Debian trixie root (python3-torch 2.6) made by
+# debootstrap under the ignored bin/, once (a stamp file; about 1.6 GB).
+# trixie.sh runs a command in it with the repository at /src, /proc and
+# the host's /dev/shm mounted in a private mount namespace, so nothing
+# stays mounted after it, however it ends. The agent binary is the one
+# built here (bin/ is inside the repository).
+TRIXIE_ROOT := $(BIN)/trixie
+TRIXIE := sh $(PYTHON_SDK)/trixie.sh
+TRIXIE_REWIND := /src/$(patsubst $(CURDIR)/%,%,$(BIN))/rewind
+BENCH_DCP_FLAGS ?= --world 2 --mib 256 --runs 5  # one rank per core of the 2-vCPU development machine
+
+## python-trixie: the Debian trixie root (torch 2.x) for the DCP tests, under bin/ (once).
+python-trixie:
+	$(TRIXIE) build $(TRIXIE_ROOT)
+
+## test-python-dcp: rewind.dcp (PyTorch DCP storage) with torch 2.x in the trixie root: DTensor state saved at world size 4, loaded at 4, 3, 2.
+test-python-dcp: python-trixie python-rewind-bin
+	$(TRIXIE) run $(TRIXIE_ROOT) $(CURDIR) sh -c 'cd /src && REWIND_BIN=$(TRIXIE_REWIND) \
+		python3 -m pytest -q -p no:cacheprovider $(PYTHON_SDK)/tests/test_dcp.py'
+
+## bench-dcp: dcp.save through rewind.dcp.Writer against FileSystemWriter (/dev/shm, local disk); figures in docs/performance.md.
+bench-dcp: python-trixie python-rewind-bin
+	$(TRIXIE) run $(TRIXIE_ROOT) $(CURDIR) sh -c 'cd /src && \
+		python3 $(PYTHON_SDK)/bench_dcp.py --rewind-bin $(TRIXIE_REWIND) $(BENCH_DCP_FLAGS)'
 
 ## bench-python: client.save against torch.save (local disk, /dev/shm); figures in docs/performance.md.
 bench-python: python-deps python-rewind-bin

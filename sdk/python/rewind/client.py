@@ -19,7 +19,7 @@ from typing import List  # in the class, "list" is Client.list
 
 import numpy as np
 
-from . import checksum, copier, cuda, identity, placement, shard, state
+from . import checksum, copier, cuda, dtypes, identity, placement, shard, state
 from . import format as fmt
 from ._pb import agent_pb2 as pb
 from .channel import AgentChannel
@@ -120,13 +120,47 @@ class Client:
         with self._lock:
             return self._save(step, state_)
 
-    def _save(self, step: int, state_: object) -> SaveStats:
-        op = f"save step {step} of job {self.job} rank {self.rank}"
+    def save_tensors(self, step: int, tensors: dict, *, objects: bytes | None = None,
+                     chunks: dict | None = None) -> SaveStats:
+        """Writes named tensors (torch tensors or numpy arrays) into this
+        rank's shard of step as they are, with no nest to flatten: the
+        storage under rewind.dcp. objects is the shard's rewind.objects
+        document (UTF-8 JSON, or None); chunks maps a tensor's name to its
+        chunk record ({"global_shape": [...], "offsets": [...]}: the piece
+        of a larger, sharded tensor it is). Otherwise as save."""
         t0 = time.perf_counter()
+        with self._lock:
+            op = self._check_step(step)
+            try:
+                specs = [fmt.TensorInfo(name, self._dtype(op, name, v), tuple(v.shape),
+                                        chunk=(chunks or {}).get(name)) for name, v in tensors.items()]
+                layout = fmt.Layout(fmt.ShardMeta(self.job, self.rank, self.world_size, int(step)), specs, objects)
+            except InvalidError as e:
+                raise InvalidError(op, e.message) from None
+            values = {name: v if isinstance(v, np.ndarray) else v.detach() for name, v in tensors.items()}
+            return self._write(op, int(step), values, layout, t0)
+
+    @staticmethod
+    def _dtype(op: str, name: str, v) -> str:
+        dt = dtypes.of_ndarray(v) if isinstance(v, np.ndarray) else dtypes.of_tensor(v)
+        if dt is None:
+            raise InvalidError(op, f"tensor {name!r} has dtype {v.dtype}, which a shard cannot hold")
+        return dt
+
+    def _check_step(self, step) -> str:
+        op = f"save step {step} of job {self.job} rank {self.rank}"
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise InvalidError(op, f"step must be a non-negative integer, is {step!r}")
+        return op
+
+    def _save(self, step: int, state_: object) -> SaveStats:
+        t0 = time.perf_counter()
+        op = self._check_step(step)
         step = int(step)
         leaves, layout = self._plan(op, step, state_)
+        return self._write(op, step, {lf.name: lf.value for lf in leaves}, layout, t0)
+
+    def _write(self, op: str, step: int, values: dict, layout: fmt.Layout, t0: float) -> SaveStats:
         prep = self._call(op, "Prepare", pb.PrepareRequest(
             job=self.job, rank=self.rank, world_size=self.world_size, step=step, size_bytes=layout.size,
             epoch=self._epoch))
@@ -143,7 +177,7 @@ class Client:
         except OSError as e:
             raise RewindError(op, f"mapping segment: {e}") from None
         t2 = time.perf_counter()
-        self._copy_in(op, m, layout, {lf.name: lf.value for lf in leaves})
+        self._copy_in(op, m, layout, values)
         m.mv[: layout.data_start] = layout.header
         t3 = time.perf_counter()
         self._call(op, "Commit", pb.CommitRequest(
@@ -272,6 +306,16 @@ class Client:
         return h.meta.step, state.unflatten(h.objects, tensors, op)
 
     def _read(self, op: str, sh, map_location):
+        m, h = self._map(op, sh)
+        try:
+            names = state.numpy_names(h.objects)
+            return h, shard.copy_out(m, h, map_location, self.workers, names, op=op, locations=state.devices(h.objects))
+        finally:
+            m.close()
+
+    def _map(self, op: str, sh) -> tuple[Mapping, fmt.Header]:
+        """Maps a leased shard read-only and checks its header against
+        what the agent said (CorruptError)."""
         try:
             m = Mapping(sh.path, sh.size_bytes, write=False)
         except OSError as e:
@@ -282,10 +326,29 @@ class Client:
                 raise CorruptError(op, f"segment holds {h.meta}, agent said job {sh.job!r} rank {sh.rank} step {sh.step}")
             if sh.header_checksum and checksum.format_sum(checksum.tree_sum(m.mv[: h.data_start])) != sh.header_checksum:
                 raise CorruptError(op, f"header of step {sh.step} changed since it was committed")
-            names = state.numpy_names(h.objects)
-            return h, shard.copy_out(m, h, map_location, self.workers, names, op=op, locations=state.devices(h.objects))
-        finally:
+        except BaseException:
             m.close()
+            raise
+        return m, h
+
+    def open_shard(self, rank: int, step: int) -> OpenShard:
+        """Leases rank's shard of step (any rank of this client's job: an
+        agent with a coordinator fetches it from a peer or a tier when its
+        node lacks it) and maps it read-only, its header checked. Close
+        the OpenShard (a context manager) to unmap it and end the lease.
+        Its tensors' checksums are not checked here: see OpenShard.verify."""
+        op = f"open step {step} of job {self.job} rank {rank}"
+        resp = self._call(op, "Open", pb.OpenRequest(job=self.job, rank=rank, step=step))
+        try:
+            m, h = self._map(op, resp.shard)
+        except CorruptError as e:
+            self._report(resp.shard, e)
+            self._release(resp.lease)
+            raise
+        except BaseException:
+            self._release(resp.lease)
+            raise
+        return OpenShard(self, resp.shard, resp.lease, m, h)
 
     def _report(self, sh, err: RewindError) -> None:
         req = pb.VerifyRequest(job=sh.job, rank=sh.rank, step=sh.step, detail=err.message)
@@ -295,3 +358,58 @@ class Client:
     def _release(self, lease: int) -> None:
         self._agent.call_quietly("Release", pb.ReleaseRequest(lease=lease), RELEASE_TIMEOUT)  # else it expires
 
+
+class OpenShard:
+    """A leased, mapped shard (Client.open_shard). shard: the agent's
+    agent_pb2.Shard; header: its decoded header; mapping: the read-only
+    mapping. Views of the mapping must be gone before close."""
+
+    def __init__(self, client: Client, sh, lease: int, m: Mapping, h: fmt.Header):
+        self.client, self.shard, self.lease, self.mapping, self.header = client, sh, lease, m, h
+        self._verified: set[str] = set()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def view(self, name: str):
+        """A flat torch tensor over tensor name's bytes (read-only memory:
+        copy from it, never write to it)."""
+        return torch_view(self.mapping.mv, self._tensor(name), self.header.data_start)
+
+    def raw(self, name: str) -> memoryview:
+        t = self._tensor(name)
+        return self.mapping.mv[self.header.data_start + t.begin : self.header.data_start + t.end]
+
+    def _tensor(self, name: str) -> fmt.TensorInfo:
+        t = self.header.tensor(name)
+        if t is None:
+            raise RewindError(f"read job {self.shard.job} rank {self.shard.rank} step {self.shard.step}",
+                              f"the shard has no tensor {name!r}")
+        return t
+
+    def verify(self, names) -> None:
+        """Checks the checksums of the named tensors (each once per open);
+        a mismatch is reported to the agent, which never serves the shard
+        again, and raised as CorruptError."""
+        todo = [self._tensor(n) for n in dict.fromkeys(names) if n not in self._verified]
+        if not todo:
+            return
+        op = f"read job {self.shard.job} rank {self.shard.rank} step {self.shard.step}"
+        ts = [copier.Transfer(self.header.data_start + t.begin, t.nbytes) for t in todo]
+        sums = copier.copy_and_sum(self.mapping.mv, ts, self.client.workers)
+        sub = fmt.Header(self.header.meta, todo)
+        try:
+            shard.check_sums(sub, sums, op)
+        except CorruptError as e:
+            self.client._report(self.shard, e)
+            raise
+        self._verified.update(t.name for t in todo)
+
+    def close(self) -> None:
+        if self.mapping is not None:
+            self.mapping.close()
+            self.mapping = None  # type: ignore[assignment]
+            self.client._release(self.lease)

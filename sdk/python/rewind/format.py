@@ -57,7 +57,7 @@ class TensorInfo:
     begin: int = 0
     end: int = 0
     sum: int | None = None
-    chunk: dict | None = None
+    chunk: dict | None = None  # {"global_shape": [...], "offsets": [...]}: a piece of a sharded tensor
 
     @property
     def nbytes(self) -> int:
@@ -114,7 +114,7 @@ class Layout:
         self.meta = meta
         # Stable sort by decreasing element size: every tensor is aligned to
         # its element size, with no holes between tensors.
-        self.tensors = sorted((TensorInfo(s.name, s.dtype, tuple(s.shape)) for s in specs),
+        self.tensors = sorted((TensorInfo(s.name, s.dtype, tuple(s.shape), chunk=s.chunk) for s in specs),
                               key=lambda t: -dtypes.SIZES[t.dtype])
         off = 0
         for t in self.tensors:
@@ -132,6 +132,9 @@ class Layout:
               (META_WORLD_SIZE, str(m.world_size)), (META_STEP, str(m.step)), (META_ALGO, checksum.ALGO)]
         if objects is not None:
             kv.append((META_OBJECTS, objects.decode("utf-8")))
+        chunks = sorted((t.name, t.chunk) for t in self.tensors if t.chunk is not None)
+        if chunks:  # as Go's json.Marshal writes a map: keys sorted
+            kv.append((META_CHUNKS, "{" + ",".join(f"{go_quote(n)}:{_chunk_json(c)}" for n, c in chunks) + "}"))
         parts = ['{"__metadata__":{'] + [f"{go_quote(k)}:{go_quote(v)}," for k, v in kv]
         b = bytearray(8) + "".join(parts).encode()
         self._sum_pos = []
@@ -158,6 +161,28 @@ class Layout:
     def header_sum(self) -> str:
         """The checksum of the header bytes, for Commit."""
         return checksum.format_sum(checksum.tree_sum(self.header))
+
+
+def _chunk_json(c: dict) -> str:
+    gs, offs = (",".join(str(int(x)) for x in c[k]) for k in ("global_shape", "offsets"))
+    return f'{{"global_shape":[{gs}],"offsets":[{offs}]}}'
+
+
+def check_chunk(name: str, chunk, shape) -> None:
+    """A chunk record places a piece of the given shape in its global
+    tensor (shm.checkChunk): one global size and one offset per dimension,
+    the piece inside."""
+    try:
+        gs, offs = list(chunk["global_shape"]), list(chunk["offsets"])
+        ok = len(gs) == len(offs) == len(shape) and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in gs + offs)
+    except (TypeError, KeyError):
+        ok = False
+    if not ok:
+        raise InvalidError("layout", f"tensor {name!r}: chunk {chunk!r} is not global_shape and offsets "
+                           f"of {len(shape)} dimensions")
+    if any(o < 0 or g < n or o > g - n for g, o, n in zip(gs, offs, shape)):
+        raise InvalidError("layout", f"tensor {name!r}: piece {list(shape)} at {offs} does not fit in global shape {gs}")
 
 
 def _no_constant(name: str):
@@ -188,6 +213,8 @@ def _check_specs(specs: list[TensorInfo]) -> None:
             raise InvalidError("layout", f"tensor {s.name!r}: unknown dtype {s.dtype!r}")
         if any(not isinstance(d, int) or d < 0 for d in s.shape):
             raise InvalidError("layout", f"tensor {s.name!r}: bad shape {list(s.shape)}")
+        if s.chunk is not None:
+            check_chunk(s.name, s.chunk, s.shape)
 
 
 @dataclass

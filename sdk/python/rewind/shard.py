@@ -109,6 +109,7 @@ def _parse_rewind(h: fmt.Header) -> None:
                 t = h.tensor(name)
                 if t is None:
                     raise ValueError(f"chunk of no tensor {name!r}")
+                fmt.check_chunk(name, ch, t.shape)
                 t.chunk = ch
         except Exception as e:
             raise _corrupt(f"{fmt.META_CHUNKS}: {e}") from None

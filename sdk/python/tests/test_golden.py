@@ -29,6 +29,11 @@ SPECS = [
     ("i32", "I32", (6,)),
     ("u32", "U32", (2,)),
 ]
+CHUNKS = {  # gowriter's chunks
+    "a/weight": {"global_shape": [6, 5], "offsets": [3, 0]},
+    'b<&>"q"\\': {"global_shape": [20], "offsets": [13]},
+    "scalar": {"global_shape": [], "offsets": []},
+}
 OBJECTS = b'{"format":"go-test","s":"<a&b>\\n\\u2028 \xc3\xbc","n":[1,2.5,null,true]}'
 
 
@@ -38,7 +43,7 @@ def fill(k: int, n: int) -> bytes:
 
 
 def python_shard() -> tuple[bytes, str]:
-    specs = [fmt.TensorInfo(n, d, s) for n, d, s in SPECS]
+    specs = [fmt.TensorInfo(n, d, s, chunk=CHUNKS.get(n)) for n, d, s in SPECS]
     layout = fmt.Layout(fmt.ShardMeta("golden", 1, 4, 42), specs, OBJECTS)
     data = {n: fill(k, fmt.dtypes.num_bytes(d, s)) for k, (n, d, s) in enumerate(SPECS)}
     buf = bytearray(layout.size)
@@ -76,6 +81,7 @@ def test_python_decodes_and_verifies_the_go_shard(go_shard):
     shard.verify(h, buf)
     big = h.tensor("big")
     assert checksum.num_leaves(big.nbytes) == 3
+    assert {t.name: t.chunk for t in h.tensors if t.chunk is not None} == CHUNKS
 
 
 def test_copy_and_sum_matches_sequential_sum():

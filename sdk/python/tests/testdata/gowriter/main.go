@@ -24,6 +24,14 @@ type spec struct {
 	shape []int64
 }
 
+// chunks place some tensors as pieces of larger ones (rewind.chunks),
+// names with escapes among them.
+var chunks = map[string]*shm.Chunk{
+	"a/weight":    {GlobalShape: []int64{6, 5}, Offsets: []int64{3, 0}},
+	"b<&>\"q\"\\": {GlobalShape: []int64{20}, Offsets: []int64{13}},
+	"scalar":      {GlobalShape: []int64{}, Offsets: []int64{}},
+}
+
 // specs exercise the header encoder: odd names (JSON escapes, HTML
 // characters, non-ASCII, U+2028), every element size, an empty tensor,
 // a scalar, and a tensor of several 1 MiB checksum leaves.
@@ -75,7 +83,7 @@ func writeFile(out string) error {
 	ts := make([]shm.TensorSpec, len(specs))
 	data := map[string][]byte{}
 	for k, s := range specs {
-		ts[k] = shm.TensorSpec{Name: s.name, DType: s.dtype, Shape: s.shape}
+		ts[k] = shm.TensorSpec{Name: s.name, DType: s.dtype, Shape: s.shape, Chunk: chunks[s.name]}
 		n, _ := s.dtype.NumBytes(s.shape)
 		data[s.name] = fill(k, n)
 	}

@@ -1,0 +1,425 @@
+"""rewind.dcp: PyTorch Distributed Checkpoint (DCP) storage in rewind.
+
+    import torch.distributed.checkpoint as dcp, rewind.dcp
+    dcp.save(state_dict, storage_writer=rewind.dcp.Writer(step=step))
+    dcp.load(state_dict, storage_reader=rewind.dcp.Reader())
+
+Writer and Reader implement torch 2.x's StorageWriter and StorageReader.
+Each rank's write items (after DCP's planner has given every replicated
+item to one rank) go straight into that rank's shared-memory shard of the
+step through rewind.Client: a tensor piece is one shard tensor with its
+chunk record (global shape and offsets, rewind.chunks), a non-tensor item
+(DCP's own bytes) a U8 tensor. Nothing is pickled by rewind. The shard's
+rewind.objects document says which DCP item each tensor is:
+
+    {"format": "rewind.dcp/1",
+     "items": {NAME: {"fqn": FQN, "kind": "tensor" | "bytes", "requires_grad": BOOL}},
+     "planner_data": {FQN: [PATH...]} | null}
+
+DCP's global Metadata is not stored: Reader.read_metadata rebuilds it from
+the headers of every rank's shard of the step (each chunk record is a
+ChunkStorageMetadata), so every rank at any world size can plan its reads
+with DCP's own load planner and read the pieces it needs from any saved
+rank's shard (Client.open_shard: the agent fetches shards its node lacks
+from peers or tiers when it has a coordinator). Each piece read is checked
+against its checksum first.
+
+A checkpoint_id of the form rewind://JOB, rewind://JOB/step-N or
+rewind://JOB/N names the job (and the step); validate_checkpoint_id accepts
+exactly those.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import re
+import threading
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import format as fmt
+from . import identity
+from ._pb.agent_pb2 import ShardState
+from .client import DEFAULT_SOCKET, Client, OpenShard
+from .dtypes import TORCH
+from .errors import BusyError, CorruptError, InvalidError, NotFoundError, RewindError
+
+try:
+    from torch.distributed.checkpoint.metadata import (
+        BytesStorageMetadata,
+        ChunkStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        StorageMeta,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+    from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+    from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+except ImportError as e:  # torch 1.x: a DCP without the 2.x interface (StorageMeta, reset)
+    raise ImportError(f"rewind.dcp needs torch 2.x's torch.distributed.checkpoint (this torch is {torch.__version__}): "
+                      f"{e}") from None
+from torch.futures import Future
+
+SCHEME = "rewind://"
+DOC_FORMAT = "rewind.dcp/1"
+_STEP_RE = re.compile(r"(?:.*?[-_])?([0-9]+)")
+
+__all__ = ["Writer", "Reader", "Stored", "parse_checkpoint_id", "SCHEME"]
+
+
+def parse_checkpoint_id(checkpoint_id) -> tuple[str, int | None]:
+    """(job, step or None) of rewind://JOB[/step-N]; InvalidError otherwise."""
+    s = os.fspath(checkpoint_id) if isinstance(checkpoint_id, (str, os.PathLike)) else None
+    if not isinstance(s, str) or not s.startswith(SCHEME):
+        raise InvalidError("dcp", f"checkpoint id {checkpoint_id!r} is not {SCHEME}JOB[/step-N]")
+    parts = s[len(SCHEME):].strip("/").split("/")
+    if len(parts) > 2:
+        raise InvalidError("dcp", f"checkpoint id {s!r}: {SCHEME}JOB or {SCHEME}JOB/step-N, not more path")
+    fmt.validate_job(parts[0])
+    step = None
+    if len(parts) == 2:
+        m = _STEP_RE.fullmatch(parts[1])
+        if m is None:
+            raise InvalidError("dcp", f"checkpoint id {s!r}: {parts[1]!r} does not end in a step number")
+        step = int(m.group(1))
+    return parts[0], step
+
+
+def _valid_id(checkpoint_id) -> bool:
+    try:
+        parse_checkpoint_id(checkpoint_id)
+        return True
+    except InvalidError:
+        return False
+
+
+@dataclass(frozen=True)
+class Stored:
+    """Where a DCP item is: the shard tensor name in rank's shard (the
+    storage_data of WriteResult and Metadata)."""
+
+    rank: int
+    name: str
+
+
+_clients: dict[tuple, Client] = {}
+_clients_lock = threading.Lock()
+
+
+def _client(socket: str | None, job: str | None, timeout: float) -> Client:
+    """One client per agent socket, job and rank, kept across checkpoints so
+    that each save reuses its mapped segments. Rank and world size are
+    torch.distributed's when it is initialized: DCP plans by them."""
+    import torch.distributed as dist
+
+    drank, dworld = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() \
+        else (None, None)
+    job_, rank, world = identity.resolve(job, drank, dworld)
+    key = (os.path.abspath(socket or os.environ.get("REWIND_SOCKET") or DEFAULT_SOCKET), job_, rank, world)
+    with _clients_lock:
+        c = _clients.get(key)
+        if c is None:
+            c = Client(socket=socket, job=job_, rank=rank, world_size=world, timeout=timeout)
+            _clients[key] = c
+        return c
+
+
+def item_name(index: MetadataIndex) -> str:
+    """The shard tensor name of a DCP item: its FQN, with the piece's
+    offsets when it does not start at the origin."""
+    if index.offset is None or not any(index.offset):
+        return index.fqn
+    return f"{index.fqn}@{','.join(str(int(o)) for o in index.offset)}"
+
+
+def _planner_data_json(pd):
+    """DefaultSavePlanner's planner_data ({fqn: (key, ...)}) as JSON, or
+    None for anything else (a custom planner's data is not kept)."""
+    if not isinstance(pd, dict):
+        return None
+    out = {}
+    for k, v in pd.items():
+        if not isinstance(k, str) or not isinstance(v, (tuple, list)) or \
+                not all(isinstance(x, str) or (isinstance(x, int) and not isinstance(x, bool)) for x in v):
+            return None
+        out[k] = list(v)
+    return out
+
+
+class _Base:
+    def __init__(self, step: int | None, job: str | None, socket: str | None, timeout: float):
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+            raise InvalidError("dcp", f"step must be a non-negative integer, is {step!r}")
+        self.step, self.job, self.socket, self.timeout = step, job, socket, timeout
+        self.checkpoint_id: str | None = None
+
+    def reset(self, checkpoint_id=None) -> None:
+        if checkpoint_id is not None:
+            self.job, step = parse_checkpoint_id(checkpoint_id)
+            if step is not None:
+                self.step = step
+            self.checkpoint_id = os.fspath(checkpoint_id)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return _valid_id(checkpoint_id)
+
+    def _connect(self) -> Client:
+        return _client(self.socket, self.job, self.timeout)
+
+    def _id(self, job: str, step) -> str:
+        return self.checkpoint_id or f"{SCHEME}{job}/step-{step}"
+
+
+class Writer(_Base, StorageWriter):
+    """A DCP StorageWriter into rewind: dcp.save(..., storage_writer=Writer(step=N)).
+
+    step: the training step (or from checkpoint_id rewind://JOB/step-N);
+    job, socket: as rewind.Client (else $REWIND_JOB, $REWIND_SOCKET, or the
+    checkpoint_id's JOB); rank and world size are torch.distributed's. Every
+    rank's shard is committed when write_data returns: the step is
+    restorable once every rank has written, with or without finish."""
+
+    def __init__(self, step: int | None = None, *, job: str | None = None, socket: str | None = None,
+                 timeout: float = 60.0):
+        _Base.__init__(self, step, job, socket, timeout)
+        StorageWriter.__init__(self)
+        self.save_id = uuid.uuid4().hex
+        self.client: Client | None = None
+
+    def reset(self, checkpoint_id=None) -> None:
+        _Base.reset(self, checkpoint_id)
+        self.save_id = uuid.uuid4().hex
+
+    def storage_meta(self) -> StorageMeta | None:
+        job = self.client.job if self.client is not None else self.job or ""
+        return StorageMeta(checkpoint_id=self._id(job, self.step), save_id=self.save_id)
+
+    def set_up_storage_writer(self, is_coordinator: bool) -> None:
+        if self.step is None:
+            raise InvalidError("dcp save", "no step: pass Writer(step=N) or checkpoint_id rewind://JOB/step-N")
+        self.client = self._connect()
+
+    def prepare_local_plan(self, plan):
+        assert self.client is not None
+        return dataclasses.replace(plan, storage_data=(self.client.job, self.step))
+
+    def prepare_global_plan(self, plans):
+        seen = {p.storage_data for p in plans}
+        if len(seen) != 1:
+            raise InvalidError("dcp save", f"ranks disagree on the job and step to save: {sorted(seen, key=str)}")
+        return plans
+
+    def write_data(self, plan, planner) -> Future:
+        c = self.client
+        assert c is not None and self.step is not None
+        tensors: dict = {}
+        chunks: dict = {}
+        items: dict = {}
+        results = []
+        for item in plan.items:
+            name = item_name(item.index)
+            data = planner.resolve_data(item)
+            if item.type == WriteItemType.BYTE_IO:
+                arr = np.frombuffer(data.getvalue(), dtype=np.uint8)
+                tensors[name], items[name] = arr, {"fqn": item.index.fqn, "kind": "bytes"}
+                nbytes = arr.nbytes
+            else:
+                td = item.tensor_data
+                t = data.detach()
+                if tuple(t.shape) != tuple(td.chunk.sizes):
+                    raise InvalidError("dcp save", f"{name}: planner gave a {tuple(t.shape)} tensor for a "
+                                       f"{tuple(td.chunk.sizes)} chunk")
+                tensors[name] = t
+                chunks[name] = {"global_shape": list(td.size), "offsets": list(td.chunk.offsets)}
+                items[name] = {"fqn": item.index.fqn, "kind": "tensor",
+                               "requires_grad": bool(td.properties.requires_grad)}
+                nbytes = t.numel() * t.element_size()
+            results.append(WriteResult(index=item.index, size_in_bytes=nbytes, storage_data=Stored(c.rank, name)))
+        doc = {"format": DOC_FORMAT, "items": items, "planner_data": _planner_data_json(plan.planner_data)}
+        c.save_tensors(self.step, tensors, objects=json.dumps(doc, separators=(",", ":")).encode(), chunks=chunks)
+        fut: Future = Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata, results) -> None:
+        """Nothing left to do: every rank's shard is committed, and the
+        global metadata is rebuilt from them at load."""
+
+
+class Reader(_Base, StorageReader):
+    """A DCP StorageReader from rewind: dcp.load(state_dict, storage_reader=Reader()).
+
+    step: the step to load; None: the job's latest consistent step (from the
+    coordinator through the agent; an agent without a coordinator: the
+    newest step of which it holds every rank's shard). The load may run at
+    any world size: DCP's planner asks for the pieces each rank needs, and
+    they are read from whichever saved rank's shard holds them."""
+
+    def __init__(self, step: int | None = None, *, job: str | None = None, socket: str | None = None,
+                 timeout: float = 60.0):
+        _Base.__init__(self, step, job, socket, timeout)
+        StorageReader.__init__(self)
+        self.load_id = uuid.uuid4().hex
+        self.client: Client | None = None
+        self.loaded_step: int | None = None
+        self.saved_world_size = 0
+        self._sums: dict[int, str] = {}  # saved rank -> header checksum seen by read_metadata
+        self._chunk_sizes: dict[Stored, tuple] = {}
+        self.storage_data: dict = {}
+
+    def reset(self, checkpoint_id=None) -> None:
+        _Base.reset(self, checkpoint_id)
+        self.load_id = uuid.uuid4().hex
+
+    def read_metadata(self) -> Metadata:
+        c = self.client = self._connect()
+        step = self.loaded_step = self.step if self.step is not None else self._pick_step(c)
+        sdm: dict = {}
+        stored: dict = {}
+        planner_data: dict | None = {}
+        self._sums.clear()
+        self._chunk_sizes.clear()
+        world = 1
+        r = 0
+        while r < world:
+            with c.open_shard(r, step) as sh:
+                if r == 0:
+                    world = sh.header.meta.world_size
+                elif sh.header.meta.world_size != world:
+                    raise CorruptError(f"dcp load step {step} of job {c.job}",
+                                       f"rank {r}'s shard says world size {sh.header.meta.world_size}, rank 0's {world}")
+                self._sums[r] = sh.shard.header_checksum
+                pd = _index_shard(sh, r, sdm, stored, self._chunk_sizes)
+                if planner_data is not None:
+                    planner_data = None if pd is None else {**planner_data, **pd}
+            r += 1
+        self.saved_world_size = world
+        meta = Metadata(state_dict_metadata=sdm, planner_data=planner_data, storage_data=stored)
+        if "storage_meta" in {f.name for f in dataclasses.fields(Metadata)}:
+            meta.storage_meta = StorageMeta(checkpoint_id=self._id(c.job, step), load_id=self.load_id)
+        return meta
+
+    def _pick_step(self, c: Client) -> int:
+        try:
+            step = c.latest_consistent()
+        except BusyError:  # an agent without a coordinator: what it holds
+            step = _latest_whole(c)
+        if step is None:
+            raise NotFoundError(f"dcp load job {c.job}", "the job has no step that every rank committed")
+        return step
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool) -> None:
+        self.storage_data = metadata.storage_data
+
+    def prepare_local_plan(self, plan):
+        return plan
+
+    def prepare_global_plan(self, plans):
+        return plans
+
+    def read_data(self, plan, planner) -> Future:
+        c = self.client
+        assert c is not None and self.loaded_step is not None
+        per_rank: dict[int, list] = {}
+        for req in plan.items:
+            per_rank.setdefault(self.storage_data[req.storage_index].rank, []).append(req)
+        for rank, reqs in sorted(per_rank.items()):
+            self._read_rank(c, rank, reqs, planner)
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def _read_rank(self, c: Client, rank: int, reqs: list, planner) -> None:
+        step = self.loaded_step
+        assert step is not None
+        op = f"dcp load step {step} of job {c.job} rank {rank}"
+        for attempt in range(2):  # a corrupt copy is reported; the agent serves another or none
+            with c.open_shard(rank, step) as sh:
+                if sh.shard.header_checksum != self._sums[rank]:
+                    raise RewindError(op, "the shard changed between reading the metadata and the data "
+                                      f"(header {sh.shard.header_checksum}, was {self._sums[rank]})")
+                try:
+                    sh.verify(self.storage_data[r.storage_index].name for r in reqs)
+                except CorruptError:
+                    if attempt:
+                        raise
+                    continue
+                for req in reqs:
+                    self._read_item(sh, req, planner)
+                return
+
+    def _read_item(self, sh: OpenShard, req, planner) -> None:
+        st = self.storage_data[req.storage_index]
+        if req.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(req, io.BytesIO(bytes(sh.raw(st.name))))
+            return
+        src = sh.view(st.name).view(self._chunk_sizes[st])
+        for d, (o, n) in enumerate(zip(req.storage_offsets, req.lengths)):
+            if o or n != src.size(d):
+                src = src.narrow(d, o, n)
+        target = planner.resolve_tensor(req).detach()
+        if target.size() != src.size():
+            raise RewindError(f"dcp load {req.storage_index.fqn}",
+                              f"piece {tuple(src.size())} read for a {tuple(target.size())} target")
+        target.copy_(src)
+        planner.commit_tensor(req, target)
+
+
+def _index_shard(sh: OpenShard, rank: int, sdm: dict, stored: dict, sizes: dict):
+    """Adds one saved rank's shard to the metadata being rebuilt; returns
+    its planner_data (None when it has none)."""
+    h = sh.header
+    op = f"dcp load step {sh.shard.step} rank {rank}"
+    try:
+        doc = json.loads(h.objects or "null")
+        if not isinstance(doc, dict) or doc.get("format") != DOC_FORMAT:
+            raise ValueError(f"not a {DOC_FORMAT} document")
+        items = doc["items"]
+        for t in h.tensors:
+            it = items[t.name]
+            fqn = it["fqn"]
+            st = Stored(rank, t.name)
+            if it["kind"] == "bytes":
+                _merge(sdm, fqn, BytesStorageMetadata())
+                stored[MetadataIndex(fqn)] = st
+                continue
+            ch = t.chunk
+            if ch is None:
+                raise ValueError(f"tensor {t.name!r} has no chunk record")
+            props = TensorProperties(dtype=TORCH[t.dtype], requires_grad=bool(it.get("requires_grad")))
+            md = _merge(sdm, fqn, TensorStorageMetadata(props, torch.Size(ch["global_shape"]), []))
+            md.chunks.append(ChunkStorageMetadata(offsets=torch.Size(ch["offsets"]), sizes=torch.Size(t.shape)))
+            stored[MetadataIndex(fqn, ch["offsets"])] = st
+            sizes[st] = tuple(t.shape)
+        pd = doc.get("planner_data")
+        return None if pd is None else {k: tuple(v) for k, v in pd.items()}
+    except (KeyError, TypeError, ValueError) as e:
+        raise RewindError(op, f"the shard is not a DCP checkpoint's ({type(e).__name__}: {e})") from None
+
+
+def _merge(sdm: dict, fqn: str, md):
+    have = sdm.setdefault(fqn, md)
+    if type(have) is not type(md) or (isinstance(md, TensorStorageMetadata) and (
+            have.size != md.size or have.properties.dtype != md.properties.dtype)):
+        raise ValueError(f"{fqn}: pieces of different kinds, global shapes or dtypes")
+    return have
+
+
+def _latest_whole(c: Client) -> int | None:
+    """The newest step of which the agent holds every rank's committed shard."""
+    ranks: dict[int, set] = {}
+    world: dict[int, int] = {}
+    for s in c.list():
+        if s.state == ShardState.SHARD_STATE_COMMITTED:
+            ranks.setdefault(s.step, set()).add(s.rank)
+            world[s.step] = s.world_size
+    whole = [step for step, rs in ranks.items() if rs == set(range(world[step]))]
+    return max(whole, default=None)

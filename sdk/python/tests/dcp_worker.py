@@ -1,0 +1,154 @@
+"""One rank of a DCP test (tests/test_dcp.py starts world-size many).
+
+    dcp_worker.py ACTION RANK WORLD PORT OUT [STEP]
+
+ACTION: save (dcp.save through rewind.dcp.Writer), async_save
+(dcp.async_save), load (dcp.load through rewind.dcp.Reader, compared with
+the reference the save wrote), fs_save DIR (FileSystemWriter, for the
+benchmark). The agent's socket and the job come from REWIND_SOCKET and
+REWIND_JOB. A rank writes what it measured to OUT/rank-N.json.
+
+The state: a model of DTensor parameters on a CPU device mesh (Shard(0),
+Shard(1) and Replicate placements, dimensions that do not divide by 3),
+an Adam optimizer after one step (exp_avg, exp_avg_sq as DTensors, step
+as a replicated tensor, param_groups as non-tensor items), and extra
+replicated state (a tensor and plain values). Every value is the same
+seeded full tensor at any world size.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import rewind.dcp  # noqa: E402
+
+# name -> (full shape, placement); "big" spans several 1 MiB checksum leaves per rank.
+PARAMS = {
+    "big.weight": ((4100, 160), Shard(0)),
+    "a.weight": ((16, 8), Shard(0)),
+    "a.bias": ((16,), Shard(0)),
+    "b.weight": ((4, 22), Shard(1)),
+    "b.bias": ((4,), Replicate()),
+}
+
+
+def full(name: str, salt: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(sum(map(ord, name)) * 131 + salt)
+    return torch.randn(PARAMS[name][0], generator=g)
+
+
+class Model(torch.nn.Module):
+    def __init__(self, mesh, salt: int):
+        super().__init__()
+        for name, (_, place) in PARAMS.items():
+            mod, attr = name.split(".")
+            if not hasattr(self, mod):
+                self.add_module(mod, torch.nn.Module())
+            value = full(name, salt) if salt else torch.zeros(PARAMS[name][0])
+            getattr(self, mod).register_parameter(attr, torch.nn.Parameter(distribute_tensor(value, mesh, [place])))
+
+
+def build(mesh, trained: bool):
+    """The model and optimizer; trained: after one Adam step with seeded
+    gradients (the state saved), else zeros (the state loaded into)."""
+    model = Model(mesh, 1 if trained else 0)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01, foreach=False)
+    if trained:
+        for name, p in model.named_parameters():
+            p.grad = distribute_tensor(full(name, 2), mesh, [PARAMS[name][1]])
+        opt.step()
+        opt.zero_grad()
+    return model, opt
+
+
+def state(model, opt, trained: bool) -> dict:
+    msd, osd = get_state_dict(model, opt)
+    extra = {"rng": torch.arange(10, dtype=torch.int64) * (7 if trained else 0), "epoch": 3 if trained else 0,
+             "note": "saved" if trained else ""}
+    return {"model": msd, "optim": osd, "extra": extra}
+
+
+def flat(d, prefix=""):
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            yield from flat(v, key + "/")
+        elif isinstance(v, list):
+            yield from flat(dict(enumerate(v)), key + "/")
+        else:
+            yield key, v
+
+
+def whole(v):
+    return v.full_tensor() if isinstance(v, DTensor) else v
+
+
+def main() -> None:
+    faulthandler.dump_traceback_later(240, exit=True)  # a hung rank prints where, and ends
+    action, rank, world, port, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    step = int(sys.argv[6]) if len(sys.argv) > 6 else 1
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    res: dict = {"rank": rank}
+    if action in ("save", "async_save", "fs_save"):
+        model, opt = build(mesh, True)
+        sd = state(model, opt, True)
+        dist.barrier()
+        t0 = time.perf_counter()
+        if action == "save":
+            dcp.save(sd, storage_writer=rewind.dcp.Writer(step=step))
+        elif action == "fs_save":
+            dcp.save(sd, storage_writer=dcp.FileSystemWriter(sys.argv[7]))
+        else:
+            fut = dcp.async_save(sd, storage_writer=rewind.dcp.Writer(step=step))
+            res["blocked_s"] = time.perf_counter() - t0
+            fut.result()
+        res["save_s"] = time.perf_counter() - t0
+        ref = {k: whole(v) for k, v in flat(sd)}
+        if rank == 0:
+            torch.save(ref, os.path.join(out, "reference.pt"))
+    elif action == "load":
+        model, opt = build(mesh, False)
+        sd = state(model, opt, False)
+        reader = rewind.dcp.Reader()
+        dcp.load(sd, storage_reader=reader)
+        set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+        got = {k: whole(v) for k, v in flat(state(model, opt, False) | {"extra": sd["extra"]})}
+        ref = torch.load(os.path.join(out, "reference.pt"), weights_only=False)
+        res["keys"] = sorted(ref)
+        res["mismatch"] = sorted(k for k in ref if k not in got or not _equal(ref[k], got[k]))
+        res["missing"] = sorted(set(ref) - set(got))
+        res["loaded_step"] = reader.loaded_step
+        res["saved_world_size"] = reader.saved_world_size
+        res["placements"] = {n: str(p.placements) for n, p in model.named_parameters()}
+    else:
+        raise SystemExit(f"unknown action {action}")
+    with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
+        json.dump(res, f)
+    dist.barrier()
+    # Not destroy_process_group: with gloo it sometimes never returns on
+    # one rank after the others have gone. Everything is written.
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    return a == b
+
+
+if __name__ == "__main__":
+    main()
