@@ -75,25 +75,27 @@ func (s *segments) open(ctx context.Context, timeout time.Duration, req *agentpb
 	req.JobToken = s.token
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.conn == nil {
-		var d net.Dialer
-		c, err := d.DialContext(ctx, segsock.Network, s.path)
-		if err != nil {
-			return nil, nil, status.Errorf(codes.Unavailable, "segment socket %s: %v", s.path, err)
-		}
-		s.conn = c.(*net.UnixConn)
-	}
 	deadline := time.Now().Add(timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	_ = s.conn.SetDeadline(deadline)
 	var resp agentpb.SegmentResponse
-	files, err := s.exchange(req, &resp)
-	if err != nil {
-		s.conn.Close() // a broken or desynchronized exchange: dial anew next time
-		s.conn = nil
-		return nil, nil, status.Errorf(codes.Unavailable, "segment socket %s: %v", s.path, err)
+	var files []*os.File
+	// A kept connection may belong to an agent that has since restarted:
+	// on failure it is dialed anew, once (asking for a descriptor twice
+	// is harmless).
+	for _, fresh := range []bool{s.conn == nil, true} {
+		var err error
+		if files, err = s.exchange(ctx, deadline, req, &resp); err == nil {
+			break
+		}
+		if s.conn != nil {
+			s.conn.Close() // broken or desynchronized: dial anew
+			s.conn = nil
+		}
+		if fresh {
+			return nil, nil, status.Errorf(codes.Unavailable, "segment socket %s: %v", s.path, err)
+		}
 	}
 	if resp.Code != uint32(codes.OK) {
 		closeFiles(files)
@@ -106,7 +108,18 @@ func (s *segments) open(ctx context.Context, timeout time.Duration, req *agentpb
 	return files[0], &resp, nil
 }
 
-func (s *segments) exchange(req *agentpb.SegmentRequest, resp *agentpb.SegmentResponse) ([]*os.File, error) {
+// exchange sends req and reads the answer, dialing first when there is
+// no connection; the caller holds s.mu.
+func (s *segments) exchange(ctx context.Context, deadline time.Time, req *agentpb.SegmentRequest, resp *agentpb.SegmentResponse) ([]*os.File, error) {
+	if s.conn == nil {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, segsock.Network, s.path)
+		if err != nil {
+			return nil, err
+		}
+		s.conn = c.(*net.UnixConn)
+	}
+	_ = s.conn.SetDeadline(deadline)
 	if err := segsock.Write(s.conn, req, nil); err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ package segsock
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"os"
 
@@ -66,6 +67,10 @@ func Read(c *net.UnixConn, m proto.Message) ([]*os.File, error) {
 		return nil, err
 	}
 	files, ferr := parseRights(oob[:oobn])
+	if n == 0 { // the peer hung up (no message of this wire is empty)
+		closeAll(files)
+		return nil, io.EOF
+	}
 	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
 		closeAll(files)
 		return nil, fmt.Errorf("segsock: a packet or its descriptors were truncated (flags %#x)", flags)
