@@ -50,13 +50,9 @@ func (a *Agent) Run(ctx context.Context, ready func(Addrs)) error {
 		a.log.Warn("jobs are not isolated: every process that can open the socket reaches every job's checkpoints on this node; start the agent with --job-key",
 			"socket", a.cfg.Socket)
 	}
-	errc := make(chan error, 4)
+	errc := make(chan error, 3)
 	go func() { errc <- srv.Serve(uds) }()
-	go func() {
-		if err := a.serveSegments(ctx, seg); err != nil {
-			errc <- err
-		}
-	}()
+	go a.serveSegments(ctx, seg)
 	if a.cfg.ListenAddr != "" {
 		tcp, err := a.cfg.Transport.Listen("agent", a.cfg.ListenAddr)
 		if err != nil {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"syscall"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -28,15 +29,27 @@ import (
 
 // serveSegments accepts connections on the segment socket until l is
 // closed; each is served by its own goroutine until the peer hangs up.
-func (a *Agent) serveSegments(ctx context.Context, l net.Listener) error {
+// A failed accept (out of descriptors: a local process holding many
+// connections) is logged and retried after a pause that doubles up to a
+// second, so it cannot stop the agent.
+func (a *Agent) serveSegments(ctx context.Context, l net.Listener) {
+	var pause time.Duration
 	for {
 		c, err := l.Accept()
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return nil
+				return
 			}
-			return fmt.Errorf("agent: segment socket: %w", err)
+			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+			a.log.Warn("segment socket: accept failed; retrying", "err", err, "pause", pause)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(pause):
+			}
+			continue
 		}
+		pause = 0
 		uc, ok := c.(*net.UnixConn)
 		if !ok {
 			c.Close()
