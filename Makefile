@@ -116,7 +116,7 @@ bench: build minio
 # testdata/fuzz/ and the target stops.
 FUZZTIME ?= 30s
 FUZZ_TARGETS := ./shm:FuzzDecodeHeader ./membership:FuzzDecodeMeta ./kube:FuzzParseSpec \
-	./coordinator:FuzzCoordinatorRequests ./agent:FuzzAgentRequests ./agent:FuzzPeerDataRequest ./agent:FuzzPeerDataAnswer
+	./coordinator:FuzzCoordinatorRequests ./agent:FuzzAgentRequests ./agent:FuzzPeerDataRequest ./agent:FuzzPeerDataAnswer ./agent:FuzzSegmentRequest
 
 ## fuzz: every fuzz target for FUZZTIME each (30s): header and metadata decoders, annotations, every gRPC handler of the coordinator and the agent, the peer data path both ways.
 fuzz:

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"sync"
 	"time"
 
@@ -87,11 +86,9 @@ func New(cfg Config) (*Agent, error) {
 		leases:  map[uint64]*lease{},
 		verifyQ: make(chan verifyJob, 1024),
 	}
-	mode := os.FileMode(0o600)
-	if cfg.SocketGroup != "" {
-		mode = 0o660
-	}
-	a.segs = &shm.Segments{FS: cfg.FS, Paths: a.paths, FileMode: mode}
+	// Segments are the agent's alone: ranks get file descriptors
+	// (segserver.go), never paths they could open.
+	a.segs = &shm.Segments{FS: cfg.FS, Paths: a.paths, FileMode: 0o600}
 	if err := a.preflight(); err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"rewind.dev/rewind/agent"
+	"rewind.dev/rewind/internal/segsock"
 	"rewind.dev/rewind/internal/testcluster"
 	"rewind.dev/rewind/vfs"
 )
@@ -94,12 +95,18 @@ func TestSocketGroupMode(t *testing.T) {
 	cfg := testcluster.AgentConfig(t)
 	cfg.SocketGroup = "0"
 	testcluster.StartAgent(t, cfg)
-	fi, err := os.Stat(cfg.Socket)
-	if err != nil {
-		t.Fatal(err)
+	for _, path := range []string{cfg.Socket, segsock.Path(cfg.Socket)} {
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o660 {
+			t.Fatalf("socket %s mode with a group: %v, want 0660", path, fi.Mode().Perm())
+		}
 	}
-	if fi.Mode().Perm() != 0o660 {
-		t.Fatalf("socket mode with a group: %v, want 0660", fi.Mode().Perm())
+	// The group reaches the sockets, never the segments.
+	if fi, err := os.Stat(cfg.ShmRoot); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("shm root with a socket group: %v, %v; want 0700", fi.Mode(), err)
 	}
 }
 

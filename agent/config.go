@@ -11,6 +11,7 @@ import (
 
 	"rewind.dev/rewind/faultinject"
 	"rewind.dev/rewind/internal/clock"
+	"rewind.dev/rewind/internal/jobtoken"
 	"rewind.dev/rewind/membership"
 	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
@@ -29,9 +30,17 @@ type Config struct {
 	// if missing, that one directory only: its parent must exist and not
 	// be the file system's root.
 	Socket string
-	// SocketGroup, when set, makes the socket and segments readable and
-	// writable by this group (0660) instead of by the owner only (0600).
+	// SocketGroup, when set, makes the sockets (gRPC and segments)
+	// usable by this group (0660) instead of by the owner only (0600).
+	// Segments stay the agent's alone either way: a rank gets a segment's
+	// file descriptor over the segment socket (segserver.go).
 	SocketGroup string
+	// JobKeys, when set, isolates jobs on the socket: a call over it is
+	// served only with the token of the job it names (jobtoken), and a
+	// segment is handed only to a holder of its job's token. Without keys
+	// every process that can open the socket reaches every job's
+	// checkpoints; the agent logs so at start.
+	JobKeys jobtoken.Keys
 	// ListenAddr is the TCP address for peers and the coordinator; empty
 	// disables it. Without TLS it must be a loopback address unless
 	// Transport is insecure.

@@ -19,6 +19,7 @@ import (
 
 	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/api/agentpb"
+	"rewind.dev/rewind/internal/segsock"
 	"rewind.dev/rewind/internal/testcluster"
 )
 
@@ -334,4 +335,56 @@ func readShard(tb testing.TB, holder *testcluster.Agent, ps agent.PeerShard) []b
 	}
 	_, _ = c.Write([]byte{0}) // accepted
 	return shard
+}
+
+// FuzzSegmentRequest sends the segment socket any packet: the agent
+// answers with a refusal (no descriptor: a grant needs a save's token or
+// a lease, which no input here holds) or hangs up, keeps serving, and
+// holds what it held.
+func FuzzSegmentRequest(f *testing.F) {
+	for _, m := range []*agentpb.SegmentRequest{
+		{Job: "keep", Rank: 0, Slot: 0, Grant: &agentpb.SegmentRequest_Lease{Lease: 1}},
+		{Job: "keep", Rank: 1, Slot: 1, Grant: &agentpb.SegmentRequest_SaveToken{SaveToken: 7}},
+		{Job: "keep", Rank: 0, Slot: 9},
+		{Job: "../keep", Rank: 4294967295, JobToken: "rwj1.x"},
+	} {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte{0xff, 0xff, 0xff})
+	r := fuzzAgent(f)
+	api := testcluster.Dial(f, r.Config.Socket).API()
+	f.Fuzz(func(t *testing.T, in []byte) {
+		if len(in) == 0 || len(in) > segsock.MaxPacket {
+			return // not a packet of this wire (empty is a hang-up)
+		}
+		before := agentPrint(r.Agent)
+		c, err := net.DialTimeout(segsock.Network, segsock.Path(r.Config.Socket), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		uc := c.(*net.UnixConn)
+		_ = uc.SetDeadline(time.Now().Add(15 * time.Second))
+		if _, err := uc.Write(in); err != nil {
+			return // the agent hung up already
+		}
+		var resp agentpb.SegmentResponse
+		files, err := segsock.Read(uc, &resp)
+		for _, f := range files {
+			f.Close()
+		}
+		if err == nil && (resp.Code == 0 || len(files) != 0) {
+			t.Fatalf("%q on the segment socket was granted: %+v, %d descriptors", in, &resp, len(files))
+		}
+		if _, err := api.Status(context.Background(), &agentpb.StatusRequest{}); err != nil {
+			t.Fatalf("after %q on the segment socket: the agent no longer answers Status: %v", in, err)
+		}
+		if after := agentPrint(r.Agent); after != before {
+			t.Fatalf("%q on the segment socket changed what the agent holds:\nbefore %s\nafter  %s", in, before, after)
+		}
+	})
 }

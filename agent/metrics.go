@@ -12,6 +12,7 @@ type metrics struct {
 	transfers      *prometheus.CounterVec
 	tierBytes      *prometheus.CounterVec
 	saveSeconds    *prometheus.HistogramVec
+	jobRefused     *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, a *Agent) *metrics {
@@ -55,6 +56,10 @@ func newMetrics(reg prometheus.Registerer, a *Agent) *metrics {
 			// 1 ms to about 65 s: a small model's save to a large one's.
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 17),
 		}, []string{"job_id"}),
+		jobRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rewind_agent_job_refused_total",
+			Help: "Calls on the SDK's sockets refused for want of the job's token (no token, another job's, a call no rank may make), by socket (grpc, segment).",
+		}, []string{"socket"}),
 	}
 	usedFn := func() float64 { u, _ := a.Used(); return float64(u) }
 	budgetFn := func() float64 { _, b := a.Used(); return float64(b) }
@@ -70,9 +75,19 @@ func newMetrics(reg prometheus.Registerer, a *Agent) *metrics {
 		}
 		return float64(n)
 	})
-	reg.MustRegister(m.saves, m.saveSeconds, newNodeMetrics(a), m.pinRefreshes, m.committedBytes, m.corrupt, m.verifySeconds, m.readBytes, shards, m.transfers, m.tierBytes,
+	isolation := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rewind_agent_job_isolation",
+		Help: "1 when the agent serves a job's checkpoints on its socket only to holders of the job's token, 0 when any local process that opens the socket reaches every job's."},
+		func() float64 { return b2f(a.cfg.JobKeys.Enabled()) })
+	reg.MustRegister(m.jobRefused, isolation, m.saves, m.saveSeconds, newNodeMetrics(a), m.pinRefreshes, m.committedBytes, m.corrupt, m.verifySeconds, m.readBytes, shards, m.transfers, m.tierBytes,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rewind_agent_shm_bytes", Help: "Bytes of all segments in shared memory."}, usedFn),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rewind_agent_shm_budget_bytes", Help: "The node's shared-memory budget."}, budgetFn),
 	)
 	return m
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -20,6 +20,9 @@ type PrepareResult struct {
 	Size    int64
 	Token   uint64
 	Resized bool
+	// SegmentID names the segment file (its inode number), for a rank
+	// that keeps it mapped between saves.
+	SegmentID uint64
 }
 
 // maxShardBytes bounds one shard (16 TiB): beyond any node's memory, it only
@@ -91,7 +94,7 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 		return PrepareResult{}, err
 	}
 	path := a.paths.Segment(job, rank, s.Index)
-	resized, err := a.segs.Reserve(path, size)
+	resized, segID, err := a.segs.ReserveID(path, size)
 	if err != nil {
 		var nospace *shm.NoSpaceError
 		if errors.As(err, &nospace) {
@@ -125,7 +128,7 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 	if resized {
 		a.log.Info("segment sized", "job", job, "rank", rank, "slot", s.Index, "bytes", size)
 	}
-	return PrepareResult{Slot: s.Index, Path: path, Size: size, Token: s.token, Resized: resized}, nil
+	return PrepareResult{Slot: s.Index, Path: path, Size: size, Token: s.token, Resized: resized, SegmentID: segID}, nil
 }
 
 // pickSlot picks the slot for a save; the caller holds r.mu. A slot whose

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/shm"
@@ -19,6 +20,9 @@ func (a *Agent) preflight() error {
 	root := a.cfg.ShmRoot
 	if err := a.cfg.FS.MkdirAll(root, a.segs.FileMode|0o700); err != nil {
 		return fmt.Errorf("agent: pre-flight: cannot create shm root %s: %w", root, err)
+	}
+	if err := a.privateRoot(); err != nil {
+		return err
 	}
 	st, err := a.cfg.FS.Statfs(root)
 	if err != nil {
@@ -44,6 +48,30 @@ func (a *Agent) preflight() error {
 	}
 	if a.budget < 2*shm.Alignment {
 		return fmt.Errorf("agent: pre-flight: budget %s cannot hold even one shard", units.Bytes(a.budget))
+	}
+	return nil
+}
+
+// privateRoot makes the shm root the agent's alone (mode 0700), and
+// refuses a root another user owns: whoever owns it could reach every
+// job's segments. Directories and segments under it are created 0700 and
+// 0600; ones an older agent made more open are out of reach through the
+// root.
+func (a *Agent) privateRoot() error {
+	root := a.cfg.ShmRoot
+	fi, err := os.Stat(root)
+	if err != nil {
+		return fmt.Errorf("agent: pre-flight: %w", err)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("agent: pre-flight: shm root %s belongs to uid %d and the agent runs as uid %d: that user could reach every job's checkpoints; chown it to the agent's user or choose another --shm-root",
+			root, st.Uid, os.Geteuid())
+	}
+	if fi.Mode().Perm() != 0o700 {
+		if err := os.Chmod(root, 0o700); err != nil {
+			return fmt.Errorf("agent: pre-flight: making shm root %s private: %w", root, err)
+		}
+		a.log.Info("shm root made private to the agent", "shm_root", root, "was", fi.Mode().Perm().String())
 	}
 	return nil
 }

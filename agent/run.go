@@ -15,6 +15,7 @@ import (
 
 	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/internal/metricsrv"
+	"rewind.dev/rewind/internal/segsock"
 	"rewind.dev/rewind/shm"
 )
 
@@ -29,9 +30,15 @@ func (a *Agent) Run(ctx context.Context, ready func(Addrs)) error {
 	if err != nil {
 		return err
 	}
+	seg, err := a.listenSocket(segsock.Network, segsock.Path(a.cfg.Socket))
+	if err != nil {
+		uds.Close()
+		return err
+	}
+	defer seg.Close()
 	srv := grpc.NewServer(a.cfg.Transport.ServerOption(),
-		grpc.ChainUnaryInterceptor(a.authz.Unary, unaryErrors),
-		grpc.ChainStreamInterceptor(a.authz.Stream, streamErrors),
+		grpc.ChainUnaryInterceptor(a.authz.Unary, a.guardUnary, unaryErrors),
+		grpc.ChainStreamInterceptor(a.authz.Stream, a.guardStream, streamErrors),
 	)
 	agentpb.RegisterAgentServer(srv, &server{a: a})
 	var addrs Addrs
@@ -39,8 +46,13 @@ func (a *Agent) Run(ctx context.Context, ready func(Addrs)) error {
 	if a.cfg.ListenAddr != "" || a.cfg.CoordinatorAddr != "" {
 		a.cfg.Transport.LogStart(a.log, "agent")
 	}
+	if !a.cfg.JobKeys.Enabled() {
+		a.log.Warn("jobs are not isolated: every process that can open the socket reaches every job's checkpoints on this node; start the agent with --job-key",
+			"socket", a.cfg.Socket)
+	}
 	errc := make(chan error, 3)
 	go func() { errc <- srv.Serve(uds) }()
+	go a.serveSegments(ctx, seg)
 	if a.cfg.ListenAddr != "" {
 		tcp, err := a.cfg.Transport.Listen("agent", a.cfg.ListenAddr)
 		if err != nil {
@@ -101,6 +113,7 @@ func (a *Agent) Run(ctx context.Context, ready func(Addrs)) error {
 		srv.Stop()
 	}
 	metrics.Close()
+	seg.Close()
 	_ = os.Remove(a.cfg.Socket)
 	a.log.Info("agent stopped")
 	return err
@@ -140,16 +153,20 @@ func socketDir(path string) error {
 	return nil
 }
 
-// listenUnix opens the SDK socket, owner-only (0600) or, with SocketGroup,
-// group-writable (0660) and owned by that group. A stale socket left by a
-// dead agent is replaced; a live one is an error.
+// listenUnix opens the SDK's gRPC socket.
 func (a *Agent) listenUnix() (net.Listener, error) {
-	path := a.cfg.Socket
-	if err := socketDir(path); err != nil {
+	if err := socketDir(a.cfg.Socket); err != nil {
 		return nil, err
 	}
+	return a.listenSocket("unix", a.cfg.Socket)
+}
+
+// listenSocket opens a Unix socket of the SDK, owner-only (0600) or, with
+// SocketGroup, group-writable (0660) and owned by that group. A stale
+// socket left by a dead agent is replaced; a live one is an error.
+func (a *Agent) listenSocket(network, path string) (net.Listener, error) {
 	if _, err := os.Stat(path); err == nil {
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		if c, err := net.DialTimeout(network, path, time.Second); err == nil {
 			c.Close()
 			return nil, fmt.Errorf("agent: another agent is serving on %s", path)
 		}
@@ -157,7 +174,7 @@ func (a *Agent) listenUnix() (net.Listener, error) {
 			return nil, fmt.Errorf("agent: removing stale socket: %w", err)
 		}
 	}
-	l, err := net.Listen("unix", path)
+	l, err := net.Listen(network, path)
 	if err != nil {
 		return nil, fmt.Errorf("agent: listen %s: %w", path, err)
 	}
@@ -171,10 +188,6 @@ func (a *Agent) listenUnix() (net.Listener, error) {
 		if err := os.Chown(path, -1, gid); err != nil {
 			l.Close()
 			return nil, fmt.Errorf("agent: chown socket to group %s: %w", g, err)
-		}
-		if err := os.Chown(a.cfg.ShmRoot, -1, gid); err != nil {
-			l.Close()
-			return nil, fmt.Errorf("agent: chown shm root to group %s: %w", g, err)
 		}
 		mode = 0o660
 	}

@@ -36,7 +36,7 @@ func (s *server) Prepare(ctx context.Context, req *agentpb.PrepareRequest) (*age
 		return nil, err
 	}
 	return &agentpb.PrepareResponse{Slot: res.Slot, Path: res.Path, SizeBytes: uint64(res.Size), Token: res.Token, Resized: res.Resized,
-		Epoch: epoch}, nil
+		Epoch: epoch, SegmentId: res.SegmentID}, nil
 }
 
 func (s *server) Commit(ctx context.Context, req *agentpb.CommitRequest) (*agentpb.CommitResponse, error) {

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"k8s.io/utils/clock"
+
+	"rewind.dev/rewind/internal/jobtoken"
 )
 
 // Config configures the controller.
@@ -23,6 +25,10 @@ type Config struct {
 	JobSets bool
 	// Resync is the informers' resync period.
 	Resync time.Duration
+	// JobKeys, when set, makes the controller create each managed job's
+	// token Secret (TokenSecretName) in the job's namespace, for its
+	// pods to mount; the agents check the tokens with the same keys.
+	JobKeys jobtoken.Keys
 	// Clock decides the grace; tests pass a fake one.
 	Clock  clock.WithTicker
 	Logger *slog.Logger

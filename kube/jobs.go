@@ -108,6 +108,9 @@ func (c *Controller) register(ctx context.Context, it item, u *unstructured.Unst
 	if err := c.coord.RegisterJob(ctx, req); err != nil {
 		return fmt.Errorf("kube: registering %s: %w", id, err)
 	}
+	if err := c.ensureToken(ctx, u, id); err != nil {
+		return err // not recorded as registered: retried with the registration
+	}
 	c.mu.Lock()
 	c.registered[it] = sig
 	c.mu.Unlock()

@@ -29,6 +29,9 @@ var Permissions = []Permission{
 	{Group: "", Resource: "nodes", Verbs: []string{"get", "list", "watch", "patch"}},
 	// The event recorder creates Events and patches repeated ones.
 	{Group: "", Resource: "events", Verbs: []string{"create", "patch"}},
+	// The job token Secrets (Config.JobKeys): created in each managed
+	// job's namespace, patched when they exist; never read or listed.
+	{Group: "", Resource: "secrets", Verbs: []string{"create", "patch"}},
 	// Leader election (resourcelock.LeaseLock: get, create, update).
 	{Group: "coordination.k8s.io", Resource: "leases", Verbs: []string{"get", "create", "update"}, Namespaced: true},
 }

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 
 	"rewind.dev/rewind/api/agentpb"
+	"rewind.dev/rewind/internal/segsock"
 	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/transport"
 )
@@ -25,6 +26,11 @@ type Options struct {
 	// Workers is how many goroutines copy and checksum; 0 picks
 	// shm.DefaultWorkers.
 	Workers int
+	// JobToken is the job's token, for an agent that isolates jobs; empty
+	// takes $REWIND_JOB_TOKEN, else the contents of the file
+	// $REWIND_JOB_TOKEN_FILE names. A client acts for one job: the token
+	// goes with every call.
+	JobToken string
 }
 
 // DefaultOptions returns the options Dial uses when given none.
@@ -41,6 +47,7 @@ type Client struct {
 	api    agentpb.AgentClient
 	opts   Options
 	socket string
+	segs   *segments
 }
 
 // Dial connects to the agent at socket (DefaultSocket, or $REWIND_SOCKET,
@@ -59,13 +66,19 @@ func Dial(ctx context.Context, socket string, opts ...Options) (*Client, error) 
 			o.CallTimeout = DefaultOptions().CallTimeout
 		}
 	}
+	token, err := jobToken(o)
+	if err != nil {
+		return nil, &Error{Op: "dial", Msg: err.Error(), kind: ErrInvalid}
+	}
 	// The node's agent, over its Unix socket: a local connection, no
 	// TLS (transport).
-	conn, err := transport.NewUnixClient(socket, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8<<20)))
+	dopts := append([]grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8 << 20))}, tokenInterceptors(token)...)
+	conn, err := transport.NewUnixClient(socket, dopts...)
 	if err != nil {
 		return nil, &Error{Op: "dial", Msg: err.Error(), kind: ErrNoAgent}
 	}
-	c := &Client{conn: conn, api: agentpb.NewAgentClient(conn), opts: o, socket: socket}
+	c := &Client{conn: conn, api: agentpb.NewAgentClient(conn), opts: o, socket: socket,
+		segs: &segments{path: segsock.Path(socket), token: token}}
 	if _, err := c.Status(ctx); err != nil {
 		conn.Close()
 		return nil, &Error{Op: "dial", Msg: fmt.Sprintf("no agent answers on %s (is `rewind agent` running?): %v", socket, err), kind: ErrNoAgent}
@@ -73,8 +86,11 @@ func Dial(ctx context.Context, socket string, opts ...Options) (*Client, error) 
 	return c, nil
 }
 
-// Close closes the connection.
-func (c *Client) Close() error { return c.conn.Close() }
+// Close closes the connections.
+func (c *Client) Close() error {
+	c.segs.close()
+	return c.conn.Close()
+}
 
 // API returns the raw gRPC client, for operator tools.
 func (c *Client) API() agentpb.AgentClient { return c.api }

@@ -25,6 +25,9 @@ var (
 	// node. The rank must stop (its peers are gone) and exit; the job is
 	// restarted and restores the step the message names.
 	ErrGangBroken = errors.New("gang broken")
+	// ErrPermission: the agent isolates jobs and the client's job token
+	// is missing or not the job's.
+	ErrPermission = errors.New("permission denied")
 )
 
 // Error is a failed SDK call.
@@ -61,6 +64,7 @@ func wrap(op string, err error) error {
 		codes.FailedPrecondition: ErrBusy,
 		codes.DeadlineExceeded:   ErrTimeout,
 		codes.Aborted:            ErrGangBroken,
+		codes.PermissionDenied:   ErrPermission,
 	}
 	msg, kind := st.Message(), kinds[st.Code()]
 	switch {

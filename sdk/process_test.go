@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strconv"
 	"testing"
 	"time"
 
 	"rewind.dev/rewind/api/agentpb"
+	"rewind.dev/rewind/internal/segsock"
 	"rewind.dev/rewind/internal/testcluster"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
@@ -37,7 +39,8 @@ func childHalfWriter() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	f, err := os.OpenFile(prep.Path, os.O_RDWR, 0)
+	f, err := segmentOf(os.Getenv("REWIND_TEST_SOCK"), &agentpb.SegmentRequest{Job: "killed", Slot: prep.Slot,
+		Grant: &agentpb.SegmentRequest_SaveToken{SaveToken: prep.Token}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -52,6 +55,28 @@ func childHalfWriter() int {
 	fmt.Println("HALF")
 	testcluster.Hang() // mid-save, until the test kills it
 	return 0
+}
+
+// segmentOf asks the agent's segment socket for a segment, as a rank
+// does: the shared-memory root is the agent's alone.
+func segmentOf(socket string, req *agentpb.SegmentRequest) (*os.File, error) {
+	c, err := net.Dial(segsock.Network, segsock.Path(socket))
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	if err := segsock.Write(c.(*net.UnixConn), req, nil); err != nil {
+		return nil, err
+	}
+	var resp agentpb.SegmentResponse
+	files, err := segsock.Read(c.(*net.UnixConn), &resp)
+	if err != nil {
+		return nil, err
+	}
+	if resp.Code != 0 || len(files) != 1 {
+		return nil, fmt.Errorf("segment refused: %s (%d descriptors)", resp.Error, len(files))
+	}
+	return files[0], nil
 }
 
 func shardSize(step int64) int64 {

@@ -5,10 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"rewind.dev/rewind/api/agentpb"
@@ -79,7 +77,7 @@ type Session struct {
 type segmentMap struct {
 	m    *shm.Mapping
 	size int64
-	ino  uint64
+	id   uint64 // the segment file's inode number
 }
 
 // LastSave returns the timings of the last successful Save.
@@ -135,9 +133,9 @@ func (s *Session) Save(ctx context.Context, step int64, tensors []Tensor, object
 		return &Error{Op: op, Msg: fmt.Sprintf("agent sized the segment %d bytes, %d asked", prep.SizeBytes, layout.Size)}
 	}
 	t0 := time.Now()
-	seg, cold, err := s.mapSegment(prep.Path, layout.Size, prep.Resized)
+	seg, cold, err := s.mapSegment(ctx, prep, layout.Size)
 	if err != nil {
-		return &Error{Op: op, Msg: err.Error()}
+		return wrap(op, err)
 	}
 	st.Cold, st.Map = cold || prep.Resized, time.Since(t0)
 
@@ -165,30 +163,30 @@ func (s *Session) Save(ctx context.Context, step int64, tensors []Tensor, object
 	return nil
 }
 
-// mapSegment returns the mapping of a slot's segment, reusing the one kept
-// from an earlier save when the file is the same and has the same size.
-func (s *Session) mapSegment(path string, size int64, resized bool) (*shm.Mapping, bool, error) {
-	var st syscall.Stat_t
-	if err := syscall.Stat(path, &st); err != nil {
-		return nil, false, fmt.Errorf("segment %s: %w", path, err)
-	}
-	if sm := s.maps[path]; sm != nil {
-		if !resized && sm.size == size && sm.ino == st.Ino {
+// mapSegment returns the mapping of a prepared slot's segment, reusing
+// the one kept from an earlier save when the agent names the same file
+// (segment id) at the same size: a warm save makes no system call of its
+// own. Otherwise the agent passes the segment's descriptor over the
+// segment socket, for this save's token, and it is mapped and kept.
+func (s *Session) mapSegment(ctx context.Context, prep *agentpb.PrepareResponse, size int64) (*shm.Mapping, bool, error) {
+	if sm := s.maps[prep.Path]; sm != nil {
+		if !prep.Resized && prep.SegmentId != 0 && sm.size == size && sm.id == prep.SegmentId {
 			return sm.m, false, nil
 		}
 		sm.m.Close()
-		delete(s.maps, path)
+		delete(s.maps, prep.Path)
 	}
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	f, resp, err := s.c.segs.open(ctx, s.c.opts.CallTimeout, &agentpb.SegmentRequest{Job: s.job, Rank: s.rank, Slot: prep.Slot,
+		Grant: &agentpb.SegmentRequest_SaveToken{SaveToken: prep.Token}})
 	if err != nil {
-		return nil, false, fmt.Errorf("opening segment: %w", err)
+		return nil, false, err
 	}
 	defer f.Close()
 	m, err := shm.Map(f, size, true)
 	if err != nil {
 		return nil, false, err
 	}
-	s.maps[path] = &segmentMap{m: m, size: size, ino: st.Ino}
+	s.maps[prep.Path] = &segmentMap{m: m, size: size, id: resp.SegmentId}
 	return m, true, nil
 }
 
@@ -264,9 +262,10 @@ func (s *Session) restore(ctx context.Context, req *agentpb.OpenRequest) (*Check
 	}
 	defer s.release(resp.Lease)
 	sh := resp.Shard
-	f, err := os.Open(sh.Path)
+	f, _, err := s.c.segs.open(ctx, s.c.opts.CallTimeout, &agentpb.SegmentRequest{Job: sh.Job, Rank: sh.Rank, Slot: sh.Slot,
+		Grant: &agentpb.SegmentRequest_Lease{Lease: resp.Lease}})
 	if err != nil {
-		return nil, &Error{Op: op, Msg: err.Error()}
+		return nil, wrap(op, err)
 	}
 	m, err := shm.Map(f, int64(sh.SizeBytes), false)
 	f.Close()

@@ -57,36 +57,47 @@ func (s *Segments) dirMode() os.FileMode {
 // was created or resized. When space runs short it returns a *NoSpaceError
 // and the file's size and contents are unchanged.
 func (s *Segments) Reserve(path string, size int64) (resized bool, err error) {
+	resized, _, err = s.ReserveID(path, size)
+	return resized, err
+}
+
+// ReserveID is Reserve; it also returns the file's inode number (0 where
+// the file system does not say), which tells a segment from another that
+// replaced it at the same path.
+func (s *Segments) ReserveID(path string, size int64) (resized bool, id uint64, err error) {
 	if err := s.FS.MkdirAll(filepath.Dir(path), s.dirMode()); err != nil {
-		return false, fmt.Errorf("shm: creating %s: %w", filepath.Dir(path), err)
+		return false, 0, fmt.Errorf("shm: creating %s: %w", filepath.Dir(path), err)
 	}
 	f, err := s.FS.OpenFile(path, os.O_RDWR|os.O_CREATE, s.FileMode)
 	if err != nil {
-		return false, fmt.Errorf("shm: opening segment: %w", err)
+		return false, 0, fmt.Errorf("shm: opening segment: %w", err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return false, fmt.Errorf("shm: stat segment: %w", err)
+		return false, 0, fmt.Errorf("shm: stat segment: %w", err)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		id = st.Ino
 	}
 	cur := fi.Size()
 	switch {
 	case cur == size:
-		return false, nil
+		return false, id, nil
 	case cur > size:
 		if err := f.Truncate(size); err != nil {
-			return false, fmt.Errorf("shm: shrinking segment %s to %d bytes: %w", path, size, err)
+			return false, 0, fmt.Errorf("shm: shrinking segment %s to %d bytes: %w", path, size, err)
 		}
-		return true, nil
+		return true, id, nil
 	}
 	st, err := s.FS.Statfs(s.Paths.Root)
 	if err != nil {
-		return false, err
+		return false, 0, err
 	}
 	need := uint64(size - cur)
 	nospace := &NoSpaceError{Path: path, Asked: need, Free: st.Free, Mount: s.Paths.Root, FSSize: st.Size}
 	if need > st.Free {
-		return false, nospace
+		return false, 0, nospace
 	}
 	if err := f.Allocate(0, size); err != nil {
 		if errors.Is(err, syscall.ENOSPC) {
@@ -96,9 +107,9 @@ func (s *Segments) Reserve(path string, size int64) (resized bool, err error) {
 				nospace.Free, nospace.FSSize = st.Free, st.Size
 			}
 			nospace.Cause = err
-			return false, nospace
+			return false, 0, nospace
 		}
-		return false, fmt.Errorf("shm: allocating %s for segment %s: %w", units.Bytes(uint64(size)), path, err)
+		return false, 0, fmt.Errorf("shm: allocating %s for segment %s: %w", units.Bytes(uint64(size)), path, err)
 	}
-	return true, nil
+	return true, id, nil
 }

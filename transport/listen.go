@@ -102,6 +102,8 @@ type Peer struct {
 	// handshake.
 	Err   error
 	State *tls.ConnectionState
+	// Cred, for PeerLocal, is the connecting process (SO_PEERCRED).
+	Cred *Cred
 }
 
 // PeerOf returns who is at the other end of conn, a connection a server
@@ -114,7 +116,7 @@ func PeerOf(conn net.Conn) Peer {
 		case *serverConn:
 			return c.Peer()
 		case *net.UnixConn:
-			return Peer{Kind: PeerLocal}
+			return Peer{Kind: PeerLocal, Cred: UnixCred(c)}
 		case *net.TCPConn:
 			return Peer{Kind: PeerPlain}
 		case interface{ NetConn() net.Conn }:

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"rewind.dev/rewind/agent"
+	"rewind.dev/rewind/internal/jobtoken"
 	"rewind.dev/rewind/internal/units"
 )
 
@@ -17,7 +18,8 @@ func runAgent(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.Node, "node", cfg.Node, "name of this node")
 	fs.StringVar(&cfg.ShmRoot, "shm-root", cfg.ShmRoot, "directory on tmpfs that holds the segments")
 	fs.StringVar(&cfg.Socket, "socket", cfg.Socket, "Unix socket for the SDK")
-	fs.StringVar(&cfg.SocketGroup, "socket-group", cfg.SocketGroup, "group allowed to use the socket and segments (default: owner only)")
+	fs.StringVar(&cfg.SocketGroup, "socket-group", cfg.SocketGroup, "group allowed to use the sockets (default: owner only); segments stay the agent's")
+	jobKey := fs.String("job-key", "", "job key file (rewind job-token --new): a rank reaches its job's checkpoints only with the job's token (empty: jobs are not isolated)")
 	fs.StringVar(&cfg.ListenAddr, "listen", cfg.ListenAddr, "TCP address for peers and the coordinator, e.g. :7070 with --tls-dir (empty: off; without TLS, loopback only unless --insecure)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics", cfg.MetricsAddr, "HTTP address for Prometheus /metrics (empty: off)")
 	fs.StringVar(&cfg.CoordinatorAddr, "coordinator", cfg.CoordinatorAddr, "coordinator address host:port (empty: this agent alone)")
@@ -46,6 +48,11 @@ func runAgent(ctx context.Context, args []string) error {
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	var err error
+	if *jobKey != "" {
+		if cfg.JobKeys, err = jobtoken.Load(*jobKey); err != nil {
+			return err
+		}
+	}
 	if cfg.Transport, err = tlf.security(cfg.Logger); err != nil {
 		return err
 	}

@@ -39,6 +39,9 @@ func runCoordinator(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if err := kf.loadJobKey(); err != nil {
+		return err
+	}
 	var err error
 	if cfg.Transport, err = tlf.security(cfg.Logger); err != nil {
 		return err

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/internal/jobtoken"
 	"rewind.dev/rewind/kube"
 	"rewind.dev/rewind/transport"
 )
@@ -18,6 +19,7 @@ import (
 type kubeFlags struct {
 	on         bool
 	kubeconfig string
+	jobKey     string
 	cfg        kube.Config
 	lease      kube.LeaderConfig
 	leading    atomic.Bool // this replica holds the lease
@@ -40,11 +42,25 @@ func (k *kubeFlags) register(fs *flag.FlagSet) {
 	k.cfg, k.lease = kube.DefaultConfig(), kube.DefaultLeaderConfig()
 	fs.BoolVar(&k.on, "kube", false, "run the Kubernetes controller (annotated MPIJobs, node faults), with leader election")
 	fs.StringVar(&k.kubeconfig, "kubeconfig", "", "kubeconfig for --kube (default: the in-cluster configuration)")
+	fs.StringVar(&k.jobKey, "job-key", "", "with --kube, the agents' job key file: each managed job gets a Secret NAME-rewind-token holding its token, for its pods to mount")
 	fs.DurationVar(&k.cfg.NodeGrace, "kube-node-grace", k.cfg.NodeGrace, "how long a Node stays NotReady before its jobs are recovered elsewhere")
 	fs.StringVar(&k.lease.Namespace, "kube-lease-namespace", envOr("POD_NAMESPACE", k.lease.Namespace), "namespace of the leader Lease")
 	fs.StringVar(&k.lease.Name, "kube-lease", k.lease.Name, "name of the leader Lease")
 	fs.StringVar(&k.lease.Identity, "kube-identity", envOr("POD_NAME", k.lease.Identity), "this replica's name in the leader election")
 	fs.DurationVar(&k.lease.LeaseDuration, "kube-lease-duration", k.lease.LeaseDuration, "how long a leader's lease lasts unrenewed")
+}
+
+// loadJobKey reads --job-key into the controller's configuration.
+func (k *kubeFlags) loadJobKey() error {
+	if k.jobKey == "" {
+		return nil
+	}
+	if !k.on {
+		return fmt.Errorf("--job-key is for the Kubernetes controller: it needs --kube")
+	}
+	var err error
+	k.cfg.JobKeys, err = jobtoken.Load(k.jobKey)
+	return err
 }
 
 func envOr(name, def string) string {

@@ -12,6 +12,7 @@ import (
 
 	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/internal/jobtoken"
 	"rewind.dev/rewind/internal/nodeproc"
 	"rewind.dev/rewind/transport"
 )
@@ -64,6 +65,15 @@ func runNode(ctx context.Context, args []string) error {
 	cfg := nodeproc.DefaultConfig()
 	cfg.Node, cfg.Job, cfg.WorldSize, cfg.InitialRanks = flagValue(agentArgs, "node", def.Node), *job, uint32(*world), initial
 	cfg.Exe, cfg.Socket, cfg.API, cfg.Out = exe, flagValue(agentArgs, "socket", def.Socket), coordpb.NewCoordinatorClient(conn), os.Stdout
+	if key := flagValue(agentArgs, "job-key", ""); key != "" {
+		// The supervisor launches the job's ranks: it hands them the
+		// job's token, minted with the agent's key.
+		keys, err := jobtoken.Load(key)
+		if err != nil {
+			return err
+		}
+		cfg.JobToken = keys.Token(*job)
+	}
 	cfg.TrainArgs = []string{"--steps", strconv.FormatInt(*steps, 10), "--size", *size}
 	if *stepTime > 0 {
 		cfg.TrainArgs = append(cfg.TrainArgs, "--step-time", stepTime.String())

@@ -17,6 +17,7 @@ import (
 
 	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/api/agentpb"
+	"rewind.dev/rewind/internal/jobtoken"
 	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
@@ -61,6 +62,11 @@ func Save(ctx context.Context, cfg SaveConfig) ([]SaveResult, error) {
 	acfg.Node, acfg.ShmRoot, acfg.Socket = "bench", filepath.Join(root, "shm"), filepath.Join(root, "agent.sock")
 	acfg.ListenAddr, acfg.MetricsAddr = "", ""
 	acfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	// Jobs isolated, as a cluster runs them: every call carries the job's
+	// token and is checked for it; segments come as file descriptors.
+	if acfg.JobKeys, err = jobtoken.Parse([]byte(jobtoken.Generate()), "bench"); err != nil {
+		return nil, err
+	}
 	a, err := agent.New(acfg)
 	if err != nil {
 		return nil, err
@@ -70,14 +76,12 @@ func Save(ctx context.Context, cfg SaveConfig) ([]SaveResult, error) {
 	ready := make(chan struct{})
 	go a.Run(actx, func(agent.Addrs) { close(ready) })
 	<-ready
-	c, err := sdk.Dial(ctx, acfg.Socket, sdk.Options{CallTimeout: time.Minute, Workers: cfg.Workers})
-	if err != nil {
-		return nil, err
+	dial := func(job string) (*sdk.Client, error) { // a client is one job's
+		return sdk.Dial(ctx, acfg.Socket, sdk.Options{CallTimeout: time.Minute, Workers: cfg.Workers, JobToken: acfg.JobKeys.Token(job)})
 	}
-	defer c.Close()
 	var out []SaveResult
 	for _, size := range cfg.Sizes {
-		r, err := saveOne(ctx, c, cfg, size)
+		r, err := saveOne(ctx, dial, cfg, size)
 		if err != nil {
 			return out, err
 		}
@@ -86,7 +90,7 @@ func Save(ctx context.Context, cfg SaveConfig) ([]SaveResult, error) {
 	return out, nil
 }
 
-func saveOne(ctx context.Context, c *sdk.Client, cfg SaveConfig, size uint64) (SaveResult, error) {
+func saveOne(ctx context.Context, dial func(job string) (*sdk.Client, error), cfg SaveConfig, size uint64) (SaveResult, error) {
 	res := SaveResult{Size: size}
 	per := (size / uint64(cfg.Tensors)) &^ 3
 	src := make([]byte, size)
@@ -111,8 +115,13 @@ func saveOne(ctx context.Context, c *sdk.Client, cfg SaveConfig, size uint64) (S
 	var cold []float64
 	for run := range cfg.Runs {
 		job := fmt.Sprintf("bench-cold-%d-%d", size>>20, run)
+		c, err := dial(job)
+		if err != nil {
+			return res, err
+		}
 		s, err := c.Session(job, 0, 1)
 		if err != nil {
+			c.Close()
 			return res, err
 		}
 		t0 := time.Now()
@@ -121,7 +130,9 @@ func saveOne(ctx context.Context, c *sdk.Client, cfg SaveConfig, size uint64) (S
 		}
 		cold = append(cold, time.Since(t0).Seconds())
 		s.Close()
-		if err := cleanup(ctx, c, job); err != nil {
+		err = cleanup(ctx, c, job)
+		c.Close()
+		if err != nil {
 			return res, err
 		}
 	}
@@ -131,6 +142,11 @@ func saveOne(ctx context.Context, c *sdk.Client, cfg SaveConfig, size uint64) (S
 	// Warm: one session saving step after step; the first two saves size
 	// and map the two slots, the rest reuse them.
 	job := fmt.Sprintf("bench-warm-%d", size>>20)
+	c, err := dial(job)
+	if err != nil {
+		return res, err
+	}
+	defer c.Close()
 	s, err := c.Session(job, 0, 1)
 	if err != nil {
 		return res, err

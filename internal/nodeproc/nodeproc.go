@@ -37,6 +37,10 @@ type Config struct {
 	Out          io.Writer // the ranks' report and the supervisor's events
 	Logger       *slog.Logger
 
+	// JobToken is the job's token (jobtoken), handed to every rank as
+	// $REWIND_JOB_TOKEN; empty for an agent that does not isolate jobs.
+	JobToken string
+
 	// Reconcile is how often the supervisor compares what it runs with the
 	// coordinator's placement (a recovery event missed during a partition).
 	Reconcile time.Duration

@@ -2,6 +2,7 @@ package nodeproc
 
 import (
 	"bytes"
+	"io"
 	"slices"
 	"strings"
 	"testing"
@@ -133,5 +134,19 @@ func TestValidate(t *testing.T) {
 	err := cfg.Validate()
 	if err == nil || !strings.Contains(err.Error(), "initial rank 2 is not below the world size 2") {
 		t.Fatalf("validate: %v", err)
+	}
+}
+
+// TestRanksGetTheJobToken: a rank the supervisor launches finds its job's
+// token in $REWIND_JOB_TOKEN, where the SDK looks for it; without a token
+// the environment is the supervisor's own.
+func TestRanksGetTheJobToken(t *testing.T) {
+	s := &supervisor{cfg: Config{Exe: "/bin/true", Socket: "/s", Job: "j", WorldSize: 1, JobToken: "rwj1.x"}, out: &output{out: io.Discard}}
+	if env := s.command(0, "", -1).Env; !slices.Contains(env, "REWIND_JOB_TOKEN=rwj1.x") {
+		t.Fatalf("rank's environment lacks the job token: %v", env)
+	}
+	s.cfg.JobToken = ""
+	if env := s.command(0, "", -1).Env; env != nil {
+		t.Fatalf("rank's environment without a token: %v, want the supervisor's (nil)", env)
 	}
 }

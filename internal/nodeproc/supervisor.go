@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -160,6 +161,9 @@ func (s *supervisor) command(rank uint32, _ string, restoreStep int64) *exec.Cmd
 		"--rank", fmt.Sprint(rank), "--world-size", fmt.Sprint(s.cfg.WorldSize),
 		"--restore-step", fmt.Sprint(restoreStep)}, s.cfg.TrainArgs...)
 	cmd := exec.Command(s.cfg.Exe, args...)
+	if s.cfg.JobToken != "" {
+		cmd.Env = append(os.Environ(), "REWIND_JOB_TOKEN="+s.cfg.JobToken)
+	}
 	cmd.Stdout = s.out.prefixed(fmt.Sprintf("[rank %d] ", rank))
 	cmd.Stderr = s.out.prefixed(fmt.Sprintf("[rank %d stderr] ", rank))
 	cmd.SysProcAttr = sysProcAttr()

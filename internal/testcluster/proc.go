@@ -20,6 +20,7 @@ import (
 	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/coordinator"
 	"rewind.dev/rewind/faultinject"
+	"rewind.dev/rewind/internal/jobtoken"
 	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/membership"
 	"rewind.dev/rewind/sdk"
@@ -199,6 +200,9 @@ type AgentProcess struct {
 	// TLSDir is the agent's certificate directory; empty: the test
 	// nodes' shared one (NodeID), or none with REWIND_TEST_PLAINTEXT=1.
 	TLSDir string
+	// JobKey is the agent's job key file (jobtoken); empty: jobs are not
+	// isolated.
+	JobKey string
 }
 
 // SpawnAgent starts an agent process configured by spec, env added to its
@@ -264,6 +268,11 @@ func agentRole() int {
 	cfg.ListenAddr, cfg.AdvertiseAddr, cfg.CoordinatorAddr, cfg.MetricsAddr = spec.Listen, spec.Listen, spec.Coordinator, ""
 	if cfg.Transport, err = processTLS(spec.TLSDir); err != nil {
 		return fail(err)
+	}
+	if spec.JobKey != "" {
+		if cfg.JobKeys, err = jobtoken.Load(spec.JobKey); err != nil {
+			return fail(err)
+		}
 	}
 	if spec.GossipSeed != "" {
 		g := GossipConfig(nil)

@@ -22,6 +22,7 @@ from .errors import (
     InvalidError,
     NoAgentError,
     NotFoundError,
+    PermissionDeniedError,
     ResourceExhaustedError,
     RewindError,
 )
@@ -62,6 +63,6 @@ def __dir__() -> list[str]:
 __all__ = [
     "Client", "SaveStats", "DEFAULT_SOCKET", "load_shard", "load_state", "Header", "ShardMeta", "TensorInfo",
     "ShardState",
-    "RewindError", "GangBrokenError", "NoAgentError", "NotFoundError", "ResourceExhaustedError", "CorruptError", "InvalidError",
+    "RewindError", "GangBrokenError", "NoAgentError", "NotFoundError", "ResourceExhaustedError", "CorruptError", "InvalidError", "PermissionDeniedError",
     "BusyError", "DeadlineError", "CoordinatorUnavailableError", "kube_job_id",
 ]

@@ -49,8 +49,10 @@ class AgentChannel:
     for concurrent use: a channel is replaced only for calls that start
     after it broke, and closed only once no call is using it."""
 
-    def __init__(self, socket_path: str):
+    def __init__(self, socket_path: str, token: str = ""):
         self._target = "unix:" + socket_path
+        # The job's token goes with every call (agent.TokenMetadata).
+        self._metadata = (("rewind-job-token", token),) if token else None
         self._lock = threading.Lock()
         self._conn: _Conn | None = _Conn(self._target)
 
@@ -59,7 +61,7 @@ class AgentChannel:
         conn = self._acquire(op)
         broken = False
         try:
-            return getattr(conn.stub, method)(req, timeout=timeout)
+            return getattr(conn.stub, method)(req, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             err = from_rpc(op, e)
             broken = isinstance(err, NoAgentError)

@@ -25,6 +25,7 @@ from ._pb import agent_pb2 as pb
 from .channel import AgentChannel
 from .errors import BusyError, CorruptError, InvalidError, NoAgentError, NotFoundError, RewindError
 from .mapping import Mapping, SegmentCache, numpy_view, torch_view
+from .segments import SegmentSocket
 
 DEFAULT_SOCKET = "/run/rewind/agent.sock"
 DEFAULT_TIMEOUT = 30.0  # seconds; covers sizing a cold multi-GiB segment
@@ -52,12 +53,15 @@ class Client:
     socket: the agent's Unix socket (else $REWIND_SOCKET, else
     /run/rewind/agent.sock). job, rank, world_size: see identity.resolve.
     timeout bounds every call to the agent, in seconds. workers: threads
-    that copy and checksum (0: up to 4). Methods may be called from several
-    threads; saves and restores of one client run one at a time.
+    that copy and checksum (0: up to 4). token: the job's token, for an
+    agent that isolates jobs (else $REWIND_JOB_TOKEN, else the contents of
+    the file $REWIND_JOB_TOKEN_FILE names). Methods may be called from
+    several threads; saves and restores of one client run one at a time.
     """
 
     def __init__(self, socket: str | None = None, job: str | None = None, rank: int | None = None,
-                 world_size: int | None = None, *, timeout: float = DEFAULT_TIMEOUT, workers: int = 0):
+                 world_size: int | None = None, *, timeout: float = DEFAULT_TIMEOUT, workers: int = 0,
+                 token: str | None = None):
         self.socket = os.path.abspath(socket or os.environ.get("REWIND_SOCKET") or DEFAULT_SOCKET)
         self.job, self.rank, self.world_size = identity.resolve(job, rank, world_size)
         self.timeout, self.workers = timeout, workers
@@ -66,7 +70,9 @@ class Client:
         self._epoch = 0  # the job's epoch this rank belongs to (0: not told yet)
         self._streams: cuda.SideStreams | None = None
         self._lock = threading.Lock()
-        self._agent = AgentChannel(self.socket)
+        token = identity.job_token(token)
+        self._agent = AgentChannel(self.socket, token)
+        self._segsock = SegmentSocket(self.socket, token)
         try:
             self.status()
         except RewindError as e:
@@ -85,6 +91,7 @@ class Client:
         """Unmaps the segments and closes the connection."""
         with self._lock:
             self._segments.close()
+            self._segsock.close()
             self._agent.close()
 
     def _call(self, op: str, method: str, req, timeout: float | None = None):
@@ -172,8 +179,10 @@ class Client:
         t1 = time.perf_counter()
         if prep.size_bytes != layout.size:
             raise RewindError(op, f"agent sized the segment {prep.size_bytes} bytes, {layout.size} asked")
+        grant = pb.SegmentRequest(job=self.job, rank=self.rank, slot=prep.slot, save_token=prep.token)
         try:
-            m, cold = self._segments.get(prep.path, layout.size, prep.resized)
+            m, cold = self._segments.get(prep.path, layout.size, prep.resized, prep.segment_id,
+                                         lambda: self._segsock.open(op, grant, self.timeout)[0])
         except OSError as e:
             raise RewindError(op, f"mapping segment: {e}") from None
         t2 = time.perf_counter()
@@ -297,7 +306,7 @@ class Client:
         resp = self._call(op, "Open", req)
         sh = resp.shard
         try:
-            h, tensors = self._read(op, sh, map_location)
+            h, tensors = self._read(op, sh, resp.lease, map_location)
         except CorruptError as e:
             self._report(sh, e)
             raise CorruptError(op, e.message) from None
@@ -305,19 +314,22 @@ class Client:
             self._release(resp.lease)
         return h.meta.step, state.unflatten(h.objects, tensors, op)
 
-    def _read(self, op: str, sh, map_location):
-        m, h = self._map(op, sh)
+    def _read(self, op: str, sh, lease: int, map_location):
+        m, h = self._map(op, sh, lease)
         try:
             names = state.numpy_names(h.objects)
             return h, shard.copy_out(m, h, map_location, self.workers, names, op=op, locations=state.devices(h.objects))
         finally:
             m.close()
 
-    def _map(self, op: str, sh) -> tuple[Mapping, fmt.Header]:
-        """Maps a leased shard read-only and checks its header against
-        what the agent said (CorruptError)."""
+    def _map(self, op: str, sh, lease: int) -> tuple[Mapping, fmt.Header]:
+        """Maps a leased shard read-only, its descriptor from the agent's
+        segment socket, and checks its header against what the agent said
+        (CorruptError)."""
+        grant = pb.SegmentRequest(job=sh.job, rank=sh.rank, slot=sh.slot, lease=lease)
+        fd, _ = self._segsock.open(op, grant, self.timeout)
         try:
-            m = Mapping(sh.path, sh.size_bytes, write=False)
+            m = Mapping(sh.path, sh.size_bytes, write=False, fd=fd)
         except OSError as e:
             raise RewindError(op, f"opening shard: {e}") from None
         try:
@@ -340,7 +352,7 @@ class Client:
         op = f"open step {step} of job {self.job} rank {rank}"
         resp = self._call(op, "Open", pb.OpenRequest(job=self.job, rank=rank, step=step))
         try:
-            m, h = self._map(op, resp.shard)
+            m, h = self._map(op, resp.shard, resp.lease)
         except CorruptError as e:
             self._report(resp.shard, e)
             self._release(resp.lease)

@@ -55,6 +55,11 @@ class CoordinatorUnavailableError(RewindError):
     """The agent answered, but the coordinator behind it did not."""
 
 
+class PermissionDeniedError(RewindError):
+    """The agent isolates jobs, and the client's job token is missing or
+    not the job's (REWIND_JOB_TOKEN, REWIND_JOB_TOKEN_FILE, token=)."""
+
+
 class GangBrokenError(RewindError):
     """The coordinator is recovering the job after losing a node: this rank
     must stop (its peers are gone) and exit; the job is restarted and
@@ -70,7 +75,17 @@ _KINDS = {
     grpc.StatusCode.FAILED_PRECONDITION: BusyError,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineError,
     grpc.StatusCode.ABORTED: GangBrokenError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
 }
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def from_code(op: str, code: int, msg: str) -> RewindError:
+    """The RewindError of a gRPC status code given as its number (the
+    segment socket's answers)."""
+    sc = _CODES.get(code)
+    return _KINDS.get(sc, RewindError)(op, msg, sc)
 
 
 def from_rpc(op: str, err: grpc.RpcError) -> RewindError:

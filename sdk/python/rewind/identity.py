@@ -72,6 +72,24 @@ def _distributed() -> tuple[int | None, int | None]:
     return None, None
 
 
+def job_token(token: str | None) -> str:
+    """The job's token, for an agent that isolates jobs: the argument, else
+    REWIND_JOB_TOKEN, else the contents of the file REWIND_JOB_TOKEN_FILE
+    names (a Kubernetes Secret's key, mounted), else "" (no token)."""
+    if token:
+        return token
+    if os.environ.get("REWIND_JOB_TOKEN"):
+        return os.environ["REWIND_JOB_TOKEN"]
+    path = os.environ.get("REWIND_JOB_TOKEN_FILE", "")
+    if not path:
+        return ""
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError as e:
+        raise InvalidError("client", f"job token: {e}") from None
+
+
 def _first(*vals: int | None, default: int) -> int:
     return next((v for v in vals if v is not None), default)
 

@@ -2,8 +2,10 @@
 
 A save maps the agent-prepared segment MAP_SHARED and writes into it; the
 mapping is kept between saves (per path) and replaced when the agent says
-the segment was resized or the file's inode or size changed, as the Go
-SDK's Session.mapSegment does. A restore maps the file read-only; torch
+the segment was resized or names another file (segment id) or size, as the
+Go SDK's Session.mapSegment does: a warm save makes no system call of its
+own. Segments are mapped from the file descriptors the agent passes over
+its segment socket (segments.py), never opened by path. A restore maps the file read-only; torch
 only builds tensors over writable buffers without a warning, so the read
 mapping is exposed through a ctypes array at its address (never written:
 a write would fault). A private writable mapping would do the same but is
@@ -26,9 +28,11 @@ from .format import TensorInfo
 class Mapping:
     """One mapped file. ``mv`` is a memoryview of all of it."""
 
-    def __init__(self, path: str, size: int, write: bool):
-        flags = os.O_RDWR if write else os.O_RDONLY
-        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    def __init__(self, path: str, size: int, write: bool, fd: int | None = None):
+        """Maps the file open at fd (which it closes), or else opens path."""
+        if fd is None:
+            flags = os.O_RDWR if write else os.O_RDONLY
+            fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
         try:
             st = os.fstat(fd)
             if st.st_size != size:
@@ -72,16 +76,17 @@ class SegmentCache:
     def __init__(self):
         self._maps: dict[str, Mapping] = {}
 
-    def get(self, path: str, size: int, resized: bool) -> tuple[Mapping, bool]:
-        """Returns the mapping of path and whether it was newly mapped."""
-        ino = os.stat(path).st_ino
+    def get(self, path: str, size: int, resized: bool, segment_id: int, open_fd) -> tuple[Mapping, bool]:
+        """Returns the mapping of path and whether it was newly mapped;
+        open_fd() returns a writable descriptor of the segment, when a new
+        mapping is needed."""
         m = self._maps.get(path)
         if m is not None:
-            if not resized and m.size == size and m.ino == ino:
+            if not resized and segment_id and m.size == size and m.ino == segment_id:
                 return m, False
             m.close()
             del self._maps[path]
-        m = Mapping(path, size, write=True)
+        m = Mapping(path, size, write=True, fd=open_fd())
         self._maps[path] = m
         return m, True
 

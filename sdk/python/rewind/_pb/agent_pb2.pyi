@@ -195,20 +195,22 @@ class PrepareRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., step: _Optional[int] = ..., size_bytes: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class PrepareResponse(_message.Message):
-    __slots__ = ["epoch", "path", "resized", "size_bytes", "slot", "token"]
+    __slots__ = ["epoch", "path", "resized", "segment_id", "size_bytes", "slot", "token"]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     RESIZED_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     SLOT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     path: str
     resized: bool
+    segment_id: int
     size_bytes: int
     slot: int
     token: int
-    def __init__(self, slot: _Optional[int] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., token: _Optional[int] = ..., resized: bool = ..., epoch: _Optional[int] = ...) -> None: ...
+    def __init__(self, slot: _Optional[int] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., token: _Optional[int] = ..., resized: bool = ..., epoch: _Optional[int] = ..., segment_id: _Optional[int] = ...) -> None: ...
 
 class ReadChunk(_message.Message):
     __slots__ = ["data", "offset", "shard"]
@@ -239,6 +241,34 @@ class ReleaseRequest(_message.Message):
 class ReleaseResponse(_message.Message):
     __slots__ = []
     def __init__(self) -> None: ...
+
+class SegmentRequest(_message.Message):
+    __slots__ = ["job", "job_token", "lease", "rank", "save_token", "slot"]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    JOB_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    SAVE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    job_token: str
+    lease: int
+    rank: int
+    save_token: int
+    slot: int
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., slot: _Optional[int] = ..., job_token: _Optional[str] = ..., save_token: _Optional[int] = ..., lease: _Optional[int] = ...) -> None: ...
+
+class SegmentResponse(_message.Message):
+    __slots__ = ["code", "error", "segment_id", "size_bytes"]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    error: str
+    segment_id: int
+    size_bytes: int
+    def __init__(self, code: _Optional[int] = ..., error: _Optional[str] = ..., size_bytes: _Optional[int] = ..., segment_id: _Optional[int] = ...) -> None: ...
 
 class Shard(_message.Message):
     __slots__ = ["committed_unix_nano", "header_checksum", "job", "path", "problem", "rank", "seq", "size_bytes", "slot", "state", "step", "tensors", "verified", "world_size"]
