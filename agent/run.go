@@ -30,8 +30,8 @@ func (a *Agent) Run(ctx context.Context, ready func(Addrs)) error {
 		return err
 	}
 	srv := grpc.NewServer(a.cfg.Transport.ServerOption(),
-		grpc.ChainUnaryInterceptor(a.authz.Unary, unaryErrors),
-		grpc.ChainStreamInterceptor(a.authz.Stream, streamErrors),
+		grpc.ChainUnaryInterceptor(a.auditor.Unary, a.authz.Unary, unaryErrors),
+		grpc.ChainStreamInterceptor(a.auditor.Stream, a.authz.Stream, streamErrors),
 	)
 	agentpb.RegisterAgentServer(srv, &server{a: a})
 	var addrs Addrs

@@ -24,6 +24,8 @@ type Coordinator struct {
 	incarnation atomic.Value // string; changes when the index loses acknowledged writes
 	metrics     *metrics
 	authz       *transport.Authorizer
+	audit       *auditLog // the audit log, in the store (audit.go)
+	auditor     *transport.Audit
 
 	mu    sync.Mutex
 	state *State
@@ -159,6 +161,7 @@ func (c *Coordinator) Close() error {
 	c.streams.shutdown()
 	c.tiers.close()
 	c.replication.close()
+	c.audit.close()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.store.Close()
