@@ -57,7 +57,7 @@ func runAgent(ctx context.Context, args []string) error {
 		return err
 	}
 	if cfg.CoordinatorAddr != "" {
-		if cfg.Gossip, err = gf.config(); err != nil {
+		if cfg.Gossip, err = gf.config(tlf.dir, cfg.Logger); err != nil {
 			return err
 		}
 		cfg.GossipJoin = gf.seeds(cfg.CoordinatorAddr)

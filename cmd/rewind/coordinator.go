@@ -45,7 +45,7 @@ func runCoordinator(ctx context.Context, args []string) error {
 	if cfg.Transport, err = tlf.security(cfg.Logger); err != nil {
 		return err
 	}
-	g, err := gf.config()
+	g, err := gf.config(tlf.dir, cfg.Logger)
 	if err != nil {
 		return err
 	}
