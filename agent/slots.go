@@ -69,7 +69,8 @@ type slot struct {
 	// the one this agent knew when it made it (epoch.go); 0: not known.
 	Epoch uint64 `json:"epoch,omitempty"`
 
-	stagedAt time.Time // when it was staged; a restore that never finishes gives it up after stageTTL
+	stagedAt   time.Time // when it was staged; a restore that never finishes gives it up after stageTTL
+	preparedAt time.Time // when a save's Prepare took it; never committed, it expires after PrepareTTL (prepares.go)
 
 	verified bool
 	token    uint64 // owner of a writing slot

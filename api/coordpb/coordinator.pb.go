@@ -4423,6 +4423,97 @@ func (x *AuditResponse) GetMatched() uint32 {
 	return 0
 }
 
+type NodesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The nodes to return (at most 4,096); empty: every registered node.
+	Names         []string `protobuf:"bytes,1,rep,name=names,proto3" json:"names,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodesRequest) Reset() {
+	*x = NodesRequest{}
+	mi := &file_coordinator_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodesRequest) ProtoMessage() {}
+
+func (x *NodesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodesRequest.ProtoReflect.Descriptor instead.
+func (*NodesRequest) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *NodesRequest) GetNames() []string {
+	if x != nil {
+		return x.Names
+	}
+	return nil
+}
+
+type NodesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The registered nodes among those asked; a node never registered is
+	// missing.
+	Nodes         []*Node `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodesResponse) Reset() {
+	*x = NodesResponse{}
+	mi := &file_coordinator_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodesResponse) ProtoMessage() {}
+
+func (x *NodesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodesResponse.ProtoReflect.Descriptor instead.
+func (*NodesResponse) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *NodesResponse) GetNodes() []*Node {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
 var File_coordinator_proto protoreflect.FileDescriptor
 
 const file_coordinator_proto_rawDesc = "" +
@@ -4770,7 +4861,11 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x05_step\"f\n" +
 	"\rAuditResponse\x12;\n" +
 	"\aentries\x18\x01 \x03(\v2!.rewind.coordinator.v1.AuditEntryR\aentries\x12\x18\n" +
-	"\amatched\x18\x02 \x01(\rR\amatched*q\n" +
+	"\amatched\x18\x02 \x01(\rR\amatched\"$\n" +
+	"\fNodesRequest\x12\x14\n" +
+	"\x05names\x18\x01 \x03(\tR\x05names\"B\n" +
+	"\rNodesResponse\x121\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x1b.rewind.coordinator.v1.NodeR\x05nodes*q\n" +
 	"\tCopyState\x12\x1a\n" +
 	"\x16COPY_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14COPY_STATE_COMMITTED\x10\x01\x12\x16\n" +
@@ -4799,7 +4894,7 @@ const file_coordinator_proto_rawDesc = "" +
 	"\fJobEventKind\x12\x1e\n" +
 	"\x1aJOB_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15JOB_EVENT_KIND_REGANG\x10\x01\x12\x19\n" +
-	"\x15JOB_EVENT_KIND_FAILED\x10\x022\xb3\r\n" +
+	"\x15JOB_EVENT_KIND_FAILED\x10\x022\x87\x0e\n" +
 	"\vCoordinator\x12[\n" +
 	"\bRegister\x12&.rewind.coordinator.v1.RegisterRequest\x1a'.rewind.coordinator.v1.RegisterResponse\x12d\n" +
 	"\vRegisterJob\x12).rewind.coordinator.v1.RegisterJobRequest\x1a*.rewind.coordinator.v1.RegisterJobResponse\x12U\n" +
@@ -4822,7 +4917,8 @@ const file_coordinator_proto_rawDesc = "" +
 	"TierStatus\x12(.rewind.coordinator.v1.TierStatusRequest\x1a).rewind.coordinator.v1.TierStatusResponse\x12[\n" +
 	"\bNodeDown\x12&.rewind.coordinator.v1.NodeDownRequest\x1a'.rewind.coordinator.v1.NodeDownResponse\x12U\n" +
 	"\bWatchJob\x12&.rewind.coordinator.v1.WatchJobRequest\x1a\x1f.rewind.coordinator.v1.JobEvent0\x01\x12R\n" +
-	"\x05Audit\x12#.rewind.coordinator.v1.AuditRequest\x1a$.rewind.coordinator.v1.AuditResponseB\x1fZ\x1drewind.dev/rewind/api/coordpbb\x06proto3"
+	"\x05Audit\x12#.rewind.coordinator.v1.AuditRequest\x1a$.rewind.coordinator.v1.AuditResponse\x12R\n" +
+	"\x05Nodes\x12#.rewind.coordinator.v1.NodesRequest\x1a$.rewind.coordinator.v1.NodesResponseB\x1fZ\x1drewind.dev/rewind/api/coordpbb\x06proto3"
 
 var (
 	file_coordinator_proto_rawDescOnce sync.Once
@@ -4837,7 +4933,7 @@ func file_coordinator_proto_rawDescGZIP() []byte {
 }
 
 var file_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
+var file_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
 var file_coordinator_proto_goTypes = []any{
 	(CopyState)(0),              // 0: rewind.coordinator.v1.CopyState
 	(StepState)(0),              // 1: rewind.coordinator.v1.StepState
@@ -4901,11 +4997,13 @@ var file_coordinator_proto_goTypes = []any{
 	(*AuditRequest)(nil),        // 59: rewind.coordinator.v1.AuditRequest
 	(*AuditEntry)(nil),          // 60: rewind.coordinator.v1.AuditEntry
 	(*AuditResponse)(nil),       // 61: rewind.coordinator.v1.AuditResponse
-	nil,                         // 62: rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
-	nil,                         // 63: rewind.coordinator.v1.Job.PlacementEntry
-	nil,                         // 64: rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
-	nil,                         // 65: rewind.coordinator.v1.JobEvent.PlacementEntry
-	nil,                         // 66: rewind.coordinator.v1.JobEvent.SourcesEntry
+	(*NodesRequest)(nil),        // 62: rewind.coordinator.v1.NodesRequest
+	(*NodesResponse)(nil),       // 63: rewind.coordinator.v1.NodesResponse
+	nil,                         // 64: rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
+	nil,                         // 65: rewind.coordinator.v1.Job.PlacementEntry
+	nil,                         // 66: rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
+	nil,                         // 67: rewind.coordinator.v1.JobEvent.PlacementEntry
+	nil,                         // 68: rewind.coordinator.v1.JobEvent.SourcesEntry
 }
 var file_coordinator_proto_depIdxs = []int32{
 	0,  // 0: rewind.coordinator.v1.ShardRecord.state:type_name -> rewind.coordinator.v1.CopyState
@@ -4913,11 +5011,11 @@ var file_coordinator_proto_depIdxs = []int32{
 	6,  // 2: rewind.coordinator.v1.RegisterRequest.inventory:type_name -> rewind.coordinator.v1.ShardRecord
 	8,  // 3: rewind.coordinator.v1.RegisterRequest.pins:type_name -> rewind.coordinator.v1.Pin
 	8,  // 4: rewind.coordinator.v1.RegisterResponse.pins:type_name -> rewind.coordinator.v1.Pin
-	62, // 5: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
+	64, // 5: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
 	6,  // 6: rewind.coordinator.v1.ReportRequest.shards:type_name -> rewind.coordinator.v1.ShardRecord
 	8,  // 7: rewind.coordinator.v1.ReportResponse.pins:type_name -> rewind.coordinator.v1.Pin
 	8,  // 8: rewind.coordinator.v1.ReportResponse.consistent:type_name -> rewind.coordinator.v1.Pin
-	63, // 9: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
+	65, // 9: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
 	17, // 10: rewind.coordinator.v1.ListJobsResponse.jobs:type_name -> rewind.coordinator.v1.Job
 	0,  // 11: rewind.coordinator.v1.Copy.state:type_name -> rewind.coordinator.v1.CopyState
 	1,  // 12: rewind.coordinator.v1.Step.state:type_name -> rewind.coordinator.v1.StepState
@@ -4934,7 +5032,7 @@ var file_coordinator_proto_depIdxs = []int32{
 	20, // 23: rewind.coordinator.v1.RankPlan.sources:type_name -> rewind.coordinator.v1.Copy
 	32, // 24: rewind.coordinator.v1.PlanRestoreResponse.ranks:type_name -> rewind.coordinator.v1.RankPlan
 	22, // 25: rewind.coordinator.v1.PlanRestoreResponse.skipped:type_name -> rewind.coordinator.v1.UnrestorableStep
-	64, // 26: rewind.coordinator.v1.TransfersRequest.broken_gangs:type_name -> rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
+	66, // 26: rewind.coordinator.v1.TransfersRequest.broken_gangs:type_name -> rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
 	39, // 27: rewind.coordinator.v1.TransferOrder.push:type_name -> rewind.coordinator.v1.PushOrder
 	40, // 28: rewind.coordinator.v1.TransferOrder.manifest:type_name -> rewind.coordinator.v1.ManifestOrder
 	41, // 29: rewind.coordinator.v1.TransferOrder.delete:type_name -> rewind.coordinator.v1.DeleteOrder
@@ -4948,52 +5046,55 @@ var file_coordinator_proto_depIdxs = []int32{
 	46, // 37: rewind.coordinator.v1.NodeTiers.tiers:type_name -> rewind.coordinator.v1.TierHealth
 	50, // 38: rewind.coordinator.v1.TierStatusResponse.nodes:type_name -> rewind.coordinator.v1.NodeTiers
 	4,  // 39: rewind.coordinator.v1.JobEvent.kind:type_name -> rewind.coordinator.v1.JobEventKind
-	65, // 40: rewind.coordinator.v1.JobEvent.placement:type_name -> rewind.coordinator.v1.JobEvent.PlacementEntry
-	66, // 41: rewind.coordinator.v1.JobEvent.sources:type_name -> rewind.coordinator.v1.JobEvent.SourcesEntry
+	67, // 40: rewind.coordinator.v1.JobEvent.placement:type_name -> rewind.coordinator.v1.JobEvent.PlacementEntry
+	68, // 41: rewind.coordinator.v1.JobEvent.sources:type_name -> rewind.coordinator.v1.JobEvent.SourcesEntry
 	22, // 42: rewind.coordinator.v1.JobEvent.skipped:type_name -> rewind.coordinator.v1.UnrestorableStep
 	57, // 43: rewind.coordinator.v1.RankSourcesResponse.sources:type_name -> rewind.coordinator.v1.RankSource
 	60, // 44: rewind.coordinator.v1.AuditResponse.entries:type_name -> rewind.coordinator.v1.AuditEntry
-	7,  // 45: rewind.coordinator.v1.Coordinator.Register:input_type -> rewind.coordinator.v1.RegisterRequest
-	10, // 46: rewind.coordinator.v1.Coordinator.RegisterJob:input_type -> rewind.coordinator.v1.RegisterJobRequest
-	12, // 47: rewind.coordinator.v1.Coordinator.Report:input_type -> rewind.coordinator.v1.ReportRequest
-	12, // 48: rewind.coordinator.v1.Coordinator.ReportStream:input_type -> rewind.coordinator.v1.ReportRequest
-	14, // 49: rewind.coordinator.v1.Coordinator.Latest:input_type -> rewind.coordinator.v1.LatestRequest
-	16, // 50: rewind.coordinator.v1.Coordinator.ListJobs:input_type -> rewind.coordinator.v1.ListJobsRequest
-	19, // 51: rewind.coordinator.v1.Coordinator.ListSteps:input_type -> rewind.coordinator.v1.ListStepsRequest
-	27, // 52: rewind.coordinator.v1.Coordinator.InspectStep:input_type -> rewind.coordinator.v1.StepRequest
-	27, // 53: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
-	31, // 54: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
-	56, // 55: rewind.coordinator.v1.Coordinator.RankSources:input_type -> rewind.coordinator.v1.RankSourcesRequest
-	34, // 56: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
-	36, // 57: rewind.coordinator.v1.Coordinator.Transfers:input_type -> rewind.coordinator.v1.TransfersRequest
-	47, // 58: rewind.coordinator.v1.Coordinator.TierReport:input_type -> rewind.coordinator.v1.TierReportRequest
-	49, // 59: rewind.coordinator.v1.Coordinator.TierStatus:input_type -> rewind.coordinator.v1.TierStatusRequest
-	52, // 60: rewind.coordinator.v1.Coordinator.NodeDown:input_type -> rewind.coordinator.v1.NodeDownRequest
-	54, // 61: rewind.coordinator.v1.Coordinator.WatchJob:input_type -> rewind.coordinator.v1.WatchJobRequest
-	59, // 62: rewind.coordinator.v1.Coordinator.Audit:input_type -> rewind.coordinator.v1.AuditRequest
-	9,  // 63: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
-	11, // 64: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
-	13, // 65: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
-	13, // 66: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
-	15, // 67: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
-	18, // 68: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
-	26, // 69: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
-	28, // 70: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
-	30, // 71: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
-	33, // 72: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
-	58, // 73: rewind.coordinator.v1.Coordinator.RankSources:output_type -> rewind.coordinator.v1.RankSourcesResponse
-	35, // 74: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
-	38, // 75: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
-	48, // 76: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
-	51, // 77: rewind.coordinator.v1.Coordinator.TierStatus:output_type -> rewind.coordinator.v1.TierStatusResponse
-	53, // 78: rewind.coordinator.v1.Coordinator.NodeDown:output_type -> rewind.coordinator.v1.NodeDownResponse
-	55, // 79: rewind.coordinator.v1.Coordinator.WatchJob:output_type -> rewind.coordinator.v1.JobEvent
-	61, // 80: rewind.coordinator.v1.Coordinator.Audit:output_type -> rewind.coordinator.v1.AuditResponse
-	63, // [63:81] is the sub-list for method output_type
-	45, // [45:63] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	5,  // 45: rewind.coordinator.v1.NodesResponse.nodes:type_name -> rewind.coordinator.v1.Node
+	7,  // 46: rewind.coordinator.v1.Coordinator.Register:input_type -> rewind.coordinator.v1.RegisterRequest
+	10, // 47: rewind.coordinator.v1.Coordinator.RegisterJob:input_type -> rewind.coordinator.v1.RegisterJobRequest
+	12, // 48: rewind.coordinator.v1.Coordinator.Report:input_type -> rewind.coordinator.v1.ReportRequest
+	12, // 49: rewind.coordinator.v1.Coordinator.ReportStream:input_type -> rewind.coordinator.v1.ReportRequest
+	14, // 50: rewind.coordinator.v1.Coordinator.Latest:input_type -> rewind.coordinator.v1.LatestRequest
+	16, // 51: rewind.coordinator.v1.Coordinator.ListJobs:input_type -> rewind.coordinator.v1.ListJobsRequest
+	19, // 52: rewind.coordinator.v1.Coordinator.ListSteps:input_type -> rewind.coordinator.v1.ListStepsRequest
+	27, // 53: rewind.coordinator.v1.Coordinator.InspectStep:input_type -> rewind.coordinator.v1.StepRequest
+	27, // 54: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
+	31, // 55: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
+	56, // 56: rewind.coordinator.v1.Coordinator.RankSources:input_type -> rewind.coordinator.v1.RankSourcesRequest
+	34, // 57: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
+	36, // 58: rewind.coordinator.v1.Coordinator.Transfers:input_type -> rewind.coordinator.v1.TransfersRequest
+	47, // 59: rewind.coordinator.v1.Coordinator.TierReport:input_type -> rewind.coordinator.v1.TierReportRequest
+	49, // 60: rewind.coordinator.v1.Coordinator.TierStatus:input_type -> rewind.coordinator.v1.TierStatusRequest
+	52, // 61: rewind.coordinator.v1.Coordinator.NodeDown:input_type -> rewind.coordinator.v1.NodeDownRequest
+	54, // 62: rewind.coordinator.v1.Coordinator.WatchJob:input_type -> rewind.coordinator.v1.WatchJobRequest
+	59, // 63: rewind.coordinator.v1.Coordinator.Audit:input_type -> rewind.coordinator.v1.AuditRequest
+	62, // 64: rewind.coordinator.v1.Coordinator.Nodes:input_type -> rewind.coordinator.v1.NodesRequest
+	9,  // 65: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
+	11, // 66: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
+	13, // 67: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
+	13, // 68: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
+	15, // 69: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
+	18, // 70: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
+	26, // 71: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
+	28, // 72: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
+	30, // 73: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
+	33, // 74: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
+	58, // 75: rewind.coordinator.v1.Coordinator.RankSources:output_type -> rewind.coordinator.v1.RankSourcesResponse
+	35, // 76: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
+	38, // 77: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
+	48, // 78: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
+	51, // 79: rewind.coordinator.v1.Coordinator.TierStatus:output_type -> rewind.coordinator.v1.TierStatusResponse
+	53, // 80: rewind.coordinator.v1.Coordinator.NodeDown:output_type -> rewind.coordinator.v1.NodeDownResponse
+	55, // 81: rewind.coordinator.v1.Coordinator.WatchJob:output_type -> rewind.coordinator.v1.JobEvent
+	61, // 82: rewind.coordinator.v1.Coordinator.Audit:output_type -> rewind.coordinator.v1.AuditResponse
+	63, // 83: rewind.coordinator.v1.Coordinator.Nodes:output_type -> rewind.coordinator.v1.NodesResponse
+	65, // [65:84] is the sub-list for method output_type
+	46, // [46:65] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_coordinator_proto_init() }
@@ -5017,7 +5118,7 @@ func file_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_coordinator_proto_rawDesc), len(file_coordinator_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   62,
+			NumMessages:   64,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

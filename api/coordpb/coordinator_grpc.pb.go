@@ -40,6 +40,7 @@ const (
 	Coordinator_NodeDown_FullMethodName     = "/rewind.coordinator.v1.Coordinator/NodeDown"
 	Coordinator_WatchJob_FullMethodName     = "/rewind.coordinator.v1.Coordinator/WatchJob"
 	Coordinator_Audit_FullMethodName        = "/rewind.coordinator.v1.Coordinator/Audit"
+	Coordinator_Nodes_FullMethodName        = "/rewind.coordinator.v1.Coordinator/Nodes"
 )
 
 // CoordinatorClient is the client API for Coordinator service.
@@ -99,6 +100,10 @@ type CoordinatorClient interface {
 	// Audit returns the audit log: the state-changing calls the coordinator
 	// served and every call it refused, oldest first (docs/operations.md).
 	Audit(ctx context.Context, in *AuditRequest, opts ...grpc.CallOption) (*AuditResponse, error)
+	// Nodes returns the registered agents and their addresses: an agent
+	// asked by a caller other than the coordinator to fetch a shard from a
+	// peer checks that the peer is a node the coordinator knows.
+	Nodes(ctx context.Context, in *NodesRequest, opts ...grpc.CallOption) (*NodesResponse, error)
 }
 
 type coordinatorClient struct {
@@ -310,6 +315,16 @@ func (c *coordinatorClient) Audit(ctx context.Context, in *AuditRequest, opts ..
 	return out, nil
 }
 
+func (c *coordinatorClient) Nodes(ctx context.Context, in *NodesRequest, opts ...grpc.CallOption) (*NodesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(NodesResponse)
+	err := c.cc.Invoke(ctx, Coordinator_Nodes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CoordinatorServer is the server API for Coordinator service.
 // All implementations must embed UnimplementedCoordinatorServer
 // for forward compatibility.
@@ -367,6 +382,10 @@ type CoordinatorServer interface {
 	// Audit returns the audit log: the state-changing calls the coordinator
 	// served and every call it refused, oldest first (docs/operations.md).
 	Audit(context.Context, *AuditRequest) (*AuditResponse, error)
+	// Nodes returns the registered agents and their addresses: an agent
+	// asked by a caller other than the coordinator to fetch a shard from a
+	// peer checks that the peer is a node the coordinator knows.
+	Nodes(context.Context, *NodesRequest) (*NodesResponse, error)
 	mustEmbedUnimplementedCoordinatorServer()
 }
 
@@ -430,6 +449,9 @@ func (UnimplementedCoordinatorServer) WatchJob(*WatchJobRequest, grpc.ServerStre
 }
 func (UnimplementedCoordinatorServer) Audit(context.Context, *AuditRequest) (*AuditResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Audit not implemented")
+}
+func (UnimplementedCoordinatorServer) Nodes(context.Context, *NodesRequest) (*NodesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Nodes not implemented")
 }
 func (UnimplementedCoordinatorServer) mustEmbedUnimplementedCoordinatorServer() {}
 func (UnimplementedCoordinatorServer) testEmbeddedByValue()                     {}
@@ -751,6 +773,24 @@ func _Coordinator_Audit_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Coordinator_Nodes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(NodesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServer).Nodes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Coordinator_Nodes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServer).Nodes(ctx, req.(*NodesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Coordinator_ServiceDesc is the grpc.ServiceDesc for Coordinator service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -817,6 +857,10 @@ var Coordinator_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Audit",
 			Handler:    _Coordinator_Audit_Handler,
+		},
+		{
+			MethodName: "Nodes",
+			Handler:    _Coordinator_Nodes_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
