@@ -19,25 +19,32 @@ import (
 )
 
 // auditRules are the coordinator's calls that change state and are
-// recorded whenever they are served: registrations, deletions, restores,
-// nodes declared down. The commit path (Report, ReportStream, TierReport,
+// recorded whenever they are served: agents' registrations, jobs'
+// registrations by operators and the controller (policies, replicas,
+// world sizes), deletions, restores, nodes declared down. The commit path (Report, ReportStream, TierReport,
 // Transfers: thousands of calls a step at scale, each a node reporting
 // for itself) is not; its effect is the index. Every refused call is
 // recorded, whatever its method (transport.Audit).
 var auditRules = map[string]transport.AuditRule{
-	coordpb.Coordinator_Register_FullMethodName: func(req any) (transport.AuditArgs, bool) {
+	coordpb.Coordinator_Register_FullMethodName: func(_ transport.Peer, req any) (transport.AuditArgs, bool) {
 		r := req.(*coordpb.RegisterRequest)
 		return transport.AuditArgs{Node: r.GetNode().GetName(),
 			Detail: transport.Words("addr", r.GetNode().GetAddr(), "shards", len(r.Inventory))}, true
 	},
-	coordpb.Coordinator_RegisterJob_FullMethodName: transport.Audited(func(req any) string {
+	// A node registering its own ranks (a rank's first save on it, kept to
+	// that by the rules) is the save path: one call per rank at a job's
+	// start, which would crowd out everything else. An operator's or the
+	// controller's registration, a policy or a replica count, is not.
+	coordpb.Coordinator_RegisterJob_FullMethodName: func(caller transport.Peer, req any) (transport.AuditArgs, bool) {
 		r := req.(*coordpb.RegisterJobRequest)
 		replicas := ""
 		if r.Replicas != nil {
 			replicas = fmt.Sprint(*r.Replicas)
 		}
-		return transport.Words("world_size", r.WorldSize, "ranks_placed", len(r.Placement), "policy", r.Policy, "replicas", replicas, "epoch", r.Epoch)
-	}),
+		a := transport.ArgsOf(r)
+		a.Detail = transport.Words("world_size", r.WorldSize, "ranks_placed", len(r.Placement), "policy", r.Policy, "replicas", replicas, "epoch", r.Epoch)
+		return a, caller.Identity.Role != transport.RoleNode
+	},
 	coordpb.Coordinator_DeleteStep_FullMethodName: transport.Audited(func(req any) string {
 		return transport.Words("force", req.(*coordpb.DeleteStepRequest).Force)
 	}),
@@ -45,7 +52,7 @@ var auditRules = map[string]transport.AuditRule{
 		return transport.Words("reason", req.(*coordpb.NodeDownRequest).Reason)
 	}),
 	// A dry run changes nothing; a restore does.
-	coordpb.Coordinator_PlanRestore_FullMethodName: func(req any) (transport.AuditArgs, bool) {
+	coordpb.Coordinator_PlanRestore_FullMethodName: func(_ transport.Peer, req any) (transport.AuditArgs, bool) {
 		r := req.(*coordpb.PlanRestoreRequest)
 		a := transport.ArgsOf(r)
 		a.Detail = transport.Words("dry_run", r.DryRun, "restart", r.Restart, "force", r.Force, "requested_by", r.RequestedBy)
@@ -56,8 +63,9 @@ var auditRules = map[string]transport.AuditRule{
 // auditLog keeps the audit log in the store, under audit/<time>/<seq>,
 // bounded by a count and an age (Config.AuditMaxEntries,
 // Config.AuditRetention): the oldest entries go first. Each entry is
-// written synced before the call's answer leaves. Safe for concurrent
-// use; it does not take the coordinator's lock.
+// written synced before the call's answer leaves; concurrent calls' writes
+// are synced together (pebble groups them). Safe for concurrent use; it
+// does not take the coordinator's lock.
 type auditLog struct {
 	clock  clock.Clock
 	log    *slog.Logger
@@ -65,8 +73,10 @@ type auditLog struct {
 	keep   time.Duration
 	failed prometheus.Counter
 
-	mu     sync.Mutex
-	db     *pebble.DB // nil once closed
+	life sync.RWMutex // held to read while using db; close takes it to write
+	db   *pebble.DB   // nil once closed
+
+	mu     sync.Mutex // guards what follows, and trimming
 	count  int        // entries in the store
 	oldest time.Time  // of the oldest entry; zero when none
 	seq    uint64     // orders entries of one instant
@@ -140,16 +150,21 @@ func (a *auditLog) record(e transport.AuditEntry) {
 		r.Step = &e.Step
 	}
 	data, err := json.Marshal(r)
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.life.RLock()
+	defer a.life.RUnlock()
 	if err == nil && a.db != nil {
+		a.mu.Lock()
 		a.seq++
-		if err = a.db.Set(auditKey(e.At, a.seq), data, pebble.Sync); err == nil {
+		key := auditKey(e.At, a.seq)
+		a.mu.Unlock()
+		if err = a.db.Set(key, data, pebble.Sync); err == nil {
+			a.mu.Lock()
 			if a.count == 0 || e.At.Before(a.oldest) {
 				a.oldest = e.At
 			}
 			a.count++
 			err = a.trimLocked()
+			a.mu.Unlock()
 		}
 	}
 	if err != nil {
@@ -159,7 +174,7 @@ func (a *auditLog) record(e transport.AuditEntry) {
 }
 
 // trimLocked deletes the oldest entries while there are more than max,
-// or they are older than keep.
+// or they are older than keep; the caller holds a.mu, and a.life to read.
 func (a *auditLog) trimLocked() error {
 	cutoff := a.clock.Now().Add(-a.keep)
 	if a.count <= a.max && !a.oldest.Before(cutoff) {
@@ -196,11 +211,13 @@ func (a *auditLog) list(req *coordpb.AuditRequest) ([]*coordpb.AuditEntry, uint3
 	if limit > maxAuditList {
 		return nil, 0, fmt.Errorf("%w: coordinator: audit: limit %d is over %d", ErrInvalid, limit, maxAuditList)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.life.RLock()
+	defer a.life.RUnlock()
 	if a.db == nil {
 		return nil, 0, fmt.Errorf("coordinator: audit: the store is closed")
 	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	if err := a.trimLocked(); err != nil {
 		return nil, 0, fmt.Errorf("coordinator: audit: trimming: %w", err)
 	}
@@ -229,8 +246,8 @@ func (a *auditLog) list(req *coordpb.AuditRequest) ([]*coordpb.AuditEntry, uint3
 const maxAuditList = 10000
 
 func (a *auditLog) close() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.life.Lock()
+	defer a.life.Unlock()
 	a.db = nil
 }
 

@@ -35,15 +35,15 @@ type AuditArgs struct {
 	Detail string
 }
 
-// An AuditRule says whether a call of one method is recorded when it is
-// served (a call that changes state), and with which arguments. A
-// refused call is recorded whatever the rule says.
-type AuditRule func(req any) (args AuditArgs, record bool)
+// An AuditRule says whether a call of one method by caller is recorded
+// when it is served (a call that changes state), and with which
+// arguments. A refused call is recorded whatever the rule says.
+type AuditRule func(caller Peer, req any) (args AuditArgs, record bool)
 
 // Audited is the AuditRule of a method whose every call changes state:
 // recorded with ArgsOf, and detail's words when detail is set.
 func Audited(detail func(req any) string) AuditRule {
-	return func(req any) (AuditArgs, bool) {
+	return func(_ Peer, req any) (AuditArgs, bool) {
 		a := ArgsOf(req)
 		if detail != nil && req != nil {
 			a.Detail = detail(req)
@@ -117,7 +117,7 @@ func (a *Audit) entry(ctx context.Context, method string, req any, err error) (A
 	var args AuditArgs
 	record := false
 	if rule, ok := a.rules[method]; ok && req != nil {
-		args, record = rule(req)
+		args, record = rule(peerFrom(ctx), req)
 	} else if req != nil {
 		args = ArgsOf(req)
 	}

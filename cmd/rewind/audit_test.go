@@ -52,7 +52,9 @@ func findRow(rows [][]string, who, method, job, step, outcome string) []string {
 // client with no certificate are refused, and an operator deletes a step;
 // `rewind audit`, run by a reader, shows each call with its caller, the
 // method and its job and step, and its outcome, and filters by caller and
-// job. A node may not read the audit log.
+// job. A rank's save registering its placement (the save path) is not
+// recorded; the agent's registration is. A node may not read the audit
+// log.
 func TestAuditShowsWhoChangedWhat(t *testing.T) {
 	c := startSecureCluster(t)
 	op, n1 := c.client(t, "operator"), c.client(t, filepath.Join("node", "n1"))
@@ -90,6 +92,9 @@ func TestAuditShowsWhoChangedWhat(t *testing.T) {
 	}
 	if r := findRow(rows, "node/n1", "Register", "", "", "OK"); r == nil || r[5] != "n1" {
 		t.Errorf("the agent's registration is not recorded with its node: %q", rows)
+	}
+	if r := findRow(rows, "node/n1", "RegisterJob", "", "", "OK"); r != nil {
+		t.Errorf("a rank's save registering its own placement is recorded: %q", r)
 	}
 
 	mine, err := c.auditAs(t, "operator", "--who", "operator/alice", "--job", "j")
