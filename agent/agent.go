@@ -41,6 +41,7 @@ type Agent struct {
 	tr        *transfers            // nil without a coordinator
 	peers     peers                 // connections to other agents
 	authz     *transport.Authorizer // who may call what over TCP
+	auditor   *transport.Audit      // records state-changing and refused calls (transport.go)
 	gang      gang                  // jobs being recovered
 	epochs    epochs                // each job's epoch, as the coordinator told it (epoch.go)
 	warm      warm                  // a segment made ready ahead of need

@@ -77,6 +77,10 @@ type Config struct {
 	// LeaseTTL bounds how long a reader that never releases its lease holds
 	// a slot.
 	LeaseTTL time.Duration
+	// PrepareTTL is how long a Prepare holds its segment without a
+	// Commit: after it, a save that finds no budget takes the segment
+	// back (prepares.go).
+	PrepareTTL time.Duration
 
 	// Gossip, when set, makes the agent a member of the cluster's failure
 	// detection (membership), joining GossipJoin (the coordinator's
@@ -131,6 +135,7 @@ func DefaultConfig() Config {
 		VerifyAfterCommit: true,                     // a shard rotting in memory is found before a restore needs it
 		PinWait:           2 * time.Second,          // reports reach the coordinator in milliseconds; this covers a restart
 		LeaseTTL:          5 * time.Minute,          // far above any restore copy, short enough to recover a lost reader's slot
+		PrepareTTL:        10 * time.Minute,         // a save's copy into memory takes seconds (a 100 GiB shard at a slow 1 GiB/s is under 2 min); a rank gone for 10 min is not coming back to commit
 		TransferWorkers:   2,                        // one shard streams while the next starts; more only competes with training
 		TransferAttempts:  8,                        // with the backoff, rides out about two minutes of a store being away
 		TransferBackoff:   time.Second,              // a store's blip is over by the first retry; doubling reaches 30 s by the sixth
@@ -185,6 +190,9 @@ func (c Config) Validate() error {
 	}
 	if c.LeaseTTL <= 0 {
 		errs = append(errs, fmt.Errorf("lease TTL %v must be positive", c.LeaseTTL))
+	}
+	if c.PrepareTTL <= 0 {
+		errs = append(errs, fmt.Errorf("prepare TTL %v must be positive", c.PrepareTTL))
 	}
 	if c.FS == nil || c.Clock == nil || c.Logger == nil {
 		errs = append(errs, errors.New("file system, clock and logger must be set (DefaultConfig sets them)"))

@@ -18,6 +18,9 @@ var (
 	ErrNotFound = errors.New("not found")
 	ErrBudget   = errors.New("memory budget exhausted")
 	ErrBusy     = errors.New("slot not available")
+	// ErrUnknownPeer: a Fetch named a peer the coordinator does not know
+	// (fetchpeers.go).
+	ErrUnknownPeer = errors.New("not a node the coordinator knows")
 )
 
 func toStatus(err error) error {
@@ -36,6 +39,8 @@ func toStatus(err error) error {
 		code = codes.NotFound
 	case errors.Is(err, ErrBudget), errors.As(err, &nospace):
 		code = codes.ResourceExhausted
+	case errors.Is(err, ErrUnknownPeer):
+		code = codes.PermissionDenied
 	case errors.Is(err, ErrBusy):
 		code = codes.FailedPrecondition
 	case errors.Is(err, ErrGangBroken):

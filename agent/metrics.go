@@ -13,6 +13,9 @@ type metrics struct {
 	tierBytes      *prometheus.CounterVec
 	saveSeconds    *prometheus.HistogramVec
 	jobRefused     *prometheus.CounterVec
+	// preparesExpired counts prepares never committed whose segments
+	// were taken back (prepares.go).
+	preparesExpired prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, a *Agent) *metrics {
@@ -21,6 +24,10 @@ func newMetrics(reg prometheus.Registerer, a *Agent) *metrics {
 			Name: "rewind_agent_saves_total",
 			Help: "Saves by outcome: ok (committed), budget, no_space, fenced (a rank of an epoch its job has left).",
 		}, []string{"result"}),
+		preparesExpired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rewind_agent_prepares_expired_total",
+			Help: "Prepares never committed within --prepare-ttl whose segments a save that needed the budget took back.",
+		}),
 		pinRefreshes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rewind_agent_pin_refreshes_total",
 			Help: "Saves that asked the coordinator for a job's pins: every slot left held the consistent or protected step, or a step newer than the consistent one.",
@@ -78,7 +85,7 @@ func newMetrics(reg prometheus.Registerer, a *Agent) *metrics {
 	isolation := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rewind_agent_job_isolation",
 		Help: "1 when the agent serves a job's checkpoints on its socket only to holders of the job's token, 0 when any local process that opens the socket reaches every job's."},
 		func() float64 { return b2f(a.cfg.JobKeys.Enabled()) })
-	reg.MustRegister(m.jobRefused, isolation, m.saves, m.saveSeconds, newNodeMetrics(a), m.pinRefreshes, m.committedBytes, m.corrupt, m.verifySeconds, m.readBytes, shards, m.transfers, m.tierBytes,
+	reg.MustRegister(m.jobRefused, isolation, m.saves, m.saveSeconds, m.preparesExpired, newNodeMetrics(a), m.pinRefreshes, m.committedBytes, m.corrupt, m.verifySeconds, m.readBytes, shards, m.transfers, m.tierBytes,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rewind_agent_shm_bytes", Help: "Bytes of all segments in shared memory."}, usedFn),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rewind_agent_shm_budget_bytes", Help: "The node's shared-memory budget."}, budgetFn),
 	)

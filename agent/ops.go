@@ -73,6 +73,9 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 		a.adoptWarm(a.paths.Segment(job, rank, s.Index), size)
 	}
 	err = a.reserveBudget(job, rank, s.Size, size)
+	if errors.Is(err, ErrBudget) && a.expirePrepares(r) > 0 { // saves never committed go first (prepares.go)
+		err = a.reserveBudget(job, rank, s.Size, size)
+	}
 	if errors.Is(err, ErrBudget) && place && a.evictReplicas(size-s.Size, r) > 0 {
 		err = a.reserveBudget(job, rank, s.Size, size) // the node's own save goes before replicas
 	}
@@ -87,7 +90,8 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 	// Record the slot as being written before its file changes, so that an
 	// agent restarted mid-save never takes the old bytes for a checkpoint.
 	s.State, s.Step, s.Seq, s.token, s.HeaderSum, s.Problem, s.verified = stateWriting, step, 0, newToken(), "", "", false
-	s.WorldSize, s.CommittedAt, s.Replica, s.Epoch, s.preparedAt = worldSize, 0, !place, epoch, a.cfg.Clock.Now()
+	s.WorldSize, s.CommittedAt, s.Replica, s.Epoch = worldSize, 0, !place, epoch
+	s.preparedAt = a.cfg.Clock.Now()
 	if err := a.persist(&r.rankState); err != nil {
 		*s = prev
 		a.releaseBudget(prev.Size, size)
@@ -338,7 +342,7 @@ func (a *Agent) checkWritten(ctx context.Context, r *lockedRank, slotIdx uint32,
 		}
 	}
 	if s == nil || s.State != stateWriting || s.token != token || s.Step != step {
-		return nil, nil, fmt.Errorf("%w: agent: slot %d of job %s rank %d is not being written for step %d by this caller (a later save took it over?)",
+		return nil, nil, fmt.Errorf("%w: agent: slot %d of job %s rank %d is not being written for step %d by this caller (a later save took it over, or the prepare expired: --prepare-ttl)",
 			ErrBusy, slotIdx, job, rank, step)
 	}
 	if err := a.cfg.Faults.Check(ctx, faultinject.AgentShardCopied); err != nil {

@@ -37,8 +37,8 @@ func (a *Agent) Run(ctx context.Context, ready func(Addrs)) error {
 	}
 	defer seg.Close()
 	srv := grpc.NewServer(a.cfg.Transport.ServerOption(),
-		grpc.ChainUnaryInterceptor(a.authz.Unary, a.guardUnary, unaryErrors),
-		grpc.ChainStreamInterceptor(a.authz.Stream, a.guardStream, streamErrors),
+		grpc.ChainUnaryInterceptor(a.auditor.Unary, a.authz.Unary, a.guardUnary, unaryErrors),
+		grpc.ChainStreamInterceptor(a.auditor.Stream, a.authz.Stream, a.guardStream, streamErrors),
 	)
 	agentpb.RegisterAgentServer(srv, &server{a: a})
 	var addrs Addrs

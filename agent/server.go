@@ -142,6 +142,9 @@ func (s *server) Fetch(ctx context.Context, req *agentpb.FetchRequest) (*agentpb
 		for i, x := range req.Sources {
 			srcs[i] = Source{Tier: x.Tier, Node: x.Node, Addr: x.Addr}
 		}
+		if err := s.a.checkFetchPeers(ctx, srcs); err != nil {
+			return nil, err
+		}
 		res, err = s.a.FetchFrom(ctx, PeerShard{Job: req.Job, Rank: req.Rank, WorldSize: req.WorldSize, Step: req.Step,
 			Size: int64(req.SizeBytes), HeaderSum: req.HeaderChecksum, Stage: req.Stage}, srcs)
 	} else {

@@ -70,7 +70,7 @@ type slot struct {
 	Epoch uint64 `json:"epoch,omitempty"`
 
 	stagedAt   time.Time // when it was staged; a restore that never finishes gives it up after stageTTL
-	preparedAt time.Time // when the save writing it was prepared (rewind_agent_save_seconds)
+	preparedAt time.Time // when a save's Prepare took it: rewind_agent_save_seconds runs from it; never committed, it expires after PrepareTTL (prepares.go)
 
 	verified bool
 	token    uint64 // owner of a writing slot

@@ -68,6 +68,11 @@ type Config struct {
 	// step: in nodes' memory and on the tiers.
 	MaxCopiesPerShard int
 
+	// The audit log (audit.go) keeps at most AuditMaxEntries entries,
+	// none older than AuditRetention; the oldest go first.
+	AuditMaxEntries int
+	AuditRetention  time.Duration
+
 	// Faults, when set, fires the armed fault points of the coordinator
 	// (faultinject); nil unless the daemon runs with --fault-injection.
 	Faults *faultinject.Injector
@@ -96,6 +101,9 @@ func DefaultConfig() Config {
 		MaxJobs:           10000, // far more than one cluster runs at once; a job costs the index little until it saves
 		MaxStepsPerJob:    1024,  // memory holds 2-3 steps per rank, each tier its keep=: room for long keeps and steps on their way out
 		MaxCopiesPerShard: 64,    // own memory, up to MaxReplicas peers, one per tier, and what a recovery adds before old copies go
+
+		AuditMaxEntries: 100000,              // years of a large cluster's registrations, restores and deletions, or a flood of refused calls; about 300 bytes each, 30 MB
+		AuditRetention:  90 * 24 * time.Hour, // a quarter: what incident reviews and access audits look back over
 	}
 }
 
@@ -117,6 +125,9 @@ func (c Config) Validate() error {
 	if c.MaxWorldSize < 1 || c.MaxJobs < 1 || c.MaxStepsPerJob < 1 || c.MaxCopiesPerShard < 1 {
 		errs = append(errs, fmt.Errorf("limits must be positive: max world size %d, jobs %d, steps per job %d, copies per shard %d",
 			c.MaxWorldSize, c.MaxJobs, c.MaxStepsPerJob, c.MaxCopiesPerShard))
+	}
+	if c.AuditMaxEntries < 1 || c.AuditRetention <= 0 {
+		errs = append(errs, fmt.Errorf("audit log bounds must be positive: %d entries, retention %v", c.AuditMaxEntries, c.AuditRetention))
 	}
 	if c.LeaveGrace < 0 {
 		errs = append(errs, fmt.Errorf("leave grace %v must not be negative", c.LeaveGrace))

@@ -25,6 +25,8 @@ type Coordinator struct {
 	metrics     *metrics
 	jobs        *jobMetrics // per-job gauges and recoveries (jobmetrics.go)
 	authz       *transport.Authorizer
+	audit       *auditLog // the audit log, in the store (audit.go)
+	auditor     *transport.Audit
 
 	mu    sync.Mutex
 	state *State
@@ -161,6 +163,7 @@ func (c *Coordinator) Close() error {
 	c.streams.shutdown()
 	c.tiers.close()
 	c.replication.close()
+	c.audit.close()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.store.Close()

@@ -52,6 +52,8 @@ var fuzzCalls = []fuzzCall{
 	unary("TierReport", func() *coordpb.TierReportRequest { return &coordpb.TierReportRequest{} }, (*server).TierReport),
 	unary("TierStatus", func() *coordpb.TierStatusRequest { return &coordpb.TierStatusRequest{} }, (*server).TierStatus),
 	unary("NodeDown", func() *coordpb.NodeDownRequest { return &coordpb.NodeDownRequest{} }, (*server).NodeDown),
+	unary("Audit", func() *coordpb.AuditRequest { return &coordpb.AuditRequest{} }, (*server).Audit),
+	unary("Nodes", func() *coordpb.NodesRequest { return &coordpb.NodesRequest{} }, (*server).Nodes),
 }
 
 // clearCodes are the codes a refused request may carry: each says what
@@ -85,6 +87,8 @@ func FuzzCoordinatorRequests(f *testing.F) {
 		"TierReport":  &coordpb.TierReportRequest{Node: "n1"},
 		"TierStatus":  &coordpb.TierStatusRequest{},
 		"NodeDown":    &coordpb.NodeDownRequest{Node: "n9", Reason: "fuzz"},
+		"Audit":       &coordpb.AuditRequest{Job: "keep", Limit: 5},
+		"Nodes":       &coordpb.NodesRequest{Names: []string{"n1", "n9"}},
 	}
 	for i, c := range fuzzCalls {
 		b, err := proto.Marshal(seeds[c.name])

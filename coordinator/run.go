@@ -31,7 +31,9 @@ func (c *Coordinator) Run(ctx context.Context, ready func(grpcAddr, metricsAddr 
 		// side, per report. A fixed window, larger than any report or
 		// inventory needs in flight, has none.
 		grpc.StaticStreamWindowSize(staticWindow), grpc.StaticConnWindowSize(staticWindow),
-		grpc.ChainUnaryInterceptor(c.authz.Unary, c.unaryLeader), grpc.ChainStreamInterceptor(c.authz.Stream, c.streamLeader)},
+		// The audit first: it records what the authorizer refuses.
+		grpc.ChainUnaryInterceptor(c.auditor.Unary, c.authz.Unary, c.unaryLeader),
+		grpc.ChainStreamInterceptor(c.auditor.Stream, c.authz.Stream, c.streamLeader)},
 		coordpb.KeepaliveServer()...)...)
 	coordpb.RegisterCoordinatorServer(srv, &server{c: c})
 	errc := make(chan error, 2)

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 //	node/<node>                                    -> NodeInfo
 //	step/<job>/<step %020d>                        -> stepRecord
 //	copy/<job>/<step %020d>/<rank %010d>/<tier>/<node> -> "<size> <checksum> <state>"
+//	audit/<unix nanos %020d>/<seq %020d>           -> auditRecord (audit.go; not the index)
 //
 // Job ids cannot contain '/' (shm.ValidateJob), and the node name is the
 // last element, so keys parse unambiguously and sort by job, then step.
@@ -208,7 +210,12 @@ func (s *Store) Load(st *State) error {
 		return err
 	}
 	defer it.Close()
-	for it.First(); it.Valid(); it.Next() {
+	for valid := it.First(); valid; valid = it.Next() {
+		if bytes.HasPrefix(it.Key(), []byte(auditPrefix)) { // the audit log is not the index
+			if valid = it.SeekGE([]byte(auditEnd)); !valid {
+				break
+			}
+		}
 		if err := st.loadKey(string(it.Key()), it.Value()); err != nil {
 			return fmt.Errorf("coordinator: loading key %q: %w", it.Key(), err)
 		}

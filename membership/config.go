@@ -34,6 +34,19 @@ type Config struct {
 	// Seeds are host:port addresses Join uses when given none.
 	Seeds []string
 
+	// Keys encrypt and authenticate gossip (keys.go): the first encrypts,
+	// every one decrypts. None: gossip is plaintext and unauthenticated.
+	Keys [][]byte
+	// KeyFile, when set, is where Keys came from (ReadKeyFile): it is
+	// read again when it changes, every KeyReloadInterval, so keys
+	// rotate with no restart.
+	KeyFile           string
+	KeyReloadInterval time.Duration
+	// Label names the cluster in every gossip message (memberlist's
+	// label, authenticated with the keys): members with another label
+	// ignore each other's messages.
+	Label string
+
 	// Failure detection (memberlist's knobs, see DefaultConfig).
 	ProbeInterval           time.Duration
 	ProbeTimeout            time.Duration
@@ -110,6 +123,9 @@ func DefaultConfig() Config {
 		BindAddr: "0.0.0.0",
 		BindPort: 7946, // memberlist's customary port
 		Meta:     Meta{Role: RoleAgent},
+		Label:    "rewind", // one cluster's gossip stays apart from another's on the same network
+
+		KeyReloadInterval: 10 * time.Second, // a rotation waits for every member anyway; reading a small file every 10 s costs nothing
 
 		ProbeInterval:           200 * time.Millisecond, // LAN default 1 s; five ~100-byte UDP probes a second per member is nothing on a LAN
 		ProbeTimeout:            100 * time.Millisecond, // LAN default 500 ms; LAN round trips are well under 1 ms, 100 ms forgives a busy member before indirect probes start
@@ -150,6 +166,17 @@ func (c Config) Validate() error {
 	}
 	if c.AdvertisePort < 0 || c.AdvertisePort > math.MaxUint16 {
 		errs = append(errs, fmt.Errorf("advertise port %d out of range", c.AdvertisePort))
+	}
+	for i, k := range c.Keys {
+		if err := memberlist.ValidateKey(k); err != nil {
+			errs = append(errs, fmt.Errorf("gossip key %d: %w", i+1, err))
+		}
+	}
+	if len(c.Label) > memberlist.LabelMaxSize {
+		errs = append(errs, fmt.Errorf("label %q is over %d bytes", c.Label, memberlist.LabelMaxSize))
+	}
+	if c.KeyFile != "" && c.KeyReloadInterval <= 0 {
+		errs = append(errs, fmt.Errorf("key reload interval %v must be positive", c.KeyReloadInterval))
 	}
 	if err := c.Meta.Validate(); err != nil {
 		errs = append(errs, err)
@@ -243,5 +270,6 @@ func (c *Config) memberlistConfig() *memberlist.Config {
 	// Reading the node table in-process (snapshot.go) needs the plain
 	// stream format; messages are small on a LAN anyway.
 	mc.EnableCompression = false
+	mc.Label = c.Label
 	return mc
 }

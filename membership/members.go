@@ -42,6 +42,10 @@ type Members struct {
 	delegate delegate
 	queue    *queue
 	met      *metrics
+	// keyring is memberlist's (nil: plaintext gossip); keysMu
+	// serializes its reloads (keys.go).
+	keyring *memberlist.Keyring
+	keysMu  sync.Mutex
 
 	mu      sync.Mutex
 	members map[string]*entry
@@ -97,6 +101,11 @@ func New(cfg Config) (*Members, error) {
 		mc.AdvertisePort = tr.port()
 	}
 	mc.Transport = tr
+	if m.keyring, err = keyring(cfg.Keys); err != nil {
+		tr.Shutdown()
+		return nil, err
+	}
+	mc.Keyring = m.keyring
 	mc.Logger = mlLog
 	m.delegate.meta.Store(&meta)
 	mc.Delegate = &m.delegate
@@ -115,7 +124,12 @@ func New(cfg Config) (*Members, error) {
 	go func() { defer m.wg.Done(); m.queue.run(m.done, cfg.Clock.Now) }()
 	go func() { defer m.wg.Done(); m.pollStates() }()
 	go func() { defer m.wg.Done(); m.reconnect() }()
-	m.log.Info("member started", "addr", m.Local().Addr, "role", cfg.Meta.Role, "domain", cfg.Meta.Domain)
+	if cfg.KeyFile != "" && m.keyring != nil {
+		m.wg.Add(1)
+		go func() { defer m.wg.Done(); m.watchKeys() }()
+	}
+	m.log.Info("member started", "addr", m.Local().Addr, "role", cfg.Meta.Role, "domain", cfg.Meta.Domain,
+		"encrypted", m.keyring != nil, "label", cfg.Label)
 	return m, nil
 }
 

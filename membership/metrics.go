@@ -3,9 +3,11 @@ package membership
 import "github.com/prometheus/client_golang/prometheus"
 
 type metrics struct {
-	events  *prometheus.CounterVec
-	lost    prometheus.Counter
-	members []prometheus.Collector
+	events *prometheus.CounterVec
+	lost   prometheus.Counter
+	// keyReloads counts changes of the gossip keyring (keys.go).
+	keyReloads prometheus.Counter
+	members    []prometheus.Collector
 }
 
 func newMetrics(m *Members) *metrics {
@@ -17,6 +19,10 @@ func newMetrics(m *Members) *metrics {
 		lost: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rewind_membership_events_lost_total",
 			Help: "Membership events dropped because the reader of Events fell too far behind.",
+		}),
+		keyReloads: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rewind_membership_key_reloads_total",
+			Help: "Changes of the gossip keyring read from its key file (a key added, made primary or removed).",
 		}),
 	}
 	for _, st := range []State{StateAlive, StateSuspect, StateDead, StateLeft} {
@@ -40,7 +46,7 @@ func newMetrics(m *Members) *metrics {
 }
 
 func (met *metrics) register(reg prometheus.Registerer) error {
-	for _, c := range append([]prometheus.Collector{met.events, met.lost}, met.members...) {
+	for _, c := range append([]prometheus.Collector{met.events, met.lost, met.keyReloads}, met.members...) {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -2,7 +2,10 @@ package membership
 
 import (
 	"bufio"
+	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"time"
@@ -59,7 +62,9 @@ type nodeState struct {
 }
 
 // readNodeTable returns memberlist's node table, dead members included.
-func readNodeTable(t *transport, timeout time.Duration) ([]nodeState, error) {
+// With gossip keys (kr), the request and the answer are encrypted
+// (seal.go); label is the cluster's.
+func readNodeTable(t *transport, timeout time.Duration, label string, kr *memberlist.Keyring) ([]nodeState, error) {
 	conn, err := t.openLocal(timeout)
 	if err != nil {
 		return nil, err
@@ -69,18 +74,38 @@ func readNodeTable(t *transport, timeout time.Duration) ([]nodeState, error) {
 		return nil, err
 	}
 	var h codec.MsgpackHandle
-	w := bufio.NewWriter(conn)
-	w.WriteByte(pushPullMsg)
-	if err := codec.NewEncoder(w, &h).Encode(&pushPullHeader{}); err != nil {
+	var req bytes.Buffer
+	req.WriteByte(pushPullMsg)
+	if err := codec.NewEncoder(&req, &h).Encode(&pushPullHeader{}); err != nil {
 		return nil, fmt.Errorf("membership: encoding a state request: %w", err)
 	}
-	if err := w.Flush(); err != nil {
+	msg := req.Bytes()
+	if kr != nil {
+		if msg, err = sealStream(kr.GetPrimaryKey(), msg, label); err != nil {
+			return nil, err
+		}
+	}
+	if err := memberlist.AddLabelHeaderToStream(conn, label); err != nil {
 		return nil, fmt.Errorf("membership: sending a state request: %w", err)
 	}
-	r := bufio.NewReader(conn)
-	typ, err := r.ReadByte()
+	if _, err := conn.Write(msg); err != nil {
+		return nil, fmt.Errorf("membership: sending a state request: %w", err)
+	}
+	br := bufio.NewReader(conn)
+	typ, err := br.ReadByte()
 	if err != nil {
 		return nil, fmt.Errorf("membership: reading the node table: %w", err)
+	}
+	var r io.Reader = br
+	if typ == encryptMsg && kr != nil {
+		plain, err := openStream(br, kr.GetKeys(), label)
+		if err == nil && len(plain) == 0 {
+			err = errors.New("an empty message")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("membership: reading the node table: %w", err)
+		}
+		typ, r = plain[0], bytes.NewReader(plain[1:])
 	}
 	if typ != pushPullMsg {
 		return nil, fmt.Errorf("membership: memberlist answered message type %d, want %d (push/pull)", typ, pushPullMsg)

@@ -118,7 +118,7 @@ func (m *Members) pollStates() {
 		m.mu.Lock()
 		seq := m.seq
 		m.mu.Unlock()
-		nodes, err := readNodeTable(m.tr, m.cfg.TCPTimeout)
+		nodes, err := readNodeTable(m.tr, m.cfg.TCPTimeout, m.cfg.Label, m.keyring)
 		if errors.Is(err, errTransportClosed) {
 			return
 		}

@@ -100,6 +100,11 @@ func roleList(rs []Role) string {
 	return strings.Join(names, ", ")
 }
 
+// CallerOf is who made the gRPC call of ctx (a server's handler's
+// context): PeerPlain when its connection is of no kind this package
+// knows.
+func CallerOf(ctx context.Context) Peer { return peerFrom(ctx) }
+
 // peerFrom is the Peer of a gRPC call's connection.
 func peerFrom(ctx context.Context) Peer {
 	if p, ok := peer.FromContext(ctx); ok {

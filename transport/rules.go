@@ -67,6 +67,8 @@ var Rules = map[string]Rule{
 	coordpb.Coordinator_TierStatus_FullMethodName: {Roles: readers},
 	coordpb.Coordinator_NodeDown_FullMethodName:   {Roles: operators},
 	coordpb.Coordinator_WatchJob_FullMethodName:   {Roles: anyRole},
+	coordpb.Coordinator_Audit_FullMethodName:      {Roles: readers},
+	coordpb.Coordinator_Nodes_FullMethodName:      {Roles: anyRole}, // an agent checks a Fetch's peers
 
 	// The agent's service on its TCP port. A rank's calls (Prepare to
 	// Release, Consistent, ReportCorrupt) come over the Unix socket only.

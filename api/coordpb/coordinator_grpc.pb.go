@@ -39,6 +39,8 @@ const (
 	Coordinator_TierStatus_FullMethodName   = "/rewind.coordinator.v1.Coordinator/TierStatus"
 	Coordinator_NodeDown_FullMethodName     = "/rewind.coordinator.v1.Coordinator/NodeDown"
 	Coordinator_WatchJob_FullMethodName     = "/rewind.coordinator.v1.Coordinator/WatchJob"
+	Coordinator_Audit_FullMethodName        = "/rewind.coordinator.v1.Coordinator/Audit"
+	Coordinator_Nodes_FullMethodName        = "/rewind.coordinator.v1.Coordinator/Nodes"
 )
 
 // CoordinatorClient is the client API for Coordinator service.
@@ -95,6 +97,13 @@ type CoordinatorClient interface {
 	// ranks (a local supervisor, the MPIJob driver) needs them: when and
 	// where to restart which ranks, restoring which step.
 	WatchJob(ctx context.Context, in *WatchJobRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[JobEvent], error)
+	// Audit returns the audit log: the state-changing calls the coordinator
+	// served and every call it refused, oldest first (docs/operations.md).
+	Audit(ctx context.Context, in *AuditRequest, opts ...grpc.CallOption) (*AuditResponse, error)
+	// Nodes returns the registered agents and their addresses: an agent
+	// asked by a caller other than the coordinator to fetch a shard from a
+	// peer checks that the peer is a node the coordinator knows.
+	Nodes(ctx context.Context, in *NodesRequest, opts ...grpc.CallOption) (*NodesResponse, error)
 }
 
 type coordinatorClient struct {
@@ -296,6 +305,26 @@ func (c *coordinatorClient) WatchJob(ctx context.Context, in *WatchJobRequest, o
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Coordinator_WatchJobClient = grpc.ServerStreamingClient[JobEvent]
 
+func (c *coordinatorClient) Audit(ctx context.Context, in *AuditRequest, opts ...grpc.CallOption) (*AuditResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AuditResponse)
+	err := c.cc.Invoke(ctx, Coordinator_Audit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *coordinatorClient) Nodes(ctx context.Context, in *NodesRequest, opts ...grpc.CallOption) (*NodesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(NodesResponse)
+	err := c.cc.Invoke(ctx, Coordinator_Nodes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CoordinatorServer is the server API for Coordinator service.
 // All implementations must embed UnimplementedCoordinatorServer
 // for forward compatibility.
@@ -350,6 +379,13 @@ type CoordinatorServer interface {
 	// ranks (a local supervisor, the MPIJob driver) needs them: when and
 	// where to restart which ranks, restoring which step.
 	WatchJob(*WatchJobRequest, grpc.ServerStreamingServer[JobEvent]) error
+	// Audit returns the audit log: the state-changing calls the coordinator
+	// served and every call it refused, oldest first (docs/operations.md).
+	Audit(context.Context, *AuditRequest) (*AuditResponse, error)
+	// Nodes returns the registered agents and their addresses: an agent
+	// asked by a caller other than the coordinator to fetch a shard from a
+	// peer checks that the peer is a node the coordinator knows.
+	Nodes(context.Context, *NodesRequest) (*NodesResponse, error)
 	mustEmbedUnimplementedCoordinatorServer()
 }
 
@@ -410,6 +446,12 @@ func (UnimplementedCoordinatorServer) NodeDown(context.Context, *NodeDownRequest
 }
 func (UnimplementedCoordinatorServer) WatchJob(*WatchJobRequest, grpc.ServerStreamingServer[JobEvent]) error {
 	return status.Error(codes.Unimplemented, "method WatchJob not implemented")
+}
+func (UnimplementedCoordinatorServer) Audit(context.Context, *AuditRequest) (*AuditResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Audit not implemented")
+}
+func (UnimplementedCoordinatorServer) Nodes(context.Context, *NodesRequest) (*NodesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Nodes not implemented")
 }
 func (UnimplementedCoordinatorServer) mustEmbedUnimplementedCoordinatorServer() {}
 func (UnimplementedCoordinatorServer) testEmbeddedByValue()                     {}
@@ -713,6 +755,42 @@ func _Coordinator_WatchJob_Handler(srv interface{}, stream grpc.ServerStream) er
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Coordinator_WatchJobServer = grpc.ServerStreamingServer[JobEvent]
 
+func _Coordinator_Audit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AuditRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServer).Audit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Coordinator_Audit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServer).Audit(ctx, req.(*AuditRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Coordinator_Nodes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(NodesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServer).Nodes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Coordinator_Nodes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServer).Nodes(ctx, req.(*NodesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Coordinator_ServiceDesc is the grpc.ServiceDesc for Coordinator service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -775,6 +853,14 @@ var Coordinator_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "NodeDown",
 			Handler:    _Coordinator_NodeDown_Handler,
+		},
+		{
+			MethodName: "Audit",
+			Handler:    _Coordinator_Audit_Handler,
+		},
+		{
+			MethodName: "Nodes",
+			Handler:    _Coordinator_Nodes_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -28,6 +28,7 @@ func runAgent(ctx context.Context, args []string) error {
 	budget := fs.String("budget", "0", "shared-memory budget for all segments, e.g. 64GiB (0: the tmpfs size)")
 	fs.IntVar(&cfg.SlotsPerRank, "slots", cfg.SlotsPerRank, "segments per rank (at least 2)")
 	fs.BoolVar(&cfg.VerifyAfterCommit, "verify-after-commit", cfg.VerifyAfterCommit, "re-read every committed shard in the background")
+	positiveDuration(fs, &cfg.PrepareTTL, "prepare-ttl", "how long a save's Prepare holds its segment without a Commit before a save short of budget takes it back")
 	fs.IntVar(&cfg.TransferWorkers, "transfer-workers", cfg.TransferWorkers, "tier transfers running at once on the node")
 	warmSize := fs.String("warm-segment", "0", "keep a segment of this size allocated and mapped for a restore onto this node (a spare), e.g. 8GiB; 0: none")
 	var tf tierFlags
@@ -64,7 +65,7 @@ func runAgent(ctx context.Context, args []string) error {
 		return err
 	}
 	if cfg.CoordinatorAddr != "" {
-		if cfg.Gossip, err = gf.config(); err != nil {
+		if cfg.Gossip, err = gf.config(tlf.dir, cfg.Logger); err != nil {
 			return err
 		}
 		cfg.GossipJoin = gf.seeds(cfg.CoordinatorAddr)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"rewind.dev/rewind/membership"
 	"rewind.dev/rewind/transport"
 )
 
@@ -24,9 +25,13 @@ import (
 //	OUT/node/shared/      node/* with --shared-node (every node's)
 //	OUT/operator/         operator/NAME
 //	OUT/reader/           reader/NAME
+//	OUT/gossip.keys       the cluster's gossip keys (kept: a later run reuses them),
+//	                      copied into the coordinator's and each node's directory
 //
 // Run again, it issues new certificates from the same CA into the same
-// directories: running daemons pick them up at their next handshake.
+// directories: running daemons pick them up at their next handshake. It
+// copies OUT/gossip.keys again too: that is how a rotation of gossip keys
+// reaches the daemons (docs/operations.md).
 func runCerts(_ context.Context, args []string) error {
 	fs := newFlagSet("certs", "certs --out DIR [--nodes a,b,...] [flags]",
 		"Creates a certificate authority (or reuses the one in DIR/ca) and issues the certificates a cluster needs.")
@@ -75,6 +80,11 @@ func runCerts(_ context.Context, args []string) error {
 		fmt.Printf("  %-24s %s\n", path, id.SPIFFE(*domain))
 		return nil
 	}
+	keys, err := loadOrMakeGossipKeys(filepath.Join(*out, membership.KeyFileName))
+	if err != nil {
+		return err
+	}
+	issue = withGossipKeys(issue, *out, keys)
 	local := []string{"localhost", "127.0.0.1", "::1"}
 	if *coord != "" {
 		if err := issue("coordinator", transport.Identity{Role: transport.RoleCoordinator, Name: *coord}, append(append([]string{*coord}, local...), split(*hosts)...)); err != nil {
@@ -103,6 +113,40 @@ func runCerts(_ context.Context, args []string) error {
 	}
 	fmt.Printf("valid for %d days; daemons take --tls-dir DIR, operator commands --tls-dir or $%s\n", *days, EnvTLSDir)
 	return nil
+}
+
+// loadOrMakeGossipKeys reads the cluster's gossip key file, or writes
+// one with a new key.
+func loadOrMakeGossipKeys(path string) ([][]byte, error) {
+	if _, err := os.Stat(path); err == nil {
+		return membership.ReadKeyFile(path)
+	}
+	keys := [][]byte{membership.NewKey()}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("certs: %w", err)
+	}
+	if err := membership.WriteKeyFile(path, keys); err != nil {
+		return nil, fmt.Errorf("certs: %w", err)
+	}
+	fmt.Printf("created the cluster's gossip key in %s\n", path)
+	return keys, nil
+}
+
+// withGossipKeys makes issue also write the gossip keys into the
+// directories of the coordinator and the nodes (the members of gossip).
+func withGossipKeys(issue func(string, transport.Identity, []string) error, out string, keys [][]byte) func(string, transport.Identity, []string) error {
+	return func(dir string, id transport.Identity, dns []string) error {
+		if err := issue(dir, id, dns); err != nil {
+			return err
+		}
+		if id.Role != transport.RoleCoordinator && id.Role != transport.RoleNode {
+			return nil
+		}
+		if err := membership.WriteKeyFile(filepath.Join(out, dir, membership.KeyFileName), keys); err != nil {
+			return fmt.Errorf("certs: %s: %w", id, err)
+		}
+		return nil
+	}
 }
 
 // loadOrMakeCA reads the CA in dir, or makes one there if there is none.

@@ -27,6 +27,8 @@ func runCoordinator(ctx context.Context, args []string) error {
 	limitFlag(fs, "max-jobs", "jobs in the index", func(n uint32) { cfg.MaxJobs = int(n) }, uint64(cfg.MaxJobs))
 	limitFlag(fs, "max-steps-per-job", "steps of one job in the index", func(n uint32) { cfg.MaxStepsPerJob = int(n) }, uint64(cfg.MaxStepsPerJob))
 	limitFlag(fs, "max-copies-per-shard", "copies of one rank's shard of a step, memory and tiers", func(n uint32) { cfg.MaxCopiesPerShard = int(n) }, uint64(cfg.MaxCopiesPerShard))
+	fs.IntVar(&cfg.AuditMaxEntries, "audit-max-entries", cfg.AuditMaxEntries, "entries the audit log keeps; the oldest go first")
+	positiveDuration(fs, &cfg.AuditRetention, "audit-retention", "how long the audit log keeps an entry")
 	var gf gossipFlags
 	gf.register(fs, ":7947", "")
 	var kf kubeFlags
@@ -46,7 +48,7 @@ func runCoordinator(ctx context.Context, args []string) error {
 	if cfg.Transport, err = tlf.security(cfg.Logger); err != nil {
 		return err
 	}
-	g, err := gf.config()
+	g, err := gf.config(tlf.dir, cfg.Logger)
 	if err != nil {
 		return err
 	}

@@ -1,19 +1,27 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
+	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
 	"rewind.dev/rewind/membership"
+	"rewind.dev/rewind/transport"
 )
 
 // gossipFlags configure failure detection (membership) on a daemon.
 type gossipFlags struct {
-	bind string
-	join string
+	bind  string
+	join  string
+	keys  string
+	label string
 }
 
 func (g *gossipFlags) register(fs *flag.FlagSet, defaultBind, joinHelp string) {
@@ -21,10 +29,16 @@ func (g *gossipFlags) register(fs *flag.FlagSet, defaultBind, joinHelp string) {
 	if joinHelp != "" {
 		fs.StringVar(&g.join, "gossip-join", "", joinHelp)
 	}
+	fs.StringVar(&g.keys, "gossip-keys", "", "file of gossip encryption keys, one base64 key a line, the first encrypting (rewind certs writes one; "+
+		"read again when it changes); default: "+membership.KeyFileName+" in --tls-dir when it is there. None: plaintext gossip")
+	fs.StringVar(&g.label, "gossip-label", membership.DefaultConfig().Label, "the cluster's name in every gossip message: members with another label ignore each other")
 }
 
-// config returns the membership configuration, or nil when off.
-func (g *gossipFlags) config() (*membership.Config, error) {
+// config returns the membership configuration, or nil when off. Its keys
+// come from --gossip-keys, or the key file in tlsDir; without keys gossip
+// is plaintext, which log is told loudly when the member listens beyond
+// loopback.
+func (g *gossipFlags) config(tlsDir string, log *slog.Logger) (*membership.Config, error) {
 	if g.bind == "" {
 		return nil, nil
 	}
@@ -41,6 +55,24 @@ func (g *gossipFlags) config() (*membership.Config, error) {
 		cfg.BindAddr = host
 	}
 	cfg.BindPort = p
+	cfg.Label = g.label
+	keyFile := g.keys
+	if keyFile == "" && tlsDir != "" {
+		if _, err := os.Stat(filepath.Join(tlsDir, membership.KeyFileName)); err == nil {
+			keyFile = filepath.Join(tlsDir, membership.KeyFileName)
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("gossip keys: %w", err)
+		}
+	}
+	if keyFile != "" {
+		if cfg.Keys, err = membership.ReadKeyFile(keyFile); err != nil {
+			return nil, err
+		}
+		cfg.KeyFile = keyFile
+	} else if !transport.IsLoopback(net.JoinHostPort(cfg.BindAddr, port)) {
+		log.Error("gossip runs in plaintext, unauthenticated: anyone on the network can read it and join the cluster's failure detection; "+
+			"pass --gossip-keys FILE (rewind certs writes "+membership.KeyFileName+")", "addr", g.bind)
+	}
 	return &cfg, nil
 }
 

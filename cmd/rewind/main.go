@@ -16,6 +16,7 @@ var commands = []cli.Command{
 	{Name: "delete", Usage: "delete a step's copies (JOB STEP [--force])", Run: runDelete},
 	{Name: "tiers", Usage: "show each agent's durable tiers: transfers, throughput, failures", Run: runTiers},
 	{Name: "policy", Usage: "show or set a job's tier policy (JOB [POLICY])", Run: runPolicy},
+	{Name: "audit", Usage: "show the coordinator's audit log: who changed what, and every refused call (--job, --who, --since)", Run: runAudit},
 	{Name: "certs", Usage: "create a certificate authority and the TLS certificates of a cluster (--out DIR --nodes a,b,...)", Run: runCerts},
 	{Name: "job-token", Usage: "print a job's token for its ranks (--key FILE JOB), or make a job key file (--key FILE --new)", Run: runJobToken},
 	{Name: "node", Usage: "run a node of the compose cluster: the agent and the job's ranks placed on it", Run: runNode},

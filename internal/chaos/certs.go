@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"rewind.dev/rewind/membership"
 	"rewind.dev/rewind/transport"
 )
 
@@ -15,8 +16,9 @@ const chaosOperator = "chaos"
 // makeCerts issues the compose cluster's certificates into a fresh
 // directory, in `rewind certs`'s layout (the compose file mounts it as
 // /certs, CHAOS_CERTS): the coordinator's, each node's own, and the
-// runner's (an operator). Every TCP connection of the cluster is mutual
-// TLS, as in production.
+// runner's (an operator), and the gossip key beside the coordinator's and
+// the nodes'. Every TCP connection of the cluster is mutual TLS and its
+// gossip is encrypted, as in production.
 func (c *Cluster) makeCerts() error {
 	dir, err := os.MkdirTemp("", "rewind-chaos-certs-")
 	if err != nil {
@@ -28,12 +30,16 @@ func (c *Cluster) makeCerts() error {
 	if err != nil {
 		return err
 	}
+	gossipKeys := [][]byte{membership.NewKey()}
 	issue := func(sub string, id transport.Identity) error {
 		leaf := transport.Leaf{Identity: id, Validity: 7 * 24 * time.Hour}
 		if err := ca.IssueDir(filepath.Join(dir, sub), leaf); err != nil {
 			return fmt.Errorf("chaos: certificate of %s: %w", id, err)
 		}
-		return nil
+		if id.Role == transport.RoleOperator { // not a member of gossip
+			return nil
+		}
+		return membership.WriteKeyFile(filepath.Join(dir, sub, membership.KeyFileName), gossipKeys)
 	}
 	if err := issue("coordinator", transport.Identity{Role: transport.RoleCoordinator, Name: svcCoordinator}); err != nil {
 		return err

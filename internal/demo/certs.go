@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"rewind.dev/rewind/membership"
 	"rewind.dev/rewind/transport"
 )
 
@@ -13,7 +14,7 @@ const demoOperator = "demo"
 
 // makeCerts makes the cluster's certificate authority and a certificate
 // for the coordinator, each node and the demo itself (an operator), as
-// `rewind certs` does, under the demo's directory: every TCP connection
+// `rewind certs` does (a gossip key too), under the demo's directory: every TCP connection
 // of the demo is mutual TLS. With Plaintext, none, and the daemons
 // listen in plaintext on loopback.
 func (d *cluster) makeCerts() error {
@@ -26,11 +27,15 @@ func (d *cluster) makeCerts() error {
 	if err != nil {
 		return err
 	}
+	gossipKeys := [][]byte{membership.NewKey()}
 	issue := func(dir string, id transport.Identity) error {
 		if err := ca.IssueDir(filepath.Join(d.certs, dir), transport.Leaf{Identity: id, Validity: 24 * time.Hour}); err != nil {
 			return fmt.Errorf("demo: certificate of %s: %w", id, err)
 		}
-		return nil
+		if id.Role == transport.RoleOperator { // not a member of gossip
+			return nil
+		}
+		return membership.WriteKeyFile(filepath.Join(d.certs, dir, membership.KeyFileName), gossipKeys)
 	}
 	if err := issue("coordinator", transport.Identity{Role: transport.RoleCoordinator, Name: "coordinator"}); err != nil {
 		return err
@@ -46,7 +51,7 @@ func (d *cluster) makeCerts() error {
 	if d.sec, err = transport.Load(filepath.Join(d.certs, "operator"), nil); err != nil {
 		return err
 	}
-	d.tl.log("tls", "mutual TLS 1.3 on every TCP connection: a CA and certificates for the coordinator, %d nodes (each its own) and the demo (an operator) in %s",
+	d.tl.log("tls", "mutual TLS 1.3 on every TCP connection, encrypted gossip: a CA, certificates for the coordinator, %d nodes (each its own) and the demo (an operator), and a gossip key in %s",
 		d.cfg.Nodes, d.certs)
 	return nil
 }

@@ -368,11 +368,20 @@ func fail(err error) int {
 	return 1
 }
 
+// GossipKey encrypts the test clusters' gossip, as a real cluster's key
+// file does (every process of a test binary, and its children, share it;
+// it protects nothing but loopback traffic of tests).
+var GossipKey = []byte("rewind test clusters' gossip key")
+
 // GossipConfig is failure detection on loopback, on a port of its own
-// choosing, faults (nil for none) on its network, its logs discarded.
+// choosing, faults (nil for none) on its network, its logs discarded;
+// encrypted with GossipKey unless REWIND_TEST_PLAINTEXT=1.
 func GossipConfig(faults *membership.FaultNetwork) membership.Config {
 	g := membership.DefaultConfig()
 	g.BindAddr, g.BindPort, g.Faults = "127.0.0.1", 0, faults
+	if !Plaintext() {
+		g.Keys = [][]byte{GossipKey}
+	}
 	g.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	return g
 }

@@ -67,3 +67,27 @@ never sees the Secret's renewals).
 - {name: tls, mountPath: /etc/rewind/tls, readOnly: true}
 {{- end -}}
 {{- end -}}
+
+{{/*
+Gossip encryption: the flag, volume and mount of gossip.keysSecret (none
+when it is empty: then a daemon reads gossip.keys from its TLS Secret
+when that holds one).
+*/}}
+{{- define "rewind.gossipArgs" -}}
+{{- if .Values.gossip.keysSecret -}}
+- --gossip-keys=/etc/rewind/gossip/gossip.keys
+{{- end -}}
+{{- end -}}
+
+{{- define "rewind.gossipVolume" -}}
+{{- if .Values.gossip.keysSecret -}}
+- name: gossip-keys
+  secret: {secretName: {{ .Values.gossip.keysSecret }}, defaultMode: 0440}
+{{- end -}}
+{{- end -}}
+
+{{- define "rewind.gossipMount" -}}
+{{- if .Values.gossip.keysSecret -}}
+- {name: gossip-keys, mountPath: /etc/rewind/gossip, readOnly: true}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,83 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"rewind.dev/rewind/internal/clock"
+)
+
+// TestUncommittedPrepareExpires: a Prepare never committed holds its
+// budget while it is younger than PrepareTTL, so another job's save is
+// refused for lack of budget; once it is older, that save takes the
+// segment back and goes ahead, the segment file is gone, and the late
+// Commit is refused, naming the expiry.
+func TestUncommittedPrepareExpires(t *testing.T) {
+	d, err := os.MkdirTemp("/dev/shm", "rewind-test-")
+	if err != nil {
+		t.Skipf("no /dev/shm: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	clk := clock.NewFake(time.Unix(1_800_000_000, 0))
+	cfg := DefaultConfig()
+	cfg.Node, cfg.ShmRoot, cfg.Socket = "n", filepath.Join(d, "shm"), filepath.Join(d, "a.sock")
+	cfg.ListenAddr, cfg.MetricsAddr, cfg.VerifyAfterCommit = "", "", false
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	reg := prometheus.NewRegistry()
+	cfg.Clock, cfg.BudgetBytes, cfg.PrepareTTL, cfg.Registry = clk, 1<<20, time.Minute, reg
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const size = 768 << 10 // two do not fit in the 1 MiB budget
+	stale, err := a.Prepare(ctx, "a", 0, 1, 1, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	clk.Step(time.Minute - time.Second)
+	if _, err := a.Prepare(ctx, "b", 0, 1, 1, size); !errors.Is(err, ErrBudget) {
+		t.Fatalf("a save while the other prepare is %v old: %v, want ErrBudget", time.Minute-time.Second, err)
+	}
+	clk.Step(time.Second)
+	if _, err := a.Prepare(ctx, "b", 0, 1, 1, size); err != nil {
+		t.Fatalf("a save once the other prepare is a TTL old: %v", err)
+	}
+	if _, err := os.Stat(stale.Path); !os.IsNotExist(err) {
+		t.Errorf("the expired prepare's segment is still there: %v", err)
+	}
+	if _, err := a.Commit(ctx, "a", 0, stale.Slot, stale.Token, 1, "sum"); err == nil || !strings.Contains(err.Error(), "prepare expired") {
+		t.Errorf("the expired prepare's commit: %v, want a refusal naming the expiry", err)
+	}
+	if n := expiredCount(t, reg); n != 1 {
+		t.Errorf("rewind_agent_prepares_expired_total = %v, want 1", n)
+	}
+	if used := a.budget - uint64(a.budgetLeft()); used != size {
+		t.Errorf("budget in use %d, want the one live prepare's %d", used, size)
+	}
+}
+
+func expiredCount(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "rewind_agent_prepares_expired_total" {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatal("no rewind_agent_prepares_expired_total")
+	return 0
+}
