@@ -55,7 +55,9 @@ func (s *server) Open(ctx context.Context, req *agentpb.OpenRequest) (*agentpb.O
 	if err != nil {
 		return nil, err
 	}
-	s.a.gang.opened(req.Job, req.Rank, sh.Step)
+	if !req.Peer { // a reader of another rank's shard does not restore that rank
+		s.a.gang.opened(req.Job, req.Rank, sh.Step)
+	}
 	return &agentpb.OpenResponse{Shard: sh.proto(), Lease: lease}, nil
 }
 

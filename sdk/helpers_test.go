@@ -15,7 +15,7 @@ import (
 	"rewind.dev/rewind/shm"
 )
 
-func ctxT(t *testing.T) context.Context {
+func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	return ctx
@@ -23,7 +23,7 @@ func ctxT(t *testing.T) context.Context {
 
 // start runs an in-process agent, letting mod adjust its config, and
 // returns a client connected to it.
-func start(t *testing.T, mod func(*agent.Config)) (*sdk.Client, *testcluster.Agent) {
+func start(t testing.TB, mod func(*agent.Config)) (*sdk.Client, *testcluster.Agent) {
 	t.Helper()
 	cfg := testcluster.AgentConfig(t)
 	if mod != nil {

@@ -1385,8 +1385,13 @@ type OpenRequest struct {
 	Job   string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
 	Rank  uint32                 `protobuf:"varint,2,opt,name=rank,proto3" json:"rank,omitempty"`
 	// Step to open; latest = true opens the rank's latest committed step.
-	Step          int64 `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`
-	Latest        bool  `protobuf:"varint,4,opt,name=latest,proto3" json:"latest,omitempty"`
+	Step   int64 `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`
+	Latest bool  `protobuf:"varint,4,opt,name=latest,proto3" json:"latest,omitempty"`
+	// peer: the caller reads this rank's shard as a piece of another
+	// rank's state (a restore at another world size, a DCP load), not to
+	// restore this rank: during a recovery it does not count as this
+	// rank's restore.
+	Peer          bool `protobuf:"varint,5,opt,name=peer,proto3" json:"peer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1445,6 +1450,13 @@ func (x *OpenRequest) GetStep() int64 {
 func (x *OpenRequest) GetLatest() bool {
 	if x != nil {
 		return x.Latest
+	}
+	return false
+}
+
+func (x *OpenRequest) GetPeer() bool {
+	if x != nil {
+		return x.Peer
 	}
 	return false
 }
@@ -2652,12 +2664,13 @@ const file_agent_proto_rawDesc = "" +
 	"\x0fheader_checksum\x18\x06 \x01(\tR\x0eheaderChecksum\"6\n" +
 	"\x0eCommitResponse\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x10\n" +
-	"\x03seq\x18\x02 \x01(\x04R\x03seq\"_\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\"s\n" +
 	"\vOpenRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\rR\x04rank\x12\x12\n" +
 	"\x04step\x18\x03 \x01(\x03R\x04step\x12\x16\n" +
-	"\x06latest\x18\x04 \x01(\bR\x06latest\"R\n" +
+	"\x06latest\x18\x04 \x01(\bR\x06latest\x12\x12\n" +
+	"\x04peer\x18\x05 \x01(\bR\x04peer\"R\n" +
 	"\fOpenResponse\x12,\n" +
 	"\x05shard\x18\x01 \x01(\v2\x16.rewind.agent.v1.ShardR\x05shard\x12\x14\n" +
 	"\x05lease\x18\x02 \x01(\x04R\x05lease\"&\n" +

@@ -350,7 +350,9 @@ class Client:
         the OpenShard (a context manager) to unmap it and end the lease.
         Its tensors' checksums are not checked here: see OpenShard.verify."""
         op = f"open step {step} of job {self.job} rank {rank}"
-        resp = self._call(op, "Open", pb.OpenRequest(job=self.job, rank=rank, step=step))
+        # Another rank's shard is read as a peer: during a recovery that
+        # does not count as that rank's restore.
+        resp = self._call(op, "Open", pb.OpenRequest(job=self.job, rank=rank, step=step, peer=rank != self.rank))
         try:
             m, h = self._map(op, resp.shard, resp.lease)
         except CorruptError as e:

@@ -1,0 +1,266 @@
+package sdk
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"rewind.dev/rewind/api/agentpb"
+	"rewind.dev/rewind/shm"
+)
+
+// Slice is a box of a global tensor that a rank restores: its offset and
+// length in every dimension, and the buffer its bytes go to (row-major,
+// little-endian, len(Data) = element size × product of Lengths). Name is
+// the name the global tensor's pieces were saved under, by every rank; a
+// piece is a saved tensor with a Chunk, a tensor saved without one is the
+// whole global tensor (a replicated one: any rank that saved it is a copy).
+type Slice struct {
+	Name    string
+	DType   shm.DType
+	Offsets []int64
+	Lengths []int64
+	Data    []byte
+}
+
+// Layout is what one rank of the new gang restores: the slices of global
+// tensors its new world size gives it.
+type Layout struct {
+	Slices []Slice
+	// ObjectsRank is the saved rank whose objects document (non-tensor
+	// state) the restore returns: rank 0's unless the caller names another.
+	ObjectsRank uint32
+}
+
+// Resharded is what RestoreInto read.
+type Resharded struct {
+	Job            string
+	Step           int64
+	SavedWorldSize uint32
+	// Objects is the objects document of Layout.ObjectsRank, or nil.
+	Objects json.RawMessage
+	// Bytes is how many bytes were copied into the slices; Verified how
+	// many were hashed to check the pieces they came from.
+	Bytes, Verified int64
+}
+
+// RestoreInto restores a checkpoint saved at any world size into the
+// slices of layout: the job's latest consistent step (with a coordinator),
+// or on a lone agent the newest step of which it holds every rank's shard.
+// It reads every saved rank's shard of the step (from this node's shared
+// memory, or fetched by the agent from a peer or a tier), verifies each
+// piece it copies from against the piece's checksum, and copies exactly
+// the bytes that overlap each slice. A corrupt piece is reported to the
+// agent and another copy of it used if a rank saved one; else the error
+// wraps ErrCorrupt and names the rank, tensor and step.
+func (s *Session) RestoreInto(ctx context.Context, layout Layout) (*Resharded, error) {
+	step, ok, err := s.LatestConsistent(ctx)
+	switch {
+	case errors.Is(err, ErrBusy): // no coordinator: what this node holds
+		if step, err = s.newestComplete(ctx); err != nil {
+			return nil, err
+		}
+	case err != nil:
+		return nil, err
+	case !ok:
+		return nil, &Error{Op: fmt.Sprintf("reshard restore of job %s", s.job), Msg: "the job has no consistent step yet", kind: ErrNotFound}
+	}
+	return s.RestoreStepInto(ctx, step, layout)
+}
+
+// newestComplete returns the newest step of which the agent holds a
+// committed shard of every rank of the world size it was saved at.
+func (s *Session) newestComplete(ctx context.Context) (int64, error) {
+	shards, err := s.c.List(ctx, s.job)
+	if err != nil {
+		return 0, err
+	}
+	ranks := map[int64]map[uint32]bool{}
+	sizes := map[int64]uint32{}
+	for _, sh := range shards {
+		if sh.State != agentpb.ShardState_SHARD_STATE_COMMITTED {
+			continue
+		}
+		if ranks[sh.Step] == nil {
+			ranks[sh.Step] = map[uint32]bool{}
+		}
+		ranks[sh.Step][sh.Rank] = true
+		sizes[sh.Step] = sh.WorldSize
+	}
+	best := int64(-1)
+	for step, rs := range ranks {
+		if step > best && len(rs) == int(sizes[step]) {
+			best = step
+		}
+	}
+	if best < 0 {
+		return 0, &Error{Op: fmt.Sprintf("reshard restore of job %s", s.job), Msg: "no step of which this node holds every rank's shard", kind: ErrNotFound}
+	}
+	return best, nil
+}
+
+// openShard is a saved rank's shard, leased and mapped for reading.
+type openShard struct {
+	sh    *agentpb.Shard
+	h     *shm.Header
+	m     *shm.Mapping
+	lease uint64
+}
+
+// RestoreStepInto is RestoreInto for a given step.
+func (s *Session) RestoreStepInto(ctx context.Context, step int64, layout Layout) (*Resharded, error) {
+	op := fmt.Sprintf("reshard restore of step %d of job %s into rank %d of %d", step, s.job, s.rank, s.worldSize)
+	for i := range layout.Slices {
+		if err := checkSlice(&layout.Slices[i]); err != nil {
+			return nil, &Error{Op: op, Msg: err.Error(), kind: ErrInvalid}
+		}
+	}
+	var shards []*openShard
+	defer func() {
+		for _, o := range shards {
+			o.m.Close()
+			s.release(o.lease)
+		}
+	}()
+	first, err := s.openPeer(ctx, step, 0)
+	if err != nil {
+		return nil, &Error{Op: op, Msg: err.Error(), kind: kindOf(err)}
+	}
+	shards = append(shards, first)
+	n := first.h.Meta.WorldSize
+	for r := uint32(1); r < n; r++ {
+		o, err := s.openPeer(ctx, step, r)
+		if err != nil {
+			return nil, &Error{Op: op, Msg: err.Error(), kind: kindOf(err)}
+		}
+		shards = append(shards, o)
+		if o.h.Meta.WorldSize != n {
+			return nil, &Error{Op: op, Msg: fmt.Sprintf("rank %d was saved at world size %d, rank 0 at %d", r, o.h.Meta.WorldSize, n), kind: ErrCorrupt}
+		}
+	}
+	if layout.ObjectsRank >= n {
+		return nil, &Error{Op: op, Msg: fmt.Sprintf("objects of rank %d asked; step %d was saved at world size %d", layout.ObjectsRank, step, n), kind: ErrInvalid}
+	}
+	res := &Resharded{Job: s.job, Step: step, SavedWorldSize: n, Objects: shards[layout.ObjectsRank].h.Objects}
+	if err := s.fill(ctx, step, shards, layout.Slices, res); err != nil {
+		return nil, &Error{Op: op, Msg: err.Error(), kind: kindOf(err)}
+	}
+	return res, nil
+}
+
+func kindOf(err error) error {
+	var e *Error
+	switch {
+	case errors.As(err, &e):
+		return e.kind
+	case errors.Is(err, shm.ErrCorrupt):
+		return ErrCorrupt
+	case errors.Is(err, ErrNotFound):
+		return ErrNotFound
+	}
+	return nil
+}
+
+// openPeer leases, maps and decodes rank's shard of step. Another rank's
+// shard is opened as a peer reader: it does not count as that rank's
+// restore during a recovery.
+func (s *Session) openPeer(ctx context.Context, step int64, rank uint32) (*openShard, error) {
+	cctx, cancel := s.c.call(ctx)
+	resp, err := s.c.api.Open(cctx, &agentpb.OpenRequest{Job: s.job, Rank: rank, Step: step, Peer: rank != s.rank})
+	cancel()
+	if err != nil {
+		return nil, wrap(fmt.Sprintf("open rank %d", rank), err)
+	}
+	sh := resp.Shard
+	fail := func(err error) (*openShard, error) {
+		s.release(resp.Lease)
+		return nil, err
+	}
+	f, err := os.Open(sh.Path)
+	if err != nil {
+		return fail(err)
+	}
+	m, err := shm.Map(f, int64(sh.SizeBytes), false)
+	f.Close()
+	if err != nil {
+		return fail(err)
+	}
+	h, err := shm.DecodeBytes(m.Data)
+	switch {
+	case err == nil && (!h.Rewind || h.Meta.Job != s.job || h.Meta.Rank != rank || h.Meta.Step != step):
+		err = fmt.Errorf("%w: segment holds job %q rank %d step %d", shm.ErrCorrupt, h.Meta.Job, h.Meta.Rank, h.Meta.Step)
+	case err == nil && sh.HeaderChecksum != "" && shm.HeaderSum(m.Data[:h.DataStart]) != sh.HeaderChecksum:
+		err = fmt.Errorf("%w: header changed since it was committed", shm.ErrCorrupt)
+	}
+	if err != nil {
+		m.Close()
+		if errors.Is(err, shm.ErrCorrupt) {
+			s.report(ctx, sh, err)
+		}
+		return fail(fmt.Errorf("rank %d step %d: %w", rank, step, err))
+	}
+	return &openShard{sh: sh, h: h, m: m, lease: resp.Lease}, nil
+}
+
+// fill copies every slice's bytes from the pieces that overlap it, each
+// piece verified first (once, however many slices it feeds).
+func (s *Session) fill(ctx context.Context, step int64, shards []*openShard, want []Slice, res *Resharded) error {
+	byName := map[string][]*piece{}
+	for _, o := range shards {
+		for i := range o.h.Tensors {
+			t := &o.h.Tensors[i]
+			data := o.m.Data[o.h.DataStart+t.Begin : o.h.DataStart+t.End]
+			byName[t.Name] = append(byName[t.Name], newPiece(o.h.Meta.Rank, t, data))
+		}
+	}
+	good := map[string]*piece{} // tensor name + box -> the verified copy
+	for i := range want {
+		sl := &want[i]
+		pieces := byName[sl.Name]
+		if len(pieces) == 0 {
+			return fmt.Errorf("%w: no rank saved tensor %q at step %d", ErrNotFound, sl.Name, step)
+		}
+		groups, err := cover(sl, pieces)
+		if err != nil {
+			return err
+		}
+		for _, copies := range groups {
+			key := sl.Name + " " + copies[0].box()
+			p := good[key]
+			if p == nil {
+				if p, err = s.verified(ctx, step, shards, copies, res); err != nil {
+					return err
+				}
+				good[key] = p
+			}
+			lo, n, _ := intersect(p.offs, p.t.Shape, sl.Offsets, sl.Lengths)
+			copyBox(sl.Data, sl.Offsets, sl.Lengths, p.data, p.offs, p.t.Shape, lo, n, sl.DType.Size())
+			res.Bytes += volume(n) * sl.DType.Size()
+		}
+	}
+	return nil
+}
+
+// verified returns the first of copies whose bytes match its checksum. The
+// shard format records one checksum per tensor (the root of its 1 MiB leaf
+// hashes, not the leaves), so a piece is verified whole, even when only a
+// part of it is copied. A corrupt copy is reported to its agent, which
+// serves that shard no more.
+func (s *Session) verified(ctx context.Context, step int64, shards []*openShard, copies []*piece, res *Resharded) (*piece, error) {
+	var problems []string
+	for _, p := range copies {
+		res.Verified += p.t.Len()
+		sum := shm.CopyAndSum([]shm.Copy{{Src: p.data}}, s.c.opts.Workers)[0]
+		if p.t.HasSum && sum == p.t.Sum {
+			return p, nil
+		}
+		err := fmt.Errorf("%w: tensor %q of rank %d at step %d: checksum %s, header says %s",
+			shm.ErrCorrupt, p.t.Name, p.rank, step, shm.FormatSum(sum), shm.FormatSum(p.t.Sum))
+		s.report(ctx, shards[p.rank].sh, err)
+		problems = append(problems, err.Error())
+	}
+	return nil, fmt.Errorf("%w: no good copy left: %s", shm.ErrCorrupt, strings.Join(problems, "; "))
+}
