@@ -34,8 +34,12 @@ func TestLeaderFailover(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	lc := LeaderConfig{Namespace: "rewind", Name: "coord", LeaseDuration: 2 * time.Second,
-		RenewDeadline: time.Second, RetryPeriod: 100 * time.Millisecond} // the Lease counts whole seconds
+	// The Lease counts whole seconds. The renew deadline is well before
+	// the lease's end: a stops acting at the one, b may take over after
+	// the other, and the 3 s between them is the margin a loaded machine
+	// needs to run a's stopping (1 s was not enough at load 40).
+	lc := LeaderConfig{Namespace: "rewind", Name: "coord", LeaseDuration: 4 * time.Second,
+		RenewDeadline: time.Second, RetryPeriod: 100 * time.Millisecond}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	type replica struct {
 		acting, stopped chan struct{}
