@@ -11,6 +11,7 @@ import (
 
 	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/api/coordpb"
+	fakeclock "rewind.dev/rewind/internal/clock"
 )
 
 // TestPlanFallback runs the restore planner through the scenarios in
@@ -26,7 +27,7 @@ func TestPlanFallback(t *testing.T) {
 	datadriven.Walk(t, "testdata/plan", func(t *testing.T, path string) {
 		clock := time.Unix(1_800_000_000, 0)
 		s := NewState(func() time.Time { clock = clock.Add(time.Millisecond); return clock })
-		c := &Coordinator{state: s, down: map[string]time.Time{}}
+		c := &Coordinator{state: s, down: map[string]time.Time{}, cfg: Config{Clock: fakeclock.NewFake(time.Unix(1_800_000_000, 0))}}
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 			job := arg(d, "job", "j")
 			var ch Changes

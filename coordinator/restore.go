@@ -73,6 +73,7 @@ func (c *Coordinator) chooseStep(ctx context.Context, job string, step, rank int
 	latest := j.Latest
 	var candidates []int64 // newest first
 	var marked []*coordpb.UnrestorableStep
+	var spoilt []int64 // consistent, but some rank's copies were found corrupt
 	if step >= 0 {
 		candidates = []int64{step}
 	} else {
@@ -82,6 +83,9 @@ func (c *Coordinator) chooseStep(ctx context.Context, job string, step, rank int
 			case st.Unrestorable != nil:
 				marked = append(marked, st.Unrestorable.proto(n))
 			case !st.complete(): // some rank has no copy, or only corrupt ones
+				if len(st.Bad) > 0 {
+					spoilt = append(spoilt, n)
+				}
 			default:
 				candidates = append(candidates, n)
 			}
@@ -101,6 +105,7 @@ func (c *Coordinator) chooseStep(ctx context.Context, job string, step, rank int
 			return nil, nodeView{}, nil, nil, err
 		}
 	}
+	var passed []*coordpb.UnrestorableStep // why each step passed over is not restorable now
 	for _, n := range candidates {
 		if err := ctx.Err(); err != nil {
 			return nil, nodeView{}, nil, nil, fmt.Errorf("coordinator: planning a restore of job %s: %w", job, err)
@@ -125,7 +130,13 @@ func (c *Coordinator) chooseStep(ctx context.Context, job string, step, rank int
 			return nil, nodeView{}, nil, nil, fmt.Errorf("coordinator: planning a restore of job %s: %w", job, err)
 		}
 		if ok {
-			return v, nv, placement, newer(v.Step), nil
+			skipped := append(newer(v.Step), passed...)
+			skipped = append(skipped, c.explainSpoilt(ctx, job, spoilt, v.Step, nv)...)
+			slices.SortFunc(skipped, func(a, b *coordpb.UnrestorableStep) int { return cmp.Compare(b.Step, a.Step) })
+			return v, nv, placement, slices.CompactFunc(skipped, func(a, b *coordpb.UnrestorableStep) bool { return a.Step == b.Step }), nil
+		}
+		if p := v.passedOver(nv, c.cfg.Clock.Now()); p != nil {
+			passed = append(passed, p)
 		}
 	}
 	if step < 0 && len(marked) > 0 {
@@ -226,4 +237,25 @@ func (c *Coordinator) Restore(ctx context.Context, job string, step int64, who s
 	c.log.Info("restore", "job", plan.Job, "step", plan.Step, "requested_by", who, "ok", plan.Ok, "ranks", len(plan.Ranks),
 		"bytes", bytes, "seconds", time.Duration(plan.Nanos).Seconds(), "sources", fmt.Sprint(used), "skipped", skippedText(plan.Skipped))
 	return plan, nil
+}
+
+// explainSpoilt says why each of the consistent steps newer than chosen
+// that a rank's corrupt copies left incomplete cannot be restored: a
+// restore that passes over them names them, as it names the steps it
+// found unrestorable itself.
+func (c *Coordinator) explainSpoilt(ctx context.Context, job string, spoilt []int64, chosen int64, nv nodeView) []*coordpb.UnrestorableStep {
+	var out []*coordpb.UnrestorableStep
+	for _, n := range spoilt {
+		if n <= chosen || ctx.Err() != nil {
+			continue
+		}
+		v, err := c.view(ctx, job, n, -1, func(st *Step) bool { return st.State == Consistent })
+		if err != nil || v == nil {
+			continue
+		}
+		if p := v.passedOver(nv, c.cfg.Clock.Now()); p != nil {
+			out = append(out, p)
+		}
+	}
+	return out
 }

@@ -257,3 +257,47 @@ func (nv nodeView) rankPlan(rank uint32, target string, cs []*Copy) *coordpb.Ran
 	}
 	return rp
 }
+
+// passedOver says why a consistent step a restore passes over cannot be
+// restored whole now: each rank without a live good copy, with its copies
+// on nodes that are down and those found corrupt. Nil when every rank has
+// one (the step is restorable) or a rank has no copy at all to name.
+func (v *stepView) passedOver(nv nodeView, at time.Time) *coordpb.UnrestorableStep {
+	if v.State != Consistent {
+		return nil
+	}
+	type why struct {
+		live  bool
+		fails []CopyFailure
+	}
+	ranks := map[uint32]*why{}
+	get := func(r uint32) *why {
+		if ranks[r] == nil {
+			ranks[r] = &why{}
+		}
+		return ranks[r]
+	}
+	for _, cp := range v.copies {
+		w := get(cp.Rank)
+		if nv.live(cp) {
+			w.live = true
+			continue
+		}
+		w.fails = append(w.fails, CopyFailure{Copy: cp.Tier + ":" + cp.Node, Error: "node " + cp.Node + " is down"})
+	}
+	for _, cp := range v.bad {
+		w := get(cp.Rank)
+		w.fails = append(w.fails, CopyFailure{Copy: cp.Tier + ":" + cp.Node, Error: "its checksum did not match", Corrupt: true})
+	}
+	u := Unrestorable{At: at}
+	for r, w := range ranks {
+		if !w.live && len(w.fails) > 0 {
+			u.Ranks = append(u.Ranks, RankFailure{Rank: r, Copies: w.fails})
+		}
+	}
+	if len(u.Ranks) == 0 {
+		return nil
+	}
+	slices.SortFunc(u.Ranks, func(a, b RankFailure) int { return cmp.Compare(a.Rank, b.Rank) })
+	return u.proto(v.Step)
+}
