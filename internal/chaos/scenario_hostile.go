@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -151,6 +152,19 @@ func garbageTaken(targets []string, took []int) Check {
 	return c
 }
 
+// callTimeout bounds each adversarial call: what is judged is that the
+// daemon answers, not how fast, and a TLS handshake on a loaded machine
+// under a flood of garbage can take seconds.
+const callTimeout = 5 * time.Second
+
+// quickRedial redials within a second of a failed connection (a
+// handshake that timed out under the flood), not after grpc's backoff of
+// up to two minutes, during which every call would fail unanswered.
+var quickRedial = grpc.WithConnectParams(grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+	MinConnectTimeout: callTimeout,
+})
+
 // call is one adversarial call; refuse says it must fail.
 type call struct {
 	what   string
@@ -172,7 +186,7 @@ func (s *session) adversarialCalls(ctx context.Context) Check {
 	defer rconn.Close()
 	calls = append(calls, reader...)
 	for _, n := range nodeServices {
-		conn, err := s.c.sec.NewClient(net.JoinHostPort(s.c.addr(n), fmt.Sprint(agentGRPCPort)), transport.ExpectNode(n))
+		conn, err := s.c.sec.NewClient(net.JoinHostPort(s.c.addr(n), fmt.Sprint(agentGRPCPort)), transport.ExpectNode(n), quickRedial)
 		if err != nil {
 			c.Detail = fmt.Sprintf("dialing %s: %v", n, err)
 			return c
@@ -184,7 +198,7 @@ func (s *session) adversarialCalls(ctx context.Context) Check {
 	made := 0
 	for round := 0; round < 50 && ctx.Err() == nil; round++ {
 		for _, cl := range calls {
-			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			cctx, cancel := context.WithTimeout(ctx, callTimeout)
 			err := cl.do(cctx)
 			cancel()
 			if ctx.Err() != nil {
@@ -262,7 +276,7 @@ func (s *session) readerCalls() ([]call, *grpc.ClientConn, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("chaos: the reader's certificate: %w", err)
 	}
-	conn, err := sec.NewClient(net.JoinHostPort("127.0.0.1", strconv.Itoa(s.c.Ports.Coord)), transport.ExpectCoordinator)
+	conn, err := sec.NewClient(net.JoinHostPort("127.0.0.1", strconv.Itoa(s.c.Ports.Coord)), transport.ExpectCoordinator, quickRedial)
 	if err != nil {
 		return nil, nil, fmt.Errorf("chaos: dialing the coordinator as a reader: %w", err)
 	}
