@@ -114,7 +114,9 @@ func (s span) len() time.Duration { return max(0, s.to.Sub(s.from)) }
 // the rest sync), lost when a later restart resumed from an earlier step;
 // a process's time after its last report is lost (a step cut off). The
 // recoveries' windows (fault to detection, to restored, to the rank's new
-// process) replace whatever the reports say of that time.
+// process) replace whatever the reports say of that time, except the
+// steps the job kept: training that went on while a fault was being
+// detected (a node cut off from gossip still commits) is useful.
 func accountRank(rec *Record, rank uint32) (terms [numTerms]time.Duration, wall time.Duration, kept int) {
 	var procs []*RankProc
 	for _, p := range rec.Procs {
@@ -137,13 +139,14 @@ func accountRank(rec *Record, rank uint32) (terms [numTerms]time.Duration, wall 
 		return t
 	}
 	windows := recoveryWindows(rec, procs, clip)
+	var keptSpans, otherSpans []span
 	add := func(s span) {
 		s.from, s.to = clip(s.from), clip(s.to)
-		d := s.len()
-		for _, w := range windows {
-			d -= overlap(s, w)
+		if s.term == TermCompute || s.term == TermCheckpoint || s.term == TermSync {
+			keptSpans = append(keptSpans, s)
+		} else {
+			otherSpans = append(otherSpans, s)
 		}
-		terms[s.term] += d
 	}
 	add(span{rec.Start, procs[0].Started, TermRestart})
 	for i, p := range procs {
@@ -185,10 +188,28 @@ func accountRank(rec *Record, rank uint32) (terms [numTerms]time.Duration, wall 
 		}
 		add(span{prev, next, TermLost})
 	}
+	// Every instant lies in one span of the reports. A kept step's time
+	// stays its own (training went on while the fault was detected); the
+	// recovery's windows take the rest of theirs.
+	for _, s := range keptSpans {
+		terms[s.term] += s.len()
+	}
+	for _, s := range otherSpans {
+		terms[s.term] += s.len() - overlapAll(s, windows)
+	}
 	for _, w := range windows {
-		terms[w.term] += w.len()
+		terms[w.term] += w.len() - overlapAll(w, keptSpans)
 	}
 	return terms, end.Sub(rec.Start), kept
+}
+
+// overlapAll is a span's overlap with disjoint spans.
+func overlapAll(s span, with []span) time.Duration {
+	var d time.Duration
+	for _, w := range with {
+		d += overlap(s, w)
+	}
+	return d
 }
 
 // piece is a duration of a term inside an event's interval.

@@ -57,6 +57,22 @@ func TestAccount(t *testing.T) {
 				TermSync: sec(8 * 0.05), TermLost: sec(0.5), TermDetection: sec(1.3), TermRestore: sec(0.2)},
 			wall: sec(10.5), kept: 8,
 		},
+		"a node cut off: the job commits until detection, and keeps it": {
+			rec: &Record{Start: at(0), End: at(20), StepTime: sec(0.9),
+				Procs: []*RankProc{
+					// steps 1..7 at 1.1..7.1; the fault at 5.6; step 6 is consistent when detected
+					{Rank: 0, Started: at(0), Events: append([]demo.Event{fresh}, steps(1, 7, 0.1)...)},
+					{Rank: 0, Started: at(7.3), Events: append([]demo.Event{{Kind: demo.KindResumed, Step: 6, At: at(7.5), Restore: sec(0.1)}}, steps(7, 8, 7.5)...)},
+				},
+				Faults:     []*Fault{{Kind: FaultPartition, At: at(5.6)}},
+				Recoveries: []*Recovery{{Step: 6, Fault: 0, Detected: at(6.9), Planned: at(6.9), Restored: at(7.0)}},
+			},
+			// step 6 (5.1-6.1) stays useful; detection is the rest of
+			// 5.6-6.9; step 7 of the old gang lies inside the windows.
+			want: map[Term]time.Duration{TermRestart: sec(0.1 + 0.3 + 0.1), TermCompute: sec(8 * 0.9), TermCheckpoint: sec(8 * 0.05),
+				TermSync: sec(8 * 0.05), TermDetection: sec(0.8), TermRestore: sec(0.2)},
+			wall: sec(9.5), kept: 8,
+		},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) { runAccount(t, tc) })

@@ -99,7 +99,7 @@ func (r *runner) inject(ctx context.Context, pf planned) {
 	}
 	r.drainRecoveries()
 	var err error
-	f.At = time.Now()
+	f.At = wallNow()
 	switch pf.kind {
 	case FaultNodeKill:
 		n.agent.kill()
@@ -141,7 +141,7 @@ func (r *runner) inject(ctx context.Context, pf planned) {
 		err = r.cl.minio.Start()
 	}
 	r.mu.Lock()
-	f.Healed = time.Now()
+	f.Healed = wallNow()
 	r.mu.Unlock()
 	if err != nil {
 		r.faultErr(f, err)

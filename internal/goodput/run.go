@@ -3,6 +3,7 @@ package goodput
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -60,7 +61,10 @@ func runMode(ctx context.Context, cfg Config, mode, exe, rewind string, plan []p
 	err = r.play(ctx, plan)
 	keep := cfg.KeepLogs || err != nil
 	if keep {
-		fmt.Fprintf(cfg.Out, "  %s: logs kept in %s\n", mode, cl.tmp)
+		if b, jerr := json.MarshalIndent(r.rec, "", " "); jerr == nil {
+			_ = os.WriteFile(filepath.Join(cl.tmp, "record.json"), b, 0o644)
+		}
+		fmt.Fprintf(cfg.Out, "  %s: logs and the run's record (record.json) kept in %s\n", mode, cl.tmp)
 	}
 	cl.close(keep)
 	return r.rec, err
@@ -77,7 +81,7 @@ func (r *runner) play(ctx context.Context, plan []planned) error {
 	for k := range uint32(r.cfg.Ranks) {
 		placement[k] = r.cl.nodes[int(k)%len(r.cl.nodes)].name
 	}
-	r.t0 = time.Now()
+	r.t0 = wallNow()
 	r.rec.Start = r.t0
 	if err := r.driver.Start(placement, -1); err != nil {
 		return err
@@ -95,7 +99,7 @@ func (r *runner) play(ctx context.Context, plan []planned) error {
 	deadline := time.Now()
 	err := waitUntil(ctx, r.cfg.Grace, func() error { return r.steppedSince(deadline) })
 	r.mu.Lock()
-	r.rec.End = time.Now()
+	r.rec.End = wallNow()
 	r.mu.Unlock()
 	if err != nil {
 		r.log("%v: the run ends without it", err)
@@ -135,7 +139,7 @@ func (r *runner) command(rank uint32, node string, restoreStep int64) *exec.Cmd 
 		args = append(args, "--durable-dir", r.shared, "--durable-every", fmt.Sprint(r.cfg.BaselineEvery))
 	}
 	cmd := exec.Command(r.exe, args...)
-	p := &RankProc{Rank: rank, Node: node, Started: time.Now()}
+	p := &RankProc{Rank: rank, Node: node, Started: wallNow()}
 	cmd.Stdout, cmd.Stderr, cmd.SysProcAttr = &eventWriter{r: r, p: p}, r.rankLog, sysProcAttr()
 	r.mu.Lock()
 	r.rec.Procs = append(r.rec.Procs, p)
@@ -219,7 +223,7 @@ type eventWriter struct {
 }
 
 func (w *eventWriter) Write(b []byte) (int, error) {
-	now := time.Now()
+	now := wallNow()
 	w.partial = append(w.partial, b...)
 	for {
 		i := bytes.IndexByte(w.partial, '\n')
@@ -239,6 +243,10 @@ func (w *eventWriter) Write(b []byte) (int, error) {
 	}
 	return len(b), nil
 }
+
+// wallNow is the time without its monotonic reading: every time of a
+// record is compared with the coordinator's (wall clock) times.
+func wallNow() time.Time { return time.Now().Round(0) }
 
 func fmtDur(d time.Duration) string {
 	return fmt.Sprintf("%.2fs", d.Seconds())
