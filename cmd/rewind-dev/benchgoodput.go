@@ -12,8 +12,8 @@ import (
 func benchGoodput(ctx context.Context, args []string) error {
 	cfg := goodput.DefaultConfig()
 	fs := flag.NewFlagSet("bench goodput", flag.ContinueOnError)
-	quick := fs.Bool("quick", false, "a smoke test of about two minutes: 8 MiB per rank, 50 s per configuration, a fault every 25 s (other flags override)")
-	for _, a := range args {
+	fs.Bool("quick", false, "a smoke test of about two minutes: 8 MiB per rank, 50 s per configuration, a fault every 25 s (other flags override)")
+	for _, a := range args { // --quick sets the defaults the other flags then change
 		if a == "--quick" || a == "-quick" {
 			cfg = goodput.QuickConfig()
 		}
@@ -37,7 +37,6 @@ func benchGoodput(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.Prod.FailureEvery, "prod-failure-every", cfg.Prod.FailureEvery, "extrapolation: the job's mean time between node failures")
 	fs.DurationVar(&cfg.Prod.StepTime, "prod-step-time", cfg.Prod.StepTime, "extrapolation: a production step's compute")
 	fs.StringVar(&cfg.Rewind, "rewind", "", "the rewind binary of the coordinator and agents (default: beside this binary)")
-	_ = quick
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
