@@ -168,12 +168,13 @@ func printFaults(w io.Writer, rec *Record) {
 // from (the lowest) and the time from its restore to the first step every
 // one of them finished (the restart, then a step); "-" where none did.
 func newGang(rec *Record, r *Recovery) (int64, string) {
-	var last time.Time
+	var last, started, reading time.Time
 	resumed, all := int64(-1), true
 	for _, p := range rec.Procs {
 		if p.Started.Before(r.Restored) || p.Started.After(nextRestored(rec, r)) {
 			continue
 		}
+		started = maxTime(started, p.Started)
 		var first *demo.Event
 		for i, e := range p.Events {
 			switch e.Kind {
@@ -181,6 +182,7 @@ func newGang(rec *Record, r *Recovery) (int64, string) {
 				if resumed < 0 || e.Step < resumed {
 					resumed = e.Step
 				}
+				reading = maxTime(reading, e.At.Add(-e.Restore))
 			case demo.KindSaved, demo.KindSaveFailed:
 				if first == nil {
 					first = &p.Events[i]
@@ -196,7 +198,8 @@ func newGang(rec *Record, r *Recovery) (int64, string) {
 	if !all || last.IsZero() {
 		return resumed, "-"
 	}
-	return resumed, fmt.Sprintf("%.2fs", last.Sub(r.Restored).Seconds())
+	return resumed, fmt.Sprintf("%.2fs (every rank started +%.2fs, reading its state +%.2fs)",
+		last.Sub(r.Restored).Seconds(), started.Sub(r.Restored).Seconds(), reading.Sub(r.Restored).Seconds())
 }
 
 // nextRestored is when the recovery after r restored (far ahead when r
