@@ -32,6 +32,7 @@ func benchGoodput(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.Only, "only", "", "run one configuration: rewind or baseline (default: both)")
 	fs.StringVar(&cfg.ShmDir, "shm-dir", cfg.ShmDir, "tmpfs for the nodes' shared memory")
 	fs.BoolVar(&cfg.NoMinIO, "no-minio", false, "leave out the object store even when bin/minio is built")
+	fs.StringVar(&cfg.RecordFile, "record", "", "write both runs' records (every rank's report, faults, recoveries) as JSON to this file")
 	fs.BoolVar(&cfg.KeepLogs, "keep-logs", false, "keep the daemons' and ranks' logs")
 	fs.IntVar(&cfg.Prod.Nodes, "prod-nodes", cfg.Prod.Nodes, "extrapolation: nodes of the production job")
 	fs.DurationVar(&cfg.Prod.FailureEvery, "prod-failure-every", cfg.Prod.FailureEvery, "extrapolation: the job's mean time between node failures")

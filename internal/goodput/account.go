@@ -28,8 +28,9 @@ type RankProc struct {
 
 // Recovery is a re-gang the coordinator announced, with its phases.
 type Recovery struct {
-	Step                        int64 // the step every rank resumes from
-	Fault                       int   // the fault that caused it: the latest before its detection (-1: none)
+	Step                        int64  // the step every rank resumes from
+	Node                        string // the node declared dead
+	Fault                       int    // the fault that caused it: the latest on Node before its detection (-1: none)
 	Detected, Planned, Restored time.Time
 	Reason                      string
 }
@@ -259,7 +260,8 @@ func lastStep(p *RankProc) *demo.Event {
 
 // recoveryWindows returns each recovery's detection, restore and restart
 // windows for a rank, clipped and made disjoint (a window starts no
-// earlier than the one before it ended).
+// earlier than the one before it ended). A recovery no fault caused
+// has no detection window.
 func recoveryWindows(rec *Record, procs []*RankProc, clip func(time.Time) time.Time) []span {
 	var out []span
 	var floor time.Time

@@ -45,10 +45,13 @@ type Config struct {
 	NoMinIO  bool // leave the object store out even when built
 	KeepLogs bool
 	// Only runs one configuration ("rewind" or "baseline"); empty runs both.
-	Only  string
-	Prod  Scenario // the production scenario the figures are extrapolated to
-	Out   io.Writer
-	Debug io.Writer // the runs' timelines (nil: none)
+	Only string
+	// RecordFile, when set, receives every configuration's record as
+	// JSON: what the accounting was computed from.
+	RecordFile string
+	Prod       Scenario // the production scenario the figures are extrapolated to
+	Out        io.Writer
+	Debug      io.Writer // the runs' timelines (nil: none)
 }
 
 // Scenario is a production scenario for the extrapolation.

@@ -2,6 +2,7 @@ package goodput
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -79,6 +80,15 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		res.Terms = append(res.Terms, Account(rec))
 	}
 	PrintResult(cfg.Out, cfg, res)
+	if cfg.RecordFile != "" {
+		b, err := json.MarshalIndent(res.Records, "", " ")
+		if err == nil {
+			err = os.WriteFile(cfg.RecordFile, b, 0o644)
+		}
+		if err != nil {
+			return res, fmt.Errorf("goodput: writing the records: %w", err)
+		}
+	}
 	return res, nil
 }
 
@@ -161,6 +171,13 @@ func printFaults(w io.Writer, rec *Record) {
 			line += " (" + f.Err + ")"
 		}
 		fmt.Fprintln(w, line)
+	}
+	for _, r := range rec.Recoveries {
+		if r.Fault < 0 {
+			step, first := newGang(rec, r)
+			fmt.Fprintf(w, "  %6.1fs no fault     %-10s declared dead all the same (a busy machine starves failure detection), restored +%.2fs, first step of the new gang +%s: resumed at step %d\n",
+				r.Detected.Sub(rec.Start).Seconds(), r.Node, r.Restored.Sub(r.Detected).Seconds(), first, step)
+		}
 	}
 }
 

@@ -157,11 +157,14 @@ func (r *runner) observe(ev *coordpb.JobEvent) {
 		r.log("recovery failed: %s", ev.Error)
 		return
 	}
-	rc := &Recovery{Step: ev.Step, Fault: -1, Reason: ev.Reason, Detected: time.Unix(0, ev.DetectedUnixNano),
+	rc := &Recovery{Step: ev.Step, Fault: -1, Node: ev.Node, Reason: ev.Reason, Detected: time.Unix(0, ev.DetectedUnixNano),
 		Planned: time.Unix(0, ev.PlannedUnixNano), Restored: time.Unix(0, ev.RestoredUnixNano)}
 	r.mu.Lock()
+	// The fault that caused it: the latest on the node declared dead. A
+	// recovery with none declared a live node dead (a busy machine can
+	// starve failure detection's probes).
 	for i, f := range r.rec.Faults {
-		if !f.At.After(rc.Detected) {
+		if f.Node == rc.Node && !f.At.After(rc.Detected) {
 			rc.Fault = i
 		}
 	}
