@@ -33,6 +33,7 @@ func benchGoodput(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.ShmDir, "shm-dir", cfg.ShmDir, "tmpfs for the nodes' shared memory")
 	fs.BoolVar(&cfg.NoMinIO, "no-minio", false, "leave out the object store even when bin/minio is built")
 	fs.StringVar(&cfg.RecordFile, "record", "", "write both runs' records (every rank's report, faults, recoveries) as JSON to this file")
+	replay := fs.String("from-record", "", "run nothing: print the accounting of the records in this file (written by --record)")
 	fs.BoolVar(&cfg.KeepLogs, "keep-logs", false, "keep the daemons' and ranks' logs")
 	fs.IntVar(&cfg.Prod.Nodes, "prod-nodes", cfg.Prod.Nodes, "extrapolation: nodes of the production job")
 	fs.DurationVar(&cfg.Prod.FailureEvery, "prod-failure-every", cfg.Prod.FailureEvery, "extrapolation: the job's mean time between node failures")
@@ -52,6 +53,10 @@ func benchGoodput(ctx context.Context, args []string) error {
 		}
 	}
 	cfg.Out = os.Stdout
+	if *replay != "" {
+		_, err = goodput.Replay(cfg, *replay)
+		return err
+	}
 	_, err = goodput.Run(ctx, cfg)
 	return err
 }

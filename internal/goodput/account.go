@@ -62,6 +62,9 @@ type Breakdown struct {
 	Terms      [numTerms]time.Duration
 	Steps      float64 // kept steps
 	Recoveries int
+	// Faulted is how many recoveries a fault caused (the others declared
+	// a live node dead).
+	Faulted int
 }
 
 // Goodput is useful compute over wall time.
@@ -81,6 +84,11 @@ func Account(rec *Record) Breakdown {
 		ranks[p.Rank] = true
 	}
 	b := Breakdown{Recoveries: len(rec.Recoveries)}
+	for _, r := range rec.Recoveries {
+		if r.Fault >= 0 {
+			b.Faulted++
+		}
+	}
 	if len(ranks) == 0 {
 		return b
 	}

@@ -1,6 +1,10 @@
 package goodput
 
 import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,7 +105,7 @@ func runAccount(t *testing.T, tc accountCase) {
 
 // TestProject checks the extrapolation's formula on round figures.
 func TestProject(t *testing.T) {
-	b := Breakdown{Steps: 100, Recoveries: 2}
+	b := Breakdown{Steps: 100, Recoveries: 2, Faulted: 2}
 	b.Terms[TermCompute], b.Terms[TermCheckpoint], b.Terms[TermSync] = sec(90), sec(1), sec(9) // a 1 s step period
 	b.Terms[TermLost], b.Terms[TermDetection], b.Terms[TermRestore], b.Terms[TermRestart] = sec(2), sec(2), sec(1), sec(1)
 	p := Project(b, Scenario{Nodes: 1, FailureEvery: 1000 * time.Second, StepTime: sec(9.99)})
@@ -109,5 +113,34 @@ func TestProject(t *testing.T) {
 	want := 9.99 / 10 * (1 - 12.0/1000)
 	if !p.OK || p.PerFailure != sec(12) || p.Goodput < want-1e-9 || p.Goodput > want+1e-9 {
 		t.Fatalf("projection %+v, want 12 s per failure and goodput %v", p, want)
+	}
+}
+
+// TestReplay: records written as JSON (--record) give the same accounting
+// when read back (--from-record).
+func TestReplay(t *testing.T) {
+	rec := &Record{Mode: modeRewind, Start: at(0), End: at(20), StepTime: sec(0.9), Procs: []*RankProc{
+		{Rank: 0, Started: at(0), Events: append([]demo.Event{{Kind: demo.KindFresh, At: at(0.1)}}, steps(1, 10, 0.1)...)},
+	}}
+	b, err := json.Marshal([]*Record{rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "records.json")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	cfg := DefaultConfig()
+	cfg.Out = &out
+	res, err := Replay(cfg, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := Account(rec); len(res.Terms) != 1 || res.Terms[0] != want {
+		t.Fatalf("replayed %+v, want %+v", res.Terms, want)
+	}
+	if !strings.Contains(out.String(), "89.11%") { // 9 s of compute in 10.1 s
+		t.Fatalf("no goodput of 89.11%% in:\n%s", out.String())
 	}
 }

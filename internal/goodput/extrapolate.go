@@ -13,8 +13,8 @@ import (
 //
 // T the production step's compute, C the measured in-step checkpoint cost
 // per step, D, R and S the measured detection, restore and restart per
-// recovery, L the measured work lost per recovery in steps, F the job's
-// mean time between failures.
+// recovery (detection per recovery a fault caused), L the measured work
+// lost per recovery in steps, F the job's mean time between failures.
 type Projection struct {
 	C, D, R, S time.Duration
 	L          float64 // steps
@@ -30,7 +30,10 @@ func Project(b Breakdown, sc Scenario) Projection {
 		return p
 	}
 	n := time.Duration(b.Recoveries)
-	p.D, p.R, p.S = b.Terms[TermDetection]/n, b.Terms[TermRestore]/n, b.Terms[TermRestart]/n
+	p.R, p.S = b.Terms[TermRestore]/n, b.Terms[TermRestart]/n
+	if b.Faulted > 0 { // a live node declared dead has no detection
+		p.D = b.Terms[TermDetection] / time.Duration(b.Faulted)
+	}
 	period := float64(b.Terms[TermCompute]+b.Terms[TermCheckpoint]+b.Terms[TermSync]) / b.Steps
 	if period > 0 {
 		p.L = float64(b.Terms[TermLost]) / float64(n) / period

@@ -127,10 +127,15 @@ func PrintResult(w io.Writer, cfg Config, res *Result) {
 		})
 	}
 	row("steps kept", func(b Breakdown) string { return fmt.Sprintf("%.1f", b.Steps) })
-	row("recoveries", func(b Breakdown) string { return fmt.Sprint(b.Recoveries) })
+	row("recoveries (of them, a fault's)", func(b Breakdown) string { return fmt.Sprintf("%d (%d)", b.Recoveries, b.Faulted) })
 	row("checkpoint per step", func(b Breakdown) string { return fmtMs(perStep(b, TermCheckpoint)) })
 	row("lost per recovery", func(b Breakdown) string { return perRecovery(b, TermLost) })
-	row("detection per recovery", func(b Breakdown) string { return perRecovery(b, TermDetection) })
+	row("detection per fault's recovery", func(b Breakdown) string {
+		if b.Faulted == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f s", b.Terms[TermDetection].Seconds()/float64(b.Faulted))
+	})
 	row("restore per recovery", func(b Breakdown) string { return perRecovery(b, TermRestore) })
 	row("restart per recovery", func(b Breakdown) string { return perRecovery(b, TermRestart) })
 	for _, rec := range res.Records {
@@ -247,4 +252,22 @@ func binaries(exe, rewind string) (string, string, error) {
 		return "", "", fmt.Errorf("goodput: the rewind binary of the agents and the coordinator: %w (make build puts it beside rewind-dev)", err)
 	}
 	return exe, rewind, nil
+}
+
+// Replay prints the accounting of the records a run wrote (--record),
+// with cfg's production scenario.
+func Replay(cfg Config, path string) (*Result, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("goodput: %w", err)
+	}
+	res := &Result{}
+	if err := json.Unmarshal(b, &res.Records); err != nil {
+		return nil, fmt.Errorf("goodput: records in %s: %w", path, err)
+	}
+	for _, rec := range res.Records {
+		res.Terms = append(res.Terms, Account(rec))
+	}
+	PrintResult(cfg.Out, cfg, res)
+	return res, nil
 }
