@@ -33,6 +33,7 @@ type runner struct {
 	rankLog io.Writer // the ranks' standard error
 	t0      time.Time
 
+	outMu     sync.Mutex // cfg.Out, written from the fault loop and the follower
 	mu        sync.Mutex
 	rec       *Record
 	live      map[uint32]*liveRank // each rank's current process
@@ -75,8 +76,12 @@ func runMode(ctx context.Context, cfg Config, mode, exe, rewind string, plan []p
 func (r *runner) play(ctx context.Context, plan []planned) error {
 	r.driver = &regang.Local{Command: r.command}
 	fctx, stopFollow := context.WithCancel(ctx)
-	defer stopFollow()
-	go regang.Follow(fctx, r.cl.api, jobName, r.driver, r.observe)
+	followed := make(chan struct{})
+	go func() {
+		defer close(followed)
+		regang.Follow(fctx, r.cl.api, jobName, r.driver, r.observe)
+	}()
+	defer func() { stopFollow(); <-followed }() // no event observed after the run
 	placement := map[uint32]string{}
 	for k := range uint32(r.cfg.Ranks) {
 		placement[k] = r.cl.nodes[int(k)%len(r.cl.nodes)].name
@@ -214,6 +219,8 @@ func (r *runner) waitRecovery(ctx context.Context, limit time.Duration) {
 }
 
 func (r *runner) log(format string, args ...any) {
+	r.outMu.Lock()
+	defer r.outMu.Unlock()
 	fmt.Fprintf(r.cfg.Out, "  %-8s %6.1fs  %s\n", r.mode, time.Since(r.t0).Seconds(), fmt.Sprintf(format, args...))
 }
 
