@@ -170,8 +170,9 @@ func durableSteps(dir string) ([]int64, error) {
 	}
 	var steps []int64
 	for _, e := range ents {
-		s, ok := strings.CutPrefix(e.Name(), "step-")
-		if s, ok = strings.CutSuffix(s, ".ckpt"); !ok {
+		s, isStep := strings.CutPrefix(e.Name(), "step-")
+		s, isCkpt := strings.CutSuffix(s, ".ckpt")
+		if !isStep || !isCkpt { // a file being written ends in .tmp
 			continue
 		}
 		if n, err := strconv.ParseInt(s, 10, 64); err == nil {
