@@ -16,6 +16,9 @@ type Record struct {
 	Procs      []*RankProc
 	Faults     []*Fault
 	Recoveries []*Recovery
+	// Failed are the recoveries the coordinator gave up on, each its
+	// time from the start and its error: the job stopped there.
+	Failed []string
 }
 
 // RankProc is one process of a rank.

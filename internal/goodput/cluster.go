@@ -2,6 +2,7 @@ package goodput
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -109,7 +110,7 @@ func (c *cluster) startCoordinator(ctx context.Context) error {
 	c.api = coordpb.NewCoordinatorClient(c.conn)
 	return waitUntil(ctx, 10*time.Second, func() error {
 		if c.coord.exited() {
-			return fmt.Errorf("goodput: the coordinator exited (%v); its log is %s", c.coord.err, log.Name())
+			return fmt.Errorf("goodput: the coordinator: %w (%v); its log is %s", errGone, c.coord.err, log.Name())
 		}
 		_, err := c.api.ListJobs(ctx, &coordpb.ListJobsRequest{})
 		return err
@@ -144,7 +145,7 @@ func (c *cluster) startAgent(ctx context.Context, n *node, fresh bool) error {
 	}
 	return waitUntil(ctx, 10*time.Second, func() error {
 		if n.agent.exited() {
-			return fmt.Errorf("goodput: agent %s exited (%v); its log is %s", n.name, n.agent.err, log.Name())
+			return fmt.Errorf("goodput: agent %s: %w (%v); its log is %s", n.name, errGone, n.agent.err, log.Name())
 		}
 		cl, err := sdk.Dial(ctx, n.socket)
 		if err == nil {
@@ -265,13 +266,17 @@ func (p *proc) stop(grace time.Duration) {
 	}
 }
 
-// waitUntil calls try until it returns nil, ctx ends or limit passes.
+// errGone marks an error of waitUntil's try that no retry can mend.
+var errGone = errors.New("process exited")
+
+// waitUntil calls try until it returns nil or an error wrapping errGone,
+// ctx ends or limit passes.
 func waitUntil(ctx context.Context, limit time.Duration, try func() error) error {
 	deadline := time.Now().Add(limit)
 	for {
 		err := try()
-		if err == nil {
-			return nil
+		if err == nil || errors.Is(err, errGone) {
+			return err
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("goodput: not ready within %v: %w", limit, err)

@@ -177,6 +177,9 @@ func printFaults(w io.Writer, rec *Record) {
 		}
 		fmt.Fprintln(w, line)
 	}
+	for _, f := range rec.Failed {
+		fmt.Fprintf(w, "  recovery failed at %s: the job stopped\n", f)
+	}
 	for _, r := range rec.Recoveries {
 		if r.Fault < 0 {
 			step, first := newGang(rec, r)

@@ -159,6 +159,9 @@ func (r *runner) observe(ev *coordpb.JobEvent) {
 		return
 	}
 	if !ev.Ok {
+		r.mu.Lock()
+		r.rec.Failed = append(r.rec.Failed, fmt.Sprintf("%.1fs: %s", time.Since(r.t0).Seconds(), ev.Error))
+		r.mu.Unlock()
 		r.log("recovery failed: %s", ev.Error)
 		return
 	}
