@@ -13,7 +13,7 @@ STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(BIN)/staticcheck
 STATICCHECK_STAMP := $(BIN)/.staticcheck-$(STATICCHECK_VERSION)
 
-.PHONY: all build demo test test-go lint verify stress staticcheck bench generate tools clean fuzz help prometheus
+.PHONY: all build demo test test-go lint verify stress staticcheck bench goodput generate tools clean fuzz help prometheus
 
 include sdk/python/python.mk
 include tiers/tiers.mk
@@ -101,6 +101,11 @@ stress: minio
 help:
 	@grep -hE '^## [a-z][a-z0-9-]*:' $(MAKEFILE_LIST) | sed 's/^## //' | \
 		awk '{ i = index($$0, ": "); printf "  %-16s %s\n", substr($$0, 1, i - 1), substr($$0, i + 2) }'
+
+## goodput: a faulted training run with rewind, then with a torch.save-style baseline: goodput and where the rest went (about 22 minutes; GOODPUT_FLAGS=--quick: 2).
+GOODPUT_FLAGS ?=
+goodput: build minio
+	nice $(BIN)/rewind-dev bench goodput $(GOODPUT_FLAGS)
 
 ## bench: the performance figures in docs/performance.md.
 bench: build minio

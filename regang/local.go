@@ -88,35 +88,42 @@ func (l *Local) KillNode(node string) []uint32 {
 	}
 	l.mu.Unlock()
 	slices.Sort(ranks)
-	for _, r := range ranks {
-		l.kill(r)
-	}
+	l.killAll(ranks)
 	return ranks
 }
 
-// KillAll kills every rank still running.
+// KillAll kills every rank still running: every process is signalled
+// before any is waited for, so a re-gang waits for one exit, not one
+// after the other.
 func (l *Local) KillAll() {
 	l.mu.Lock()
 	ranks := slices.Collect(maps.Keys(l.procs))
 	l.mu.Unlock()
-	for _, r := range ranks {
-		l.kill(r)
-	}
+	l.killAll(ranks)
 }
 
-// kill kills a rank's process and forgets it: its exit is not a failure.
-func (l *Local) kill(r uint32) {
+// killAll SIGKILLs the ranks' processes and forgets them (their exits
+// are not failures), then waits for them to exit (at most 5 s in all).
+func (l *Local) killAll(ranks []uint32) {
+	var ps []*rankProc
 	l.mu.Lock()
-	p := l.procs[r]
-	delete(l.procs, r)
-	l.mu.Unlock()
-	if p == nil {
-		return
+	for _, r := range ranks {
+		if p := l.procs[r]; p != nil {
+			ps = append(ps, p)
+		}
+		delete(l.procs, r)
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	select {
-	case <-p.done:
-	case <-time.After(5 * time.Second):
+	l.mu.Unlock()
+	for _, p := range ps {
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	}
+	deadline := time.After(5 * time.Second)
+	for _, p := range ps {
+		select {
+		case <-p.done:
+		case <-deadline:
+			return
+		}
 	}
 }
 

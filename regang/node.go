@@ -52,4 +52,4 @@ func (l *Local) Running() []uint32 {
 }
 
 // Kill kills one rank's process, if it runs; its exit is not a failure.
-func (l *Local) Kill(rank uint32) { l.kill(rank) }
+func (l *Local) Kill(rank uint32) { l.killAll([]uint32{rank}) }

@@ -25,11 +25,14 @@ func runBench(ctx context.Context, args []string) error {
 	if len(args) > 0 && args[0] == "recovery" {
 		return benchRecovery(ctx, args[1:])
 	}
+	if len(args) > 0 && args[0] == "goodput" {
+		return benchGoodput(ctx, args[1:])
+	}
 	if len(args) > 0 && args[0] == "peer" {
 		return benchPeer(ctx, args[1:])
 	}
 	if len(args) == 0 || args[0] != "save" {
-		return fmt.Errorf("usage: rewind-dev bench save|coordinator|tiers|recovery|peer [flags]")
+		return fmt.Errorf("usage: rewind-dev bench save|coordinator|tiers|recovery|peer|goodput [flags]")
 	}
 	fs := flag.NewFlagSet("bench save", flag.ContinueOnError)
 	sizes := fs.String("sizes", "1GiB,4GiB", "comma-separated state sizes per rank")

@@ -83,6 +83,8 @@ func runDemoTrain(ctx context.Context, args []string) error {
 	fs.Int64Var(&cfg.Steps, "steps", cfg.Steps, "train until this step is saved")
 	size := fs.String("size", "64MiB", "model state")
 	fs.DurationVar(&cfg.StepTime, "step-time", cfg.StepTime, "simulated compute per step")
+	fs.StringVar(&cfg.DurableDir, "durable-dir", "", "checkpoint only to this directory, as torch.save to shared storage (the goodput baseline)")
+	fs.Int64Var(&cfg.DurableEvery, "durable-every", 10, "with --durable-dir: steps between checkpoints")
 	fs.BoolVar(&cfg.PerturbRestore, "perturb-restore", false, "flip a bit after restoring (for the demo's tests)")
 	if err := fs.Parse(args); err != nil {
 		return err

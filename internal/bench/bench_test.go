@@ -19,8 +19,13 @@ func TestSaveBenchRuns(t *testing.T) {
 	}
 	var b strings.Builder
 	PrintSave(&b, rs, 2)
-	if !strings.Contains(b.String(), "8.0 MiB") {
-		t.Fatalf("table lacks the size:\n%s", b.String())
+	for _, want := range []string{"8.0 MiB", "warm/memcpy x2"} {
+		if !strings.Contains(b.String(), want) {
+			t.Fatalf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+	if rs[0].MemcpyParallel <= 0 {
+		t.Fatalf("no same-thread memcpy reference: %+v", rs[0])
 	}
 }
 

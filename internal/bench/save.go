@@ -252,11 +252,13 @@ func med(d []float64) float64 {
 
 // PrintSave writes the results as a table.
 func PrintSave(w io.Writer, rs []SaveResult, workers int) {
-	fmt.Fprintf(w, "%-7s %12s %14s %12s %12s %12s %12s %11s\n", "size", "memcpy", fmt.Sprintf("memcpy x%d", workers), "save cold", "save warm", "warm blocks", "cold blocks", "warm/memcpy")
+	same := fmt.Sprintf("warm/memcpy x%d", workers)
+	fmt.Fprintf(w, "%-7s %12s %14s %12s %12s %12s %12s %11s %16s\n", "size", "memcpy", fmt.Sprintf("memcpy x%d", workers), "save cold", "save warm", "warm blocks", "cold blocks", "warm/memcpy", same)
 	for _, r := range rs {
-		fmt.Fprintf(w, "%-7s %12s %14s %12s %12s %12s %12s %11.2f\n", units.Bytes(r.Size), gbps(r.Memcpy), gbps(r.MemcpyParallel),
-			gbps(r.SaveCold), gbps(r.SaveWarm), secs(r.WarmSeconds), secs(r.ColdSeconds), r.SaveWarm/r.Memcpy)
+		fmt.Fprintf(w, "%-7s %12s %14s %12s %12s %12s %12s %11.2f %16.2f\n", units.Bytes(r.Size), gbps(r.Memcpy), gbps(r.MemcpyParallel),
+			gbps(r.SaveCold), gbps(r.SaveWarm), secs(r.WarmSeconds), secs(r.ColdSeconds), r.SaveWarm/r.Memcpy, r.SaveWarm/r.MemcpyParallel)
 	}
+	fmt.Fprintf(w, "warm/memcpy: against one thread; %s: against a memcpy with as many threads as Save's copy workers (%d), the same-thread reference\n", same, workers)
 }
 
 func gbps(b float64) string { return fmt.Sprintf("%.1f GB/s", b/1e9) }

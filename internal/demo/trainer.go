@@ -27,6 +27,12 @@ type TrainConfig struct {
 	// PerturbRestore flips one bit of the state after a restore: a broken
 	// resume, for tests that check the demo notices one. Never set otherwise.
 	PerturbRestore bool
+	// DurableDir, when set, makes the rank checkpoint as a user of
+	// torch.save to shared storage does, every DurableEvery steps into
+	// this directory, and resume from there only (durable.go): the
+	// baseline of the goodput benchmark.
+	DurableDir   string
+	DurableEvery int64
 }
 
 // DefaultTrainConfig returns the trainer's configuration for `rewind-dev demo`.
@@ -56,6 +62,9 @@ func (c TrainConfig) Validate() error {
 	if c.StepTime < 0 {
 		errs = append(errs, fmt.Errorf("step time %v is negative", c.StepTime))
 	}
+	if c.DurableDir != "" && c.DurableEvery < 1 {
+		errs = append(errs, fmt.Errorf("durable checkpoint every %d steps: want at least 1", c.DurableEvery))
+	}
 	if c.Out == nil {
 		errs = append(errs, errors.New("no output"))
 	}
@@ -84,6 +93,9 @@ func Train(ctx context.Context, cfg TrainConfig) error {
 		return err
 	}
 	defer sess.Close()
+	if cfg.DurableDir != "" {
+		return trainDurable(ctx, sess, cfg)
+	}
 	st, err := resume(ctx, sess, cfg)
 	if err != nil {
 		return err

@@ -1,0 +1,10 @@
+package goodput
+
+import "syscall"
+
+// sysProcAttr puts a child in its own process group, so that a Ctrl-C in
+// the terminal reaches only the benchmark (which then cleans up), and has the
+// kernel kill it if the benchmark dies first.
+func sysProcAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+}
