@@ -32,6 +32,10 @@ type Coordinator struct {
 	state *State
 	store *Store
 	down  map[string]time.Time // nodes declared dead, since when (recovery.go)
+	// detectedDown are the nodes of down that failure detection declared
+	// dead (not an operator): one that answers a direct ping is back.
+	detectedDown map[string]bool
+	stalled      map[string]stalledRecovery // jobs whose recovery waits for a node (retry.go)
 	// rebuild is the catching up with the answers given before this
 	// coordinator (rebuild.go); followed is set by a call refused while
 	// it did not lead, so that the next lead starts a catching up.

@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"rewind.dev/rewind/membership"
@@ -69,6 +70,7 @@ func (c *Coordinator) watchMembers(m *membership.Members) {
 				delete(leaving, name)
 				c.log.Info("agent back within its leave grace", "node", name)
 			}
+			go c.memberBack(m, name)
 		case membership.EventDead:
 			c.memberDown(name, "declared dead by failure detection", ev.At)
 		case membership.EventLeave:
@@ -93,6 +95,29 @@ func (c *Coordinator) memberDown(node, how string, at time.Time) {
 			c.log.Debug("forgetting a dead member", "node", node, "err", err)
 		}
 	}
+}
+
+// memberBack brings back a node failure detection declared dead that is
+// alive again in gossip, once it answers a direct ping (gossip alone may
+// be stale). Its agent may have kept its connection, and so never
+// registers again: without this the node stayed down, and the jobs whose
+// recovery stalled for want of live nodes with it (retry.go).
+func (c *Coordinator) memberBack(m *membership.Members, node string) {
+	c.mu.Lock()
+	detected := c.detectedDown[node]
+	c.mu.Unlock()
+	if !detected {
+		return // up, or declared down by an operator: theirs to undo
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	q, err := m.CheckQuorum(ctx, []string{node})
+	if err != nil || !slices.Contains(q.Reached, node) {
+		c.log.Info("agent alive in gossip but not answering a direct ping: still down", "node", node, "err", err)
+		return
+	}
+	c.log.Info("agent declared dead answers again: back", "node", node)
+	c.nodeUp(node)
 }
 
 // GossipAddr returns the coordinator's memberlist address, for agents to

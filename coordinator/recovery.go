@@ -130,6 +130,12 @@ func (c *Coordinator) nodeDown(node, reason string, detected bool) ([]string, er
 		return nil, nil
 	}
 	c.down[node] = now
+	if detected {
+		if c.detectedDown == nil {
+			c.detectedDown = map[string]bool{}
+		}
+		c.detectedDown[node] = true
+	}
 	c.mu.Unlock()
 	slices.Sort(jobs)
 	c.log.Warn("node down", "node", node, "reason", reason, "jobs", jobs)
@@ -139,11 +145,16 @@ func (c *Coordinator) nodeDown(node, reason string, detected bool) ([]string, er
 	return jobs, nil
 }
 
-// nodeUp clears a node's down mark: its agent registered again.
+// nodeUp clears a node's down mark: its agent registered again, or,
+// declared dead by failure detection, it answers a direct ping. The jobs
+// whose recovery stalled for want of live nodes are tried again
+// (retry.go).
 func (c *Coordinator) nodeUp(node string) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	delete(c.down, node)
+	delete(c.detectedDown, node)
+	c.mu.Unlock()
+	c.retryStalled(node)
 }
 
 // recoverJob runs one job's recovery; recoveries of one job run one at a
@@ -160,11 +171,13 @@ func (c *Coordinator) recoverJob(ctx context.Context, job, node, reason string, 
 	}
 	placement, err := c.replace(job)
 	if err != nil {
+		c.stall(job, node, reason, detected, err)
 		c.failRegang(ev, err)
 		return
 	}
 	plan, err := c.plan(ctx, job, -1, placement)
 	if err != nil {
+		c.stall(job, node, reason, detected, err)
 		c.failRegang(ev, err)
 		return
 	}
@@ -267,6 +280,7 @@ func (c *Coordinator) regang(ctx context.Context, plan *coordpb.PlanRestoreRespo
 		return false
 	}
 	ev.Ok = true
+	c.unstall(job)
 	c.mu.Lock()
 	ev.Epoch, _ = c.jobEpochLocked(job)
 	c.mu.Unlock()
