@@ -19,7 +19,7 @@ import (
 // It returns the pins for the jobs the agent holds.
 func (c *Coordinator) Register(n *NodeInfo, inventory []Record, told map[string]int64) ([]*coordpb.Pin, error) {
 	c.mu.Lock()
-	c.noteLeadLocked() // first: the registration is stamped within the lead (leadBegan)
+	c.noteLeadLocked() // first: the registration is stamped within the lead (noteLead)
 	n.RegisteredAt = c.cfg.Clock.Now()
 	err := c.store.PutNode(n)
 	c.mu.Unlock()

@@ -52,11 +52,12 @@ func (c *Coordinator) finishUnfinished(ctx context.Context) {
 	warned := map[string]bool{}
 	for clock.Sleep(ctx, 250*time.Millisecond) == nil {
 		if !c.leading() {
+			c.noteLead() // the lead lost: the next one begins anew
 			start = time.Time{}
 			continue
 		}
 		if start.IsZero() {
-			start, since = time.Now(), c.leadBegan()
+			start, since = time.Now(), c.noteLead()
 			c.streams.resetSeen() // from an earlier lead: the agents' streams went elsewhere since
 		}
 		if time.Since(start) >= absentAfter*grace {
@@ -153,13 +154,14 @@ func (c *Coordinator) finishRecovery(ctx context.Context, job string, step int64
 		DetectedUnixNano: c.cfg.Clock.Now().UnixNano()}, err)
 }
 
-// leadBegan returns when this coordinator began to lead, on its clock:
-// when it started, or, elected (Config.Leading), when it first saw itself
-// leading, by a call it served or by this look. Every registration of the
-// lead is stamped after it (Register notes the lead first), however late
-// the look: the agents of a restarted coordinator register at once, often
-// before finishUnfinished first looks.
-func (c *Coordinator) leadBegan() time.Time {
+// noteLead notes whether this coordinator leads (noteLeadLocked), and
+// returns when its lead began, on its clock: when it started, or, elected
+// (Config.Leading), when it first saw itself leading, by a call it served
+// or by this look. Every registration of the lead is stamped after it
+// (Register notes the lead first), however late the look: the agents of
+// a restarted coordinator register at once, often before
+// finishUnfinished first looks.
+func (c *Coordinator) noteLead() (began time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.noteLeadLocked()
