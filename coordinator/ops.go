@@ -18,8 +18,9 @@ import (
 // them (a coordinator rebuilding a lost store), and every shard is applied.
 // It returns the pins for the jobs the agent holds.
 func (c *Coordinator) Register(n *NodeInfo, inventory []Record, told map[string]int64) ([]*coordpb.Pin, error) {
-	n.RegisteredAt = c.cfg.Clock.Now()
 	c.mu.Lock()
+	c.noteLeadLocked() // first: the registration is stamped within the lead (noteLead)
+	n.RegisteredAt = c.cfg.Clock.Now()
 	err := c.store.PutNode(n)
 	c.mu.Unlock()
 	if err != nil {

@@ -3,14 +3,17 @@ package coordinator_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/sdk"
 )
 
@@ -55,6 +58,12 @@ func TestOperatorRestartGoesBack(t *testing.T) {
 	}
 	for r := range uint32(ws) {
 		s, _ := cl.clients[r].Session(job, r, ws)
+		// The event comes once the agents' order streams took the resume;
+		// each agent ends the break when it reads it, a moment later.
+		wait.ForNil(t, 10*time.Second, fmt.Sprintf("rank %d's agent to end the break", r), func() error {
+			_, _, err := s.LatestConsistent(ctxT(t))
+			return err
+		})
 		got, err := s.Restore(ctxT(t))
 		if err != nil || got.Step != 3 || !bytes.Equal(got.Tensors[0].Data, rankData(3, r)) {
 			t.Fatalf("rank %d restores %v (%v), want step 3", r, got, err)

@@ -52,11 +52,12 @@ func (c *Coordinator) finishUnfinished(ctx context.Context) {
 	warned := map[string]bool{}
 	for clock.Sleep(ctx, 250*time.Millisecond) == nil {
 		if !c.leading() {
+			c.noteLead() // the lead lost: the next one begins anew
 			start = time.Time{}
 			continue
 		}
 		if start.IsZero() {
-			start, since = time.Now(), c.cfg.Clock.Now()
+			start, since = time.Now(), c.noteLead()
 			c.streams.resetSeen() // from an earlier lead: the agents' streams went elsewhere since
 		}
 		if time.Since(start) >= absentAfter*grace {
@@ -111,17 +112,8 @@ func (c *Coordinator) finishRecovery(ctx context.Context, job string, step int64
 		placed = slices.Sorted(maps.Values(j.Placement))
 		later = j.Latest > step
 	}
-	registered := func(n string) bool {
-		info := c.state.Nodes[n]
-		return info != nil && !info.RegisteredAt.Before(since)
-	}
 	placed = slices.Compact(placed)
-	var inventoryDue []string
-	for _, n := range placed {
-		if !registered(n) {
-			inventoryDue = append(inventoryDue, n)
-		}
-	}
+	inventoryDue := c.inventoryDueLocked(placed, since)
 	c.mu.Unlock()
 	if later {
 		// A stale report: an agent that missed the resume of a recovery
@@ -160,6 +152,33 @@ func (c *Coordinator) finishRecovery(ctx context.Context, job string, step int64
 	}
 	c.failRegang(&coordpb.JobEvent{Job: job, Step: step, Reason: "finishing a recovery the previous coordinator left unfinished",
 		DetectedUnixNano: c.cfg.Clock.Now().UnixNano()}, err)
+}
+
+// noteLead notes whether this coordinator leads (noteLeadLocked), and
+// returns when its lead began, on its clock: when it started, or, elected
+// (Config.Leading), when it first saw itself leading, by a call it served
+// or by this look. Every registration of the lead is stamped after it
+// (Register notes the lead first), however late the look: the agents of
+// a restarted coordinator register at once, often before
+// finishUnfinished first looks.
+func (c *Coordinator) noteLead() (began time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.noteLeadLocked()
+	return c.rebuild.started
+}
+
+// inventoryDueLocked returns those of nodes whose agent has not
+// registered its inventory since the lead began (since). The caller holds
+// c.mu.
+func (c *Coordinator) inventoryDueLocked(nodes []string, since time.Time) []string {
+	var due []string
+	for _, n := range nodes {
+		if info := c.state.Nodes[n]; info == nil || info.RegisteredAt.Before(since) {
+			due = append(due, n)
+		}
+	}
+	return due
 }
 
 // replayResume records a resume of job at its latest step and sends it,
