@@ -19,12 +19,7 @@ import (
 // whose lock is held elsewhere is passed over: it is saving.
 func (a *Agent) expirePrepares(skip *lockedRank) int64 {
 	now := a.cfg.Clock.Now()
-	a.mu.Lock()
-	ranks := make([]*lockedRank, 0, len(a.ranks))
-	for _, r := range a.ranks {
-		ranks = append(ranks, r)
-	}
-	a.mu.Unlock()
+	ranks := a.rankList("")
 	var freed int64
 	for _, r := range ranks {
 		if r == skip || !r.mu.TryLock() {

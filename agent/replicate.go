@@ -353,12 +353,7 @@ func (a *Agent) fetchSource(ctx context.Context, ps PeerShard, src Source) (int6
 // (its lock is held); a rank busy elsewhere is passed over. It returns the
 // bytes freed.
 func (a *Agent) evictReplicas(need int64, skip *lockedRank) int64 {
-	a.mu.Lock()
-	ranks := make([]*lockedRank, 0, len(a.ranks))
-	for _, r := range a.ranks {
-		ranks = append(ranks, r)
-	}
-	a.mu.Unlock()
+	ranks := a.rankList("")
 	var freed int64
 	for _, r := range ranks {
 		if freed >= need {
