@@ -351,6 +351,17 @@ func (e *env) latest(job string) int64 {
 	return res.Step
 }
 
+// protected returns the newest consistent step of job that memory keeps
+// through the loss of any one node (its every shard on two nodes): what
+// a recovery from a node's loss must restore at least. -1 if none.
+func (e *env) protected(job string) int64 {
+	res, err := e.api.Latest(e.ctx, &coordpb.LatestRequest{Job: job})
+	if err != nil {
+		return -1
+	}
+	return res.Protected
+}
+
 func (e *env) eventually(timeout time.Duration, what string, check func() error) {
 	e.t.Helper()
 	if err := kubetest.Poll(e.ctx, timeout, check); err != nil {
