@@ -83,6 +83,16 @@ func (j *Job) checkEpoch(rec Record) error {
 	return nil
 }
 
+// leftBehind reports whether step st, which a rank of the job's current
+// epoch now commits, holds a timeline the job left: its copies are of an
+// older epoch, past the step a later epoch resumed from. A re-gang deletes
+// such steps, but a copy on a node that was down stays in the index (its
+// deletion failed); the current epoch's save of the step number takes
+// its place rather than being refused for joining another epoch's step.
+func (j *Job) leftBehind(st *Step, rec Record) bool {
+	return st.Epoch != 0 && rec.Epoch != 0 && rec.Epoch == j.epochOf() && st.Epoch < rec.Epoch && st.Step > j.keptUpTo(st.Epoch)
+}
+
 // startOf returns the step epoch e resumed from (-1 for the first, or one
 // no longer remembered).
 func (j *Job) startOf(e uint64) int64 {

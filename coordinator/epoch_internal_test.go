@@ -71,3 +71,42 @@ func TestEpochFence(t *testing.T) {
 		t.Errorf("epoch 3's shard into epoch 4's step: %v, want ErrFenced", err)
 	}
 }
+
+// TestLeftBehindStepTakesTheNewEpoch: a re-gang to epoch 2 resumed from
+// step 5; epoch 1's step 6, whose copy sits on a node that was down when
+// the re-gang deleted it, is still in the index. Epoch 2's ranks saving
+// step 6 replace it, and the step holds only epoch 2's shards.
+func TestLeftBehindStepTakesTheNewEpoch(t *testing.T) {
+	s := NewState(time.Now)
+	var ch Changes
+	if _, err := s.RegisterJob("j", 2, map[uint32]string{0: "a", 1: "b"}, &ch); err != nil {
+		t.Fatal(err)
+	}
+	apply := func(step int64, rank uint32, node string, epoch uint64) error {
+		return s.Apply(Record{Job: "j", Step: step, Rank: rank, WorldSize: 2, Node: node, Sum: "s", State: CopyCommitted, Epoch: epoch}, &ch)
+	}
+	for step := int64(1); step <= 5; step++ {
+		for r, n := range []string{"a", "b"} {
+			if err := apply(step, uint32(r), n, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := apply(6, 1, "b", 1); err != nil { // node b's rank saved 6, then b died
+		t.Fatal(err)
+	}
+	j := s.Jobs["j"]
+	j.Epoch, j.Epochs = 2, []EpochStart{{2, 5}}
+	if err := apply(6, 0, "a", 1); !errors.Is(err, ErrFenced) {
+		t.Fatalf("epoch 1's rank 0 saving step 6 after the re-gang: %v, want ErrFenced", err)
+	}
+	for r, n := range []string{"a", "c"} {
+		if err := apply(6, uint32(r), n, 2); err != nil {
+			t.Fatalf("epoch 2's rank %d saving step 6: %v", r, err)
+		}
+	}
+	st := j.Steps[6]
+	if st == nil || st.Epoch != 2 || st.State != Consistent || len(st.Copies[1]) != 1 || st.Copies[1][0].Node != "c" {
+		t.Fatalf("step 6 after epoch 2 saved it: %+v", st)
+	}
+}

@@ -281,6 +281,9 @@ func (s *State) Apply(rec Record, ch *Changes) error {
 		return fmt.Errorf("%w: coordinator: job %s: negative step %d", ErrInvalid, rec.Job, rec.Step)
 	}
 	if rec.State == CopyCommitted {
+		if st := j.Steps[rec.Step]; st != nil && j.leftBehind(st, rec) {
+			s.supersede(j, st, ch)
+		}
 		if err := j.checkEpoch(rec); err != nil {
 			return err
 		}
