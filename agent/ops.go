@@ -473,20 +473,6 @@ func (a *Agent) expireLeases(r *lockedRank) {
 	}
 }
 
-// rankList returns the ranks the agent holds, of job or of every job
-// (""), for a caller to lock one at a time.
-func (a *Agent) rankList(job string) []*lockedRank {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	ranks := make([]*lockedRank, 0, len(a.ranks))
-	for k, r := range a.ranks {
-		if job == "" || k.job == job {
-			ranks = append(ranks, r)
-		}
-	}
-	return ranks
-}
-
 // List returns every non-free slot, of one job or of all, ordered by job,
 // rank and step.
 func (a *Agent) List(job string) []*shardInfo {

@@ -270,3 +270,17 @@ func (a *Agent) readHeader(path string) (*shm.Header, []byte, error) {
 	}
 	return shm.ReadHeader(f, fi.Size())
 }
+
+// rankList returns the ranks the agent holds, of job or of every job
+// (""), for a caller to lock one at a time.
+func (a *Agent) rankList(job string) []*lockedRank {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ranks := make([]*lockedRank, 0, len(a.ranks))
+	for k, r := range a.ranks {
+		if job == "" || k.job == job {
+			ranks = append(ranks, r)
+		}
+	}
+	return ranks
+}
