@@ -16,7 +16,8 @@ type OpKind int
 const (
 	// OpSave: a rank's Save of Step was acknowledged.
 	OpSave OpKind = iota + 1
-	// OpLatest: the coordinator answered Latest with Step (-1: none).
+	// OpLatest: the coordinator answered Latest with Step (-1: none),
+	// the job at Epoch, which resumed from EpochStep.
 	OpLatest
 	// OpRestore: a restore landed the job on Step. Newest is the newest
 	// step restorable at that moment as the client saw it (-1: not
@@ -70,6 +71,10 @@ type Op struct {
 	Steps   []int64
 	Durable map[string][]int64
 	Why     string
+	// Epoch and EpochStep, for a Latest answer: the job's epoch and the
+	// step it resumed from (0, -1: not known).
+	Epoch     uint64
+	EpochStep int64
 }
 
 func (o Op) String() string {
@@ -106,7 +111,11 @@ const HistoryName = "what every client saw keeps the promises (history)"
 // CheckHistory verifies the promises of rewind against what the clients
 // saw, per job, in time order:
 //   - the latest consistent step answered never goes back, except to the
-//     step a restore landed on (the job's later steps are gone then);
+//     step a restore landed on (the job's later steps are gone then), or,
+//     in an answer of a newer epoch than any before it, to no older step
+//     than the one that epoch resumed from, on which a restore must then
+//     land (a coordinator that raised the epoch of a re-gang and died
+//     before the re-gang was done: its successor finishes it);
 //   - a restore lands on the step the operator named, or else on the
 //     newest step restorable at that moment, passing over only steps the
 //     coordinator reported unrestorable;
@@ -153,6 +162,10 @@ type jobState struct {
 	tiers   map[int64][]string
 	removed map[int64]bool
 	last    *Op // the last restore
+	epoch   uint64
+	// rewinds are the answers that went back across a new epoch, each
+	// waiting for a restore to land on the step it went back to.
+	rewinds []Op
 }
 
 // rewinding reports whether op falls inside the last restore, between
@@ -186,11 +199,22 @@ func checkJobHistory(ops []Op, keep map[string]int) []string {
 			problems = append(problems, p)
 		}
 	}
+	for _, op := range st.rewinds {
+		problems = append(problems, fmt.Sprintf("job %s: the latest consistent step went back to %d at %s, across the re-gang of epoch %d, and no restore landed on it",
+			op.Job, op.Step, op.At.UTC().Format("15:04:05.000"), op.Epoch))
+	}
 	return problems
 }
 
 func (st *jobState) latest(op Op) string {
 	if st.rewinding(op, op.Step) {
+		return ""
+	}
+	newEpoch := st.epoch > 0 && op.Epoch > st.epoch
+	st.epoch = max(st.epoch, op.Epoch)
+	if op.Step < st.hi && newEpoch && op.Step >= op.EpochStep {
+		st.hi, st.hiOp = op.Step, op
+		st.rewinds = append(st.rewinds, op)
 		return ""
 	}
 	if op.Step < st.hi {
@@ -216,6 +240,7 @@ func (st *jobState) restore(op Op) string {
 		p = fmt.Sprintf("job %s: %s landed on step %d, though step %d was restorable and not reported unrestorable (skipped %v)",
 			op.Job, op.Client, op.Step, op.Newest, op.Skipped)
 	}
+	st.rewinds = slices.DeleteFunc(st.rewinds, func(r Op) bool { return r.Step >= op.Step })
 	for _, s := range op.Skipped {
 		st.forget(s)
 	}

@@ -25,7 +25,8 @@ func (s *session) pollLatest(ctx context.Context) {
 		if err != nil {
 			continue // the coordinator is down or busy: no answer, nothing seen
 		}
-		s.hist.Add(Op{At: time.Now(), Client: "latest poller", Job: s.cfg.Job, Kind: OpLatest, Step: resp.Step})
+		s.hist.Add(Op{At: time.Now(), Client: "latest poller", Job: s.cfg.Job, Kind: OpLatest, Step: resp.Step,
+			Epoch: resp.Epoch, EpochStep: resp.EpochStep})
 	}
 }
 

@@ -25,6 +25,11 @@ func hist(ops ...Op) []Op {
 
 func latest(step int64) Op { return Op{Client: "latest poller", Kind: OpLatest, Step: step} }
 
+// latestAt: a Latest answer of the job at epoch, which resumed from from.
+func latestAt(step int64, epoch uint64, from int64) Op {
+	return Op{Client: "latest poller", Kind: OpLatest, Step: step, Epoch: epoch, EpochStep: from}
+}
+
 func restoreOp(step, newest, named int64, skipped ...int64) Op {
 	return Op{Client: "recovery", Kind: OpRestore, Step: step, Newest: newest, Named: named, Skipped: skipped}
 }
@@ -69,6 +74,14 @@ func TestCheckHistory(t *testing.T) {
 		"resumed at the restored step": {ops: hist(restoreOp(4, 4, -1), Op{Client: "rank 1", Kind: OpResumed, Step: 4})},
 		"resumed elsewhere": {ops: hist(restoreOp(4, 4, -1), Op{Client: "rank 1", Kind: OpResumed, Step: 5}),
 			want: "rank 1 resumed at step 5, the last restore (recovery) landed on 4"},
+		"back across a re-gang its successor finished": {ops: hist(latestAt(25, 1, -1), latestAt(24, 2, 24),
+			restoreOp(24, 24, -1, 25), latestAt(25, 3, 24))},
+		"back across a re-gang no restore finished": {ops: hist(latestAt(25, 1, -1), latestAt(24, 2, 24), latestAt(24, 2, 24)),
+			want: "went back to 24 at 04:00:01.000, across the re-gang of epoch 2, and no restore landed on it"},
+		"back past the step the new epoch resumed from": {ops: hist(latestAt(25, 1, -1), latestAt(23, 2, 24), restoreOp(23, 23, -1)),
+			want: "went back: 23"},
+		"back within one epoch": {ops: hist(latestAt(25, 2, 10), latestAt(24, 2, 10)),
+			want: "went back: 24"},
 		"old answers while a restore runs": {ops: rewindWindow(latest(9), listing([]int64{4, 8}, 4, 8))},
 		"old answers after a restore ended": {ops: afterWindow(latest(8), latest(4)),
 			want: "went back: 4"},
