@@ -24,6 +24,11 @@ import (
 //
 // As with tiers, one step of a job is replicated at a time; a step that
 // becomes consistent meanwhile waits, and only the latest is replicated.
+// A step counts as replicated only when every rank got its replicas: a
+// rank left for later (its commit's replicas in flight, a peer whose
+// order stream is not connected yet) keeps the step for the next scan,
+// and a replica that failed is ordered again, maxReplicaTries times at
+// most, backing off from replicaRetryAfter.
 
 // replication orders the replicas of shards in peers' shared memory: of
 // each job's latest consistent step, and of each primary commit. Its
@@ -44,20 +49,34 @@ type replication struct {
 	rankRepl     map[rankKey]int             // replica orders of commits in flight per rank
 	rankNext     map[rankKey]commitRec       // per rank, the newest commit waiting for them
 	commitOrders map[uint64]rankKey          // replica order of a commit -> its rank
+	retries      map[string]replicaRetry     // job -> the failed tries of its step in flight
 }
+
+// replicaRetry counts the tries of a job's step whose replicas failed.
+type replicaRetry struct {
+	step  int64
+	tries int
+	after time.Time // not tried again before
+}
+
+const (
+	maxReplicaTries   = 4
+	replicaRetryAfter = 500 * time.Millisecond
+)
 
 // stepReplication is a job's replication of a step in flight.
 type stepReplication struct {
 	step    int64
 	pending map[uint64]bool // order ids not yet reported
 	failed  int
+	short   bool // a rank was left for a later scan
 	started time.Time
 }
 
 func newReplication(c *Coordinator, m *tierMetrics) *replication {
 	return &replication{c: c, m: m, commits: make(chan commitRec, 1<<16), jobReplicas: map[string]int{},
 		replicated: map[string]int64{}, steps: map[string]*stepReplication{}, rankRepl: map[rankKey]int{},
-		rankNext: map[rankKey]commitRec{}, commitOrders: map[uint64]rankKey{}}
+		rankNext: map[rankKey]commitRec{}, commitOrders: map[uint64]rankKey{}, retries: map[string]replicaRetry{}}
 }
 
 // load restores the jobs' replica counts read from the store.
@@ -138,7 +157,11 @@ func (rp *replication) replicate(j *Job) {
 	if st == nil || st.State != Consistent {
 		return
 	}
-	r := &stepReplication{step: st.Step, pending: map[uint64]bool{}, started: rp.c.cfg.Clock.Now()}
+	now := rp.c.cfg.Clock.Now()
+	if rt, ok := rp.retries[j.ID]; ok && rt.step == st.Step && now.Before(rt.after) {
+		return
+	}
+	r := &stepReplication{step: st.Step, pending: map[uint64]bool{}, started: now}
 	for rank := range st.WorldSize {
 		var src *Copy
 		have := map[string]bool{}
@@ -150,14 +173,22 @@ func (rp *replication) replicate(j *Job) {
 				}
 			}
 		}
-		if src == nil || rp.rankRepl[rankKey{j.ID, rank}] != 0 {
-			continue // no copy, or its commit is being replicated
+		if src == nil {
+			continue
+		}
+		if rp.rankRepl[rankKey{j.ID, rank}] != 0 {
+			r.short = true // its commit is being replicated: seen again next scan
+			continue
 		}
 		srcNode := rp.c.state.Nodes[src.Node]
 		if srcNode == nil || srcNode.Addr == "" {
 			continue
 		}
-		for _, peer := range rp.peersOf(src.Node, want) {
+		peers := rp.peersOf(src.Node, want)
+		if len(peers) < want && len(peers) < rp.liveOthersLocked(src.Node) {
+			r.short = true // a live peer's order stream is not connected yet
+		}
+		for _, peer := range peers {
 			if have[peer] {
 				continue
 			}
@@ -168,10 +199,26 @@ func (rp *replication) replicate(j *Job) {
 		}
 	}
 	if len(r.pending) == 0 {
-		rp.replicated[j.ID] = st.Step
+		if r.short {
+			rp.retryLater(j.ID, st.Step, now, false)
+		} else {
+			rp.replicated[j.ID] = st.Step
+		}
 		return
 	}
 	rp.steps[j.ID] = r
+}
+
+// liveOthersLocked counts the registered nodes other than node that are
+// not declared down; the caller holds rp.c.mu.
+func (rp *replication) liveOthersLocked(node string) int {
+	n := 0
+	for name := range rp.c.state.Nodes {
+		if _, down := rp.c.down[name]; name != node && !down {
+			n++
+		}
+	}
+	return n
 }
 
 func replicateOrder(job string, step int64, r *coordpb.ReplicateOrder) *coordpb.TransferOrder {
@@ -260,11 +307,42 @@ func (rp *replication) replicaDone(job string, id uint64, ev *coordpb.TierEvent)
 		return
 	}
 	delete(rp.steps, job)
-	rp.replicated[job] = r.step
-	rp.m.replicaSeconds.Observe(rp.c.cfg.Clock.Now().Sub(r.started).Seconds())
-	if r.failed == 0 {
+	now := rp.c.cfg.Clock.Now()
+	rp.m.replicaSeconds.Observe(now.Sub(r.started).Seconds())
+	switch {
+	case r.failed > 0 || r.short:
+		rp.retryLater(job, r.step, now, r.failed > 0)
+	default:
+		delete(rp.retries, job)
+		rp.replicated[job] = r.step
 		rp.c.log.Debug("step replicated", "job", job, "step", r.step)
 	}
+}
+
+// retryLater has the scan look at job's step again after a back-off and
+// order its missing replicas: a try that failed counts, up to
+// maxReplicaTries, when the step is left with the replicas it has (the
+// job's next step is replicated anew); a rank left for later does not.
+// The caller holds rp.mu.
+func (rp *replication) retryLater(job string, step int64, now time.Time, failed bool) {
+	rt := rp.retries[job]
+	if rt.step != step {
+		rt = replicaRetry{step: step}
+	}
+	if !failed {
+		rt.after = now.Add(replicaRetryAfter)
+		rp.retries[job] = rt
+		return
+	}
+	rt.tries++
+	if rt.tries >= maxReplicaTries {
+		delete(rp.retries, job)
+		rp.replicated[job] = step
+		rp.c.log.Warn("replicas of a step failed; the step keeps the copies it has", "job", job, "step", step, "tries", rt.tries)
+		return
+	}
+	rt.after = now.Add(replicaRetryAfter << (rt.tries - 1))
+	rp.retries[job] = rt
 }
 
 // Replication at commit: the scan above replicates a step once it is
