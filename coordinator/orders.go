@@ -136,14 +136,21 @@ func (q *orderStreams) claim(node string, ev *coordpb.TierEvent) *order {
 	return od
 }
 
-// claimSent removes and returns, in order, the orders of the kinds given
-// that sub, a stream that ended, was sent and whose outcome never came.
-func (q *orderStreams) claimSent(sub *subscriber, kinds ...coordpb.OrderKind) []*order {
+// claimLost removes and returns, in order, the orders of the kinds given
+// that are lost: those sub, a stream of node that ended, was sent and
+// whose outcome never came, and, while node has no stream open, those
+// queued for it and never sent (queued as its stream was ending, or for a
+// node declared down: sub nil). Orders queued while a newer stream is
+// open are that stream's to send.
+func (q *orderStreams) claimLost(node string, sub *subscriber, kinds ...coordpb.OrderKind) []*order {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	var out []*order
+	queuedLost := q.subs[node] == nil
 	for _, id := range slices.Sorted(maps.Keys(q.orders)) {
-		if od := q.orders[id]; od.sent && od.by == sub && slices.Contains(kinds, od.o.Kind()) {
+		od := q.orders[id]
+		lost := od.sent && sub != nil && od.by == sub || !od.sent && queuedLost && od.node == node
+		if lost && slices.Contains(kinds, od.o.Kind()) {
 			delete(q.orders, id)
 			out = append(out, od)
 		}

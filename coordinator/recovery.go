@@ -137,6 +137,7 @@ func (c *Coordinator) nodeDown(node, reason string, detected bool) ([]string, er
 		c.detectedDown[node] = true
 	}
 	c.mu.Unlock()
+	c.dropQueued(node)
 	slices.Sort(jobs)
 	c.log.Warn("node down", "node", node, "reason", reason, "jobs", jobs)
 	for _, job := range jobs {

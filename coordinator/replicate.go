@@ -269,15 +269,16 @@ func (rp *replication) outcome(node string, ev *coordpb.TierEvent) {
 	} // else an order of an earlier run, or a duplicate report
 }
 
-// lost fails the replicate orders s, a stream that ended, was sent and
-// never reported.
-func (rp *replication) lost(s *subscriber, why string) {
+// lost fails node's replicate orders that are lost (claimLost): s, a
+// stream that ended, was sent them and never reported, or no stream of
+// node will take them.
+func (rp *replication) lost(node string, s *subscriber, why string) {
 	rp.mu.Lock()
 	defer rp.mu.Unlock()
 	if rp.closed {
 		return
 	}
-	for _, od := range rp.c.streams.claimSent(s, coordpb.OrderKind_ORDER_KIND_REPLICATE) {
+	for _, od := range rp.c.streams.claimLost(node, s, coordpb.OrderKind_ORDER_KIND_REPLICATE) {
 		rp.handle(od, lostEvent(od, why))
 	}
 }

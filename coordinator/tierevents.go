@@ -37,7 +37,7 @@ func (t *tiering) lost(node string, s *subscriber, why string) {
 	if t.closed {
 		return
 	}
-	for _, od := range t.c.streams.claimSent(s, tierKinds...) {
+	for _, od := range t.c.streams.claimLost(node, s, tierKinds...) {
 		t.handle(node, od, lostEvent(od, why))
 	}
 }

@@ -40,11 +40,21 @@ func (c *Coordinator) unsubscribe(node string, s *subscriber) {
 	}
 }
 
-// lost fails the orders node's stream s was sent and never reported.
+// lost fails the orders node's stream s was sent and never reported, and
+// those queued for node while it has no stream open (claimLost).
 func (c *Coordinator) lost(node string, s *subscriber) {
 	why := "the agent of node " + node + " disconnected during the transfer"
 	c.tiers.lost(node, s, why)
-	c.replication.lost(s, why)
+	c.replication.lost(node, s, why)
+}
+
+// dropQueued fails the orders queued for node, declared down, that no
+// stream of it took: no agent of it is left to take them, and the copies
+// and replicas waiting on them would wait for good.
+func (c *Coordinator) dropQueued(node string) {
+	why := "node " + node + " was declared down before its agent took the order"
+	c.tiers.lost(node, nil, why)
+	c.replication.lost(node, nil, why)
 }
 
 // tierReport applies an agent's tier report: each outcome by the part
