@@ -50,6 +50,16 @@ type replication struct {
 	rankNext     map[rankKey]commitRec       // per rank, the newest commit waiting for them
 	commitOrders map[uint64]rankKey          // replica order of a commit -> its rank
 	retries      map[string]replicaRetry     // job -> the failed tries of its step in flight
+	// made is, per rank, the newest step a replica of which a peer
+	// reported made, and the peers: the peer's own report of the copy
+	// comes on another stream, and until it is in the index the scan
+	// must not order the same replica again.
+	made map[rankKey]madeReplicas
+}
+
+type madeReplicas struct {
+	step  int64
+	peers []string
 }
 
 // replicaRetry counts the tries of a job's step whose replicas failed.
@@ -76,7 +86,8 @@ type stepReplication struct {
 func newReplication(c *Coordinator, m *tierMetrics) *replication {
 	return &replication{c: c, m: m, commits: make(chan commitRec, 1<<16), jobReplicas: map[string]int{},
 		replicated: map[string]int64{}, steps: map[string]*stepReplication{}, rankRepl: map[rankKey]int{},
-		rankNext: map[rankKey]commitRec{}, commitOrders: map[uint64]rankKey{}, retries: map[string]replicaRetry{}}
+		rankNext: map[rankKey]commitRec{}, commitOrders: map[uint64]rankKey{}, retries: map[string]replicaRetry{},
+		made: map[rankKey]madeReplicas{}}
 }
 
 // load restores the jobs' replica counts read from the store.
@@ -175,6 +186,11 @@ func (rp *replication) replicate(j *Job) {
 		}
 		if src == nil {
 			continue
+		}
+		if m := rp.made[rankKey{j.ID, rank}]; m.step == st.Step {
+			for _, p := range m.peers {
+				have[p] = true
+			}
 		}
 		if rp.rankRepl[rankKey{j.ID, rank}] != 0 {
 			r.short = true // its commit is being replicated: seen again next scan
@@ -288,6 +304,17 @@ func (rp *replication) lost(node string, s *subscriber, why string) {
 func (rp *replication) handle(od *order, ev *coordpb.TierEvent) {
 	rp.m.transfers.WithLabelValues("shm", coordpb.OrderKind_ORDER_KIND_REPLICATE.Label(), okResult(ev.Ok)).Inc()
 	rp.m.bytes.WithLabelValues("shm").Add(float64(ev.Bytes))
+	if ev.Ok {
+		k := rankKey{od.o.Job, od.o.GetReplicate().GetRank()}
+		m := rp.made[k]
+		if m.step != od.o.Step {
+			m = madeReplicas{step: od.o.Step}
+		}
+		if !slices.Contains(m.peers, od.node) {
+			m.peers = append(m.peers, od.node)
+		}
+		rp.made[k] = m
+	}
 	if !rp.commitReplicaDone(ev.Order, ev) {
 		rp.replicaDone(od.o.Job, ev.Order, ev)
 	}
