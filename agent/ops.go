@@ -146,9 +146,11 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 //
 // While the job's protected step (the newest that outlives a node's loss)
 // is older than its consistent step, the rank gets one more slot again,
-// so that neither pin holds a save back; the extra segment stays in the
-// rotation. Where the budget has no room for it, the protected step gives
-// way rather than the save.
+// so that neither pin holds a save back, and one more still while its
+// latest commit is a step ahead of both pins (the other ranks have not
+// committed it yet): its latest, both pins and the save. The extra
+// segments stay in the rotation. Where the budget has no room for them,
+// the protected step gives way rather than the save.
 func (a *Agent) pickSlot(ctx context.Context, r *lockedRank, size int64, replica bool) (*slot, error) {
 	max := a.cfg.SlotsPerRank
 	if replica {
@@ -207,6 +209,9 @@ func (a *Agent) pickPinned(r *lockedRank, size int64, max int, pins pinSet, repl
 		return r.pick(size, max, pins, replica)
 	}
 	extra := max + 1
+	if l := r.latest(); l != nil && !replica && !pins.holds(l.Step) {
+		extra++ // a step ahead of the job: its latest, both pins, the save
+	}
 	if len(r.slots) >= max && a.budgetLeft() < size {
 		extra = max // no room for one more segment: the protected step may go
 	}

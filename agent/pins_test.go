@@ -33,6 +33,15 @@ func TestProtectedStepKeptBesideConsistent(t *testing.T) {
 		t.Fatalf("save of step 21 got %+v (%d slots), want a new fourth slot", s, len(r.slots))
 	}
 
+	// With the default two slots, the same: the latest (20) is a step
+	// ahead of both pins, and the save of 21 is a fourth segment. Before,
+	// the protected step gave way, and a node lost then left no step to
+	// restore every rank from (found by the two-kill demo test).
+	r = rankWith(18, 19, 20)
+	if s := a.pickPinned(r, 4096, 2, pins, false); s == nil || s.State != stateFree || len(r.slots) != 4 {
+		t.Fatalf("with two slots, the save of step 21 got %+v (%d slots), want a new fourth slot", s, len(r.slots))
+	}
+
 	// Once step 19 is protected too, the rotation is the usual one.
 	r = rankWith(18, 19, 20)
 	if s := a.pickPinned(r, 4096, 3, pinSet{consistent: 19, protected: 19}, false); s == nil || s.Step != 18 {
