@@ -146,9 +146,9 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 //
 // While the job's protected step (the newest that outlives a node's loss)
 // is older than its consistent step, the rank gets one more slot again,
-// so that neither pin holds a save back, and one more still while its
-// latest commit is a step ahead of both pins (the other ranks have not
-// committed it yet): its latest, both pins and the save. The extra
+// so that neither pin holds a save back, and one more for each step it
+// saved past the consistent one (the other ranks have not committed it
+// yet; any may complete), up to maxAhead beyond its slots. The extra
 // segments stay in the rotation. Where the budget has no room for them,
 // the protected step gives way rather than the save.
 func (a *Agent) pickSlot(ctx context.Context, r *lockedRank, size int64, replica bool) (*slot, error) {
@@ -208,9 +208,14 @@ func (a *Agent) pickPinned(r *lockedRank, size int64, max int, pins pinSet, repl
 	if !pins.split() {
 		return r.pick(size, max, pins, replica)
 	}
+	// One slot more than max, and as many as the steps the save must not
+	// take need beside it (its latest and the steps newer than the
+	// consistent one, which may be consistent already, and both pins), up
+	// to maxAhead more: ranks running ahead while a peer's save fails or
+	// its node dies would take the protected step otherwise.
 	extra := max + 1
-	if l := r.latest(); l != nil && !replica && !pins.holds(l.Step) {
-		extra++ // a step ahead of the job: its latest, both pins, the save
+	if need := r.keptSteps(pins, replica) + 1; need > extra {
+		extra = min(need, max+maxAhead)
 	}
 	if len(r.slots) >= max && a.budgetLeft() < size {
 		extra = max // no room for one more segment: the protected step may go
@@ -224,6 +229,23 @@ func (a *Agent) pickPinned(r *lockedRank, size int64, max int, pins pinSet, repl
 			"job", r.job, "rank", r.rank, "protected", pins.protected, "consistent", pins.consistent)
 	}
 	return s
+}
+
+// maxAhead bounds the extra slots of a split pin (pickPinned).
+const maxAhead = 4
+
+// keptSteps counts the distinct steps of r's committed slots that a save
+// must not take under pins: its latest, the pinned ones and, for a rank's
+// own save, those newer than the consistent step.
+func (r *rankState) keptSteps(pins pinSet, replica bool) int {
+	latest := r.latest()
+	kept := map[int64]bool{}
+	for _, s := range r.slots {
+		if s.State == stateCommitted && (s == latest && !replica || pins.holds(s.Step) || !replica && pins.unconfirmed(s.Step)) {
+			kept[s.Step] = true
+		}
+	}
+	return len(kept)
 }
 
 // abandonedLatest returns a slot for a save when only the rank's latest

@@ -42,6 +42,14 @@ func TestProtectedStepKeptBesideConsistent(t *testing.T) {
 		t.Fatalf("with two slots, the save of step 21 got %+v (%d slots), want a new fourth slot", s, len(r.slots))
 	}
 
+	// Ranks running ahead (a peer's node died; the job's consistent step
+	// stays at 19): 20, 21 and 22 may each be consistent already, and
+	// the save of 23 is a sixth segment, up to four more than the slots.
+	r = rankWith(18, 19, 20, 21, 22)
+	if s := a.pickPinned(r, 4096, 2, pinSet{consistent: 19, protected: 18, newer: true}, false); s == nil || s.State != stateFree || len(r.slots) != 6 {
+		t.Fatalf("three steps ahead, the save of step 23 got %+v (%d slots), want a new sixth slot", s, len(r.slots))
+	}
+
 	// Once step 19 is protected too, the rotation is the usual one.
 	r = rankWith(18, 19, 20)
 	if s := a.pickPinned(r, 4096, 3, pinSet{consistent: 19, protected: 19}, false); s == nil || s.Step != 18 {
