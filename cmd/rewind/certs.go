@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"rewind.dev/rewind/internal/jobtoken"
 	"rewind.dev/rewind/membership"
 	"rewind.dev/rewind/transport"
 )
@@ -27,6 +28,8 @@ import (
 //	OUT/reader/           reader/NAME
 //	OUT/gossip.keys       the cluster's gossip keys (kept: a later run reuses them),
 //	                      copied into the coordinator's and each node's directory
+//	OUT/job.key           the agents' job key (--job-key; kept): a rank reaches
+//	                      its own job's checkpoints only (rewind job-token JOB)
 //
 // Run again, it issues new certificates from the same CA into the same
 // directories: running daemons pick them up at their next handshake. It
@@ -85,6 +88,9 @@ func runCerts(_ context.Context, args []string) error {
 		return err
 	}
 	issue = withGossipKeys(issue, *out, keys)
+	if err := keepJobKey(filepath.Join(*out, "job.key")); err != nil {
+		return err
+	}
 	local := []string{"localhost", "127.0.0.1", "::1"}
 	if *coord != "" {
 		if err := issue("coordinator", transport.Identity{Role: transport.RoleCoordinator, Name: *coord}, append(append([]string{*coord}, local...), split(*hosts)...)); err != nil {
@@ -130,6 +136,18 @@ func loadOrMakeGossipKeys(path string) ([][]byte, error) {
 	}
 	fmt.Printf("created the cluster's gossip key in %s\n", path)
 	return keys, nil
+}
+
+// keepJobKey writes the agents' job key file unless there is one.
+func keepJobKey(path string) error {
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	if err := jobtoken.WriteFile(path); err != nil {
+		return fmt.Errorf("certs: %w", err)
+	}
+	fmt.Printf("created the agents' job key in %s (--job-key; a rank's token: rewind job-token --key %s JOB)\n", path, path)
+	return nil
 }
 
 // withGossipKeys makes issue also write the gossip keys into the

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"rewind.dev/rewind/internal/jobtoken"
 	"rewind.dev/rewind/membership"
 	"rewind.dev/rewind/transport"
 )
@@ -17,8 +18,9 @@ const chaosOperator = "chaos"
 // directory, in `rewind certs`'s layout (the compose file mounts it as
 // /certs, CHAOS_CERTS): the coordinator's, each node's own, and the
 // runner's (an operator), and the gossip key beside the coordinator's and
-// the nodes'. Every TCP connection of the cluster is mutual TLS and its
-// gossip is encrypted, as in production.
+// the nodes', and the agents' job key. Every TCP connection of the
+// cluster is mutual TLS, its gossip is encrypted and its agents isolate
+// jobs, as in production.
 func (c *Cluster) makeCerts() error {
 	dir, err := os.MkdirTemp("", "rewind-chaos-certs-")
 	if err != nil {
@@ -56,6 +58,11 @@ func (c *Cluster) makeCerts() error {
 		}
 	}
 	if c.sec, err = transport.Load(filepath.Join(dir, "operator"), nil); err != nil {
+		return err
+	}
+	// The agents isolate jobs (--job-key /certs/job.key): each node's
+	// supervisor hands its ranks their job's token.
+	if err := jobtoken.WriteFile(filepath.Join(dir, "job.key")); err != nil {
 		return err
 	}
 	c.Certs = dir
