@@ -58,7 +58,7 @@ func findRow(rows [][]string, who, method, job, step, outcome string) []string {
 func TestAuditShowsWhoChangedWhat(t *testing.T) {
 	c := startSecureCluster(t)
 	op, n1 := c.client(t, "operator"), c.client(t, filepath.Join("node", "n1"))
-	saveSteps(t, c.socket, "j", 1, 2)
+	saveSteps(t, c.socket, c.certs, "j", 1, 2)
 	waitLatest(t, op, "j", 2)
 
 	if _, err := n1.DeleteStep(ctxT(t), &coordpb.DeleteStepRequest{Job: "j", Step: 2}); status.Code(err) != codes.PermissionDenied {

@@ -31,7 +31,7 @@ func TestRotationDropsNoSave(t *testing.T) {
 	bin := testcluster.Binary(t, testcluster.RewindPackage)
 	const steps, every = 40, 10
 	for first := int64(1); first <= steps; first += every {
-		saveSteps(t, c.socket, "rot", first, first+every-1)
+		saveSteps(t, c.socket, c.certs, "rot", first, first+every-1)
 		if first+every > steps {
 			break
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -110,7 +111,7 @@ func startSecureCluster(t *testing.T) *secureCluster {
 	c.socket = filepath.Join(t.TempDir(), "a.sock")
 	c.agent = startDaemon(t, "agent", "--node", "n1", "--shm-root", filepath.Join(testcluster.ShmDir(t), "shm"), "--socket", c.socket,
 		"--listen", c.agentAddr, "--advertise", c.agentAddr, "--metrics", "", "--coordinator", c.coordAddr, "--gossip", "",
-		"--tls-dir", filepath.Join(c.certs, "node", "n1"))
+		"--tls-dir", filepath.Join(c.certs, "node", "n1"), "--job-key", filepath.Join(c.certs, "job.key"))
 	wait.ForNil(t, 20*time.Second, "the agent to register with the coordinator", func() error {
 		resp, err := api.TierStatus(ctxT(t), &coordpb.TierStatusRequest{})
 		if err == nil && len(resp.Nodes) != 1 {
@@ -312,7 +313,23 @@ func TestRefusedCallsLeaveTheDaemonsUp(t *testing.T) {
 	if !c.coord.running() || !c.agent.running() {
 		t.Fatal("a daemon exited after the refused calls")
 	}
-	saveSteps(t, c.socket, "j", 1, 1)
+	// The agent isolates jobs with the key `rewind certs` wrote: a rank
+	// without its job's token, or with another job's, is refused.
+	for who, opts := range map[string]sdk.Options{"no token": {}, "job k's token": {JobToken: jobToken(t, c.certs, "k")}} {
+		cl, err := sdk.Dial(ctxT(t), c.socket, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := cl.Session("j", 0, 1)
+		if err == nil {
+			err = s.Save(ctxT(t), 1, []sdk.Tensor{{Name: "w", DType: shm.F32, Shape: []int64{256}, Data: make([]byte, 1024)}}, nil)
+		}
+		cl.Close()
+		if !errors.Is(err, sdk.ErrPermission) {
+			t.Fatalf("a save of job j with %s: %v, want a refusal", who, err)
+		}
+	}
+	saveSteps(t, c.socket, c.certs, "j", 1, 1)
 	waitLatest(t, op, "j", 1)
 	if m := metric(t, c.coordMetrics, "rewind_transport_refused_calls_total"); !strings.Contains(m, `code="Unauthenticated"`) || !strings.Contains(m, `code="PermissionDenied"`) {
 		t.Errorf("refusals not counted: %s", m)
@@ -353,11 +370,23 @@ func dataPathAs(t *testing.T, addr string, s *transport.Security) string {
 	return string(msg)
 }
 
-// saveSteps saves steps first to last of rank 0 of job (world size 1)
-// through the agent's socket; each must succeed.
-func saveSteps(t *testing.T, socket, job string, first, last int64) {
+// jobToken is job's token under the job key in certs, as `rewind
+// job-token` prints it.
+func jobToken(t *testing.T, certs, job string) string {
 	t.Helper()
-	cl, err := sdk.Dial(ctxT(t), socket)
+	out, err := exec.Command(testcluster.Binary(t, testcluster.RewindPackage), "job-token", "--key", filepath.Join(certs, "job.key"), job).Output()
+	if err != nil {
+		t.Fatalf("rewind job-token: %v", err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// saveSteps saves steps first to last of rank 0 of job (world size 1)
+// through the agent's socket, with the job's token under the job key in
+// certs; each must succeed.
+func saveSteps(t *testing.T, socket, certs, job string, first, last int64) {
+	t.Helper()
+	cl, err := sdk.Dial(ctxT(t), socket, sdk.Options{JobToken: jobToken(t, certs, job)})
 	if err != nil {
 		t.Fatal(err)
 	}
