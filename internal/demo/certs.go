@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"rewind.dev/rewind/internal/jobtoken"
 	"rewind.dev/rewind/membership"
 	"rewind.dev/rewind/transport"
 )
@@ -53,6 +54,23 @@ func (d *cluster) makeCerts() error {
 	}
 	d.tl.log("tls", "mutual TLS 1.3 on every TCP connection, encrypted gossip: a CA, certificates for the coordinator, %d nodes (each its own) and the demo (an operator), and a gossip key in %s",
 		d.cfg.Nodes, d.certs)
+	return nil
+}
+
+// makeJobKey writes the agents' job key (--job-key) and mints the job's
+// token, which its ranks present: a process without it reaches nothing of
+// the job through an agent's socket, as in production.
+func (d *cluster) makeJobKey() error {
+	d.jobKey = filepath.Join(d.tmp, "job.key")
+	if err := jobtoken.WriteFile(d.jobKey); err != nil {
+		return err
+	}
+	keys, err := jobtoken.Load(d.jobKey)
+	if err != nil {
+		return err
+	}
+	d.jobToken = keys.Token(jobName)
+	d.tl.log("jobs", "the agents isolate jobs (--job-key %s): the ranks of job %s present its token", d.jobKey, jobName)
 	return nil
 }
 

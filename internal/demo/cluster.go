@@ -92,6 +92,7 @@ type cluster struct {
 	coordAddr, gossip string
 	certs             string              // the certificates' directory ("" with Plaintext)
 	sec               *transport.Security // the demo's own, an operator's
+	jobKey, jobToken  string              // the agents' job key file; the job's token, its ranks'
 	coord             *proc
 	nodes             []*node
 	api               coordpb.CoordinatorClient
@@ -198,6 +199,9 @@ func (d *cluster) setup(ctx context.Context) error {
 	if err := d.makeCerts(); err != nil {
 		return err
 	}
+	if err := d.makeJobKey(); err != nil {
+		return err
+	}
 	if err := d.startCoordinator(ctx); err != nil {
 		return err
 	}
@@ -258,7 +262,7 @@ func (d *cluster) startAgent(ctx context.Context, i int) error {
 		listen: freeAddr(), gossip: freeAddr()}
 	args := []string{"agent", "--node", n.name, "--failure-domain", n.domain, "--shm-root", n.shmRoot, "--socket", n.socket,
 		"--listen", n.listen, "--advertise", n.listen, "--metrics", "", "--coordinator", d.coordAddr,
-		"--gossip", n.gossip, "--gossip-join", d.gossip,
+		"--gossip", n.gossip, "--gossip-join", d.gossip, "--job-key", d.jobKey,
 		"--tier", "nvme=file://" + filepath.Join(d.tmp, "nvme-"+n.name), "--tier", "pfs=file://" + filepath.Join(d.tmp, "pfs")}
 	args = append(args, d.tlsArgs(filepath.Join("node", n.name))...)
 	if d.minio != nil {

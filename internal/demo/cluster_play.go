@@ -106,6 +106,7 @@ func (d *cluster) rankCommand(rank uint32, node string, restoreStep int64) *exec
 		"--world-size", fmt.Sprint(d.cfg.Ranks), "--steps", fmt.Sprint(d.cfg.Steps), "--size", fmt.Sprint(d.cfg.Size),
 		"--step-time", d.cfg.StepTime.String(), "--restore-step", fmt.Sprint(restoreStep)}
 	cmd := exec.Command(d.exe, args...)
+	cmd.Env = append(os.Environ(), "REWIND_JOB_TOKEN="+d.jobToken) // the agents isolate jobs
 	ro := &rankOut{node: node, out: newLineBuf()}
 	who := fmt.Sprintf("rank-%d", rank)
 	cmd.Stdout, cmd.Stderr, cmd.SysProcAttr = ro.out, &prefixWriter{tl: d.tl, who: who}, sysProcAttr()
