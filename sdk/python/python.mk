@@ -83,6 +83,7 @@ python-lint-deps:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pyflakes3 mypy)
 
 ## lint-python: pyflakes and mypy (settings in sdk/python/pyproject.toml) on the Python SDK; make lint runs it.
-lint-python: python-lint-deps
+# mypy follows the SDK's imports (torch, numpy, grpc): python-deps first.
+lint-python: python-lint-deps python-deps
 	pyflakes3 $(PYTHON_LINT_FILES)
 	cd $(PYTHON_SDK) && $(PYTHON) -m mypy
