@@ -112,7 +112,7 @@ bench: build minio
 	$(BIN)/rewind-dev bench save --sizes 1GiB,4GiB --runs 5
 	$(BIN)/rewind-dev bench coordinator --ranks 1024,8192 --steps 200
 	$(BIN)/rewind-dev bench tiers --size 1GiB --cpu-size 4GiB --runs 3 --bandwidth 500MB
-	$(BIN)/rewind-dev bench recovery --size 1GiB --runs 3
+	$(BIN)/rewind-dev bench recovery --size 1GiB --runs 9
 	$(BIN)/rewind-dev bench coordinator --ranks 8192 --steps 200 --tls
 	$(BIN)/rewind-dev bench peer --size 1GiB --runs 9
 
