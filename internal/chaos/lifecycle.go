@@ -78,7 +78,7 @@ func (c *Cluster) Up(ctx context.Context, job string) error {
 	if err := c.Down(ctx); err != nil {
 		return err
 	}
-	if _, err := c.compose(ctx, 3*time.Minute, "up", "-d", "--no-build"); err != nil {
+	if err := c.upOnFreeSubnet(ctx); err != nil {
 		return err
 	}
 	c.ids = map[string]string{}
@@ -95,6 +95,26 @@ func (c *Cluster) Up(ctx context.Context, job string) error {
 		return err
 	}
 	return c.waitReady(ctx, job, 2*time.Minute)
+}
+
+// upOnFreeSubnet starts the project's containers. The /24 picked when the
+// cluster was prepared is free no longer when another runner on the same
+// engine took it while this one's network was down between scenarios
+// (docker: "Pool overlaps"): a free one is picked again, three times at
+// most.
+func (c *Cluster) upOnFreeSubnet(ctx context.Context) error {
+	for try := 1; ; try++ {
+		_, err := c.compose(ctx, 3*time.Minute, "up", "-d", "--no-build")
+		if err == nil || try == 3 || !strings.Contains(err.Error(), "Pool overlaps") {
+			return err
+		}
+		if derr := c.Down(ctx); derr != nil {
+			return fmt.Errorf("%w (and removing the half-started cluster: %v)", err, derr)
+		}
+		if c.Net, err = freeSubnet(ctx); err != nil {
+			return err
+		}
+	}
 }
 
 func (c *Cluster) waitReady(ctx context.Context, job string, timeout time.Duration) error {
