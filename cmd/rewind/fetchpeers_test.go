@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"rewind.dev/rewind/api/agentpb"
@@ -32,8 +33,11 @@ func TestFetchDialsOnlyKnownNodes(t *testing.T) {
 	if _, err := c.client(t, filepath.Join("node", "n2")).Register(ctxT(t), &coordpb.RegisterRequest{Node: &coordpb.Node{Name: "n2", Addr: n2Addr}}); err != nil {
 		t.Fatal(err)
 	}
+	// The agent isolates jobs: the caller presents job j's token, as a
+	// rank of it does (the SDK puts it in every call's metadata).
+	ctx := metadata.AppendToOutgoingContext(ctxT(t), "rewind-job-token", jobToken(t, c.certs, "j"))
 	fetch := func(node, addr string) error {
-		_, err := api.Fetch(ctxT(t), &agentpb.FetchRequest{Job: "j", Rank: 0, Step: 1, WorldSize: 1, SizeBytes: 4096, HeaderChecksum: "x",
+		_, err := api.Fetch(ctx, &agentpb.FetchRequest{Job: "j", Rank: 0, Step: 1, WorldSize: 1, SizeBytes: 4096, HeaderChecksum: "x",
 			Sources: []*agentpb.FetchSource{{Tier: "shm", Node: node, Addr: addr}}})
 		return err
 	}
