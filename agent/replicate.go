@@ -290,7 +290,11 @@ func (s Source) String() string { return s.Tier + ":" + s.Node }
 // of sources that serves it whole and verified, in order: this node's own
 // memory (nothing to move), a peer's memory, one of this agent's tiers.
 // Every failure, a checksum mismatch included, moves on to the next
-// source; the result lists them. With ps.Stage the shard is staged for
+// source; the result lists them. When every source failed, those that
+// did not fail for good (the copy corrupt or gone) are tried once more: an
+// I/O error of this node's own prepare or commit, or a peer that did not
+// answer in time, is not the copy's fault, and a restore that gives up on
+// it marks a good step unrestorable. With ps.Stage the shard is staged for
 // that restore (stage.go), not committed; res.Staged says whether a slot
 // was (not when this node's memory held the shard already).
 func (a *Agent) FetchFrom(ctx context.Context, ps PeerShard, sources []Source) (FetchResult, error) {
@@ -298,20 +302,27 @@ func (a *Agent) FetchFrom(ctx context.Context, ps PeerShard, sources []Source) (
 		return FetchResult{}, err
 	}
 	res := FetchResult{Step: ps.Step, Size: ps.Size}
-	for _, src := range sources {
-		n, err := a.fetchSource(ctx, ps, src)
-		if err == nil {
-			res.Tier, res.Staged = src.String(), ps.Stage != "" && a.staged(ps)
-			a.metrics.transfers.WithLabelValues(src.Tier, "fetch", "ok").Inc()
-			a.metrics.tierBytes.WithLabelValues(src.Tier).Add(float64(n))
-			return res, nil
+	for pass := 0; pass < 2 && len(sources) > 0 && ctx.Err() == nil; pass++ {
+		var again []Source
+		for _, src := range sources {
+			n, err := a.fetchSource(ctx, ps, src)
+			if err == nil {
+				res.Tier, res.Staged = src.String(), ps.Stage != "" && a.staged(ps)
+				a.metrics.transfers.WithLabelValues(src.Tier, "fetch", "ok").Inc()
+				a.metrics.tierBytes.WithLabelValues(src.Tier).Add(float64(n))
+				return res, nil
+			}
+			a.metrics.transfers.WithLabelValues(src.Tier, "fetch", "failed").Inc()
+			a.log.Warn("restore source failed; trying the next", "job", ps.Job, "rank", ps.Rank, "step", ps.Step, "source", src.String(), "pass", pass+1, "err", err)
+			res.Failed = append(res.Failed, FetchAttempt{Tier: src.String(), Err: err})
+			if ctx.Err() != nil {
+				break
+			}
+			if !errors.Is(err, shm.ErrCorrupt) && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrInvalid) {
+				again = append(again, src)
+			}
 		}
-		a.metrics.transfers.WithLabelValues(src.Tier, "fetch", "failed").Inc()
-		a.log.Warn("restore source failed; trying the next", "job", ps.Job, "rank", ps.Rank, "step", ps.Step, "source", src.String(), "err", err)
-		res.Failed = append(res.Failed, FetchAttempt{Tier: src.String(), Err: err})
-		if ctx.Err() != nil {
-			break
-		}
+		sources = again
 	}
 	return res, fetchFailed(ctx, fmt.Sprintf("no source could restore job %s rank %d step %d", ps.Job, ps.Rank, ps.Step), res.Failed)
 }

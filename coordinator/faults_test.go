@@ -197,6 +197,38 @@ func TestFaultRestoreSourceFails(t *testing.T) {
 	}
 }
 
+// TestFaultEverySourceFailsOnce: every source of a restore fails once for
+// a reason that is not the copy's (an I/O error on the restoring node:
+// agent/restore-fetched, twice): the agent tries them again, the second
+// pass restores from the first source, and the step is restored, not
+// marked unrestorable. Before, a transient local error on the last source
+// spoilt a good step for every later restore.
+func TestFaultEverySourceFailsOnce(t *testing.T) {
+	const job, ws = "transient", 1
+	in := injector(t, "")
+	cl := rackClusterWith(t, 2, func(c *coordinator.Config) { c.Replicas = 1 }, func(i int, cfg *agent.Config) {
+		if i == 0 {
+			cfg.Faults = in
+		}
+	})
+	cl.saveStep(job, ws, 1, 0)
+	cl.waitLatest(job, 1)
+	waitReplicas(t, cl, job, 1, ws, 2)
+	mustSet(t, in, "agent/restore-fetched=2*error(EIO)")
+	plan, err := cl.api.PlanRestore(ctxT(t), &coordpb.PlanRestoreRequest{Job: job, Step: -1, RequestedBy: "test"})
+	if err != nil || !plan.Executed || !plan.Ok || plan.Step != 1 || len(plan.Skipped) != 0 {
+		t.Fatalf("restore: %v %v", plan, err)
+	}
+	if rp := plan.Ranks[0]; rp.Used != "shm:node-0" || len(rp.Failed) != 2 {
+		t.Fatalf("rank 0 restored from %q after %q, want node-0 on the second pass after both sources failed once", rp.Used, rp.Failed)
+	}
+	s, _ := cl.clients[0].Session(job, 0, ws)
+	got, err := s.RestoreStep(ctxT(t), 1)
+	if err != nil || !bytes.Equal(got.Tensors[0].Data, rankData(1, 0)) {
+		t.Fatalf("rank 0 after the second pass: %v", err)
+	}
+}
+
 // TestFaultRecoveryCutBeforeRegang: a recovery fails at its last step,
 // after every shard was placed: the job's watchers are told it failed and
 // why, no consistent step is lost, and the shards placed stay restorable.
