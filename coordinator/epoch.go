@@ -93,6 +93,20 @@ func (j *Job) leftBehind(st *Step, rec Record) bool {
 	return st.Epoch != 0 && rec.Epoch != 0 && rec.Epoch == j.epochOf() && st.Epoch < rec.Epoch && st.Step > j.keptUpTo(st.Epoch)
 }
 
+// latestAnswer is the latest consistent step the coordinator answers: the
+// job's, unless a re-gang left it behind (a step of an older epoch past
+// the one the current epoch resumed from, not deleted yet while the
+// re-gang runs): then the step the current epoch resumed from. A step
+// left behind is of a timeline nobody continues; answering it would make
+// the latest step go back once the re-gang deletes it.
+func (j *Job) latestAnswer() int64 {
+	st := j.Steps[j.Latest]
+	if st != nil && st.Epoch != 0 && st.Epoch < j.epochOf() && st.Step > j.keptUpTo(st.Epoch) {
+		return j.epochStep()
+	}
+	return j.Latest
+}
+
 // startOf returns the step epoch e resumed from (-1 for the first, or one
 // no longer remembered).
 func (j *Job) startOf(e uint64) int64 {

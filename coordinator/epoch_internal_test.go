@@ -110,3 +110,40 @@ func TestLeftBehindStepTakesTheNewEpoch(t *testing.T) {
 		t.Fatalf("step 6 after epoch 2 saved it: %+v", st)
 	}
 }
+
+// TestLatestAnswerLeavesALeftStep: epoch 2 resumed from step 33 while the
+// job's latest was epoch 1's step 34 (the re-gang has not deleted it
+// yet): the answer is 33, not 34, so that it does not go back once the
+// re-gang deletes 34 (found by the chaos suite's coordinator-regang: a
+// coordinator that died between raising the epoch and the re-gang). Once
+// epoch 2 saves its own 34, that is the answer.
+func TestLatestAnswerLeavesALeftStep(t *testing.T) {
+	s := NewState(time.Now)
+	var ch Changes
+	if _, err := s.RegisterJob("j", 1, map[uint32]string{0: "a"}, &ch); err != nil {
+		t.Fatal(err)
+	}
+	rec := func(step int64, epoch uint64) Record {
+		return Record{Job: "j", Step: step, Rank: 0, WorldSize: 1, Node: "a", Sum: "s", State: CopyCommitted, Epoch: epoch}
+	}
+	for step := int64(1); step <= 34; step++ {
+		if err := s.Apply(rec(step, 1), &ch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	j := s.Jobs["j"]
+	if got := j.latestAnswer(); got != 34 {
+		t.Fatalf("before the re-gang the answer is %d, want 34", got)
+	}
+	j.Epoch, j.Epochs = 2, []EpochStart{{2, 33}}
+	if got := j.latestAnswer(); got != 33 {
+		t.Fatalf("with epoch 2 resuming from 33 the answer is %d, want 33 (34 is left behind)", got)
+	}
+	delete(j.Steps, 34) // the re-gang drops it; epoch 2 saves its own
+	if err := s.Apply(rec(34, 2), &ch); err != nil {
+		t.Fatal(err)
+	}
+	if got := j.latestAnswer(); got != 34 {
+		t.Fatalf("after epoch 2 saved 34 the answer is %d, want 34", got)
+	}
+}

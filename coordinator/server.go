@@ -173,8 +173,9 @@ func (s *server) Latest(ctx context.Context, req *coordpb.LatestRequest) (*coord
 	if j == nil {
 		return nil, toStatus(fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, req.Job))
 	}
-	resp := &coordpb.LatestResponse{Step: j.Latest, WorldSize: j.WorldSize, Protected: j.Protected, Epoch: j.epochOf(), EpochStep: j.epochStep()}
-	if st := j.Steps[j.Latest]; st != nil {
+	latest := j.latestAnswer()
+	resp := &coordpb.LatestResponse{Step: latest, WorldSize: j.WorldSize, Protected: min(j.Protected, latest), Epoch: j.epochOf(), EpochStep: j.epochStep()}
+	if st := j.Steps[latest]; st != nil {
 		resp.WorldSize = st.WorldSize
 	}
 	return resp, nil
