@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -291,10 +292,11 @@ func (s Source) String() string { return s.Tier + ":" + s.Node }
 // memory (nothing to move), a peer's memory, one of this agent's tiers.
 // Every failure, a checksum mismatch included, moves on to the next
 // source; the result lists them. When every source failed, those that
-// did not fail for good (the copy corrupt or gone) are tried once more: an
-// I/O error of this node's own prepare or commit, or a peer that did not
-// answer in time, is not the copy's fault, and a restore that gives up on
-// it marks a good step unrestorable. With ps.Stage the shard is staged for
+// failed with an I/O error (EIO: this node's own prepare or commit, or a
+// read of the copy) are tried once more: such an error is often not the
+// copy's fault, and a restore that gives up on it marks a good step
+// unrestorable. A source that was corrupt, gone or did not answer in time
+// is not tried again: a hung peer would take a second full timeout. With ps.Stage the shard is staged for
 // that restore (stage.go), not committed; res.Staged says whether a slot
 // was (not when this node's memory held the shard already).
 func (a *Agent) FetchFrom(ctx context.Context, ps PeerShard, sources []Source) (FetchResult, error) {
@@ -318,7 +320,7 @@ func (a *Agent) FetchFrom(ctx context.Context, ps PeerShard, sources []Source) (
 			if ctx.Err() != nil {
 				break
 			}
-			if !errors.Is(err, shm.ErrCorrupt) && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrInvalid) {
+			if errors.Is(err, syscall.EIO) {
 				again = append(again, src)
 			}
 		}
