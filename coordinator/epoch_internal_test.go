@@ -11,15 +11,8 @@ import (
 // only for steps every later epoch kept, whatever the step numbers of the
 // epochs in between; a step never takes two epochs' shards.
 func TestEpochFence(t *testing.T) {
-	s := NewState(time.Now)
-	var ch Changes
-	if _, err := s.RegisterJob("j", 1, map[uint32]string{0: "a"}, &ch); err != nil {
-		t.Fatal(err)
-	}
-	rec := func(step int64, epoch uint64) Record {
-		return Record{Job: "j", Step: step, Rank: 0, WorldSize: 1, Node: "a", Sum: "s", State: CopyCommitted, Epoch: epoch}
-	}
-	apply := func(step int64, epoch uint64) error { return s.Apply(rec(step, epoch), &ch) }
+	s, ch, rec := oneRankJob(t)
+	apply := func(step int64, epoch uint64) error { return s.Apply(rec(step, epoch), ch) }
 	for step := int64(1); step <= 100; step++ {
 		if err := apply(step, 1); err != nil {
 			t.Fatal(err)
@@ -118,16 +111,9 @@ func TestLeftBehindStepTakesTheNewEpoch(t *testing.T) {
 // coordinator that died between raising the epoch and the re-gang). Once
 // epoch 2 saves its own 34, that is the answer.
 func TestLatestAnswerLeavesALeftStep(t *testing.T) {
-	s := NewState(time.Now)
-	var ch Changes
-	if _, err := s.RegisterJob("j", 1, map[uint32]string{0: "a"}, &ch); err != nil {
-		t.Fatal(err)
-	}
-	rec := func(step int64, epoch uint64) Record {
-		return Record{Job: "j", Step: step, Rank: 0, WorldSize: 1, Node: "a", Sum: "s", State: CopyCommitted, Epoch: epoch}
-	}
+	s, ch, rec := oneRankJob(t)
 	for step := int64(1); step <= 34; step++ {
-		if err := s.Apply(rec(step, 1), &ch); err != nil {
+		if err := s.Apply(rec(step, 1), ch); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -140,10 +126,25 @@ func TestLatestAnswerLeavesALeftStep(t *testing.T) {
 		t.Fatalf("with epoch 2 resuming from 33 the answer is %d, want 33 (34 is left behind)", got)
 	}
 	delete(j.Steps, 34) // the re-gang drops it; epoch 2 saves its own
-	if err := s.Apply(rec(34, 2), &ch); err != nil {
+	if err := s.Apply(rec(34, 2), ch); err != nil {
 		t.Fatal(err)
 	}
 	if got := j.latestAnswer(); got != 34 {
 		t.Fatalf("after epoch 2 saved 34 the answer is %d, want 34", got)
+	}
+}
+
+// oneRankJob is an index holding job "j", one rank on node "a", with the
+// changes it records and a committed copy of a step by a rank of an
+// epoch.
+func oneRankJob(t *testing.T) (*State, *Changes, func(step int64, epoch uint64) Record) {
+	t.Helper()
+	s := NewState(time.Now)
+	ch := &Changes{}
+	if _, err := s.RegisterJob("j", 1, map[uint32]string{0: "a"}, ch); err != nil {
+		t.Fatal(err)
+	}
+	return s, ch, func(step int64, epoch uint64) Record {
+		return Record{Job: "j", Step: step, Rank: 0, WorldSize: 1, Node: "a", Sum: "s", State: CopyCommitted, Epoch: epoch}
 	}
 }

@@ -168,10 +168,11 @@ func TestFaultReplicaRotsRestoreFallsBack(t *testing.T) {
 	}
 }
 
-// TestFaultRestoreSourceFails: the first source of a restore fails; the
-// agent passes to the next source of the plan.
-func TestFaultRestoreSourceFails(t *testing.T) {
-	const job, ws = "source", 1
+// restoreAfterFaults starts two nodes (one replica), saves step 1 of job
+// on node-0, waits until it is replicated on node-1, and then arms spec
+// on node-0's agent, the one a restore of the job targets.
+func restoreAfterFaults(t *testing.T, job string, ws uint32, spec string) *cluster {
+	t.Helper()
 	in := injector(t, "")
 	cl := rackClusterWith(t, 2, func(c *coordinator.Config) { c.Replicas = 1 }, func(i int, cfg *agent.Config) {
 		if i == 0 {
@@ -181,7 +182,15 @@ func TestFaultRestoreSourceFails(t *testing.T) {
 	cl.saveStep(job, ws, 1, 0)
 	cl.waitLatest(job, 1)
 	waitReplicas(t, cl, job, 1, ws, 2)
-	mustSet(t, in, "agent/restore-fetched=1*error(EIO)")
+	mustSet(t, in, spec)
+	return cl
+}
+
+// TestFaultRestoreSourceFails: the first source of a restore fails; the
+// agent passes to the next source of the plan.
+func TestFaultRestoreSourceFails(t *testing.T) {
+	const job, ws = "source", 1
+	cl := restoreAfterFaults(t, job, ws, "agent/restore-fetched=1*error(EIO)")
 	plan, err := cl.api.PlanRestore(ctxT(t), &coordpb.PlanRestoreRequest{Job: job, Step: -1, RequestedBy: "test"})
 	if err != nil || !plan.Executed || !plan.Ok {
 		t.Fatalf("restore: %v %v", plan, err)
@@ -205,16 +214,7 @@ func TestFaultRestoreSourceFails(t *testing.T) {
 // spoilt a good step for every later restore.
 func TestFaultEverySourceFailsOnce(t *testing.T) {
 	const job, ws = "transient", 1
-	in := injector(t, "")
-	cl := rackClusterWith(t, 2, func(c *coordinator.Config) { c.Replicas = 1 }, func(i int, cfg *agent.Config) {
-		if i == 0 {
-			cfg.Faults = in
-		}
-	})
-	cl.saveStep(job, ws, 1, 0)
-	cl.waitLatest(job, 1)
-	waitReplicas(t, cl, job, 1, ws, 2)
-	mustSet(t, in, "agent/restore-fetched=2*error(EIO)")
+	cl := restoreAfterFaults(t, job, ws, "agent/restore-fetched=2*error(EIO)")
 	plan, err := cl.api.PlanRestore(ctxT(t), &coordpb.PlanRestoreRequest{Job: job, Step: -1, RequestedBy: "test"})
 	if err != nil || !plan.Executed || !plan.Ok || plan.Step != 1 || len(plan.Skipped) != 0 {
 		t.Fatalf("restore: %v %v", plan, err)
