@@ -234,20 +234,6 @@ func (a *Agent) pickPinned(r *lockedRank, size int64, max int, pins pinSet, repl
 // maxAhead bounds the extra slots of a split pin (pickPinned).
 const maxAhead = 4
 
-// keptSteps counts the distinct steps of r's committed slots that a save
-// must not take under pins: its latest, the pinned ones and, for a rank's
-// own save, those newer than the consistent step.
-func (r *rankState) keptSteps(pins pinSet, replica bool) int {
-	latest := r.latest()
-	kept := map[int64]bool{}
-	for _, s := range r.slots {
-		if s.State == stateCommitted && (s == latest && !replica || pins.holds(s.Step) || !replica && pins.unconfirmed(s.Step)) {
-			kept[s.Step] = true
-		}
-	}
-	return len(kept)
-}
-
 // abandonedLatest returns a slot for a save when only the rank's latest
 // checkpoint and the job's consistent step hold them all, and the
 // coordinator says that latest step is abandoned: some rank moved past it

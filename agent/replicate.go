@@ -296,9 +296,10 @@ func (s Source) String() string { return s.Tier + ":" + s.Node }
 // read of the copy) are tried once more: such an error is often not the
 // copy's fault, and a restore that gives up on it marks a good step
 // unrestorable. A source that was corrupt, gone or did not answer in time
-// is not tried again: a hung peer would take a second full timeout. With ps.Stage the shard is staged for
-// that restore (stage.go), not committed; res.Staged says whether a slot
-// was (not when this node's memory held the shard already).
+// is not tried again: a hung peer would take a second full timeout. With
+// ps.Stage the shard is staged for that restore (stage.go), not
+// committed; res.Staged says whether a slot was (not when this node's
+// memory held the shard already).
 func (a *Agent) FetchFrom(ctx context.Context, ps PeerShard, sources []Source) (FetchResult, error) {
 	if err := validateRank(ps.Job, ps.Rank, ps.WorldSize); err != nil {
 		return FetchResult{}, err

@@ -109,6 +109,20 @@ func (r *rankState) find(step int64) *slot {
 	return best
 }
 
+// keptSteps counts the distinct steps of r's committed slots that a save
+// must not take under pins: its latest, the pinned ones and, for a rank's
+// own save, those newer than the consistent step.
+func (r *rankState) keptSteps(pins pinSet, replica bool) int {
+	latest := r.latest()
+	kept := map[int64]bool{}
+	for _, s := range r.slots {
+		if s.State == stateCommitted && (s == latest && !replica || pins.holds(s.Step) || !replica && pins.unconfirmed(s.Step)) {
+			kept[s.Step] = true
+		}
+	}
+	return len(kept)
+}
+
 // pick chooses the slot a new save writes into, or nil when every slot is
 // the latest checkpoint, a step the job's pins hold (for a rank's own
 // save, also a step newer than the consistent one: pinSet.newer) or being

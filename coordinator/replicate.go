@@ -173,6 +173,7 @@ func (rp *replication) replicate(j *Job) {
 		return
 	}
 	r := &stepReplication{step: st.Step, pending: map[uint64]bool{}, started: now}
+	live := -1 // registered nodes not declared down, counted once when needed
 	for rank := range st.WorldSize {
 		var src *Copy
 		have := map[string]bool{}
@@ -201,8 +202,17 @@ func (rp *replication) replicate(j *Job) {
 			continue
 		}
 		peers := rp.peersOf(src.Node, want)
-		if len(peers) < want && len(peers) < rp.liveOthersLocked(src.Node) {
-			r.short = true // a live peer's order stream is not connected yet
+		if len(peers) < want {
+			if live < 0 {
+				live = rp.liveLocked()
+			}
+			others := live // src is registered (srcNode above): not itself unless down
+			if _, down := rp.c.down[src.Node]; !down {
+				others--
+			}
+			if len(peers) < others {
+				r.short = true // a live peer's order stream is not connected yet
+			}
 		}
 		for _, peer := range peers {
 			if have[peer] {
@@ -225,12 +235,12 @@ func (rp *replication) replicate(j *Job) {
 	rp.steps[j.ID] = r
 }
 
-// liveOthersLocked counts the registered nodes other than node that are
-// not declared down; the caller holds rp.c.mu.
-func (rp *replication) liveOthersLocked(node string) int {
+// liveLocked counts the registered nodes not declared down; the caller
+// holds rp.c.mu.
+func (rp *replication) liveLocked() int {
 	n := 0
 	for name := range rp.c.state.Nodes {
-		if _, down := rp.c.down[name]; name != node && !down {
+		if _, down := rp.c.down[name]; !down {
 			n++
 		}
 	}
