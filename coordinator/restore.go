@@ -73,7 +73,7 @@ func (c *Coordinator) chooseStep(ctx context.Context, job string, step, rank int
 	latest := j.Latest
 	var candidates []int64 // newest first
 	var marked []*coordpb.UnrestorableStep
-	var spoilt []int64 // consistent, but some rank's copies were found corrupt
+	var spoilt []int64 // consistent, but some rank has no good copy left (found corrupt, or gone)
 	if step >= 0 {
 		candidates = []int64{step}
 	} else {
@@ -83,9 +83,7 @@ func (c *Coordinator) chooseStep(ctx context.Context, job string, step, rank int
 			case st.Unrestorable != nil:
 				marked = append(marked, st.Unrestorable.proto(n))
 			case !st.complete(): // some rank has no copy, or only corrupt ones
-				if len(st.Bad) > 0 {
-					spoilt = append(spoilt, n)
-				}
+				spoilt = append(spoilt, n)
 			default:
 				candidates = append(candidates, n)
 			}
@@ -123,6 +121,7 @@ func (c *Coordinator) chooseStep(ctx context.Context, job string, step, rank int
 		case err != nil:
 			return nil, nodeView{}, nil, nil, err
 		case v == nil: // no longer consistent and complete, or found unrestorable meanwhile
+			spoilt = append(spoilt, n)
 			continue
 		}
 		ok, err := v.restorable(ctx, nv)
@@ -240,9 +239,9 @@ func (c *Coordinator) Restore(ctx context.Context, job string, step int64, who s
 }
 
 // explainSpoilt says why each of the consistent steps newer than chosen
-// that a rank's corrupt copies left incomplete cannot be restored: a
-// restore that passes over them names them, as it names the steps it
-// found unrestorable itself.
+// that is not restorable whole (a rank's copies found corrupt or gone, or
+// the step found unrestorable while the restore was being planned)
+// cannot be restored: a restore that passes over a step names it and why.
 func (c *Coordinator) explainSpoilt(ctx context.Context, job string, spoilt []int64, chosen int64, nv nodeView) []*coordpb.UnrestorableStep {
 	var out []*coordpb.UnrestorableStep
 	for _, n := range spoilt {
@@ -250,11 +249,14 @@ func (c *Coordinator) explainSpoilt(ctx context.Context, job string, spoilt []in
 			continue
 		}
 		v, err := c.view(ctx, job, n, -1, func(st *Step) bool { return st.State == Consistent })
-		if err != nil || v == nil {
-			continue
-		}
-		if p := v.passedOver(nv, c.cfg.Clock.Now()); p != nil {
-			out = append(out, p)
+		switch {
+		case err != nil || v == nil:
+		case v.unrestorable != nil:
+			out = append(out, v.unrestorable.proto(n))
+		default:
+			if p := v.passedOver(nv, c.cfg.Clock.Now()); p != nil {
+				out = append(out, p)
+			}
 		}
 	}
 	return out

@@ -38,7 +38,8 @@ type RankFailure struct {
 	Copies []CopyFailure `json:"copies"`
 }
 
-// CopyFailure is one copy a restore tried and why it did not serve.
+// CopyFailure is one copy a restore tried and why it did not serve. An
+// empty Copy is a rank with no copy left at all, Error saying so.
 type CopyFailure struct {
 	Copy    string `json:"copy"` // "tier:node"
 	Error   string `json:"error"`
@@ -68,6 +69,10 @@ func (u *Unrestorable) String() string {
 	for _, r := range u.Ranks {
 		var cs []string
 		for _, c := range r.Copies {
+			if c.Copy == "" {
+				cs = append(cs, c.Error)
+				continue
+			}
 			what := "failed"
 			if c.Corrupt {
 				what = "corrupt"

@@ -258,10 +258,16 @@ func (nv nodeView) rankPlan(rank uint32, target string, cs []*Copy) *coordpb.Ran
 	return rp
 }
 
+// noCopyNamed is how many of a passed-over step's ranks with no copy
+// left its explanation names (each names how many there are in all).
+const noCopyNamed = 8
+
 // passedOver says why a consistent step a restore passes over cannot be
 // restored whole now: each rank without a live good copy, with its copies
-// on nodes that are down and those found corrupt. Nil when every rank has
-// one (the step is restorable) or a rank has no copy at all to name.
+// on nodes that are down and those found corrupt, and the ranks with no
+// copy left at all (their slots reused, their tier copies deleted; the
+// first noCopyNamed of them named). Nil when every rank has a live copy
+// (the step is restorable).
 func (v *stepView) passedOver(nv nodeView, at time.Time) *coordpb.UnrestorableStep {
 	if v.State != Consistent {
 		return nil
@@ -288,6 +294,15 @@ func (v *stepView) passedOver(nv nodeView, at time.Time) *coordpb.UnrestorableSt
 	for _, cp := range v.bad {
 		w := get(cp.Rank)
 		w.fails = append(w.fails, CopyFailure{Copy: cp.Tier + ":" + cp.Node, Error: "its checksum did not match", Corrupt: true})
+	}
+	var none []uint32
+	for r := range v.WorldSize {
+		if ranks[r] == nil {
+			none = append(none, r)
+		}
+	}
+	for _, r := range none[:min(len(none), noCopyNamed)] {
+		get(r).fails = []CopyFailure{{Error: fmt.Sprintf("no copy left (%d of %d ranks have none)", len(none), v.WorldSize)}}
 	}
 	u := Unrestorable{At: at}
 	for r, w := range ranks {

@@ -1661,7 +1661,8 @@ func (x *RankFailure) GetCopies() []*CopyFailure {
 // CopyFailure is one copy a restore tried and why it did not serve.
 type CopyFailure struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The copy, "tier:node" ("pfs:-" on a shared tier).
+	// The copy, "tier:node" ("pfs:-" on a shared tier); empty for a rank
+	// with no copy left at all (error says so).
 	Copy  string `protobuf:"bytes,1,opt,name=copy,proto3" json:"copy,omitempty"`
 	Error string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
 	// Its bytes failed a checksum: the copy is marked corrupt.

@@ -258,7 +258,7 @@ func checkNewestRestorable(e *Evidence) Check {
 		want := e.Faults[i].Before.NewestRestorable(e.lostBefore(i))
 		got := e.Recoveries[k].Step
 		parts = append(parts, fmt.Sprintf("step %d (newest restorable before %s: %d)", got, e.Faults[i].What, want))
-		if got < want && slices.ContainsFunc(e.Recoveries[k].Skipped, func(u *coordpb.UnrestorableStep) bool { return u.Step == want }) {
+		if got < want && slices.ContainsFunc(e.Recoveries[k].Skipped, func(u *coordpb.UnrestorableStep) bool { return u.Step == want && copyFailed(u) }) {
 			parts[len(parts)-1] += fmt.Sprintf(", which it reported unrestorable, as %d other steps", len(e.Recoveries[k].Skipped)-1)
 			continue
 		}
@@ -272,6 +272,20 @@ func checkNewestRestorable(e *Evidence) Check {
 		c.Detail = "older than restorable: " + strings.Join(bad, "; ")
 	}
 	return c
+}
+
+// copyFailed reports whether a step a restore passed over had a copy
+// fail (found corrupt, or on a node that went down): a reason for not
+// restoring a step that was restorable at the fault. A step whose only
+// reason is a rank with no copy left lost its last copies after the
+// fault, to the product's own slot reuse or deletion: no excuse.
+func copyFailed(u *coordpb.UnrestorableStep) bool {
+	for _, r := range u.Ranks {
+		if slices.ContainsFunc(r.Copies, func(c *coordpb.CopyFailure) bool { return c.Copy != "" }) {
+			return true
+		}
+	}
+	return false
 }
 
 // checkTierCopiesWhole: a tier copy counts as durable only with every

@@ -221,6 +221,17 @@ func TestCheckNewestRestorable(t *testing.T) {
 	if c := checkNewestRestorable(&f.ev); c.OK || !strings.Contains(c.Detail, "step 3") {
 		t.Fatalf("a restore of an older step passed: %q", c.Detail)
 	}
+	// Passing over step 4 is excused by a copy that failed, not by a rank
+	// whose copies were all gone by then (the product reused their slots).
+	gone := &coordpb.UnrestorableStep{Step: 4, Ranks: []*coordpb.RankFailure{{Rank: 1, Copies: []*coordpb.CopyFailure{{Error: "no copy left (1 of 2 ranks have none)"}}}}}
+	f.ev.Recoveries[0].Skipped = []*coordpb.UnrestorableStep{gone}
+	if c := checkNewestRestorable(&f.ev); c.OK {
+		t.Fatalf("a restore that passed over a step whose copies were reused passed: %q", c.Detail)
+	}
+	gone.Ranks[0].Copies = append(gone.Ranks[0].Copies, &coordpb.CopyFailure{Copy: "shm:node1", Error: "its checksum did not match", Corrupt: true})
+	if c := checkNewestRestorable(&f.ev); !c.OK {
+		t.Fatalf("a restore that passed over a step with a corrupt copy failed: %q", c.Detail)
+	}
 	f.ev.Recoveries = nil
 	if c := checkNewestRestorable(&f.ev); c.OK {
 		t.Fatal("a lost node without a recovery passed")

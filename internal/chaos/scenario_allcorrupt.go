@@ -3,9 +3,11 @@ package chaos
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"rewind.dev/rewind/api/coordpb"
@@ -39,12 +41,15 @@ func playAllCopiesCorrupt(ctx context.Context, s *session) error {
 	}
 	want := slices.Max(before)
 	what := fmt.Sprintf("corrupt rank %d's tier copies of step %d, kill %s, corrupt its replicas", rank, d, victim)
-	i, err := s.inject(ctx, what, victim, true, func(ctx context.Context) error {
-		return s.corruptAll(ctx, victim, rank, d, snap)
+	var killed time.Time
+	i, err := s.inject(ctx, what, victim, true, func(ctx context.Context) (err error) {
+		killed, err = s.corruptAll(ctx, victim, rank, d, snap)
+		return err
 	})
 	if err != nil {
 		return err
 	}
+	s.setFaultAt(i, killed)
 	s.mu.Lock()
 	s.ev.Corrupted = append(s.ev.Corrupted, d)
 	s.hist.Add(Op{At: s.ev.Faults[i].At, Client: "chaos", Job: s.cfg.Job, Kind: OpRemoved, Step: d, Why: "every copy of rank corrupted"})
@@ -76,8 +81,13 @@ func (s *session) newS3Step(ctx context.Context) (*Snapshot, int64, error) {
 
 // corruptAll corrupts rank's copies of step on the victim's NVMe and on
 // S3, kills the victim, then corrupts every replica of rank in the other
-// nodes' memory (no new one can come: the rank is dead).
-func (s *session) corruptAll(ctx context.Context, victim string, rank uint32, step int64, snap *Snapshot) error {
+// nodes' memory (no new one can come: the rank is dead). The coordinator
+// is frozen from just before the kill until the last replica is
+// corrupt: otherwise a recovery quicker than the corruption (a loaded
+// machine's docker exec takes seconds) restores the newest step from a
+// replica still intact, and the scenario tests nothing. It returns when
+// the victim was killed.
+func (s *session) corruptAll(ctx context.Context, victim string, rank uint32, step int64, snap *Snapshot) (killed time.Time, err error) {
 	var done []string
 	tierURL := map[string]string{"nvme": "file:///nvme/rewind", "s3": "s3://rewind/chaos"}
 	for _, tier := range []string{"nvme", "s3"} {
@@ -87,32 +97,71 @@ func (s *session) corruptAll(ctx context.Context, victim string, rank uint32, st
 		out, err := s.c.Exec(ctx, victim, "/rewind-dev", "chaos-tool", "corrupt-tier", tier, tierURL[tier],
 			"http://minio:9000", s.cfg.Job, fmt.Sprint(step), fmt.Sprint(rank))
 		if err != nil {
-			return fmt.Errorf("corrupting the %s copy: %w", tier, err)
+			return killed, fmt.Errorf("corrupting the %s copy: %w", tier, err)
 		}
 		done = append(done, tier+": "+strings.TrimSpace(string(out)))
 	}
-	if err := s.c.Kill(ctx, victim); err != nil {
-		return err
+	if err := s.c.Pause(ctx, svcCoordinator); err != nil {
+		return killed, fmt.Errorf("freezing the coordinator: %w", err)
 	}
+	defer func() {
+		if uerr := s.c.Unpause(context.WithoutCancel(ctx), svcCoordinator); uerr != nil && err == nil {
+			err = fmt.Errorf("thawing the coordinator: %w", uerr)
+		}
+	}()
+	killed = time.Now()
+	if err := s.c.Kill(ctx, victim); err != nil {
+		return killed, err
+	}
+	mem, err := s.corruptReplicas(ctx, victim, rank)
+	s.logf("corrupted: %s", strings.Join(append(done, mem...), "; "))
+	return killed, err
+}
+
+// corruptReplicas corrupts every replica of rank in the memory of the
+// nodes other than victim, all nodes at once.
+func (s *session) corruptReplicas(ctx context.Context, victim string, rank uint32) ([]string, error) {
+	var (
+		mu   sync.Mutex
+		done []string
+		errs []error
+		wg   sync.WaitGroup
+	)
 	for _, n := range nodeServices {
 		if n == victim {
 			continue
 		}
-		out, err := s.c.Exec(ctx, n, "/rewind-dev", "chaos-tool", "corrupt", "/dev/shm/rewind", s.cfg.Job, fmt.Sprint(rank))
-		if err != nil {
-			if strings.Contains(err.Error(), "no committed segment") || strings.Contains(err.Error(), "no such file") {
-				continue // holds no replica of that rank
+		wg.Go(func() {
+			line, err := s.corruptReplicasOn(ctx, n, rank)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+			} else if line != "" {
+				done = append(done, line)
 			}
-			return fmt.Errorf("corrupting rank %d's replicas on %s: %w", rank, n, err)
-		}
-		var c []Corrupted
-		if err := json.Unmarshal(out, &c); err != nil {
-			return fmt.Errorf("corrupting on %s: %w", n, err)
-		}
-		done = append(done, fmt.Sprintf("%s memory: %+v", n, c))
+		})
 	}
-	s.logf("corrupted: %s", strings.Join(done, "; "))
-	return nil
+	wg.Wait()
+	slices.Sort(done)
+	return done, errors.Join(errs...)
+}
+
+// corruptReplicasOn corrupts every replica of rank in node n's memory
+// and says which ("" when n holds none).
+func (s *session) corruptReplicasOn(ctx context.Context, n string, rank uint32) (string, error) {
+	out, err := s.c.Exec(ctx, n, "/rewind-dev", "chaos-tool", "corrupt", "/dev/shm/rewind", s.cfg.Job, fmt.Sprint(rank))
+	if err != nil {
+		if strings.Contains(err.Error(), "no committed segment") || strings.Contains(err.Error(), "no such file") {
+			return "", nil // holds no replica of that rank
+		}
+		return "", fmt.Errorf("corrupting rank %d's replicas on %s: %w", rank, n, err)
+	}
+	var c []Corrupted
+	if err := json.Unmarshal(out, &c); err != nil {
+		return "", fmt.Errorf("corrupting on %s: %w", n, err)
+	}
+	return fmt.Sprintf("%s memory: %+v", n, c), nil
 }
 
 // skippedReported checks that the recovery landed on want (the step

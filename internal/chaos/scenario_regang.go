@@ -20,10 +20,13 @@ func playCoordinatorRegang(ctx context.Context, s *session) error {
 		return err
 	}
 	victim := s.pick(rankNodes(snap))
+	// Armed before the fault's view is taken, so that the view is the
+	// coordinator's right before the kill (arming takes seconds on a
+	// loaded machine, while the ranks train on).
+	if err := s.c.Faults(ctx, svcCoordinator, spec); err != nil {
+		return err
+	}
 	i, err := s.inject(ctx, "kill "+victim+", the coordinator armed to exit before the re-gang", victim, true, func(ctx context.Context) error {
-		if err := s.c.Faults(ctx, svcCoordinator, spec); err != nil {
-			return err
-		}
 		return s.c.Kill(ctx, victim)
 	})
 	if err != nil {
