@@ -37,7 +37,8 @@ func (a *Agent) preflight() error {
 	}
 	a.budget = a.cfg.BudgetBytes
 	if a.budget == 0 {
-		a.budget = st.Size
+		a.budget = defaultBudget(st.Size, memTotal)
+		a.log.Info("budget by default", "budget", units.Bytes(a.budget), "tmpfs", units.Bytes(st.Size), "mem_total", units.Bytes(memTotal))
 	}
 	if a.budget > st.Size {
 		return fmt.Errorf("agent: pre-flight: budget %s exceeds the %s tmpfs at %s; lower --budget or enlarge the tmpfs",
@@ -74,6 +75,17 @@ func (a *Agent) privateRoot() error {
 		a.log.Info("shm root made private to the agent", "shm_root", root, "was", fi.Mode().Perm().String())
 	}
 	return nil
+}
+
+// defaultBudget is the budget with no --budget: the tmpfs's size, but at
+// most half the host's memory (a tmpfs may be sized beyond the memory
+// behind it, a container's /dev/shm sized to the node, and the training
+// processes need the rest). memTotal 0 (unknown) leaves the tmpfs size.
+func defaultBudget(tmpfs, memTotal uint64) uint64 {
+	if memTotal > 0 && tmpfs > memTotal/2 {
+		return memTotal / 2
+	}
+	return tmpfs
 }
 
 // memTotalBytes reads MemTotal from /proc/meminfo, or 0 if it cannot.
