@@ -308,6 +308,8 @@ func (a *Agent) FetchFrom(ctx context.Context, ps PeerShard, sources []Source) (
 	for pass := 0; pass < 2 && len(sources) > 0 && ctx.Err() == nil; pass++ {
 		var again []Source
 		for _, src := range sources {
+			t0 := time.Now()
+			a.log.Info("restore source: trying", "job", ps.Job, "rank", ps.Rank, "step", ps.Step, "source", src.String(), "pass", pass+1)
 			n, err := a.fetchSource(ctx, ps, src)
 			if err == nil {
 				res.Tier, res.Staged = src.String(), ps.Stage != "" && a.staged(ps)
@@ -316,7 +318,8 @@ func (a *Agent) FetchFrom(ctx context.Context, ps PeerShard, sources []Source) (
 				return res, nil
 			}
 			a.metrics.transfers.WithLabelValues(src.Tier, "fetch", "failed").Inc()
-			a.log.Warn("restore source failed; trying the next", "job", ps.Job, "rank", ps.Rank, "step", ps.Step, "source", src.String(), "pass", pass+1, "err", err)
+			a.log.Warn("restore source failed; trying the next", "job", ps.Job, "rank", ps.Rank, "step", ps.Step, "source", src.String(), "pass", pass+1,
+				"ms", time.Since(t0).Milliseconds(), "err", err)
 			res.Failed = append(res.Failed, FetchAttempt{Tier: src.String(), Err: err})
 			if ctx.Err() != nil {
 				break

@@ -200,7 +200,11 @@ func runScenario(ctx context.Context, cfg *Config, c *Cluster, sc scenario) (Row
 	s.logf("%s", row.Result)
 	if cfg.LogDir != "" && slices.ContainsFunc(checks, func(ch Check) bool { return !ch.OK }) {
 		dir := filepath.Join(cfg.LogDir, fmt.Sprintf("seed-%d", cfg.Seed), sc.name)
-		if err := c.SaveLogs(context.WithoutCancel(ctx), dir); err != nil {
+		err := c.SaveLogs(context.WithoutCancel(ctx), dir)
+		for svc, b := range s.stacks {
+			err = errors.Join(err, os.WriteFile(filepath.Join(dir, svc+".goroutines.txt"), b, 0o644))
+		}
+		if err != nil {
 			s.logf("saving the cluster's logs: %v", err)
 		} else {
 			s.logf("the cluster's logs are in %s", dir)

@@ -19,6 +19,8 @@ import (
 	"google.golang.org/grpc/backoff"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/faultinject"
+	"rewind.dev/rewind/internal/metricsrv"
 	"rewind.dev/rewind/transport"
 )
 
@@ -243,10 +245,26 @@ func (c *Cluster) FaultHits(ctx context.Context, svc, point string) (uint64, err
 	return parseHits(body.Bytes(), point)
 }
 
+// Goroutines returns a running daemon's goroutines' stacks (its
+// metrics port's debug endpoint, served with fault injection on).
+func (c *Cluster) Goroutines(ctx context.Context, svc string) ([]byte, error) {
+	port := c.Ports.Nodes[svc]
+	if svc == svcCoordinator {
+		port = c.Ports.CoordMetrics
+	}
+	var body bytes.Buffer
+	err := c.httpPath(ctx, http.MethodGet, port, metricsrv.GoroutinesPath, "", &body)
+	return body.Bytes(), err
+}
+
 func (c *Cluster) httpDo(ctx context.Context, method string, port int, body string, out io.Writer) error {
+	return c.httpPath(ctx, method, port, faultinject.HandlerPath, body, out)
+}
+
+func (c *Cluster) httpPath(ctx context.Context, method string, port int, path, body string, out io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	url := "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) + "/debug/faults"
+	url := "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) + path
 	req, err := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
 	if err != nil {
 		return err

@@ -35,6 +35,27 @@ type session struct {
 	extraSeen int // recoveries beyond the lost nodes already noted
 	// hist is what the clients saw, for the history checker.
 	hist History
+	// stacks are the daemons' goroutines, taken when a recovery was
+	// late (kept with the logs of a failed scenario).
+	stacks map[string][]byte
+}
+
+// stuckAfter is how long after its wait began a recovery counts as late:
+// the daemons' goroutines are taken then, while it is still stuck.
+const stuckAfter = 20 * time.Second
+
+// takeStacks keeps every running daemon's goroutines, once a scenario.
+func (s *session) takeStacks(ctx context.Context, why string) {
+	if s.stacks != nil {
+		return
+	}
+	s.stacks = map[string][]byte{}
+	for _, svc := range append([]string{svcCoordinator}, nodeServices...) {
+		if b, err := s.c.Goroutines(ctx, svc); err == nil {
+			s.stacks[svc] = b
+		}
+	}
+	s.logf("%s: the goroutines of %d daemons taken, kept with the logs", why, len(s.stacks))
 }
 
 func (s *session) logf(format string, args ...any) {
@@ -184,8 +205,11 @@ func (s *session) heal(ctx context.Context, i int, what string, do func(context.
 
 // waitRecovery waits until the job's n-th recovery event arrived.
 func (s *session) waitRecovery(ctx context.Context, n int, timeout time.Duration) (*coordpb.JobEvent, error) {
-	deadline := time.Now().Add(timeout)
+	deadline, stuck := time.Now().Add(timeout), time.Now().Add(stuckAfter)
 	for {
+		if time.Now().After(stuck) {
+			s.takeStacks(ctx, fmt.Sprintf("no recovery %d after %v", n, stuckAfter))
+		}
 		s.mu.Lock()
 		var ev, failed *coordpb.JobEvent
 		if len(s.ev.Recoveries) >= n {

@@ -108,6 +108,7 @@ type Corrupted struct {
 	Slot   uint32 `json:"slot"`
 	Step   int64  `json:"step"`
 	Offset int64  `json:"offset"`
+	Gone   bool   `json:"gone,omitempty"` // no such copy any more (CorruptTier: removed by the tier's retention)
 }
 
 // Corrupt flips one byte in the tensor data of every committed segment of

@@ -2,7 +2,9 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 
 	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
@@ -32,6 +34,11 @@ func CorruptTier(ctx context.Context, tier, rawURL, endpoint, job string, step i
 	}
 	name := tiers.ShardName(job, step, rank)
 	size, err := st.Size(ctx, name)
+	if errors.Is(err, tiers.ErrNotExist) || errors.Is(err, fs.ErrNotExist) {
+		// The tier's retention removed it since it was seen durable: no
+		// copy there, good or bad, is what the caller wanted of it.
+		return Corrupted{Step: step, Gone: true}, nil
+	}
 	if err != nil {
 		return Corrupted{}, fmt.Errorf("chaos: corrupt-tier: %s on %s: %w", name, st, err)
 	}

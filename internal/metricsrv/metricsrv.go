@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"runtime/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -60,11 +61,23 @@ func (s *Server) Close() {
 	}
 }
 
+// GoroutinesPath serves a dump of every goroutine's stack (as a Go
+// program prints on SIGQUIT, without exiting) where fault injection is
+// on: what a chaos run keeps when a recovery hangs.
+const GoroutinesPath = "/debug/goroutines"
+
 // FaultRoutes serves the fault injector's admin endpoint
-// (faultinject.HandlerPath) when fault injection is on; none otherwise.
+// (faultinject.HandlerPath) and GoroutinesPath when fault injection is
+// on (a test cluster); none otherwise.
 func FaultRoutes(in *faultinject.Injector) []Route {
 	if in == nil {
 		return nil
 	}
-	return []Route{{Path: faultinject.HandlerPath, Handler: in.Handler()}}
+	return []Route{
+		{Path: faultinject.HandlerPath, Handler: in.Handler()},
+		{Path: GoroutinesPath, Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			_ = pprof.Lookup("goroutine").WriteTo(w, 2)
+		})},
+	}
 }
