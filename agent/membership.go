@@ -43,6 +43,12 @@ func (a *Agent) startMembership(ctx context.Context) (func(), error) {
 	}()
 	go func() {
 		for ev := range m.Events() {
+			switch ev.Kind {
+			case membership.EventJoin, membership.EventAlive:
+				a.peers.peerBack(ev.Member.Name)
+			case membership.EventLost: // the verdicts in between are unknown: forget them
+				a.peers.forgetDead()
+			}
 			if ev.Kind != membership.EventDead {
 				continue
 			}

@@ -28,39 +28,73 @@ type peers struct {
 	// copying holds a cancel function per copy in progress, by the node
 	// it reads from: a node declared dead has its copies cut at once.
 	copying map[string]map[*context.CancelFunc]bool
+	// dead are the nodes declared dead and not back since: a copy from
+	// one ends before it starts (an order queued before the verdict would
+	// otherwise dial a paused node, whose kernel still accepts, and wait).
+	dead map[string]bool
 }
 
+// errPeerDead ends a copy from a node declared dead.
+var errPeerDead = errors.New("the peer was declared dead")
+
 // copyContext returns the context of a copy from node, which ends when
-// the node is declared dead (cutCopies); done unregisters it.
+// the node is declared dead (cutCopies), or at once if it is; done
+// unregisters it.
 func (p *peers) copyContext(ctx context.Context, node string) (context.Context, func()) {
-	cctx, cancel := context.WithCancel(ctx)
+	cctx, cancel := context.WithCancelCause(ctx)
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.dead[node] {
+		cancel(fmt.Errorf("agent: copy from %s: %w", node, errPeerDead))
+		return cctx, func() {}
+	}
 	if p.copying == nil {
 		p.copying = map[string]map[*context.CancelFunc]bool{}
 	}
 	if p.copying[node] == nil {
 		p.copying[node] = map[*context.CancelFunc]bool{}
 	}
-	p.copying[node][&cancel] = true
+	stop := context.CancelFunc(func() { cancel(fmt.Errorf("agent: copy from %s: %w", node, errPeerDead)) })
+	p.copying[node][&stop] = true
 	return cctx, func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		delete(p.copying[node], &cancel)
-		cancel()
+		delete(p.copying[node], &stop)
+		cancel(nil)
 	}
 }
 
-// cutCopies cancels every copy in progress from node and returns how many.
+// cutCopies cancels every copy in progress from node, declared dead, and
+// returns how many; copies from it fail at once until it is back
+// (peerBack).
 func (p *peers) cutCopies(node string) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.dead == nil {
+		p.dead = map[string]bool{}
+	}
+	p.dead[node] = true
 	for c := range p.copying[node] {
 		(*c)()
 	}
 	n := len(p.copying[node])
 	delete(p.copying, node)
 	return n
+}
+
+// forgetDead lets copies from every node start again (the verdicts were
+// lost: a copy from a node still dead fails on its own deadlines).
+func (p *peers) forgetDead() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	clear(p.dead)
+}
+
+// peerBack lets copies from node start again: it is alive again.
+func (p *peers) peerBack(node string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.dead, node)
 }
 
 // client returns a client of node's agent at addr, which must present
@@ -158,6 +192,9 @@ func (a *Agent) copyFromPeer(ctx context.Context, ps PeerShard, lim *tiers.Limit
 	if errors.Is(err, errDataPath) { // an older peer: gRPC
 		a.log.Debug("peer data path unavailable; copying over gRPC", "peer", ps.Node, "err", err)
 		err = a.receive(cctx, peer, ps, dst, lim)
+	}
+	if err != nil && errors.Is(context.Cause(cctx), errPeerDead) {
+		err = context.Cause(cctx)
 	}
 	done()
 	unmap()

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -72,6 +73,19 @@ func TestPeerCopyFromADeadNodeIsCut(t *testing.T) {
 	}
 	if n := a.peers.cutCopies("paused"); n != 0 {
 		t.Fatalf("a second cut found %d copies", n)
+	}
+	// A copy that starts after the verdict (its order was queued before)
+	// ends before it dials, until the node is back.
+	late, lateDone := a.peers.copyContext(t.Context(), ps.Node)
+	if !errors.Is(context.Cause(late), errPeerDead) {
+		t.Fatalf("a copy from a node declared dead started: %v", context.Cause(late))
+	}
+	lateDone()
+	a.peers.peerBack("paused")
+	back, backDone := a.peers.copyContext(t.Context(), ps.Node)
+	defer backDone()
+	if err := back.Err(); err != nil {
+		t.Fatalf("a copy from a node back again ended before it started: %v", err)
 	}
 }
 

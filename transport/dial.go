@@ -53,7 +53,9 @@ func (s *Security) DialData(ctx context.Context, addr string, expect Expect) (ne
 	cfg := s.clientTLS(expect, ProtoData)
 	cfg.ClientSessionCache = s.sessions // keyed by the server's address
 	tc := tls.Client(c, cfg)
-	if err := tc.HandshakeContext(ctx); err != nil {
+	hctx, cancel := context.WithTimeout(ctx, HandshakeTimeout)
+	defer cancel()
+	if err := tc.HandshakeContext(hctx); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("transport: TLS handshake with %s: %w", addr, err)
 	}

@@ -14,9 +14,12 @@ import (
 	"google.golang.org/grpc/credentials"
 )
 
-// HandshakeTimeout bounds a TLS handshake: a client that opens a
-// connection and sends nothing holds a goroutine this long at most.
-const HandshakeTimeout = 10 * time.Second
+// HandshakeTimeout bounds a TLS handshake, both ways: a client that
+// opens a connection and sends nothing holds a listener's goroutine this
+// long at most, and a data-path dial to a frozen peer (its kernel still
+// accepts the connection, and then nothing answers) fails after it,
+// whatever its caller's context (a replica copy's has no end).
+var HandshakeTimeout = 10 * time.Second
 
 // Listen listens on addr (TCP) as s says: TLS, or plaintext where
 // CheckAddr allows it. what names the listener in the refusal

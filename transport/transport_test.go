@@ -7,6 +7,7 @@ import (
 	"encoding/pem"
 	"io"
 	"log/slog"
+	"net"
 	"net/url"
 	"path/filepath"
 	"strings"
@@ -442,5 +443,35 @@ func TestDataPathResumes(t *testing.T) {
 	// A client that expects another node refuses the resumed session too.
 	if _, err := cli.DialData(context.Background(), l.Addr().String(), ExpectNode("z")); err == nil {
 		t.Fatal("a resumed session skipped the server's identity check")
+	}
+}
+
+// TestDataDialToAFrozenPeerEnds: a peer whose kernel accepts the
+// connection and whose process never answers (a paused node) fails the
+// dial after HandshakeTimeout, even under a context with no end (a
+// replica copy's); before, the copy waited for good, holding the rank's
+// copy lock that a restore of the rank needed.
+func TestDataDialToAFrozenPeerEnds(t *testing.T) {
+	defer func(d time.Duration) { HandshakeTimeout = d }(HandshakeTimeout)
+	HandshakeTimeout = 200 * time.Millisecond
+	p := newPKI(t)
+	cli := p.sec(Identity{RoleNode, "b"})
+	l, err := net.Listen("tcp", "127.0.0.1:0") // accepts (the backlog), never reads
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := cli.DialData(context.Background(), l.Addr().String(), ExpectNode("a"))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "TLS handshake") {
+			t.Fatalf("DialData to a peer that never answers: %v, want a failed TLS handshake", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("DialData to a peer that never answers is still waiting after 10 s")
 	}
 }

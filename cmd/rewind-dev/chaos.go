@@ -52,7 +52,7 @@ func runChaos(ctx context.Context, args []string) error {
 // runChaosTool is `rewind-dev chaos-tool`: what the chaos runner needs done
 // inside the cluster's containers, whose images have no shell.
 func runChaosTool(ctx context.Context, args []string) error {
-	usage := errors.New("usage: rewind-dev chaos-tool fill DIR | unfill DIR | corrupt SHM_ROOT JOB RANK | corrupt-tier TIER URL S3_ENDPOINT JOB STEP RANK | mkbucket ENDPOINT BUCKET")
+	usage := errors.New("usage: rewind-dev chaos-tool fill DIR | unfill DIR | corrupt SHM_ROOT JOB RANK | corrupt-tier TIER URL S3_ENDPOINT JOB STEP RANK | tier-steps TIER URL S3_ENDPOINT JOB | mkbucket ENDPOINT BUCKET")
 	if len(args) < 2 {
 		return usage
 	}
@@ -87,6 +87,12 @@ func runChaosTool(ctx context.Context, args []string) error {
 			return err
 		}
 		return json.NewEncoder(os.Stdout).Encode(done)
+	case args[0] == "tier-steps" && len(args) == 5:
+		steps, err := chaos.TierSteps(ctx, args[1], args[2], args[3], args[4])
+		if err != nil {
+			return err
+		}
+		return json.NewEncoder(os.Stdout).Encode(steps)
 	case args[0] == "mkbucket" && len(args) == 3:
 		if err := chaos.MakeBucket(ctx, args[1], args[2], 2*time.Minute); err != nil {
 			return err

@@ -11,17 +11,25 @@ import (
 	"time"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/internal/clock"
 )
 
 // playAllCopiesCorrupt: every copy of one rank at the newest step
-// durable on S3 is corrupt: its NVMe and S3 copies get a byte flipped,
-// its node is killed (its memory and NVMe die with it), and every
-// replica of that rank in the other nodes' memory gets a byte flipped.
-// The recovery must find no good copy of that rank at that step (nor at
-// the newer steps whose only copies were those replicas), say so, and
-// resume the job whole at the step before that S3 holds intact.
+// durable on S3 is corrupt: its node is killed (its memory and NVMe die
+// with it), its S3 copy gets a byte flipped, and so does every replica of
+// that rank in the other nodes' memory. The recovery must find no good
+// copy of that rank at that step (nor at the newer steps whose only
+// copies were those replicas), say so, and resume the job whole at the
+// step before that S3 holds intact.
+//
+// The coordinator is frozen from just before the kill until the last copy
+// is corrupt, and the step to corrupt is read off S3 itself once the node
+// is dead: otherwise a recovery quicker than the corruption (a loaded
+// machine's docker exec takes seconds) restores from a copy still intact,
+// or a newer step reaches S3 while the older one is being corrupted, and
+// the scenario tests nothing.
 func playAllCopiesCorrupt(ctx context.Context, s *session) error {
-	snap, d, err := s.newS3Step(ctx)
+	snap, _, err := s.newS3Step(ctx)
 	if err != nil {
 		return err
 	}
@@ -30,20 +38,13 @@ func playAllCopiesCorrupt(ctx context.Context, s *session) error {
 	if !ok {
 		return fmt.Errorf("chaos: no rank on %s (placement %v)", victim, snap.Placement())
 	}
-	var before []int64
-	for _, st := range snap.Durable("s3") {
-		if st < d {
-			before = append(before, st)
-		}
-	}
-	if len(before) == 0 {
-		return fmt.Errorf("chaos: no step durable on s3 before step %d (%v)", d, snap.Durable("s3"))
-	}
-	want := slices.Max(before)
-	what := fmt.Sprintf("corrupt rank %d's tier copies of step %d, kill %s, corrupt its replicas", rank, d, victim)
-	var killed time.Time
+	var (
+		killed time.Time
+		c      allCorrupt
+	)
+	what := fmt.Sprintf("kill %s, corrupt rank %d's copies of the newest step on S3 and its replicas", victim, rank)
 	i, err := s.inject(ctx, what, victim, true, func(ctx context.Context) (err error) {
-		killed, err = s.corruptAll(ctx, victim, rank, d, snap)
+		killed, c, err = s.corruptAll(ctx, victim, rank)
 		return err
 	})
 	if err != nil {
@@ -51,15 +52,102 @@ func playAllCopiesCorrupt(ctx context.Context, s *session) error {
 	}
 	s.setFaultAt(i, killed)
 	s.mu.Lock()
-	s.ev.Corrupted = append(s.ev.Corrupted, d)
-	s.hist.Add(Op{At: s.ev.Faults[i].At, Client: "chaos", Job: s.cfg.Job, Kind: OpRemoved, Step: d, Why: "every copy of rank corrupted"})
+	for _, d := range c.corrupt {
+		s.ev.Corrupted = append(s.ev.Corrupted, d)
+		s.hist.Add(Op{At: killed, Client: "chaos", Job: s.cfg.Job, Kind: OpRemoved, Step: d, Why: "every copy of rank corrupted"})
+	}
 	s.mu.Unlock()
 	ev, err := s.waitRecovery(ctx, 1, 90*time.Second)
 	if err != nil {
 		return err
 	}
-	s.check(skippedReported(ev, d, rank, want))
+	s.check(skippedReported(ev, slices.Max(c.corrupt), rank, c.want))
 	return s.trainOn(ctx, ev.Step, progressSteps)
+}
+
+// allCorrupt is what corruptAll did: the steps on S3 whose copy of the
+// rank it corrupted, and the newest step S3 holds intact before them.
+type allCorrupt struct {
+	corrupt []int64
+	want    int64
+}
+
+// corruptAll freezes the coordinator, kills the victim, corrupts rank's
+// copy of the newest step on S3 (and of any newer one that lands while it
+// does: a push in flight at the kill), then every replica of rank in the
+// other nodes' memory (no new one can come: the rank is dead), and thaws
+// the coordinator. It returns when the victim was killed.
+func (s *session) corruptAll(ctx context.Context, victim string, rank uint32) (killed time.Time, c allCorrupt, err error) {
+	if err := s.c.Pause(ctx, svcCoordinator); err != nil {
+		return killed, c, fmt.Errorf("freezing the coordinator: %w", err)
+	}
+	defer func() {
+		if uerr := s.c.Unpause(context.WithoutCancel(ctx), svcCoordinator); uerr != nil && err == nil {
+			err = fmt.Errorf("thawing the coordinator: %w", uerr)
+		}
+	}()
+	killed = time.Now()
+	if err := s.c.Kill(ctx, victim); err != nil {
+		return killed, c, err
+	}
+	var other string
+	for _, n := range nodeServices {
+		if n != victim {
+			other = n
+			break
+		}
+	}
+	var done []string
+	for range 5 { // until no newer step lands: pushes in flight at the kill are few and short
+		steps, err := s.tierSteps(ctx, other)
+		if err != nil {
+			return killed, c, err
+		}
+		if len(steps) == 0 || slices.Contains(c.corrupt, slices.Max(steps)) {
+			break
+		}
+		d := slices.Max(steps)
+		out, err := s.c.Exec(ctx, other, "/rewind-dev", "chaos-tool", "corrupt-tier", "s3", "s3://rewind/chaos",
+			"http://minio:9000", s.cfg.Job, fmt.Sprint(d), fmt.Sprint(rank))
+		if err != nil {
+			return killed, c, fmt.Errorf("corrupting the s3 copy of step %d: %w", d, err)
+		}
+		c.corrupt = append(c.corrupt, d)
+		done = append(done, fmt.Sprintf("s3 step %d: %s", d, strings.TrimSpace(string(out))))
+		if err := clock.Sleep(ctx, 300*time.Millisecond); err != nil {
+			return killed, c, err
+		}
+	}
+	steps, err := s.tierSteps(ctx, other)
+	if err != nil {
+		return killed, c, err
+	}
+	c.want = -1
+	for _, st := range steps {
+		if len(c.corrupt) > 0 && st < slices.Min(c.corrupt) {
+			c.want = max(c.want, st)
+		}
+	}
+	if len(c.corrupt) == 0 || c.want < 0 {
+		return killed, c, fmt.Errorf("chaos: S3 holds steps %v: none to corrupt with an older one beside it", steps)
+	}
+	mem, err := s.corruptReplicas(ctx, victim, rank)
+	s.logf("corrupted: %s", strings.Join(append(done, mem...), "; "))
+	return killed, c, err
+}
+
+// tierSteps lists the job's steps with a whole copy on S3, asking from
+// node n.
+func (s *session) tierSteps(ctx context.Context, n string) ([]int64, error) {
+	out, err := s.c.Exec(ctx, n, "/rewind-dev", "chaos-tool", "tier-steps", "s3", "s3://rewind/chaos", "http://minio:9000", s.cfg.Job)
+	if err != nil {
+		return nil, fmt.Errorf("listing the steps on s3: %w", err)
+	}
+	var steps []int64
+	if err := json.Unmarshal(out, &steps); err != nil {
+		return nil, fmt.Errorf("listing the steps on s3: %q: %w", out, err)
+	}
+	return steps, nil
 }
 
 // newS3Step waits until a new step is durable on S3, and returns the
@@ -77,45 +165,6 @@ func (s *session) newS3Step(ctx context.Context) (*Snapshot, int64, error) {
 		return nil, 0, err
 	}
 	return snap, newest(snap.Durable("s3")), nil
-}
-
-// corruptAll corrupts rank's copies of step on the victim's NVMe and on
-// S3, kills the victim, then corrupts every replica of rank in the other
-// nodes' memory (no new one can come: the rank is dead). The coordinator
-// is frozen from just before the kill until the last replica is
-// corrupt: otherwise a recovery quicker than the corruption (a loaded
-// machine's docker exec takes seconds) restores the newest step from a
-// replica still intact, and the scenario tests nothing. It returns when
-// the victim was killed.
-func (s *session) corruptAll(ctx context.Context, victim string, rank uint32, step int64, snap *Snapshot) (killed time.Time, err error) {
-	var done []string
-	tierURL := map[string]string{"nvme": "file:///nvme/rewind", "s3": "s3://rewind/chaos"}
-	for _, tier := range []string{"nvme", "s3"} {
-		if !durableOn(snap.Step(step), tier) {
-			continue
-		}
-		out, err := s.c.Exec(ctx, victim, "/rewind-dev", "chaos-tool", "corrupt-tier", tier, tierURL[tier],
-			"http://minio:9000", s.cfg.Job, fmt.Sprint(step), fmt.Sprint(rank))
-		if err != nil {
-			return killed, fmt.Errorf("corrupting the %s copy: %w", tier, err)
-		}
-		done = append(done, tier+": "+strings.TrimSpace(string(out)))
-	}
-	if err := s.c.Pause(ctx, svcCoordinator); err != nil {
-		return killed, fmt.Errorf("freezing the coordinator: %w", err)
-	}
-	defer func() {
-		if uerr := s.c.Unpause(context.WithoutCancel(ctx), svcCoordinator); uerr != nil && err == nil {
-			err = fmt.Errorf("thawing the coordinator: %w", uerr)
-		}
-	}()
-	killed = time.Now()
-	if err := s.c.Kill(ctx, victim); err != nil {
-		return killed, err
-	}
-	mem, err := s.corruptReplicas(ctx, victim, rank)
-	s.logf("corrupted: %s", strings.Join(append(done, mem...), "; "))
-	return killed, err
 }
 
 // corruptReplicas corrupts every replica of rank in the memory of the

@@ -31,7 +31,7 @@ var scenarios = []scenario{
 	{"coordinator-regang", "a rank's node killed, the coordinator exits in the middle of the recovery (fault coordinator/before-regang), restarted", false, playCoordinatorRegang},
 	{"agent-transfer", "a rank's node exits after a tier upload, before its manifest (fault agent/tier-uploaded)", false, playAgentTransfer},
 	{"two-nodes", "two rank nodes killed one after the other, each recovered", false, playTwoNodes},
-	{"all-copies-corrupt", "every copy of one rank at the newest step durable on S3 corrupt (tiers and replicas; the coordinator frozen from the kill until the replicas are corrupt), its node killed: the job resumes whole at the step before", false, playAllCopiesCorrupt},
+	{"all-copies-corrupt", "every copy of one rank at the newest step durable on S3 corrupt (its node killed with its memory and NVMe, its S3 copy and replicas corrupted, the coordinator frozen meanwhile): the job resumes whole at the step before", false, playAllCopiesCorrupt},
 	{"hostile-client", "garbage on every daemon's TCP ports and adversarial gRPC calls while the job trains: training must not notice", false, playHostileClient},
 }
 

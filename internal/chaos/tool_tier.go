@@ -21,6 +21,22 @@ func (m memObject) ReadAt(p []byte, off int64) (int, error) {
 	return copy(p, m[off:]), nil
 }
 
+// TierSteps lists the steps of job with a manifest on a tier (a whole
+// copy), oldest first.
+func TierSteps(ctx context.Context, tier, rawURL, endpoint, job string) ([]int64, error) {
+	cfg := tiers.DefaultS3Config()
+	cfg.Endpoint = endpoint
+	st, err := tiers.Open(tiers.Name(tier), rawURL, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("chaos: tier-steps: %w", err)
+	}
+	steps, err := tiers.Steps(ctx, st, job)
+	if err != nil {
+		return nil, fmt.Errorf("chaos: tier-steps: %s: %w", st, err)
+	}
+	return steps, nil
+}
+
 // CorruptTier flips one byte in the tensor data of rank's shard of step
 // on a tier (tier URL as the agent's --tier takes it, endpoint for S3):
 // the object is read, changed and put back whole, so that its manifest

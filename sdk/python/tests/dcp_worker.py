@@ -6,7 +6,9 @@ ACTION: save (dcp.save through rewind.dcp.Writer), async_save
 (dcp.async_save), load (dcp.load through rewind.dcp.Reader, compared with
 the reference the save wrote), fs_save DIR (FileSystemWriter, for the
 benchmark). The agent's socket and the job come from REWIND_SOCKET and
-REWIND_JOB. A rank writes what it measured to OUT/rank-N.json.
+REWIND_JOB; REWIND_DCP_DEVICE=cuda puts the state on the GPUs (NCCL, one
+GPU per rank), else the CPU (gloo). A rank writes what it measured to
+OUT/rank-N.json.
 
 The state: a model of DTensor parameters on a CPU device mesh (Shard(0),
 Shard(1) and Replicate placements, dimensions that do not divide by 3),
@@ -92,16 +94,22 @@ def flat(d, prefix=""):
 
 
 def whole(v):
-    return v.full_tensor() if isinstance(v, DTensor) else v
+    """The full value on the CPU (a reference compares across devices)."""
+    v = v.full_tensor() if isinstance(v, DTensor) else v
+    return v.cpu() if isinstance(v, torch.Tensor) else v
 
 
 def main() -> None:
     faulthandler.dump_traceback_later(240, exit=True)  # a hung rank prints where, and ends
     action, rank, world, port, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     step = int(sys.argv[6]) if len(sys.argv) > 6 else 1
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    mesh = init_device_mesh("cpu", (world,))
-    res: dict = {"rank": rank}
+    device = os.environ.get("REWIND_DCP_DEVICE", "cpu")  # cuda: NCCL, one GPU a rank
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=world)
+    mesh = init_device_mesh(device, (world,))
+    res: dict = {"rank": rank, "device": device}
     if action in ("save", "async_save", "fs_save"):
         model, opt = build(mesh, True)
         sd = state(model, opt, True)
@@ -133,6 +141,7 @@ def main() -> None:
         res["loaded_step"] = reader.loaded_step
         res["saved_world_size"] = reader.saved_world_size
         res["placements"] = {n: str(p.placements) for n, p in model.named_parameters()}
+        res["param_device"] = str(next(model.parameters()).device)
     else:
         raise SystemExit(f"unknown action {action}")
     with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
