@@ -25,7 +25,7 @@ const fallbackPolicy = "nvme:every=1,keep=4;pfs:every=1,keep=4"
 // fileTierCluster is a coordinator and agents on loopback, each agent with
 // a file tier as its NVMe (a directory of its own) and one shared
 // directory as the parallel filesystem; no object store.
-func fileTierCluster(t *testing.T, nodes int, policy string) *tierCluster {
+func fileTierCluster(t *testing.T, nodes int, policy string, mods ...func(node int, cfg *agent.Config)) *tierCluster {
 	p, err := tiers.ParsePolicy(policy)
 	if err != nil {
 		t.Fatal(err)
@@ -50,6 +50,9 @@ func fileTierCluster(t *testing.T, nodes int, policy string) *tierCluster {
 			cfg.Node = fmt.Sprintf("node-%d", i)
 			cfg.Stores = map[tiers.Name]tiers.Store{"nvme": tc.storeOf(i, "nvme"), "pfs": tc.storeOf(i, "pfs")}
 			cfg.TransferBackoff = 50 * time.Millisecond
+			for _, mod := range mods {
+				mod(i, cfg)
+			}
 			tc.cfgs = append(tc.cfgs, *cfg)
 		})
 	}
@@ -347,6 +350,51 @@ func TestRecoveryFallsBackPastACorruptStep(t *testing.T) {
 	if len(ev.Skipped) != 1 || ev.Skipped[0].Step != 5 || len(ev.Skipped[0].Ranks) != 1 || ev.Skipped[0].Ranks[0].Rank != 0 ||
 		len(ev.Skipped[0].Ranks[0].Copies) != 1 || ev.Skipped[0].Ranks[0].Copies[0].Copy != "pfs:-" || !ev.Skipped[0].Ranks[0].Copies[0].Corrupt {
 		t.Fatalf("steps the recovery passed over: %v, want step 5 for rank 0's pfs:- copy", ev.Skipped)
+	}
+	tc.checkRestoredAt(job, 4, map[uint32]int{0: 2, 1: 1})
+}
+
+// TestRecoveryFallsBackTwoStepsOntoFullSlots: node-0 dies; rank 0's
+// only other copies of steps 6 and 5 (the shared filesystem's) are
+// corrupt, so the recovery falls back twice, to step 4. Rank 1 was in
+// the middle of saving step 7 (prepared, not committed): its node's two
+// slots hold step 6, its latest, and the save in progress, and steps 5
+// and 4 only on its tiers, so restoring either needs a slot that only
+// the steps after it hold. The abort follows the restore back (each
+// fallback discards the steps after the older step on every node), so
+// the slot is free and step 4 restores (the chaos suite's
+// all-copies-corrupt found the restore refused "all slots hold").
+func TestRecoveryFallsBackTwoStepsOntoFullSlots(t *testing.T) {
+	const job = "recover18b"
+	const segment = 8192 // a shard of rankData's size
+	tc := fileTierCluster(t, 3, fallbackPolicy, func(node int, cfg *agent.Config) {
+		if node == 1 {
+			cfg.BudgetBytes = 2 * segment // two slots, no room for an extra one
+		}
+	})
+	tc.saveOnTiers(job, 0, 6)
+	if _, err := tc.clients[1].API().Prepare(ctxT(t), &agentpb.PrepareRequest{Job: job, Rank: 1, WorldSize: 2, Step: 7,
+		SizeBytes: segment}); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []int64{5, 6} {
+		testcluster.Flip(t, filepath.Join(tc.pfs, filepath.FromSlash(tiers.ShardName(job, step, 0))), -100)
+	}
+	events := tc.watch(job)
+	tc.agents[0].Stop()
+	if _, err := tc.api.NodeDown(ctxT(t), &coordpb.NodeDownRequest{Node: "node-0", Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	ev := nextEvent(t, events)
+	if !ev.Ok || ev.Step != 4 {
+		t.Fatalf("recovery event: %v, want a re-gang at step 4", ev)
+	}
+	var skipped []int64
+	for _, u := range ev.Skipped {
+		skipped = append(skipped, u.Step)
+	}
+	if !slices.Equal(skipped, []int64{6, 5}) {
+		t.Fatalf("steps the recovery passed over: %v, want 6 and 5", skipped)
 	}
 	tc.checkRestoredAt(job, 4, map[uint32]int{0: 2, 1: 1})
 }

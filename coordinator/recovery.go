@@ -192,7 +192,17 @@ func (c *Coordinator) recoverJob(ctx context.Context, job, node, reason string, 
 		return
 	}
 	c.gangOrders(job, coordpb.OrderKind_ORDER_KIND_ABORT, aborted, ev.Reason)
-	plan, stage, err := c.restore(ctx, job, -1, placement, plan)
+	plan, stage, err := c.restore(ctx, job, -1, placement, plan, func(older int64) error {
+		// The fence and the abort follow the restore back: the steps
+		// after the older one are the left epoch's, and their slots are
+		// wanted for its restore.
+		if err := c.resumeEpochFrom(job, older); err != nil {
+			return err
+		}
+		c.gangOrders(job, coordpb.OrderKind_ORDER_KIND_ABORT, older, ev.Reason)
+		aborted = older
+		return nil
+	})
 	if err != nil {
 		c.failRegang(ev, err)
 		return

@@ -44,7 +44,7 @@ func (c *Coordinator) RestartJob(ctx context.Context, job string, step int64, wh
 		return plan, nil
 	}
 	planned := plan.Step
-	plan, stage, err := c.restore(ctx, job, step, placement, plan)
+	plan, stage, err := c.restore(ctx, job, step, placement, plan, nil)
 	if err != nil {
 		return nil, err
 	}

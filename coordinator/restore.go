@@ -210,7 +210,7 @@ func (c *Coordinator) Restore(ctx context.Context, job string, step int64, who s
 	lock := c.jobLock(job)
 	lock.Lock()
 	defer lock.Unlock()
-	plan, stage, err := c.restore(ctx, job, step, nil, nil)
+	plan, stage, err := c.restore(ctx, job, step, nil, nil, nil)
 	if err != nil {
 		c.log.Warn("restore", "job", job, "step", step, "requested_by", who, "ok", false, "err", err)
 		return nil, err

@@ -45,10 +45,14 @@ const maxFallback = 16
 // restore stages job's step (the newest restorable one when step < 0)
 // onto placement (nil: the job's), falling back to older steps as the
 // package comment says; first, when set, is the plan of the first step to
-// try. It returns the plan with every rank staged (plan.Ok) and the stage
-// to switch to or free; or a plan with ok false, every rank saying why and
-// nothing staged; or an error when no step was left to try.
-func (c *Coordinator) restore(ctx context.Context, job string, step int64, placement map[uint32]string, first *coordpb.PlanRestoreResponse) (*coordpb.PlanRestoreResponse, string, error) {
+// try. fellBack, when set, is told each older step before it is staged (a
+// recovery's abort moves there: the agents discard the steps after it,
+// whose slots the older step's restore may need). It returns the plan
+// with every rank staged (plan.Ok) and the stage to switch to or free; or
+// a plan with ok false, every rank saying why and nothing staged; or an
+// error when no step was left to try.
+func (c *Coordinator) restore(ctx context.Context, job string, step int64, placement map[uint32]string, first *coordpb.PlanRestoreResponse,
+	fellBack func(step int64) error) (*coordpb.PlanRestoreResponse, string, error) {
 	start := time.Now()
 	var found []*coordpb.UnrestorableStep // by this restore, newest first
 	plan := first
@@ -59,6 +63,11 @@ func (c *Coordinator) restore(ctx context.Context, job string, step int64, place
 				return nil, "", err
 			}
 			plan = p
+			if fellBack != nil {
+				if err := fellBack(plan.Step); err != nil {
+					return nil, "", err
+				}
+			}
 		}
 		if slices.ContainsFunc(found, func(u *coordpb.UnrestorableStep) bool { return u.Step == plan.Step }) {
 			return nil, "", fmt.Errorf("coordinator: restore of job %s: step %d was found unrestorable, but the mark was not recorded: %s", job, plan.Step, skippedText(found))
