@@ -26,9 +26,12 @@ type Fault struct {
 	// Lost: the node is lost to the job (killed, hung, cut off), so a
 	// recovery must follow.
 	Lost bool
-	// Before is the coordinator's view right before the fault.
-	Before *Snapshot
-	Healed time.Time // when it was undone; zero if never
+	// Before is the coordinator's view right before the fault, or, for
+	// a fault point armed to fire later (Delayed), right before arming:
+	// the job trained on meanwhile.
+	Before  *Snapshot
+	Delayed bool
+	Healed  time.Time // when it was undone; zero if never
 }
 
 // Evidence is everything the checks judge, gathered during a scenario.
@@ -258,7 +261,10 @@ func checkNewestRestorable(e *Evidence) Check {
 		want := e.Faults[i].Before.NewestRestorable(e.lostBefore(i))
 		got := e.Recoveries[k].Step
 		parts = append(parts, fmt.Sprintf("step %d (newest restorable before %s: %d)", got, e.Faults[i].What, want))
-		if got < want && slices.ContainsFunc(e.Recoveries[k].Skipped, func(u *coordpb.UnrestorableStep) bool { return u.Step == want && copyFailed(u) }) {
+		excused := func(u *coordpb.UnrestorableStep) bool {
+			return u.Step == want && (copyFailed(u) || e.Faults[i].Delayed)
+		}
+		if got < want && slices.ContainsFunc(e.Recoveries[k].Skipped, excused) {
 			parts[len(parts)-1] += fmt.Sprintf(", which it reported unrestorable, as %d other steps", len(e.Recoveries[k].Skipped)-1)
 			continue
 		}
@@ -278,7 +284,9 @@ func checkNewestRestorable(e *Evidence) Check {
 // fail (found corrupt, or on a node that went down): a reason for not
 // restoring a step that was restorable at the fault. A step whose only
 // reason is a rank with no copy left lost its last copies after the
-// fault, to the product's own slot reuse or deletion: no excuse.
+// fault, to the product's own slot reuse or deletion: no excuse, unless
+// the fault's view is older than the fault (Delayed), and the ranks
+// trained on, reusing slots, in between.
 func copyFailed(u *coordpb.UnrestorableStep) bool {
 	for _, r := range u.Ranks {
 		if slices.ContainsFunc(r.Copies, func(c *coordpb.CopyFailure) bool { return c.Copy != "" }) {

@@ -228,6 +228,11 @@ func TestCheckNewestRestorable(t *testing.T) {
 	if c := checkNewestRestorable(&f.ev); c.OK {
 		t.Fatalf("a restore that passed over a step whose copies were reused passed: %q", c.Detail)
 	}
+	f.ev.Faults[0].Delayed = true // the view is of the arming: the ranks trained on since
+	if c := checkNewestRestorable(&f.ev); !c.OK {
+		t.Fatalf("a delayed fault's restore that passed over a step whose copies were reused since failed: %q", c.Detail)
+	}
+	f.ev.Faults[0].Delayed = false
 	gone.Ranks[0].Copies = append(gone.Ranks[0].Copies, &coordpb.CopyFailure{Copy: "shm:node1", Error: "its checksum did not match", Corrupt: true})
 	if c := checkNewestRestorable(&f.ev); !c.OK {
 		t.Fatalf("a restore that passed over a step with a corrupt copy failed: %q", c.Detail)

@@ -50,8 +50,8 @@ func playAllCopiesCorrupt(ctx context.Context, s *session) error {
 	if err != nil {
 		return err
 	}
-	s.setFaultAt(i, killed)
 	s.mu.Lock()
+	s.ev.Faults[i].At = killed // the view was taken right before: not a delayed fault
 	for _, d := range c.corrupt {
 		s.ev.Corrupted = append(s.ev.Corrupted, d)
 		s.hist.Add(Op{At: killed, Client: "chaos", Job: s.cfg.Job, Kind: OpRemoved, Step: d, Why: "every copy of rank corrupted"})

@@ -184,11 +184,11 @@ func (s *session) inject(ctx context.Context, what, node string, lost bool, do f
 }
 
 // setFaultAt corrects when fault i took effect (a fault point fired
-// after it was armed).
+// after it was armed): its view is the arming's (Delayed).
 func (s *session) setFaultAt(i int, at time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.ev.Faults[i].At = at
+	s.ev.Faults[i].At, s.ev.Faults[i].Delayed = at, true
 }
 
 // heal undoes fault i.
