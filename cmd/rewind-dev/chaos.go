@@ -52,7 +52,7 @@ func runChaos(ctx context.Context, args []string) error {
 // runChaosTool is `rewind-dev chaos-tool`: what the chaos runner needs done
 // inside the cluster's containers, whose images have no shell.
 func runChaosTool(ctx context.Context, args []string) error {
-	usage := errors.New("usage: rewind-dev chaos-tool fill DIR | unfill DIR | corrupt SHM_ROOT JOB RANK | corrupt-tier TIER URL S3_ENDPOINT JOB STEP RANK | tier-steps TIER URL S3_ENDPOINT JOB | mkbucket ENDPOINT BUCKET")
+	usage := errors.New("usage: rewind-dev chaos-tool fill DIR | unfill DIR | corrupt SHM_ROOT JOB RANK [AFTER_STEP] | corrupt-tier TIER URL S3_ENDPOINT JOB STEP RANK | tier-steps TIER URL S3_ENDPOINT JOB | mkbucket ENDPOINT BUCKET")
 	if len(args) < 2 {
 		return usage
 	}
@@ -63,12 +63,18 @@ func runChaosTool(ctx context.Context, args []string) error {
 		return err
 	case args[0] == "unfill" && len(args) == 2:
 		return chaos.Unfill(args[1])
-	case args[0] == "corrupt" && len(args) == 4:
+	case args[0] == "corrupt" && (len(args) == 4 || len(args) == 5):
 		rank, err := strconv.ParseUint(args[3], 10, 32)
 		if err != nil {
 			return fmt.Errorf("rank %q: %w", args[3], err)
 		}
-		done, err := chaos.Corrupt(args[1], args[2], uint32(rank))
+		after := int64(-1)
+		if len(args) == 5 {
+			if after, err = strconv.ParseInt(args[4], 10, 64); err != nil {
+				return fmt.Errorf("after step %q: %w", args[4], err)
+			}
+		}
+		done, err := chaos.Corrupt(args[1], args[2], uint32(rank), after)
 		if err != nil {
 			return err
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/internal/clock"
 )
 
 // playCorruptReplica: with two replicas of every shard, a rank's node
@@ -19,21 +20,21 @@ import (
 // is the cheapest source: the restore must notice the bad checksum and
 // fall back to the intact replica on another node. The hung node is then
 // thawed and must commit nothing of the old gang.
+//
+// The coordinator is frozen meanwhile, and the rank's copies on the other
+// nodes of steps newer than any the spare holds are corrupted too: a step
+// whose replica to the spare was still in flight at the pause would
+// otherwise be restored from the other node, and the fallback never
+// tried.
 func playCorruptReplica(ctx context.Context, s *session) error {
 	spare, victim, rank, err := s.corruptSetup(ctx)
 	if err != nil {
 		return err
 	}
 	var corrupted []Corrupted
-	i, err := s.inject(ctx, fmt.Sprintf("pause %s, corrupt rank %d's copies on %s", victim, rank, spare), victim, true, func(ctx context.Context) error {
-		if err := s.c.Pause(ctx, victim); err != nil {
-			return err
-		}
-		out, err := s.c.Exec(ctx, spare, "/rewind-dev", "chaos-tool", "corrupt", "/dev/shm/rewind", s.cfg.Job, fmt.Sprint(rank))
-		if err != nil {
-			return err
-		}
-		return json.Unmarshal(out, &corrupted)
+	i, err := s.inject(ctx, fmt.Sprintf("pause %s, corrupt rank %d's copies on %s", victim, rank, spare), victim, true, func(ctx context.Context) (err error) {
+		corrupted, err = s.corruptOnSpare(ctx, spare, victim, rank)
+		return err
 	})
 	if err != nil {
 		return err
@@ -56,6 +57,58 @@ func playCorruptReplica(ctx context.Context, s *session) error {
 		return err
 	}
 	return s.trainOn(ctx, after.LatestConsistent(), progressSteps)
+}
+
+// corruptOnSpare freezes the coordinator, pauses the victim, lets the
+// copies in flight land, corrupts every copy of rank on the spare and, on
+// the other live nodes, those of steps newer than the spare's newest, and
+// thaws the coordinator. It returns what it corrupted on the spare.
+func (s *session) corruptOnSpare(ctx context.Context, spare, victim string, rank uint32) (corrupted []Corrupted, err error) {
+	if err := s.c.Pause(ctx, svcCoordinator); err != nil {
+		return nil, fmt.Errorf("freezing the coordinator: %w", err)
+	}
+	defer func() {
+		if uerr := s.c.Unpause(context.WithoutCancel(ctx), svcCoordinator); uerr != nil && err == nil {
+			err = fmt.Errorf("thawing the coordinator: %w", uerr)
+		}
+	}()
+	if err := s.c.Pause(ctx, victim); err != nil {
+		return nil, err
+	}
+	if err := clock.Sleep(ctx, 300*time.Millisecond); err != nil {
+		return nil, err
+	}
+	out, err := s.c.Exec(ctx, spare, "/rewind-dev", "chaos-tool", "corrupt", "/dev/shm/rewind", s.cfg.Job, fmt.Sprint(rank))
+	if err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal(out, &corrupted); err != nil {
+		return nil, err
+	}
+	held := int64(-1)
+	for _, c := range corrupted {
+		held = max(held, c.Step)
+	}
+	for _, n := range nodeServices {
+		if n == spare || n == victim {
+			continue
+		}
+		out, err := s.c.Exec(ctx, n, "/rewind-dev", "chaos-tool", "corrupt", "/dev/shm/rewind", s.cfg.Job, fmt.Sprint(rank), fmt.Sprint(held))
+		if err != nil {
+			if strings.Contains(err.Error(), "no such file") {
+				continue // holds no copy of that rank
+			}
+			return corrupted, fmt.Errorf("corrupting rank %d's copies after step %d on %s: %w", rank, held, n, err)
+		}
+		var newer []Corrupted
+		if err := json.Unmarshal(out, &newer); err != nil {
+			return corrupted, fmt.Errorf("corrupting on %s: %q: %w", n, out, err)
+		}
+		if len(newer) > 0 {
+			s.logf("corrupted on %s, newer than the spare's: %+v", n, newer)
+		}
+	}
+	return corrupted, nil
 }
 
 // corruptSetup gives the job two replicas per shard and picks the spare

@@ -112,11 +112,12 @@ type Corrupted struct {
 }
 
 // Corrupt flips one byte in the tensor data of every committed segment of
-// a rank under a shared-memory root (the agent's slots.json names them),
-// in place: the agent's mapping sees it, as it would see memory rotting
-// after the agent verified the shard. Reading the shard must now fail its
-// checksum.
-func Corrupt(shmRoot, job string, rank uint32) ([]Corrupted, error) {
+// a rank under a shared-memory root (the agent's slots.json names them)
+// of a step after after (-1: every one), in place: the agent's mapping
+// sees it, as it would see memory rotting after the agent verified the
+// shard. Reading the shard must now fail its checksum. With after < 0,
+// a rank with no committed segment is an error.
+func Corrupt(shmRoot, job string, rank uint32, after int64) ([]Corrupted, error) {
 	paths := shm.Paths{Root: shmRoot}
 	b, err := os.ReadFile(paths.SlotsFile(job, rank))
 	if err != nil {
@@ -135,7 +136,7 @@ func Corrupt(shmRoot, job string, rank uint32) ([]Corrupted, error) {
 	}
 	var out []Corrupted
 	for _, s := range sf.Slots {
-		if s.State != "committed" {
+		if s.State != "committed" || s.Step <= after {
 			continue
 		}
 		off, err := flipData(paths.Segment(job, rank, s.Slot), s.Size)
@@ -144,7 +145,7 @@ func Corrupt(shmRoot, job string, rank uint32) ([]Corrupted, error) {
 		}
 		out = append(out, Corrupted{Slot: s.Slot, Step: s.Step, Offset: off})
 	}
-	if len(out) == 0 {
+	if len(out) == 0 && after < 0 {
 		return nil, fmt.Errorf("chaos: corrupt: job %s rank %d has no committed segment under %s", job, rank, shmRoot)
 	}
 	return out, nil
