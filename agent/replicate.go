@@ -42,10 +42,11 @@ var errPeerDead = errors.New("the peer was declared dead")
 // unregisters it.
 func (p *peers) copyContext(ctx context.Context, node string) (context.Context, func()) {
 	cctx, cancel := context.WithCancelCause(ctx)
+	dead := fmt.Errorf("agent: copy from %s: %w", node, errPeerDead)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.dead[node] {
-		cancel(fmt.Errorf("agent: copy from %s: %w", node, errPeerDead))
+		cancel(dead)
 		return cctx, func() {}
 	}
 	if p.copying == nil {
@@ -54,7 +55,7 @@ func (p *peers) copyContext(ctx context.Context, node string) (context.Context, 
 	if p.copying[node] == nil {
 		p.copying[node] = map[*context.CancelFunc]bool{}
 	}
-	stop := context.CancelFunc(func() { cancel(fmt.Errorf("agent: copy from %s: %w", node, errPeerDead)) })
+	stop := context.CancelFunc(func() { cancel(dead) })
 	p.copying[node][&stop] = true
 	return cctx, func() {
 		p.mu.Lock()

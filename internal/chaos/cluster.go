@@ -221,10 +221,7 @@ func (c *Cluster) SaveLogs(ctx context.Context, dir string) error {
 // Faults arms a fault spec on a daemon (PUT /debug/faults on its metrics
 // port); an empty spec disarms everything.
 func (c *Cluster) Faults(ctx context.Context, svc, spec string) error {
-	port := c.Ports.Nodes[svc]
-	if svc == svcCoordinator {
-		port = c.Ports.CoordMetrics
-	}
+	port := c.metricsPort(svc)
 	method := http.MethodPut
 	if spec == "" {
 		method = http.MethodDelete
@@ -234,10 +231,7 @@ func (c *Cluster) Faults(ctx context.Context, svc, spec string) error {
 
 // FaultHits returns how often a daemon's fault point fired.
 func (c *Cluster) FaultHits(ctx context.Context, svc, point string) (uint64, error) {
-	port := c.Ports.Nodes[svc]
-	if svc == svcCoordinator {
-		port = c.Ports.CoordMetrics
-	}
+	port := c.metricsPort(svc)
 	var body bytes.Buffer
 	if err := c.httpDo(ctx, http.MethodGet, port, "", &body); err != nil {
 		return 0, err
@@ -245,15 +239,20 @@ func (c *Cluster) FaultHits(ctx context.Context, svc, point string) (uint64, err
 	return parseHits(body.Bytes(), point)
 }
 
+// metricsPort is the published port of a daemon's metrics address,
+// where its debug endpoints are served.
+func (c *Cluster) metricsPort(svc string) int {
+	if svc == svcCoordinator {
+		return c.Ports.CoordMetrics
+	}
+	return c.Ports.Nodes[svc]
+}
+
 // Goroutines returns a running daemon's goroutines' stacks (its
 // metrics port's debug endpoint, served with fault injection on).
 func (c *Cluster) Goroutines(ctx context.Context, svc string) ([]byte, error) {
-	port := c.Ports.Nodes[svc]
-	if svc == svcCoordinator {
-		port = c.Ports.CoordMetrics
-	}
 	var body bytes.Buffer
-	err := c.httpPath(ctx, http.MethodGet, port, metricsrv.GoroutinesPath, "", &body)
+	err := c.httpPath(ctx, http.MethodGet, c.metricsPort(svc), metricsrv.GoroutinesPath, "", &body)
 	return body.Bytes(), err
 }
 

@@ -29,7 +29,7 @@ import (
 // or a newer step reaches S3 while the older one is being corrupted, and
 // the scenario tests nothing.
 func playAllCopiesCorrupt(ctx context.Context, s *session) error {
-	snap, _, err := s.newS3Step(ctx)
+	snap, err := s.newS3Step(ctx)
 	if err != nil {
 		return err
 	}
@@ -78,17 +78,18 @@ type allCorrupt struct {
 // other nodes' memory (no new one can come: the rank is dead), and thaws
 // the coordinator. It returns when the victim was killed.
 func (s *session) corruptAll(ctx context.Context, victim string, rank uint32) (killed time.Time, c allCorrupt, err error) {
-	if err := s.c.Pause(ctx, svcCoordinator); err != nil {
-		return killed, c, fmt.Errorf("freezing the coordinator: %w", err)
-	}
-	defer func() {
-		if uerr := s.c.Unpause(context.WithoutCancel(ctx), svcCoordinator); uerr != nil && err == nil {
-			err = fmt.Errorf("thawing the coordinator: %w", uerr)
-		}
-	}()
-	killed = time.Now()
+	err = s.whileFrozen(ctx, func() (kerr error) {
+		killed = time.Now()
+		c, kerr = s.killAndCorrupt(ctx, victim, rank)
+		return kerr
+	})
+	return killed, c, err
+}
+
+// killAndCorrupt is corruptAll's work while the coordinator is frozen.
+func (s *session) killAndCorrupt(ctx context.Context, victim string, rank uint32) (c allCorrupt, err error) {
 	if err := s.c.Kill(ctx, victim); err != nil {
-		return killed, c, err
+		return c, err
 	}
 	var other string
 	for _, n := range nodeServices {
@@ -101,39 +102,45 @@ func (s *session) corruptAll(ctx context.Context, victim string, rank uint32) (k
 	for range 5 { // until no newer step lands: pushes in flight at the kill are few and short
 		steps, err := s.tierSteps(ctx, other)
 		if err != nil {
-			return killed, c, err
+			return c, err
 		}
-		if len(steps) == 0 || slices.Contains(c.corrupt, slices.Max(steps)) {
+		if len(steps) == 0 {
 			break
 		}
 		d := slices.Max(steps)
+		if slices.Contains(c.corrupt, d) {
+			break
+		}
 		out, err := s.c.Exec(ctx, other, "/rewind-dev", "chaos-tool", "corrupt-tier", "s3", "s3://rewind/chaos",
 			"http://minio:9000", s.cfg.Job, fmt.Sprint(d), fmt.Sprint(rank))
 		if err != nil {
-			return killed, c, fmt.Errorf("corrupting the s3 copy of step %d: %w", d, err)
+			return c, fmt.Errorf("corrupting the s3 copy of step %d: %w", d, err)
 		}
 		c.corrupt = append(c.corrupt, d)
 		done = append(done, fmt.Sprintf("s3 step %d: %s", d, strings.TrimSpace(string(out))))
 		if err := clock.Sleep(ctx, 300*time.Millisecond); err != nil {
-			return killed, c, err
+			return c, err
 		}
 	}
 	steps, err := s.tierSteps(ctx, other)
 	if err != nil {
-		return killed, c, err
+		return c, err
 	}
 	c.want = -1
-	for _, st := range steps {
-		if len(c.corrupt) > 0 && st < slices.Min(c.corrupt) {
-			c.want = max(c.want, st)
+	if len(c.corrupt) > 0 {
+		oldest := slices.Min(c.corrupt)
+		for _, st := range steps {
+			if st < oldest {
+				c.want = max(c.want, st)
+			}
 		}
 	}
-	if len(c.corrupt) == 0 || c.want < 0 {
-		return killed, c, fmt.Errorf("chaos: S3 holds steps %v: none to corrupt with an older one beside it", steps)
+	if c.want < 0 {
+		return c, fmt.Errorf("chaos: S3 holds steps %v: none to corrupt with an older one beside it", steps)
 	}
 	mem, err := s.corruptReplicas(ctx, victim, rank)
 	s.logf("corrupted: %s", strings.Join(append(done, mem...), "; "))
-	return killed, c, err
+	return c, err
 }
 
 // tierSteps lists the job's steps with a whole copy on S3, asking from
@@ -151,20 +158,16 @@ func (s *session) tierSteps(ctx context.Context, n string) ([]int64, error) {
 }
 
 // newS3Step waits until a new step is durable on S3, and returns the
-// coordinator's view then and that step.
-func (s *session) newS3Step(ctx context.Context) (*Snapshot, int64, error) {
+// coordinator's view then.
+func (s *session) newS3Step(ctx context.Context) (*Snapshot, error) {
 	now, err := s.snapshot(ctx)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	prev := newest(now.Durable("s3"))
-	snap, err := s.waitSnap(ctx, fmt.Sprintf("a step newer than %d durable on s3", prev), time.Minute, func(sn *Snapshot) bool {
+	return s.waitSnap(ctx, fmt.Sprintf("a step newer than %d durable on s3", prev), time.Minute, func(sn *Snapshot) bool {
 		return newest(sn.Durable("s3")) > prev
 	})
-	if err != nil {
-		return nil, 0, err
-	}
-	return snap, newest(snap.Durable("s3")), nil
 }
 
 // corruptReplicas corrupts every replica of rank in the memory of the
@@ -181,13 +184,13 @@ func (s *session) corruptReplicas(ctx context.Context, victim string, rank uint3
 			continue
 		}
 		wg.Go(func() {
-			line, err := s.corruptReplicasOn(ctx, n, rank)
+			c, err := s.corruptReplicasOn(ctx, n, rank, -1)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
 				errs = append(errs, err)
-			} else if line != "" {
-				done = append(done, line)
+			} else if len(c) > 0 {
+				done = append(done, fmt.Sprintf("%s memory: %+v", n, c))
 			}
 		})
 	}
@@ -196,21 +199,21 @@ func (s *session) corruptReplicas(ctx context.Context, victim string, rank uint3
 	return done, errors.Join(errs...)
 }
 
-// corruptReplicasOn corrupts every replica of rank in node n's memory
-// and says which ("" when n holds none).
-func (s *session) corruptReplicasOn(ctx context.Context, n string, rank uint32) (string, error) {
-	out, err := s.c.Exec(ctx, n, "/rewind-dev", "chaos-tool", "corrupt", "/dev/shm/rewind", s.cfg.Job, fmt.Sprint(rank))
+// corruptReplicasOn corrupts the copies of rank in node n's memory of
+// steps after after (-1: every one); none when n holds none.
+func (s *session) corruptReplicasOn(ctx context.Context, n string, rank uint32, after int64) ([]Corrupted, error) {
+	out, err := s.c.Exec(ctx, n, "/rewind-dev", "chaos-tool", "corrupt", "/dev/shm/rewind", s.cfg.Job, fmt.Sprint(rank), fmt.Sprint(after))
 	if err != nil {
 		if strings.Contains(err.Error(), "no committed segment") || strings.Contains(err.Error(), "no such file") {
-			return "", nil // holds no replica of that rank
+			return nil, nil // holds no copy of that rank
 		}
-		return "", fmt.Errorf("corrupting rank %d's replicas on %s: %w", rank, n, err)
+		return nil, fmt.Errorf("corrupting rank %d's copies on %s: %w", rank, n, err)
 	}
 	var c []Corrupted
 	if err := json.Unmarshal(out, &c); err != nil {
-		return "", fmt.Errorf("corrupting on %s: %w", n, err)
+		return nil, fmt.Errorf("corrupting on %s: %q: %w", n, out, err)
 	}
-	return fmt.Sprintf("%s memory: %+v", n, c), nil
+	return c, nil
 }
 
 // skippedReported checks that the recovery landed on want (the step

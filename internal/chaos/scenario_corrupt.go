@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -64,51 +63,38 @@ func playCorruptReplica(ctx context.Context, s *session) error {
 // the other live nodes, those of steps newer than the spare's newest, and
 // thaws the coordinator. It returns what it corrupted on the spare.
 func (s *session) corruptOnSpare(ctx context.Context, spare, victim string, rank uint32) (corrupted []Corrupted, err error) {
-	if err := s.c.Pause(ctx, svcCoordinator); err != nil {
-		return nil, fmt.Errorf("freezing the coordinator: %w", err)
-	}
-	defer func() {
-		if uerr := s.c.Unpause(context.WithoutCancel(ctx), svcCoordinator); uerr != nil && err == nil {
-			err = fmt.Errorf("thawing the coordinator: %w", uerr)
+	err = s.whileFrozen(ctx, func() error {
+		if err := s.c.Pause(ctx, victim); err != nil {
+			return err
 		}
-	}()
-	if err := s.c.Pause(ctx, victim); err != nil {
-		return nil, err
-	}
-	if err := clock.Sleep(ctx, 300*time.Millisecond); err != nil {
-		return nil, err
-	}
-	out, err := s.c.Exec(ctx, spare, "/rewind-dev", "chaos-tool", "corrupt", "/dev/shm/rewind", s.cfg.Job, fmt.Sprint(rank))
-	if err != nil {
-		return nil, err
-	}
-	if err := json.Unmarshal(out, &corrupted); err != nil {
-		return nil, err
-	}
-	held := int64(-1)
-	for _, c := range corrupted {
-		held = max(held, c.Step)
-	}
-	for _, n := range nodeServices {
-		if n == spare || n == victim {
-			continue
+		if err := clock.Sleep(ctx, 300*time.Millisecond); err != nil {
+			return err
 		}
-		out, err := s.c.Exec(ctx, n, "/rewind-dev", "chaos-tool", "corrupt", "/dev/shm/rewind", s.cfg.Job, fmt.Sprint(rank), fmt.Sprint(held))
-		if err != nil {
-			if strings.Contains(err.Error(), "no such file") {
-				continue // holds no copy of that rank
+		if corrupted, err = s.corruptReplicasOn(ctx, spare, rank, -1); err != nil {
+			return err
+		}
+		if len(corrupted) == 0 {
+			return fmt.Errorf("chaos: %s holds no copy of rank %d", spare, rank)
+		}
+		held := int64(-1)
+		for _, c := range corrupted {
+			held = max(held, c.Step)
+		}
+		for _, n := range nodeServices {
+			if n == spare || n == victim {
+				continue
 			}
-			return corrupted, fmt.Errorf("corrupting rank %d's copies after step %d on %s: %w", rank, held, n, err)
+			newer, err := s.corruptReplicasOn(ctx, n, rank, held)
+			if err != nil {
+				return err
+			}
+			if len(newer) > 0 {
+				s.logf("corrupted on %s, newer than the spare's: %+v", n, newer)
+			}
 		}
-		var newer []Corrupted
-		if err := json.Unmarshal(out, &newer); err != nil {
-			return corrupted, fmt.Errorf("corrupting on %s: %q: %w", n, out, err)
-		}
-		if len(newer) > 0 {
-			s.logf("corrupted on %s, newer than the spare's: %+v", n, newer)
-		}
-	}
-	return corrupted, nil
+		return nil
+	})
+	return corrupted, err
 }
 
 // corruptSetup gives the job two replicas per shard and picks the spare

@@ -183,6 +183,20 @@ func (s *session) inject(ctx context.Context, what, node string, lost bool, do f
 	return len(s.ev.Faults) - 1, nil
 }
 
+// whileFrozen runs do with the coordinator frozen (docker pause) and
+// thaws it after, whatever do returned: a fault made of several steps
+// that no recovery may start between.
+func (s *session) whileFrozen(ctx context.Context, do func() error) error {
+	if err := s.c.Pause(ctx, svcCoordinator); err != nil {
+		return fmt.Errorf("freezing the coordinator: %w", err)
+	}
+	err := do()
+	if uerr := s.c.Unpause(context.WithoutCancel(ctx), svcCoordinator); uerr != nil && err == nil {
+		err = fmt.Errorf("thawing the coordinator: %w", uerr)
+	}
+	return err
+}
+
 // setFaultAt corrects when fault i took effect (a fault point fired
 // after it was armed): its view is the arming's (Delayed).
 func (s *session) setFaultAt(i int, at time.Time) {
