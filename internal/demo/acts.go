@@ -90,7 +90,7 @@ func (d *demo) killAfter(ctx context.Context, t *trainer, start Event, at int64,
 		}
 		rep.add(e)
 	}
-	d.tl.log(t.who, "gone: %v; it last reported step %d saved", t.p.err, rep.last)
+	d.tl.log(t.who, "gone: %v; it last reported step %d saved", t.p.Err(), rep.last)
 	return rep, nil
 }
 
@@ -122,14 +122,14 @@ func (d *demo) finish(ctx context.Context, t *trainer) error {
 		}
 	}
 	select {
-	case <-t.p.done:
+	case <-t.p.Done():
 	case <-time.After(d.eventTimeout()):
 		return fmt.Errorf("demo: %s reported done but did not exit", t.who)
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 	d.check(Check{Name: fmt.Sprintf("the last run trains to step %d and exits 0", d.cfg.Steps),
-		OK: t.p.err == nil && d.events[len(d.events)-1].Step == d.cfg.Steps, Detail: fmt.Sprintf("exit: %v", exitText(t.p.err))})
+		OK: t.p.Err() == nil && d.events[len(d.events)-1].Step == d.cfg.Steps, Detail: fmt.Sprintf("exit: %v", exitText(t.p.Err()))})
 	return nil
 }
 

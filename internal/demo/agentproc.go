@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"rewind.dev/rewind/internal/clock"
+	"rewind.dev/rewind/internal/child"
 	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/sdk"
 )
@@ -33,7 +33,7 @@ func (d *demo) startAgent(ctx context.Context) error {
 	}
 	d.agent = p
 	d.procs = append(d.procs, p)
-	d.tl.log("agent", "started: pid %d, log %s", p.pid(), d.logPath)
+	d.tl.log("agent", "started: pid %d, log %s", p.Pid(), d.logPath)
 	t0 := time.Now()
 	c, err := d.waitAgent(ctx, p)
 	if err != nil {
@@ -56,27 +56,19 @@ func (d *demo) startAgent(ctx context.Context) error {
 
 // waitAgent dials the agent until it answers, it exits, or
 // agentReadyTimeout passes.
-func (d *demo) waitAgent(ctx context.Context, p *proc) (*sdk.Client, error) {
-	deadline := time.Now().Add(agentReadyTimeout)
-	for {
-		if p.exited() {
-			return nil, fmt.Errorf("demo: the agent exited before it answered (%v); its log is %s", p.err, d.logPath)
-		}
+func (d *demo) waitAgent(ctx context.Context, p *child.Proc) (*sdk.Client, error) {
+	var c *sdk.Client
+	err := p.Ready(ctx, agentReadyTimeout, func() error {
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		c, err := sdk.Dial(cctx, d.socket)
-		cancel()
-		switch {
-		case err == nil:
-			return c, nil
-		case ctx.Err() != nil:
-			return nil, ctx.Err()
-		case time.Now().After(deadline):
-			return nil, fmt.Errorf("demo: no agent answered on %s within %v: %w", d.socket, agentReadyTimeout, err)
-		}
-		if err := clock.Sleep(ctx, 50*time.Millisecond); err != nil {
-			return nil, err
-		}
+		defer cancel()
+		var err error
+		c, err = sdk.Dial(cctx, d.socket)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("demo: no agent answered on %s: %w; its log is %s", d.socket, err, d.logPath)
 	}
+	return c, nil
 }
 
 // agentLog returns the lines of the agent log, from its latest start on,

@@ -23,7 +23,7 @@ func (d *cluster) makeCerts() error {
 		d.tl.log("tls", "off (--plaintext): plaintext TCP on loopback addresses")
 		return nil
 	}
-	d.certs = filepath.Join(d.tmp, "certs")
+	d.certs = filepath.Join(d.lc.Tmp, "certs")
 	ca, err := transport.NewCA("rewind demo CA", 24*time.Hour)
 	if err != nil {
 		return err
@@ -61,7 +61,7 @@ func (d *cluster) makeCerts() error {
 // token, which its ranks present: a process without it reaches nothing of
 // the job through an agent's socket, as in production.
 func (d *cluster) makeJobKey() error {
-	d.jobKey = filepath.Join(d.tmp, "job.key")
+	d.jobKey = filepath.Join(d.lc.Tmp, "job.key")
 	if err := jobtoken.WriteFile(d.jobKey); err != nil {
 		return err
 	}

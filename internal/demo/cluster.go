@@ -7,21 +7,16 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
-	"google.golang.org/grpc"
-
 	"rewind.dev/rewind/api/coordpb"
-	"rewind.dev/rewind/internal/clock"
-	"rewind.dev/rewind/internal/freeport"
+	"rewind.dev/rewind/internal/localcluster"
 	"rewind.dev/rewind/internal/miniotest"
 	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/regang"
-	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/transport"
 	"rewind.dev/rewind/vfs"
 )
@@ -80,34 +75,23 @@ func (c ClusterConfig) validate() error {
 
 // cluster is one run of the cluster demo.
 type cluster struct {
-	cfg     ClusterConfig
-	exe     string // rewind-dev: the ranks
-	rewind  string // rewind: the coordinator and the agents
-	tl      *timeline
-	rng     *rand.Rand
-	tmp     string
-	shmBase string
-	minio   *miniotest.Server
+	cfg    ClusterConfig
+	exe    string // rewind-dev: the ranks
+	rewind string // rewind: the coordinator and the agents
+	tl     *timeline
+	rng    *rand.Rand
+	lc     *localcluster.Cluster
 
-	coordAddr, gossip string
-	certs             string              // the certificates' directory ("" with Plaintext)
-	sec               *transport.Security // the demo's own, an operator's
-	jobKey, jobToken  string              // the agents' job key file; the job's token, its ranks'
-	coord             *proc
-	nodes             []*node
-	api               coordpb.CoordinatorClient
-	conn              *grpc.ClientConn
-	driver            *regang.Local
+	certs            string              // the certificates' directory ("" with Plaintext)
+	sec              *transport.Security // the demo's own, an operator's
+	jobKey, jobToken string              // the agents' job key file; the job's token, its ranks'
+	api              coordpb.CoordinatorClient
+	driver           *regang.Local
 
 	mu     sync.Mutex
 	ranks  map[uint32]*rankOut // the current process of each rank
 	events chan *coordpb.JobEvent
 	checks []Check
-}
-
-type node struct {
-	name, domain, shmRoot, socket, listen, gossip string
-	agent                                         *proc
 }
 
 // rankOut is what a rank's current process reported.
@@ -168,8 +152,8 @@ func (d *cluster) check(c Check) {
 // agents.
 func (d *cluster) setup(ctx context.Context) error {
 	var err error
-	if d.exe, d.rewind, err = binaries(d.cfg.Exe, d.cfg.Rewind); err != nil {
-		return err
+	if d.exe, d.rewind, err = localcluster.Binaries(d.cfg.Exe, d.cfg.Rewind); err != nil {
+		return fmt.Errorf("demo: %w", err)
 	}
 	st, err := vfs.Default.Statfs(d.cfg.ShmDir)
 	if err != nil {
@@ -180,21 +164,15 @@ func (d *cluster) setup(ctx context.Context) error {
 	if need := uint64(d.cfg.Ranks)*6*uint64(d.cfg.Size) + 64<<20; st.Free < need {
 		return fmt.Errorf("demo: %s has %s free, the cluster demo needs %s: pass a smaller --size", d.cfg.ShmDir, units.Bytes(st.Free), units.Bytes(need))
 	}
-	if d.tmp, err = os.MkdirTemp("", "rewind-demo-"); err != nil {
+	d.lc, err = localcluster.New(localcluster.Options{Rewind: d.rewind, Name: "demo", ShmDir: d.cfg.ShmDir, MinIO: !d.cfg.NoMinIO})
+	if err != nil {
 		return err
 	}
-	if d.shmBase, err = os.MkdirTemp(d.cfg.ShmDir, "rewind-demo-"); err != nil {
-		return err
-	}
-	if !d.cfg.NoMinIO {
-		if _, berr := miniotest.Binary(); berr == nil {
-			if d.minio, err = miniotest.Launch(d.tmp); err != nil {
-				return fmt.Errorf("demo: starting MinIO: %w", err)
-			}
-			d.tl.log("minio", "object store on %s (bucket %s)", d.minio.URL(), d.minio.Bucket)
-		} else {
-			d.tl.log("minio", "not built (`make minio`): the demo runs without the object-store tier")
-		}
+	switch _, berr := miniotest.Binary(); {
+	case d.lc.MinIO != nil:
+		d.tl.log("minio", "object store on %s (bucket %s)", d.lc.MinIO.URL(), d.lc.MinIO.Bucket)
+	case !d.cfg.NoMinIO && berr != nil:
+		d.tl.log("minio", "not built (`make minio`): the demo runs without the object-store tier")
 	}
 	if err := d.makeCerts(); err != nil {
 		return err
@@ -217,134 +195,49 @@ func (d *cluster) setup(ctx context.Context) error {
 // its forty steps.
 func (d *cluster) policy() string {
 	p := "nvme:every=5,keep=2;pfs:every=10,keep=2"
-	if d.minio != nil {
+	if d.lc.MinIO != nil {
 		p += ";s3:every=10,keep=2"
 	}
 	return p
 }
 
 func (d *cluster) startCoordinator(ctx context.Context) error {
-	d.coordAddr, d.gossip = freeAddr(), freeAddr()
-	log, err := os.Create(filepath.Join(d.tmp, "coordinator.log"))
-	if err != nil {
+	if err := d.lc.StartCoordinator(ctx, d.policy(), d.sec, d.tlsArgs("coordinator")...); err != nil {
 		return err
 	}
-	defer log.Close()
-	args := []string{"coordinator", "--listen", d.coordAddr, "--data", filepath.Join(d.tmp, "coordinator"), "--metrics", "",
-		"--gossip", d.gossip, "--replicas", "1", "--policy", d.policy()}
-	args = append(args, d.tlsArgs("coordinator")...)
-	if d.coord, err = startProc("coord", d.rewind, args, log, log); err != nil {
-		return err
-	}
-	d.conn, err = d.sec.NewClient(d.coordAddr, transport.ExpectCoordinator)
-	if err != nil {
-		return err
-	}
-	d.api = coordpb.NewCoordinatorClient(d.conn)
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if _, err = d.api.ListJobs(ctx, &coordpb.ListJobsRequest{}); err == nil {
-			break
-		}
-		if d.coord.exited() || time.Now().After(deadline) {
-			return fmt.Errorf("demo: the coordinator did not start (%v); its log is %s", err, log.Name())
-		}
-		if err := clock.Sleep(ctx, 50*time.Millisecond); err != nil {
-			return err
-		}
-	}
-	d.tl.log("coord", "coordinator pid %d on %s, failure detection on %s, policy %s", d.coord.pid(), d.coordAddr, d.gossip, d.policy())
+	d.api = d.lc.API
+	d.tl.log("coord", "coordinator pid %d on %s, failure detection on %s, policy %s", d.lc.Coord.Pid(), d.lc.Addr, d.lc.Gossip, d.policy())
 	return nil
 }
 
 func (d *cluster) startAgent(ctx context.Context, i int) error {
-	n := &node{name: nodeName(i), domain: fmt.Sprintf("rack-%c", 'a'+i%2),
-		shmRoot: filepath.Join(d.shmBase, fmt.Sprintf("node-%d", i)), socket: filepath.Join(d.tmp, fmt.Sprintf("node-%d.sock", i)),
-		listen: freeAddr(), gossip: freeAddr()}
-	args := []string{"agent", "--node", n.name, "--failure-domain", n.domain, "--shm-root", n.shmRoot, "--socket", n.socket,
-		"--listen", n.listen, "--advertise", n.listen, "--metrics", "", "--coordinator", d.coordAddr,
-		"--gossip", n.gossip, "--gossip-join", d.gossip, "--job-key", d.jobKey,
-		"--tier", "nvme=file://" + filepath.Join(d.tmp, "nvme-"+n.name), "--tier", "pfs=file://" + filepath.Join(d.tmp, "pfs")}
-	args = append(args, d.tlsArgs(filepath.Join("node", n.name))...)
-	if d.minio != nil {
-		args = append(args, "--tier", "s3=s3://"+d.minio.Bucket+"/demo", "--s3-endpoint", d.minio.URL())
+	n := d.lc.NewNode(nodeName(i), fmt.Sprintf("rack-%c", 'a'+i%2), false)
+	d.lc.Nodes = append(d.lc.Nodes, n)
+	flags := append([]string{"--job-key", d.jobKey}, d.tlsArgs(filepath.Join("node", n.Name))...)
+	var env []string
+	if d.cfg.Faults != "" {
+		flags = append(flags, "--fault-injection")
+		env = []string{"REWIND_FAULTS=" + d.cfg.Faults, fmt.Sprintf("REWIND_FAULT_SEED=%d", d.cfg.Seed+uint64(i))}
 	}
-	log, err := os.Create(filepath.Join(d.tmp, n.name+".log"))
-	if err != nil {
+	if err := d.lc.StartAgent(ctx, n, flags, env); err != nil {
 		return err
 	}
-	defer log.Close()
-	if d.cfg.Faults != "" {
-		args = append(args, "--fault-injection")
-	}
-	cmd := exec.Command(d.rewind, args...)
-	cmd.Stdout, cmd.Stderr, cmd.SysProcAttr = log, log, sysProcAttr()
-	cmd.Env = os.Environ()
-	if d.minio != nil {
-		cmd.Env = append(cmd.Env, "AWS_ACCESS_KEY_ID="+d.minio.AccessKey, "AWS_SECRET_ACCESS_KEY="+d.minio.SecretKey)
-	}
-	if d.cfg.Faults != "" {
-		cmd.Env = append(cmd.Env, "REWIND_FAULTS="+d.cfg.Faults, fmt.Sprintf("REWIND_FAULT_SEED=%d", d.cfg.Seed+uint64(len(d.nodes))))
-	}
-	if n.agent, err = startCmd(n.name, cmd); err != nil {
-		return err
-	}
-	d.nodes = append(d.nodes, n)
-	for deadline := time.Now().Add(agentReadyTimeout); ; {
-		c, err := sdk.Dial(ctx, n.socket)
-		if err == nil {
-			c.Close()
-			break
-		}
-		if n.agent.exited() || time.Now().After(deadline) {
-			return fmt.Errorf("demo: agent %s did not start (%v); its log is %s", n.name, err, log.Name())
-		}
-		if err := clock.Sleep(ctx, 50*time.Millisecond); err != nil {
-			return err
-		}
-	}
-	d.tl.log(n.name, "agent pid %d, %s, shm %s", n.agent.pid(), n.domain, n.shmRoot)
+	d.tl.log(n.Name, "agent pid %d, %s, shm %s", n.Agent.Pid(), n.Domain, n.ShmRoot)
 	return nil
 }
 
-// cleanup stops everything and removes every directory.
+// cleanup stops everything and removes every directory (but the logs
+// with KeepLogs).
 func (d *cluster) cleanup() {
 	if d.driver != nil {
 		d.driver.KillAll()
 	}
-	for _, n := range d.nodes {
-		if n.agent != nil {
-			n.agent.stop(3 * time.Second)
-		}
+	if d.lc == nil {
+		return
 	}
-	if d.coord != nil {
-		d.coord.stop(3 * time.Second)
-	}
-	if d.conn != nil {
-		d.conn.Close()
-	}
-	if d.minio != nil {
-		d.minio.Close()
-	}
-	var removed []string
-	dirs := []string{d.shmBase, d.tmp}
 	if d.cfg.KeepLogs {
-		d.tl.log("demo", "logs kept in %s", d.tmp)
-		dirs = dirs[:1]
+		d.tl.log("demo", "logs kept in %s", d.lc.Tmp)
 	}
-	for _, dir := range dirs {
-		if dir != "" && os.RemoveAll(dir) == nil {
-			removed = append(removed, dir)
-		}
-	}
+	removed := d.lc.Close(d.cfg.KeepLogs)
 	d.tl.log("demo", "stopped every process, removed %s", strings.Join(removed, " and "))
-}
-
-// freeAddr returns a loopback address with a free port, or one that lets
-// the listener pick (127.0.0.1:0) when none is found.
-func freeAddr() string {
-	a, err := freeport.Addr()
-	if err != nil {
-		return "127.0.0.1:0"
-	}
-	return a
 }

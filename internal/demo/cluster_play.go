@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/internal/child"
 	"rewind.dev/rewind/internal/clock"
+	"rewind.dev/rewind/internal/localcluster"
 	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/regang"
 )
@@ -20,7 +22,7 @@ import (
 func (d *cluster) play(ctx context.Context) error {
 	placement := map[uint32]string{}
 	for r := range uint32(d.cfg.Ranks) {
-		placement[r] = d.nodes[int(r)%len(d.nodes)].name
+		placement[r] = d.lc.Nodes[int(r)%len(d.lc.Nodes)].Name
 	}
 	d.driver = &regang.Local{Command: d.rankCommand, Exited: func(r uint32, err error) {
 		if err != nil {
@@ -59,9 +61,9 @@ func (d *cluster) play(ctx context.Context) error {
 // node, and waits for the job's recovery.
 func (d *cluster) killAndRecover(ctx context.Context, k int, from int64) (*coordpb.JobEvent, error) {
 	killAt := from + d.cfg.KillMin + d.rng.Int64N(d.cfg.KillMax-d.cfg.KillMin+1)
-	var alive []*node
-	for _, n := range d.nodes[1:] { // node-0 stays: it runs the demo's first rank
-		if !n.agent.exited() {
+	var alive []*localcluster.Node
+	for _, n := range d.lc.Nodes[1:] { // node-0 stays: it runs the demo's first rank
+		if !n.Agent.Exited() {
 			alive = append(alive, n)
 		}
 	}
@@ -85,10 +87,10 @@ func (d *cluster) killAndRecover(ctx context.Context, k int, from int64) (*coord
 			return nil, fmt.Errorf("demo: recovery %d failed: %s", k+1, ev.Error)
 		}
 		d.check(Check{Name: fmt.Sprintf("recovery %d resumes from a step every rank had committed", k+1), OK: ev.Step >= from && ev.Step <= killAt+1,
-			Detail: fmt.Sprintf("step %d; the job was consistent at %d when %s died", ev.Step, killAt, victim.name)})
+			Detail: fmt.Sprintf("step %d; the job was consistent at %d when %s died", ev.Step, killAt, victim.Name)})
 		return ev, nil
 	case <-time.After(30 * time.Second):
-		return nil, fmt.Errorf("demo: no recovery within 30 s of killing %s", victim.name)
+		return nil, fmt.Errorf("demo: no recovery within 30 s of killing %s", victim.Name)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -96,20 +98,14 @@ func (d *cluster) killAndRecover(ctx context.Context, k int, from int64) (*coord
 
 // rankCommand is the process of a rank; its report is parsed as it comes.
 func (d *cluster) rankCommand(rank uint32, node string, restoreStep int64) *exec.Cmd {
-	var socket string
-	for _, n := range d.nodes {
-		if n.name == node {
-			socket = n.socket
-		}
-	}
-	args := []string{"demo-train", "--socket", socket, "--job", jobName, "--rank", fmt.Sprint(rank),
+	args := []string{"demo-train", "--socket", d.lc.Socket(node), "--job", jobName, "--rank", fmt.Sprint(rank),
 		"--world-size", fmt.Sprint(d.cfg.Ranks), "--steps", fmt.Sprint(d.cfg.Steps), "--size", fmt.Sprint(d.cfg.Size),
 		"--step-time", d.cfg.StepTime.String(), "--restore-step", fmt.Sprint(restoreStep)}
 	cmd := exec.Command(d.exe, args...)
 	cmd.Env = append(os.Environ(), "REWIND_JOB_TOKEN="+d.jobToken) // the agents isolate jobs
 	ro := &rankOut{node: node, out: newLineBuf()}
 	who := fmt.Sprintf("rank-%d", rank)
-	cmd.Stdout, cmd.Stderr, cmd.SysProcAttr = ro.out, &prefixWriter{tl: d.tl, who: who}, sysProcAttr()
+	cmd.Stdout, cmd.Stderr, cmd.SysProcAttr = ro.out, &prefixWriter{tl: d.tl, who: who}, child.SysProcAttr()
 	d.mu.Lock()
 	d.ranks[rank] = ro
 	d.mu.Unlock()
@@ -198,12 +194,12 @@ func orNone(s string) string {
 }
 
 // killNode kills a node's agent and ranks and wipes its shared memory.
-func (d *cluster) killNode(n *node) time.Time {
+func (d *cluster) killNode(n *localcluster.Node) time.Time {
 	t := time.Now()
-	n.agent.kill()
-	ranks := d.driver.KillNode(n.name)
-	os.RemoveAll(n.shmRoot)
-	d.tl.log("demo", "✗ %s dies: SIGKILL its agent (pid %d) and its ranks %v, its shared memory wiped", n.name, n.agent.pid(), ranks)
+	n.Agent.Kill()
+	ranks := d.driver.KillNode(n.Name)
+	os.RemoveAll(n.ShmRoot)
+	d.tl.log("demo", "✗ %s dies: SIGKILL its agent (pid %d) and its ranks %v, its shared memory wiped", n.Name, n.Agent.Pid(), ranks)
 	return t
 }
 

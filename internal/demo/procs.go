@@ -6,70 +6,25 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
-	"syscall"
 	"time"
+
+	"rewind.dev/rewind/internal/child"
 )
 
-// proc is a child process: the agent or a trainer.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	done chan struct{} // closed once the process has exited and its output is read
-	err  error         // Wait's result, once done is closed
-}
-
-// startProc starts exe with args, in its own process group (a Ctrl-C in
-// the terminal reaches the demo, which then cleans up) and, on Linux,
-// killed if the demo dies.
-func startProc(name, exe string, args []string, stdout, stderr io.Writer) (*proc, error) {
+// startProc starts exe with args, its output to stdout and stderr.
+func startProc(name, exe string, args []string, stdout, stderr io.Writer) (*child.Proc, error) {
 	cmd := exec.Command(exe, args...)
 	cmd.Stdout, cmd.Stderr = stdout, stderr
-	cmd.SysProcAttr = sysProcAttr()
 	return startCmd(name, cmd)
 }
 
-// startCmd starts a prepared command as a proc.
-func startCmd(name string, cmd *exec.Cmd) (*proc, error) {
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("demo: starting %s: %w", name, err)
+// startCmd starts a prepared command.
+func startCmd(name string, cmd *exec.Cmd) (*child.Proc, error) {
+	p, err := child.Start(cmd)
+	if err != nil {
+		return nil, fmt.Errorf("demo: %s: %w", name, err)
 	}
-	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
 	return p, nil
-}
-
-func (p *proc) pid() int { return p.cmd.Process.Pid }
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// kill sends SIGKILL and waits until the process is gone.
-func (p *proc) kill() {
-	if !p.exited() {
-		_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	}
-	<-p.done
-}
-
-// stop asks the process to exit (SIGTERM) and kills it after grace.
-func (p *proc) stop(grace time.Duration) {
-	if !p.exited() {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	}
-	select {
-	case <-p.done:
-	case <-time.After(grace):
-		p.kill()
-	}
 }
 
 // errExited is returned by trainer.next once the trainer has exited and
@@ -78,7 +33,7 @@ var errExited = errors.New("trainer exited")
 
 // trainer is one run of `rewind-dev demo-train`.
 type trainer struct {
-	p   *proc
+	p   *child.Proc
 	n   int    // 1 for the first run
 	who string // "train#2"
 	out *lineBuf
@@ -98,7 +53,7 @@ func (d *demo) startTrainer() (*trainer, error) {
 	}
 	t.p = p
 	d.procs = append(d.procs, p)
-	d.tl.log(t.who, "started: pid %d, training job %q rank 0 of 1 up to step %d", p.pid(), jobName, d.cfg.Steps)
+	d.tl.log(t.who, "started: pid %d, training job %q rank 0 of 1 up to step %d", p.Pid(), jobName, d.cfg.Steps)
 	return t, nil
 }
 
@@ -117,11 +72,11 @@ func (t *trainer) next(ctx context.Context, timeout time.Duration) (Event, error
 		}
 		select {
 		case <-t.out.notify:
-		case <-t.p.done:
+		case <-t.p.Done():
 			if t.out.pending() { // written before the exit, not yet taken
 				continue
 			}
-			return Event{}, fmt.Errorf("%s: %w (%v)", t.who, errExited, t.p.err)
+			return Event{}, fmt.Errorf("%s: %w (%v)", t.who, errExited, t.p.Err())
 		case <-ctx.Done():
 			return Event{}, ctx.Err()
 		case <-timer.C:

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"time"
 
+	"rewind.dev/rewind/internal/child"
+	"rewind.dev/rewind/internal/localcluster"
 	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/vfs"
@@ -33,10 +35,10 @@ type demo struct {
 	tmpDir                   string // socket and agent log
 	shmRoot, socket, logPath string
 
-	agent  *proc
+	agent  *child.Proc
 	client *sdk.Client
-	procs  []*proc // every process started, for cleanup
-	runs   int     // trainer runs started
+	procs  []*child.Proc // every process started, for cleanup
+	runs   int           // trainer runs started
 
 	checks []Check
 	events []Event // every event any trainer reported
@@ -89,8 +91,8 @@ func Run(ctx context.Context, cfg Config) error {
 // setup makes the shm root and the directory of socket and log.
 func (d *demo) setup() error {
 	var err error
-	if d.exe, d.rewind, err = binaries(d.exe, d.cfg.Rewind); err != nil {
-		return err
+	if d.exe, d.rewind, err = localcluster.Binaries(d.exe, d.cfg.Rewind); err != nil {
+		return fmt.Errorf("demo: %w", err)
 	}
 	st, err := vfs.Default.Statfs(d.cfg.ShmDir)
 	if err != nil {
@@ -117,9 +119,9 @@ func (d *demo) setup() error {
 func (d *demo) cleanup(showLog bool) {
 	for _, p := range d.procs {
 		if p == d.agent {
-			p.stop(3 * time.Second)
+			p.Stop(3 * time.Second)
 		} else {
-			p.kill()
+			p.Kill()
 		}
 	}
 	if d.client != nil {
@@ -161,8 +163,8 @@ func (d *demo) play(ctx context.Context) error {
 	d.check(Check{Name: "run 1 starts from scratch", OK: start.Kind == KindFresh && start.Step == 0,
 		Detail: fmt.Sprintf("%s step %d in a new shm root", start.Kind, start.Step)})
 	killAt := d.cfg.KillMin + d.rng.Int64N(d.cfg.KillMax-d.cfg.KillMin+1)
-	victim := fmt.Sprintf("the trainer (pid %d)", t.p.pid())
-	rep, err := d.killAfter(ctx, t, start, killAt, victim, func() { t.p.kill() })
+	victim := fmt.Sprintf("the trainer (pid %d)", t.p.Pid())
+	rep, err := d.killAfter(ctx, t, start, killAt, victim, func() { t.p.Kill() })
 	if err != nil {
 		return err
 	}
@@ -178,12 +180,12 @@ func (d *demo) play(ctx context.Context) error {
 		return fmt.Errorf("demo: resumed at step %d, too late to crash the agent before step %d", start.Step, d.cfg.Steps)
 	}
 	agent := d.agent
-	victim = fmt.Sprintf("the agent (pid %d), then the trainer (pid %d)", agent.pid(), t.p.pid())
-	rep, err = d.killAfter(ctx, t, start, killAt, victim, func() { agent.kill(); t.p.kill() })
+	victim = fmt.Sprintf("the agent (pid %d), then the trainer (pid %d)", agent.Pid(), t.p.Pid())
+	rep, err = d.killAfter(ctx, t, start, killAt, victim, func() { agent.Kill(); t.p.Kill() })
 	if err != nil {
 		return err
 	}
-	d.tl.log("agent", "gone: %v; restarting it on the same shm root", agent.err)
+	d.tl.log("agent", "gone: %v; restarting it on the same shm root", agent.Err())
 	d.client.Close()
 	d.client = nil
 	if err := d.startAgent(ctx); err != nil {

@@ -40,3 +40,14 @@ func Ports(n int) ([]int, error) {
 	}
 	return out, nil
 }
+
+// Pick returns Addr's address, or 127.0.0.1:0 (the listener picks its
+// port) when no free port is found: for a local cluster's processes,
+// whose start fails clearly if the port is taken meanwhile.
+func Pick() string {
+	a, err := Addr()
+	if err != nil {
+		return "127.0.0.1:0"
+	}
+	return a
+}

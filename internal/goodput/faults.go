@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"rewind.dev/rewind/internal/clock"
+	"rewind.dev/rewind/internal/localcluster"
 )
 
 // FaultKind is a kind of fault the schedule injects.
@@ -93,7 +94,7 @@ func schedule(cfg Config, kinds []FaultKind) []planned {
 // for the job's recovery (at most HealAfter) and heals it.
 func (r *runner) inject(ctx context.Context, pf planned) {
 	n, idx := r.victim(pf.victim)
-	f := &Fault{Kind: pf.kind, Node: n.name}
+	f := &Fault{Kind: pf.kind, Node: n.Name}
 	if pf.kind == FaultMinIODown {
 		f.Node = "minio"
 	}
@@ -102,19 +103,19 @@ func (r *runner) inject(ctx context.Context, pf planned) {
 	f.At = wallNow()
 	switch pf.kind {
 	case FaultNodeKill:
-		n.agent.kill()
-		r.driver.KillNode(n.name)
-		err = os.RemoveAll(n.shmRoot)
+		n.Agent.Kill()
+		r.driver.KillNode(n.Name)
+		err = os.RemoveAll(n.ShmRoot)
 	case FaultHang:
-		n.agent.signal(syscall.SIGSTOP)
-		r.signalRanks(n.name, syscall.SIGSTOP)
+		n.Agent.Signal(syscall.SIGSTOP)
+		r.signalRanks(n.Name, syscall.SIGSTOP)
 	case FaultPartition:
-		err = r.cl.faults(ctx, n, "gossip/send=drop")
+		err = r.cl.Faults(ctx, n, "gossip/send=drop")
 	case FaultAgentCrash:
-		n.agent.kill()
-		err = r.cl.startAgent(ctx, n, false)
+		n.Agent.Kill()
+		err = r.cl.StartAgent(ctx, n, agentFlags, nil)
 	case FaultMinIODown:
-		err = r.cl.minio.Kill()
+		err = r.cl.MinIO.Kill()
 	}
 	r.addFault(f)
 	r.log("fault: %s %s", f.Kind, f.Node)
@@ -133,12 +134,12 @@ func (r *runner) inject(ctx context.Context, pf planned) {
 	case FaultNodeKill:
 		_, err = r.cl.replace(ctx, idx)
 	case FaultHang:
-		r.signalRanks(n.name, syscall.SIGCONT)
-		n.agent.signal(syscall.SIGCONT)
+		r.signalRanks(n.Name, syscall.SIGCONT)
+		n.Agent.Signal(syscall.SIGCONT)
 	case FaultPartition:
-		err = r.cl.faults(ctx, n, "")
+		err = r.cl.Faults(ctx, n, "")
 	case FaultMinIODown:
-		err = r.cl.minio.Start()
+		err = r.cl.MinIO.Start()
 	}
 	r.mu.Lock()
 	f.Healed = wallNow()
@@ -152,7 +153,7 @@ func (r *runner) inject(ctx context.Context, pf planned) {
 // victim returns the node a fault hits: of the nodes running a rank (in
 // name order), the one at v modulo their number, and its index among
 // all nodes.
-func (r *runner) victim(v int) (*node, int) {
+func (r *runner) victim(v int) (*localcluster.Node, int) {
 	r.mu.Lock()
 	var names []string
 	for _, lr := range r.live {
@@ -164,15 +165,15 @@ func (r *runner) victim(v int) (*node, int) {
 	slices.Sort(names)
 	for len(names) > 0 {
 		want := names[v%len(names)]
-		for i, n := range r.cl.nodes {
-			if n.name == want {
+		for i, n := range r.cl.Nodes {
+			if n.Name == want {
 				return n, i
 			}
 		}
 		names = slices.Delete(names, v%len(names), v%len(names)+1)
 	}
-	i := v % len(r.cl.nodes)
-	return r.cl.nodes[i], i
+	i := v % len(r.cl.Nodes)
+	return r.cl.Nodes[i], i
 }
 
 // signalRanks signals the processes of the ranks now on node.

@@ -8,11 +8,11 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"slices"
 	"time"
 
 	"rewind.dev/rewind/internal/demo"
+	"rewind.dev/rewind/internal/localcluster"
 	"rewind.dev/rewind/internal/miniotest"
 	"rewind.dev/rewind/internal/units"
 	"rewind.dev/rewind/vfs"
@@ -35,9 +35,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.Seed == 0 {
 		cfg.Seed = rand.Uint64()>>1 | 1
 	}
-	exe, rewind, err := binaries(cfg.Exe, cfg.Rewind)
+	exe, rewind, err := localcluster.Binaries(cfg.Exe, cfg.Rewind)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("goodput: %w", err)
 	}
 	st, err := vfs.Default.Statfs(cfg.ShmDir)
 	if err != nil {
@@ -236,25 +236,6 @@ func nextRestored(rec *Record, r *Recovery) time.Time {
 		}
 	}
 	return r.Restored.Add(24 * time.Hour)
-}
-
-// binaries finds rewind-dev (exe, this process's own when empty) and the
-// rewind binary beside it.
-func binaries(exe, rewind string) (string, string, error) {
-	if exe == "" {
-		e, err := os.Executable()
-		if err != nil {
-			return "", "", fmt.Errorf("goodput: finding the rewind-dev binary: %w", err)
-		}
-		exe = e
-	}
-	if rewind == "" {
-		rewind = filepath.Join(filepath.Dir(exe), "rewind")
-	}
-	if _, err := os.Stat(rewind); err != nil {
-		return "", "", fmt.Errorf("goodput: the rewind binary of the agents and the coordinator: %w (make build puts it beside rewind-dev)", err)
-	}
-	return exe, rewind, nil
 }
 
 // Replay prints the accounting of the records a run wrote (--record),

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/internal/child"
 	"rewind.dev/rewind/internal/clock"
 	"rewind.dev/rewind/internal/demo"
 	"rewind.dev/rewind/regang"
@@ -52,9 +53,9 @@ func runMode(ctx context.Context, cfg Config, mode, exe, rewind string, plan []p
 	if err != nil {
 		return nil, err
 	}
-	r := &runner{cfg: cfg, mode: mode, exe: exe, cl: cl, shared: filepath.Join(cl.tmp, "shared"),
+	r := &runner{cfg: cfg, mode: mode, exe: exe, cl: cl, shared: filepath.Join(cl.Tmp, "shared"),
 		rec: &Record{Mode: mode, StepTime: cfg.StepTime}, live: map[uint32]*liveRank{}, recovered: make(chan *Recovery, 16)}
-	logf, err := os.Create(filepath.Join(cl.tmp, "ranks.log"))
+	logf, err := os.Create(filepath.Join(cl.Tmp, "ranks.log"))
 	if err == nil {
 		defer logf.Close()
 		r.rankLog = logf
@@ -63,11 +64,11 @@ func runMode(ctx context.Context, cfg Config, mode, exe, rewind string, plan []p
 	keep := cfg.KeepLogs || err != nil
 	if keep {
 		if b, jerr := json.MarshalIndent(r.rec, "", " "); jerr == nil {
-			_ = os.WriteFile(filepath.Join(cl.tmp, "record.json"), b, 0o644)
+			_ = os.WriteFile(filepath.Join(cl.Tmp, "record.json"), b, 0o644)
 		}
-		fmt.Fprintf(cfg.Out, "  %s: logs and the run's record (record.json) kept in %s\n", mode, cl.tmp)
+		fmt.Fprintf(cfg.Out, "  %s: logs and the run's record (record.json) kept in %s\n", mode, cl.Tmp)
 	}
-	cl.close(keep)
+	cl.Close(keep)
 	return r.rec, err
 }
 
@@ -79,12 +80,12 @@ func (r *runner) play(ctx context.Context, plan []planned) error {
 	followed := make(chan struct{})
 	go func() {
 		defer close(followed)
-		regang.Follow(fctx, r.cl.api, jobName, r.driver, r.observe)
+		regang.Follow(fctx, r.cl.API, jobName, r.driver, r.observe)
 	}()
 	defer func() { stopFollow(); <-followed }() // no event observed after the run
 	placement := map[uint32]string{}
 	for k := range uint32(r.cfg.Ranks) {
-		placement[k] = r.cl.nodes[int(k)%len(r.cl.nodes)].name
+		placement[k] = r.cl.Nodes[int(k)%len(r.cl.Nodes)].Name
 	}
 	r.t0 = wallNow()
 	r.rec.Start = r.t0
@@ -101,8 +102,11 @@ func (r *runner) play(ctx context.Context, plan []planned) error {
 	if err := clock.Sleep(ctx, time.Until(r.t0.Add(r.cfg.Duration))); err != nil {
 		return err
 	}
-	deadline := time.Now()
-	err := waitUntil(ctx, r.cfg.Grace, func() error { return r.steppedSince(deadline) })
+	end, deadline := time.Now(), time.Now().Add(r.cfg.Grace)
+	err := r.steppedSince(end)
+	for err != nil && time.Now().Before(deadline) && clock.Sleep(ctx, 50*time.Millisecond) == nil {
+		err = r.steppedSince(end)
+	}
 	r.mu.Lock()
 	r.rec.End = wallNow()
 	r.mu.Unlock()
@@ -131,13 +135,7 @@ func (r *runner) steppedSince(t time.Time) error {
 
 // command is the process of a rank (regang.Local's Command).
 func (r *runner) command(rank uint32, node string, restoreStep int64) *exec.Cmd {
-	var socket string
-	for _, n := range r.cl.nodes {
-		if n.name == node {
-			socket = n.socket
-		}
-	}
-	args := []string{"demo-train", "--socket", socket, "--job", jobName, "--rank", fmt.Sprint(rank),
+	args := []string{"demo-train", "--socket", r.cl.Socket(node), "--job", jobName, "--rank", fmt.Sprint(rank),
 		"--world-size", fmt.Sprint(r.cfg.Ranks), "--steps", "1000000000", "--size", fmt.Sprint(r.cfg.Size),
 		"--step-time", r.cfg.StepTime.String(), "--restore-step", fmt.Sprint(restoreStep)}
 	if r.mode == modeBaseline {
@@ -145,7 +143,7 @@ func (r *runner) command(rank uint32, node string, restoreStep int64) *exec.Cmd 
 	}
 	cmd := exec.Command(r.exe, args...)
 	p := &RankProc{Rank: rank, Node: node, Started: wallNow()}
-	cmd.Stdout, cmd.Stderr, cmd.SysProcAttr = &eventWriter{r: r, p: p}, r.rankLog, sysProcAttr()
+	cmd.Stdout, cmd.Stderr, cmd.SysProcAttr = &eventWriter{r: r, p: p}, r.rankLog, child.SysProcAttr()
 	r.mu.Lock()
 	r.rec.Procs = append(r.rec.Procs, p)
 	r.live[rank] = &liveRank{node: node, cmd: cmd, proc: p}
