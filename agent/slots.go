@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -186,6 +187,139 @@ func (r *rankState) pick(size int64, max int, pins pinSet, replica bool) *slot {
 		return r.newSlot()
 	}
 	return nil
+}
+
+// pickSlot picks the slot for a save; the caller holds r.mu. A slot whose
+// segment is being verified is taken once the pass ends: the pass maps the
+// file, which must not shrink under it.
+//
+// A replica (of a rank that runs elsewhere) may replace the newest replica
+// the node holds, which is not yet the job's consistent step, and gets one
+// slot more: it arrives at every commit, up to two steps ahead of the
+// consistent step that must stay.
+//
+// While the job's protected step (the newest that outlives a node's loss)
+// is older than its consistent step, the rank gets one more slot again,
+// so that neither pin holds a save back, and one more for each step it
+// saved past the consistent one (the other ranks have not committed it
+// yet; any may complete), up to maxAhead beyond its slots. The extra
+// segments stay in the rotation. Where the budget has no room for them,
+// the protected step gives way rather than the save.
+func (a *Agent) pickSlot(ctx context.Context, r *lockedRank, size int64, replica bool) (*slot, error) {
+	max := a.cfg.SlotsPerRank
+	if replica {
+		max++
+	}
+	pinDeadline := a.cfg.Clock.Now().Add(a.cfg.PinWait)
+	for {
+		a.expireLeases(r)
+		a.expireStaged(r)
+		pins := a.rep.pinned(r.job)
+		s := a.pickPinned(r, size, max, pins, replica)
+		if s == nil && r.pick(size, max, noPins, replica) != nil {
+			// Only the job's pins hold the slot back. In synchronous
+			// training the other ranks have committed the next step
+			// already and their reports are on the way: ask the
+			// coordinator until the pins move or PinWait runs out.
+			r.mu.Unlock()
+			a.metrics.pinRefreshes.Inc()
+			fresh := a.rep.refreshPin(ctx, r.job)
+			r.mu.Lock()
+			if fresh != pins {
+				continue
+			}
+			s = a.abandonedLatest(ctx, r, pins)
+			if s == nil && a.cfg.Clock.Now().Before(pinDeadline) && ctx.Err() == nil {
+				r.mu.Unlock()
+				time.Sleep(10 * time.Millisecond)
+				r.mu.Lock()
+				continue
+			}
+		}
+		if s == nil {
+			return nil, fmt.Errorf("%w: agent: all %d slots of job %s rank %d hold its latest checkpoint (step %d), the job's latest consistent step (%d), its protected step (%d) or are being read; raise --slots",
+				ErrBusy, len(r.slots), r.job, r.rank, latestStep(&r.rankState), pins.consistent, pins.protected)
+		}
+		done := s.verifying
+		if done == nil {
+			return s, nil
+		}
+		r.mu.Unlock()
+		select {
+		case <-done:
+			r.mu.Lock()
+		case <-ctx.Done():
+			r.mu.Lock()
+			return nil, fmt.Errorf("agent: waiting for a verification of job %s rank %d: %w", r.job, r.rank, ctx.Err())
+		}
+	}
+}
+
+// pickPinned is r.pick under the job's pins, with the extra slot of a split
+// pin (see pickSlot) where the budget has room for it; the caller holds
+// r.mu.
+func (a *Agent) pickPinned(r *lockedRank, size int64, max int, pins pinSet, replica bool) *slot {
+	if !pins.split() {
+		return r.pick(size, max, pins, replica)
+	}
+	// One slot more than max, and as many as the steps the save must not
+	// take need beside it (its latest and the steps newer than the
+	// consistent one, which may be consistent already, and both pins), up
+	// to maxAhead more: ranks running ahead while a peer's save fails or
+	// its node dies would take the protected step otherwise.
+	extra := max + 1
+	if need := r.keptSteps(pins, replica) + 1; need > extra {
+		extra = min(need, max+maxAhead)
+	}
+	if len(r.slots) >= max && a.budgetLeft() < size {
+		extra = max // no room for one more segment: the protected step may go
+	}
+	if s := r.pick(size, extra, pins, replica); s != nil {
+		return s
+	}
+	s := r.pick(size, max, pinSet{consistent: pins.consistent, protected: -1, newer: pins.newer}, replica)
+	if s != nil && s.State == stateCommitted && s.Step == pins.protected {
+		a.log.Warn("the job's protected step (the newest that outlives a node's loss) gives way to a save: no slot or budget left for both pins; raise --slots or the budget",
+			"job", r.job, "rank", r.rank, "protected", pins.protected, "consistent", pins.consistent)
+	}
+	return s
+}
+
+// maxAhead bounds the extra slots of a split pin (pickPinned).
+const maxAhead = 4
+
+// abandonedLatest returns a slot for a save when only the rank's latest
+// checkpoint and the job's consistent step hold them all, and the
+// coordinator says that latest step is abandoned: some rank moved past it
+// without committing it (its save failed), so it can never become
+// consistent nor be restored, and keeping it would leave every later step
+// of the job without this rank's shard. The caller holds r's lock; it is
+// released during the call to the coordinator.
+func (a *Agent) abandonedLatest(ctx context.Context, r *lockedRank, pins pinSet) *slot {
+	latest := r.latest()
+	if latest == nil || latest.Step <= pins.consistent {
+		return nil
+	}
+	step := latest.Step
+	r.mu.Unlock()
+	abandoned := a.rep.abandoned(ctx, r.job, step)
+	r.mu.Lock()
+	if !abandoned {
+		return nil
+	}
+	s := r.latest()
+	if s == nil || s.Step != step {
+		return nil // changed meanwhile: the caller looks again
+	}
+	// Every other slot is pinned, newer than the consistent step (which
+	// may be consistent: pinSet.newer) or being read, or the caller's
+	// pick would have had it: the latest slot goes, unless it is read.
+	if s.readers > 0 {
+		return nil
+	}
+	a.log.Warn("the rank's latest checkpoint was abandoned by the job (a rank moved on without it): its slot is reused",
+		"job", r.job, "rank", r.rank, "step", step, "consistent", pins.consistent)
+	return s
 }
 
 func (r *rankState) newSlot() *slot {
