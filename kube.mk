@@ -4,7 +4,7 @@ HELM := $(BIN)/helm
 HELM_STAMP := $(BIN)/.helm-$(HELM_VERSION)
 CHART := deploy/helm/rewind
 
-.PHONY: test-helm helm kube-bin test-kube
+.PHONY: test-helm helm kube-bin kube-debs test-kube
 
 # The control plane of the end-to-end tests (internal/kubetest): the
 # versions are pinned by the wrapper modules' go.mod files.
@@ -21,8 +21,7 @@ KUBE_BUILD := $(GO) build -ldflags='-s -w'
 ## kube-bin: kube-apiserver and kube-controller-manager (k8s.io/kubernetes), mpi-operator, the JobSet controller, the Kubeflow Trainer controller, built from the Go module proxy into bin/; etcd from Debian.
 kube-bin: $(KUBE_BIN_STAMP)
 
-$(KUBE_BIN_STAMP): $(KUBE_BIN_MODS) kube.mk
-	@command -v etcd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server)
+$(KUBE_BIN_STAMP): $(KUBE_BIN_MODS) kube.mk | kube-debs
 	@mkdir -p $(BIN)
 	cd internal/kubetest/kubebin && $(KUBE_BUILD) -o $(BIN)/ k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
 	cd internal/kubetest/mpiopbin && $(KUBE_BUILD) -o $(BIN)/mpi-operator github.com/kubeflow/mpi-operator/cmd/mpi-operator
@@ -34,6 +33,10 @@ $(KUBE_BIN_STAMP): $(KUBE_BIN_MODS) kube.mk
 	mkdir -p $(BIN)/trainer && d="$$(cd internal/kubetest/trainerbin && $(GO) list -m -f '{{.Dir}}' $(TRAINER))" && \
 		install -m 0644 $$d/manifests/base/crds/trainer.kubeflow.org_*.yaml $$d/manifests/base/runtimes/torch_distributed.yaml $(BIN)/trainer/
 	@touch $@
+
+# etcd from Debian (3.4 works with kube-apiserver 1.37).
+kube-debs:
+	@command -v etcd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server)
 
 ## test-kube: the controller end to end against a real etcd, kube-apiserver (RBAC on), kube-controller-manager, mpi-operator, the JobSet and Kubeflow Trainer controllers, the chart applied, real agents and ranks.
 test-kube: kube-bin helm build
