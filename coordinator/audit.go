@@ -51,6 +51,11 @@ var auditRules = map[string]transport.AuditRule{
 	coordpb.Coordinator_NodeDown_FullMethodName: transport.Audited(func(req any) string {
 		return transport.Words("reason", req.(*coordpb.NodeDownRequest).Reason)
 	}),
+	// A certificate issued, or refused: the node named; never the token.
+	coordpb.Coordinator_Enroll_FullMethodName: func(_ transport.Peer, req any) (transport.AuditArgs, bool) {
+		r := req.(*coordpb.EnrollRequest)
+		return transport.AuditArgs{Node: r.Node, Detail: transport.Words("csr_bytes", len(r.Csr))}, true
+	},
 	// A dry run changes nothing; a restore does.
 	coordpb.Coordinator_PlanRestore_FullMethodName: func(_ transport.Peer, req any) (transport.AuditArgs, bool) {
 		r := req.(*coordpb.PlanRestoreRequest)

@@ -73,6 +73,10 @@ type Config struct {
 	AuditMaxEntries int
 	AuditRetention  time.Duration
 
+	// Enroll, when set, issues agents without a certificate their node's
+	// own (Enroll); nil refuses every enrollment.
+	Enroll *EnrollConfig
+
 	// Faults, when set, fires the armed fault points of the coordinator
 	// (faultinject); nil unless the daemon runs with --fault-injection.
 	Faults *faultinject.Injector
@@ -125,6 +129,11 @@ func (c Config) Validate() error {
 	if c.MaxWorldSize < 1 || c.MaxJobs < 1 || c.MaxStepsPerJob < 1 || c.MaxCopiesPerShard < 1 {
 		errs = append(errs, fmt.Errorf("limits must be positive: max world size %d, jobs %d, steps per job %d, copies per shard %d",
 			c.MaxWorldSize, c.MaxJobs, c.MaxStepsPerJob, c.MaxCopiesPerShard))
+	}
+	if e := c.Enroll; e != nil && (e.CA == nil || e.NodeOf == nil || e.Validity <= 0) {
+		errs = append(errs, fmt.Errorf("enrollment needs a CA, a token check and a positive validity (%v)", e.Validity))
+	} else if e != nil && !c.Transport.TLS() {
+		errs = append(errs, errors.New("enrollment needs TLS (--tls-dir): a certificate is never issued over plaintext"))
 	}
 	if c.AuditMaxEntries < 1 || c.AuditRetention <= 0 {
 		errs = append(errs, fmt.Errorf("audit log bounds must be positive: %d entries, retention %v", c.AuditMaxEntries, c.AuditRetention))

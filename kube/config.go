@@ -29,6 +29,9 @@ type Config struct {
 	// token Secret (TokenSecretName) in the job's namespace, for its
 	// pods to mount; the agents check the tokens with the same keys.
 	JobKeys jobtoken.Keys
+	// CABundle, when named, is published by the leader (cabundle.go):
+	// the CA agents enroll with.
+	CABundle CABundle
 	// Clock decides the grace; tests pass a fake one.
 	Clock  clock.WithTicker
 	Logger *slog.Logger

@@ -32,6 +32,11 @@ var Permissions = []Permission{
 	// The job token Secrets (Config.JobKeys): created in each managed
 	// job's namespace, patched when they exist; never read or listed.
 	{Group: "", Resource: "secrets", Verbs: []string{"create", "patch"}},
+	// Node enrollment (TokenReviewer): the agents' tokens reviewed.
+	{Group: "authentication.k8s.io", Resource: "tokenreviews", Verbs: []string{"create"}},
+	// The CA bundle agents enroll with (cabundle.go), in the release
+	// namespace.
+	{Group: "", Resource: "configmaps", Verbs: []string{"get", "create", "update"}, Namespaced: true},
 	// Leader election (resourcelock.LeaseLock: get, create, update).
 	{Group: "coordination.k8s.io", Resource: "leases", Verbs: []string{"get", "create", "update"}, Namespaced: true},
 }

@@ -56,6 +56,9 @@ func Run(ctx context.Context, restCfg *rest.Config, cfg Config, lc LeaderConfig,
 	recorder, stop := NewRecorder(kube)
 	defer stop()
 	return LeaderElect(ctx, kube, lc, cfg.Logger, func(ctx context.Context) error {
+		if cfg.CABundle.Name != "" {
+			go publishCABundle(ctx, kube, cfg.CABundle, cfg.Logger)
+		}
 		for {
 			// Informers and controller are built afresh for each term, so
 			// a new leader starts from what the API server says now; and

@@ -58,30 +58,57 @@ func NewCA(name string, validity time.Duration) (*CA, error) {
 	return &CA{Cert: cert, Key: key, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
 }
 
-// LoadCA reads a CA that WriteCA wrote into dir.
+// LoadCA reads a CA from dir: ca.crt and ca.key as WriteCA writes them,
+// or else tls.crt and tls.key, the layout of a cert-manager CA Secret.
+// The key is ECDSA, in SEC 1 or PKCS #8 form.
 func LoadCA(dir string) (*CA, error) {
-	certPEM, err := os.ReadFile(filepath.Join(dir, CAFile))
+	certFile, keyFile := CAFile, CAKeyFile
+	if _, err := os.Stat(filepath.Join(dir, CAKeyFile)); errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Stat(filepath.Join(dir, KeyFile)); err == nil {
+			certFile, keyFile = CertFile, KeyFile
+		}
+	}
+	certPEM, err := os.ReadFile(filepath.Join(dir, certFile))
 	if err != nil {
 		return nil, fmt.Errorf("transport: %w", err)
 	}
-	keyPEM, err := os.ReadFile(filepath.Join(dir, CAKeyFile))
+	keyPEM, err := os.ReadFile(filepath.Join(dir, keyFile))
 	if err != nil {
 		return nil, fmt.Errorf("transport: %w", err)
 	}
 	cb, _ := pem.Decode(certPEM)
 	kb, _ := pem.Decode(keyPEM)
 	if cb == nil || kb == nil {
-		return nil, fmt.Errorf("transport: %s: %s or %s is not PEM", dir, CAFile, CAKeyFile)
+		return nil, fmt.Errorf("transport: %s: %s or %s is not PEM", dir, certFile, keyFile)
 	}
 	cert, err := x509.ParseCertificate(cb.Bytes)
 	if err != nil {
 		return nil, fmt.Errorf("transport: %s: %w", dir, err)
 	}
-	key, err := x509.ParseECPrivateKey(kb.Bytes)
-	if err != nil {
-		return nil, fmt.Errorf("transport: %s: %w", dir, err)
+	if !cert.IsCA {
+		return nil, fmt.Errorf("transport: %s: %s is not a CA certificate", dir, certFile)
 	}
-	return &CA{Cert: cert, Key: key, PEM: certPEM}, nil
+	key, err := parseECKey(kb.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("transport: %s: %s: %w", dir, keyFile, err)
+	}
+	return &CA{Cert: cert, Key: key, PEM: pem.EncodeToMemory(cb)}, nil
+}
+
+// parseECKey parses an ECDSA private key in SEC 1 or PKCS #8 form.
+func parseECKey(der []byte) (*ecdsa.PrivateKey, error) {
+	if k, err := x509.ParseECPrivateKey(der); err == nil {
+		return k, nil
+	}
+	k, err := x509.ParsePKCS8PrivateKey(der)
+	if err != nil {
+		return nil, errors.New("not an ECDSA key in SEC 1 or PKCS #8 form")
+	}
+	ec, ok := k.(*ecdsa.PrivateKey)
+	if !ok {
+		return nil, fmt.Errorf("a %T key: rewind's CA signs with ECDSA", k)
+	}
+	return ec, nil
 }
 
 // WriteCA writes the CA's certificate and key (owner-only) into dir.
@@ -120,13 +147,25 @@ func (ca *CA) Issue(leaf Leaf) (certPEM, keyPEM []byte, err error) {
 	if err := leaf.Identity.Validate(); err != nil {
 		return nil, nil, err
 	}
-	td := leaf.TrustDomain
-	if td == "" {
-		td = DefaultTrustDomain
-	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, err
+	}
+	if certPEM, err = ca.sign(&key.PublicKey, leaf); err != nil {
+		return nil, nil, err
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return certPEM, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), nil
+}
+
+// sign signs pub's certificate for leaf (its identity valid), PEM-encoded.
+func (ca *CA) sign(pub any, leaf Leaf) ([]byte, error) {
+	td := leaf.TrustDomain
+	if td == "" {
+		td = DefaultTrustDomain
 	}
 	nb, na := leaf.NotBefore, leaf.NotAfter
 	if nb.IsZero() {
@@ -134,6 +173,9 @@ func (ca *CA) Issue(leaf Leaf) (certPEM, keyPEM []byte, err error) {
 	}
 	if na.IsZero() {
 		na = time.Now().Add(leaf.Validity)
+	}
+	if na.After(ca.Cert.NotAfter) { // a leaf outliving its CA would be refused from then on anyway
+		na = ca.Cert.NotAfter
 	}
 	usage := []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
 	if r := leaf.Identity.Role; r == RoleNode || r == RoleCoordinator {
@@ -150,15 +192,11 @@ func (ca *CA) Issue(leaf Leaf) (certPEM, keyPEM []byte, err error) {
 		DNSNames:     leaf.DNSNames,
 		IPAddresses:  leaf.IPs,
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pub, ca.Key)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return nil, nil, err
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), nil
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
 }
 
 // IssueDir issues leaf's certificate into dir, with the CA's certificate

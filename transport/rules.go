@@ -18,6 +18,10 @@ type Rule struct {
 	// sends, and says why it is refused (nil: allowed). It is how a node
 	// is kept to speaking for itself.
 	Check func(id Identity, req any) error
+	// Uncertified lets a TLS caller with no verified certificate call the
+	// method too: one that authenticates its caller itself (Enroll, with
+	// a token).
+	Uncertified bool
 }
 
 // DataPath is the agents' peer data path (agent/peerdata.go), which is
@@ -69,6 +73,9 @@ var Rules = map[string]Rule{
 	coordpb.Coordinator_WatchJob_FullMethodName:   {Roles: anyRole},
 	coordpb.Coordinator_Audit_FullMethodName:      {Roles: readers},
 	coordpb.Coordinator_Nodes_FullMethodName:      {Roles: anyRole}, // an agent checks a Fetch's peers
+	// A node without a certificate yet; the token in the request proves
+	// which node it is (coordinator/enroll.go).
+	coordpb.Coordinator_Enroll_FullMethodName: {Roles: anyRole, Uncertified: true},
 
 	// The agent's service on its TCP port. A rank's calls (Prepare to
 	// Release, Consistent, ReportCorrupt) come over the Unix socket only.

@@ -207,6 +207,8 @@ func TestAuthorization(t *testing.T) {
 		"node streams for another":          {p.sec(Identity{RoleNode, "n1"}), reportStream("n2"), codes.PermissionDenied},
 		"operator reports":                  {p.sec(Identity{RoleOperator, "alice"}), report("n1"), codes.PermissionDenied},
 		"no client certificate":             {bare, listJobs, codes.Unauthenticated},
+		"no client certificate enrolls":     {bare, enroll, codes.Unimplemented},
+		"another CA's certificate enrolls":  {clientOf(t, other, p), enroll, codes.Unimplemented},
 		"certificate of another CA":         {clientOf(t, other, p), listJobs, codes.Unauthenticated},
 		"expired certificate":               {expired, listJobs, codes.Unauthenticated},
 		"plaintext client of a TLS server":  {Insecure(), listJobs, codes.Unavailable},
@@ -240,6 +242,11 @@ func registerJobCall(node, policy string) func(context.Context, coordpb.Coordina
 		_, err := c.RegisterJob(ctx, &coordpb.RegisterJobRequest{Job: "j", WorldSize: 2, Placement: map[uint32]string{0: node}, Policy: policy})
 		return err
 	}
+}
+
+func enroll(ctx context.Context, c coordpb.CoordinatorClient) error {
+	_, err := c.Enroll(ctx, &coordpb.EnrollRequest{Token: "t"})
+	return err
 }
 
 func nodeDown(ctx context.Context, c coordpb.CoordinatorClient) error {

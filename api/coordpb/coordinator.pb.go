@@ -4515,6 +4515,143 @@ func (x *NodesResponse) GetNodes() []*Node {
 	return nil
 }
 
+type EnrollRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A PKCS #10 certificate request (DER) signed with the node's new
+	// ECDSA key; its subject and names are not read.
+	Csr []byte `protobuf:"bytes,1,opt,name=csr,proto3" json:"csr,omitempty"`
+	// What proves the node: a Kubernetes service-account token whose
+	// audience is the coordinator's enrollment audience.
+	Token string `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	// The node the caller says it is; refused unless the token proves it.
+	Node          string `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnrollRequest) Reset() {
+	*x = EnrollRequest{}
+	mi := &file_coordinator_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnrollRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnrollRequest) ProtoMessage() {}
+
+func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnrollRequest.ProtoReflect.Descriptor instead.
+func (*EnrollRequest) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *EnrollRequest) GetCsr() []byte {
+	if x != nil {
+		return x.Csr
+	}
+	return nil
+}
+
+func (x *EnrollRequest) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *EnrollRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+type EnrollResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node's certificate (PEM): spiffe://TRUST-DOMAIN/node/NODE, client
+	// and server auth.
+	Certificate []byte `protobuf:"bytes,1,opt,name=certificate,proto3" json:"certificate,omitempty"`
+	// The cluster's CA (PEM), what ca.crt holds.
+	Ca []byte `protobuf:"bytes,2,opt,name=ca,proto3" json:"ca,omitempty"`
+	// The node the token proved.
+	Node             string `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	NotAfterUnixNano int64  `protobuf:"varint,4,opt,name=not_after_unix_nano,json=notAfterUnixNano,proto3" json:"not_after_unix_nano,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *EnrollResponse) Reset() {
+	*x = EnrollResponse{}
+	mi := &file_coordinator_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnrollResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnrollResponse) ProtoMessage() {}
+
+func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnrollResponse.ProtoReflect.Descriptor instead.
+func (*EnrollResponse) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *EnrollResponse) GetCertificate() []byte {
+	if x != nil {
+		return x.Certificate
+	}
+	return nil
+}
+
+func (x *EnrollResponse) GetCa() []byte {
+	if x != nil {
+		return x.Ca
+	}
+	return nil
+}
+
+func (x *EnrollResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *EnrollResponse) GetNotAfterUnixNano() int64 {
+	if x != nil {
+		return x.NotAfterUnixNano
+	}
+	return 0
+}
+
 var File_coordinator_proto protoreflect.FileDescriptor
 
 const file_coordinator_proto_rawDesc = "" +
@@ -4866,7 +5003,16 @@ const file_coordinator_proto_rawDesc = "" +
 	"\fNodesRequest\x12\x14\n" +
 	"\x05names\x18\x01 \x03(\tR\x05names\"B\n" +
 	"\rNodesResponse\x121\n" +
-	"\x05nodes\x18\x01 \x03(\v2\x1b.rewind.coordinator.v1.NodeR\x05nodes*q\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x1b.rewind.coordinator.v1.NodeR\x05nodes\"K\n" +
+	"\rEnrollRequest\x12\x10\n" +
+	"\x03csr\x18\x01 \x01(\fR\x03csr\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\tR\x05token\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\"\x85\x01\n" +
+	"\x0eEnrollResponse\x12 \n" +
+	"\vcertificate\x18\x01 \x01(\fR\vcertificate\x12\x0e\n" +
+	"\x02ca\x18\x02 \x01(\fR\x02ca\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\x12-\n" +
+	"\x13not_after_unix_nano\x18\x04 \x01(\x03R\x10notAfterUnixNano*q\n" +
 	"\tCopyState\x12\x1a\n" +
 	"\x16COPY_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14COPY_STATE_COMMITTED\x10\x01\x12\x16\n" +
@@ -4895,7 +5041,7 @@ const file_coordinator_proto_rawDesc = "" +
 	"\fJobEventKind\x12\x1e\n" +
 	"\x1aJOB_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15JOB_EVENT_KIND_REGANG\x10\x01\x12\x19\n" +
-	"\x15JOB_EVENT_KIND_FAILED\x10\x022\x87\x0e\n" +
+	"\x15JOB_EVENT_KIND_FAILED\x10\x022\xde\x0e\n" +
 	"\vCoordinator\x12[\n" +
 	"\bRegister\x12&.rewind.coordinator.v1.RegisterRequest\x1a'.rewind.coordinator.v1.RegisterResponse\x12d\n" +
 	"\vRegisterJob\x12).rewind.coordinator.v1.RegisterJobRequest\x1a*.rewind.coordinator.v1.RegisterJobResponse\x12U\n" +
@@ -4919,7 +5065,8 @@ const file_coordinator_proto_rawDesc = "" +
 	"\bNodeDown\x12&.rewind.coordinator.v1.NodeDownRequest\x1a'.rewind.coordinator.v1.NodeDownResponse\x12U\n" +
 	"\bWatchJob\x12&.rewind.coordinator.v1.WatchJobRequest\x1a\x1f.rewind.coordinator.v1.JobEvent0\x01\x12R\n" +
 	"\x05Audit\x12#.rewind.coordinator.v1.AuditRequest\x1a$.rewind.coordinator.v1.AuditResponse\x12R\n" +
-	"\x05Nodes\x12#.rewind.coordinator.v1.NodesRequest\x1a$.rewind.coordinator.v1.NodesResponseB\x1fZ\x1drewind.dev/rewind/api/coordpbb\x06proto3"
+	"\x05Nodes\x12#.rewind.coordinator.v1.NodesRequest\x1a$.rewind.coordinator.v1.NodesResponse\x12U\n" +
+	"\x06Enroll\x12$.rewind.coordinator.v1.EnrollRequest\x1a%.rewind.coordinator.v1.EnrollResponseB\x1fZ\x1drewind.dev/rewind/api/coordpbb\x06proto3"
 
 var (
 	file_coordinator_proto_rawDescOnce sync.Once
@@ -4934,7 +5081,7 @@ func file_coordinator_proto_rawDescGZIP() []byte {
 }
 
 var file_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
+var file_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
 var file_coordinator_proto_goTypes = []any{
 	(CopyState)(0),              // 0: rewind.coordinator.v1.CopyState
 	(StepState)(0),              // 1: rewind.coordinator.v1.StepState
@@ -5000,11 +5147,13 @@ var file_coordinator_proto_goTypes = []any{
 	(*AuditResponse)(nil),       // 61: rewind.coordinator.v1.AuditResponse
 	(*NodesRequest)(nil),        // 62: rewind.coordinator.v1.NodesRequest
 	(*NodesResponse)(nil),       // 63: rewind.coordinator.v1.NodesResponse
-	nil,                         // 64: rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
-	nil,                         // 65: rewind.coordinator.v1.Job.PlacementEntry
-	nil,                         // 66: rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
-	nil,                         // 67: rewind.coordinator.v1.JobEvent.PlacementEntry
-	nil,                         // 68: rewind.coordinator.v1.JobEvent.SourcesEntry
+	(*EnrollRequest)(nil),       // 64: rewind.coordinator.v1.EnrollRequest
+	(*EnrollResponse)(nil),      // 65: rewind.coordinator.v1.EnrollResponse
+	nil,                         // 66: rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
+	nil,                         // 67: rewind.coordinator.v1.Job.PlacementEntry
+	nil,                         // 68: rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
+	nil,                         // 69: rewind.coordinator.v1.JobEvent.PlacementEntry
+	nil,                         // 70: rewind.coordinator.v1.JobEvent.SourcesEntry
 }
 var file_coordinator_proto_depIdxs = []int32{
 	0,  // 0: rewind.coordinator.v1.ShardRecord.state:type_name -> rewind.coordinator.v1.CopyState
@@ -5012,11 +5161,11 @@ var file_coordinator_proto_depIdxs = []int32{
 	6,  // 2: rewind.coordinator.v1.RegisterRequest.inventory:type_name -> rewind.coordinator.v1.ShardRecord
 	8,  // 3: rewind.coordinator.v1.RegisterRequest.pins:type_name -> rewind.coordinator.v1.Pin
 	8,  // 4: rewind.coordinator.v1.RegisterResponse.pins:type_name -> rewind.coordinator.v1.Pin
-	64, // 5: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
+	66, // 5: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
 	6,  // 6: rewind.coordinator.v1.ReportRequest.shards:type_name -> rewind.coordinator.v1.ShardRecord
 	8,  // 7: rewind.coordinator.v1.ReportResponse.pins:type_name -> rewind.coordinator.v1.Pin
 	8,  // 8: rewind.coordinator.v1.ReportResponse.consistent:type_name -> rewind.coordinator.v1.Pin
-	65, // 9: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
+	67, // 9: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
 	17, // 10: rewind.coordinator.v1.ListJobsResponse.jobs:type_name -> rewind.coordinator.v1.Job
 	0,  // 11: rewind.coordinator.v1.Copy.state:type_name -> rewind.coordinator.v1.CopyState
 	1,  // 12: rewind.coordinator.v1.Step.state:type_name -> rewind.coordinator.v1.StepState
@@ -5033,7 +5182,7 @@ var file_coordinator_proto_depIdxs = []int32{
 	20, // 23: rewind.coordinator.v1.RankPlan.sources:type_name -> rewind.coordinator.v1.Copy
 	32, // 24: rewind.coordinator.v1.PlanRestoreResponse.ranks:type_name -> rewind.coordinator.v1.RankPlan
 	22, // 25: rewind.coordinator.v1.PlanRestoreResponse.skipped:type_name -> rewind.coordinator.v1.UnrestorableStep
-	66, // 26: rewind.coordinator.v1.TransfersRequest.broken_gangs:type_name -> rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
+	68, // 26: rewind.coordinator.v1.TransfersRequest.broken_gangs:type_name -> rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
 	39, // 27: rewind.coordinator.v1.TransferOrder.push:type_name -> rewind.coordinator.v1.PushOrder
 	40, // 28: rewind.coordinator.v1.TransferOrder.manifest:type_name -> rewind.coordinator.v1.ManifestOrder
 	41, // 29: rewind.coordinator.v1.TransferOrder.delete:type_name -> rewind.coordinator.v1.DeleteOrder
@@ -5047,8 +5196,8 @@ var file_coordinator_proto_depIdxs = []int32{
 	46, // 37: rewind.coordinator.v1.NodeTiers.tiers:type_name -> rewind.coordinator.v1.TierHealth
 	50, // 38: rewind.coordinator.v1.TierStatusResponse.nodes:type_name -> rewind.coordinator.v1.NodeTiers
 	4,  // 39: rewind.coordinator.v1.JobEvent.kind:type_name -> rewind.coordinator.v1.JobEventKind
-	67, // 40: rewind.coordinator.v1.JobEvent.placement:type_name -> rewind.coordinator.v1.JobEvent.PlacementEntry
-	68, // 41: rewind.coordinator.v1.JobEvent.sources:type_name -> rewind.coordinator.v1.JobEvent.SourcesEntry
+	69, // 40: rewind.coordinator.v1.JobEvent.placement:type_name -> rewind.coordinator.v1.JobEvent.PlacementEntry
+	70, // 41: rewind.coordinator.v1.JobEvent.sources:type_name -> rewind.coordinator.v1.JobEvent.SourcesEntry
 	22, // 42: rewind.coordinator.v1.JobEvent.skipped:type_name -> rewind.coordinator.v1.UnrestorableStep
 	57, // 43: rewind.coordinator.v1.RankSourcesResponse.sources:type_name -> rewind.coordinator.v1.RankSource
 	60, // 44: rewind.coordinator.v1.AuditResponse.entries:type_name -> rewind.coordinator.v1.AuditEntry
@@ -5072,27 +5221,29 @@ var file_coordinator_proto_depIdxs = []int32{
 	54, // 62: rewind.coordinator.v1.Coordinator.WatchJob:input_type -> rewind.coordinator.v1.WatchJobRequest
 	59, // 63: rewind.coordinator.v1.Coordinator.Audit:input_type -> rewind.coordinator.v1.AuditRequest
 	62, // 64: rewind.coordinator.v1.Coordinator.Nodes:input_type -> rewind.coordinator.v1.NodesRequest
-	9,  // 65: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
-	11, // 66: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
-	13, // 67: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
-	13, // 68: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
-	15, // 69: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
-	18, // 70: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
-	26, // 71: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
-	28, // 72: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
-	30, // 73: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
-	33, // 74: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
-	58, // 75: rewind.coordinator.v1.Coordinator.RankSources:output_type -> rewind.coordinator.v1.RankSourcesResponse
-	35, // 76: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
-	38, // 77: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
-	48, // 78: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
-	51, // 79: rewind.coordinator.v1.Coordinator.TierStatus:output_type -> rewind.coordinator.v1.TierStatusResponse
-	53, // 80: rewind.coordinator.v1.Coordinator.NodeDown:output_type -> rewind.coordinator.v1.NodeDownResponse
-	55, // 81: rewind.coordinator.v1.Coordinator.WatchJob:output_type -> rewind.coordinator.v1.JobEvent
-	61, // 82: rewind.coordinator.v1.Coordinator.Audit:output_type -> rewind.coordinator.v1.AuditResponse
-	63, // 83: rewind.coordinator.v1.Coordinator.Nodes:output_type -> rewind.coordinator.v1.NodesResponse
-	65, // [65:84] is the sub-list for method output_type
-	46, // [46:65] is the sub-list for method input_type
+	64, // 65: rewind.coordinator.v1.Coordinator.Enroll:input_type -> rewind.coordinator.v1.EnrollRequest
+	9,  // 66: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
+	11, // 67: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
+	13, // 68: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
+	13, // 69: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
+	15, // 70: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
+	18, // 71: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
+	26, // 72: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
+	28, // 73: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
+	30, // 74: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
+	33, // 75: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
+	58, // 76: rewind.coordinator.v1.Coordinator.RankSources:output_type -> rewind.coordinator.v1.RankSourcesResponse
+	35, // 77: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
+	38, // 78: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
+	48, // 79: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
+	51, // 80: rewind.coordinator.v1.Coordinator.TierStatus:output_type -> rewind.coordinator.v1.TierStatusResponse
+	53, // 81: rewind.coordinator.v1.Coordinator.NodeDown:output_type -> rewind.coordinator.v1.NodeDownResponse
+	55, // 82: rewind.coordinator.v1.Coordinator.WatchJob:output_type -> rewind.coordinator.v1.JobEvent
+	61, // 83: rewind.coordinator.v1.Coordinator.Audit:output_type -> rewind.coordinator.v1.AuditResponse
+	63, // 84: rewind.coordinator.v1.Coordinator.Nodes:output_type -> rewind.coordinator.v1.NodesResponse
+	65, // 85: rewind.coordinator.v1.Coordinator.Enroll:output_type -> rewind.coordinator.v1.EnrollResponse
+	66, // [66:86] is the sub-list for method output_type
+	46, // [46:66] is the sub-list for method input_type
 	46, // [46:46] is the sub-list for extension type_name
 	46, // [46:46] is the sub-list for extension extendee
 	0,  // [0:46] is the sub-list for field type_name
@@ -5119,7 +5270,7 @@ func file_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_coordinator_proto_rawDesc), len(file_coordinator_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   64,
+			NumMessages:   66,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -41,6 +41,7 @@ const (
 	Coordinator_WatchJob_FullMethodName     = "/rewind.coordinator.v1.Coordinator/WatchJob"
 	Coordinator_Audit_FullMethodName        = "/rewind.coordinator.v1.Coordinator/Audit"
 	Coordinator_Nodes_FullMethodName        = "/rewind.coordinator.v1.Coordinator/Nodes"
+	Coordinator_Enroll_FullMethodName       = "/rewind.coordinator.v1.Coordinator/Enroll"
 )
 
 // CoordinatorClient is the client API for Coordinator service.
@@ -104,6 +105,13 @@ type CoordinatorClient interface {
 	// asked by a caller other than the coordinator to fetch a shard from a
 	// peer checks that the peer is a node the coordinator knows.
 	Nodes(ctx context.Context, in *NodesRequest, opts ...grpc.CallOption) (*NodesResponse, error)
+	// Enroll issues a node its own certificate: the caller proves with a
+	// token which node it runs on (in Kubernetes, a service-account token
+	// bound to a pod on the node), and the coordinator signs the key of
+	// its certificate request for that node. The one method a caller with
+	// no certificate may call; off unless the coordinator was given a CA
+	// to sign with.
+	Enroll(ctx context.Context, in *EnrollRequest, opts ...grpc.CallOption) (*EnrollResponse, error)
 }
 
 type coordinatorClient struct {
@@ -325,6 +333,16 @@ func (c *coordinatorClient) Nodes(ctx context.Context, in *NodesRequest, opts ..
 	return out, nil
 }
 
+func (c *coordinatorClient) Enroll(ctx context.Context, in *EnrollRequest, opts ...grpc.CallOption) (*EnrollResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EnrollResponse)
+	err := c.cc.Invoke(ctx, Coordinator_Enroll_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CoordinatorServer is the server API for Coordinator service.
 // All implementations must embed UnimplementedCoordinatorServer
 // for forward compatibility.
@@ -386,6 +404,13 @@ type CoordinatorServer interface {
 	// asked by a caller other than the coordinator to fetch a shard from a
 	// peer checks that the peer is a node the coordinator knows.
 	Nodes(context.Context, *NodesRequest) (*NodesResponse, error)
+	// Enroll issues a node its own certificate: the caller proves with a
+	// token which node it runs on (in Kubernetes, a service-account token
+	// bound to a pod on the node), and the coordinator signs the key of
+	// its certificate request for that node. The one method a caller with
+	// no certificate may call; off unless the coordinator was given a CA
+	// to sign with.
+	Enroll(context.Context, *EnrollRequest) (*EnrollResponse, error)
 	mustEmbedUnimplementedCoordinatorServer()
 }
 
@@ -452,6 +477,9 @@ func (UnimplementedCoordinatorServer) Audit(context.Context, *AuditRequest) (*Au
 }
 func (UnimplementedCoordinatorServer) Nodes(context.Context, *NodesRequest) (*NodesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Nodes not implemented")
+}
+func (UnimplementedCoordinatorServer) Enroll(context.Context, *EnrollRequest) (*EnrollResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Enroll not implemented")
 }
 func (UnimplementedCoordinatorServer) mustEmbedUnimplementedCoordinatorServer() {}
 func (UnimplementedCoordinatorServer) testEmbeddedByValue()                     {}
@@ -791,6 +819,24 @@ func _Coordinator_Nodes_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Coordinator_Enroll_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EnrollRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServer).Enroll(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Coordinator_Enroll_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServer).Enroll(ctx, req.(*EnrollRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Coordinator_ServiceDesc is the grpc.ServiceDesc for Coordinator service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -861,6 +907,10 @@ var Coordinator_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Nodes",
 			Handler:    _Coordinator_Nodes_Handler,
+		},
+		{
+			MethodName: "Enroll",
+			Handler:    _Coordinator_Enroll_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -39,6 +39,8 @@ func runAgent(ctx context.Context, args []string) error {
 	ff.register(fs)
 	var tlf tlsFlags
 	tlf.register(fs)
+	var ef agentEnrollFlags
+	ef.register(fs)
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -53,6 +55,13 @@ func runAgent(ctx context.Context, args []string) error {
 		if cfg.JobKeys, err = jobtoken.Load(*jobKey); err != nil {
 			return err
 		}
+	}
+	keep, err := ef.ensure(ctx, &tlf, cfg.Node, cfg.CoordinatorAddr, cfg.Logger)
+	if err != nil {
+		return err
+	}
+	if keep != nil {
+		go keep(ctx)
 	}
 	if cfg.Transport, err = tlf.security(cfg.Logger); err != nil {
 		return err

@@ -37,6 +37,8 @@ func runCoordinator(ctx context.Context, args []string) error {
 	ff.register(fs)
 	var tlf tlsFlags
 	tlf.register(fs)
+	var ef coordEnrollFlags
+	ef.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -46,6 +48,9 @@ func runCoordinator(ctx context.Context, args []string) error {
 	}
 	var err error
 	if cfg.Transport, err = tlf.security(cfg.Logger); err != nil {
+		return err
+	}
+	if cfg.Enroll, err = ef.config(&kf); err != nil {
 		return err
 	}
 	g, err := gf.config(tlf.dir, cfg.Logger)

@@ -91,3 +91,46 @@ when that holds one).
 - {name: gossip-keys, mountPath: /etc/rewind/gossip, readOnly: true}
 {{- end -}}
 {{- end -}}
+
+{{/*
+Node enrollment (tls.enroll): the agent's TLS directory is its own
+(memory-backed, written by the agent), and the projected volume holds its
+token for the enrollment audience and the CA bundle the coordinator
+publishes. enrollAgent is true when agents enroll.
+*/}}
+{{- define "rewind.enrollAgent" -}}
+{{- if and .Values.tls.enabled .Values.tls.enroll.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{- define "rewind.enrollAgentArgs" -}}
+- --tls-dir=/var/run/rewind/tls
+- --tls-trust-domain={{ .Values.tls.trustDomain }}
+- --enroll-token=/var/run/rewind/enroll/token
+- --enroll-ca=/var/run/rewind/enroll/ca.crt
+{{- end -}}
+
+{{- define "rewind.enrollAgentVolumes" -}}
+- name: tls
+  emptyDir: {medium: Memory, sizeLimit: 1Mi}
+- name: enroll
+  projected:
+    defaultMode: 0440
+    sources:
+      - serviceAccountToken: {audience: {{ .Values.tls.enroll.audience }}, expirationSeconds: 3600, path: token}
+      - configMap: {name: {{ .Values.tls.enroll.caBundleConfigMap }}, items: [{key: ca.crt, path: ca.crt}]}
+{{- end -}}
+
+{{- define "rewind.enrollAgentMounts" -}}
+- {name: tls, mountPath: /var/run/rewind/tls}
+- {name: enroll, mountPath: /var/run/rewind/enroll, readOnly: true}
+{{- end -}}
+
+{{- define "rewind.enrollCoordinatorArgs" -}}
+{{- if include "rewind.enrollAgent" . -}}
+- --enroll-ca=/etc/rewind/enroll-ca
+- --enroll-service-account={{ .Release.Namespace }}/{{ include "rewind.fullname" . }}-agent
+- --enroll-audience={{ .Values.tls.enroll.audience }}
+- --enroll-validity={{ .Values.tls.enroll.validity }}
+- --enroll-ca-configmap={{ .Values.tls.enroll.caBundleConfigMap }}
+{{- end -}}
+{{- end -}}
