@@ -62,6 +62,7 @@ test-helm: prometheus
 	$(HELM) template rewind $(CHART) --namespace rewind \
 		--set coordinator.persistence.storageClass=fast,agent.socketGroup=1000,coordinator.policy=nvme:every=10 > /dev/null; \
 	$(HELM) template rewind $(CHART) --namespace rewind --set tls.enabled=false | grep -q -- '- --insecure'; \
+	$(HELM) template rewind $(CHART) --namespace rewind --set tls.enroll.enabled=false | grep -q 'secretName: rewind-agent-tls'; \
 	$(HELM) template rewind $(CHART) --namespace rewind \
 		--set metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true > $(BIN)/rewind-chart-monitoring.yaml; \
 	REWIND_CHART_RENDERED=$(BIN)/rewind-chart.yaml REWIND_CHART_MONITORING=$(BIN)/rewind-chart-monitoring.yaml REWIND_REQUIRE_PROMETHEUS=1 \
