@@ -32,31 +32,34 @@ demo: build
 
 ## test: lint, then every test: Go (race detector on), the Python SDK's pytest suite (and its DCP tests in a trixie root), the Helm chart, the controller against a real API server and mpi-operator, the chaos smoke run (when a Docker engine answers).
 # On a fresh machine most of make test is building and fetching what the
-# later tests need: the control plane (kube-bin, the longest), the trixie
-# root, helm, the images. Those are made in the background (test-prep,
-# niced, its output in bin/test-prep.log) while lint, the Go tests and the
-# Python tests run in front, which leave a core idle much of the time
-# (tests that wait on processes and timeouts, a single-threaded pytest);
-# the tests that need them run once it is done. The Debian packages and
-# MinIO come first: the background must not race the front for dpkg's
-# lock or for bin/minio. An interrupted or failed make test stops the
-# background too.
-TEST_FRONT := lint test-go test-python
-TEST_AFTER := test-python-dcp test-helm test-kube chaos-smoke
+# later tests need: the trixie root, helm, the images, the control plane
+# (kube-bin, the longest). Those are made in that order in the background
+# (test-prep, niced, its output in bin/test-prep.log) while lint, the Go
+# tests and the Python tests run in front, which leave a core idle much
+# of the time (tests that wait on processes and timeouts, a
+# single-threaded pytest); the front's later tests take what the
+# background made by then (a build asked for twice waits for the first,
+# under a lock), and test-kube runs once the background is done. The
+# Debian packages and MinIO come first: the background must not race the
+# front for dpkg's lock or for bin/minio. An interrupted or failed make
+# test stops the background too.
+TEST_FRONT := lint test-go test-python test-python-dcp test-helm chaos-smoke
+TEST_AFTER := test-kube
 test: packages minio
 	@mkdir -p $(BIN); \
 	setsid nice -n 15 $(MAKE) --no-print-directory test-prep > $(BIN)/test-prep.log 2>&1 & prep=$$!; \
 	trap 'kill -TERM -- -'$$prep' 2>/dev/null; wait '$$prep' 2>/dev/null' INT TERM; \
-	echo "test: building the control plane, the trixie root, helm and the images in the background (bin/test-prep.log)"; \
+	echo "test: building the trixie root, helm, the images and the control plane in the background (bin/test-prep.log)"; \
 	if ! $(MAKE) --no-print-directory $(TEST_FRONT); then kill -TERM -- -$$prep 2>/dev/null; wait $$prep; exit 1; fi; \
 	echo "test: waiting for the background builds"; \
 	if ! wait $$prep; then tail -n 40 $(BIN)/test-prep.log; echo "test: the background builds failed (bin/test-prep.log)"; exit 1; fi; \
 	$(MAKE) --no-print-directory $(TEST_AFTER)
 
-# test-prep is what make test builds in the background: what the tests of
-# TEST_AFTER need, built once and cached under bin/.
-test-prep: python-trixie kube-bin helm
+# test-prep is what make test builds in the background: what the tests
+# need, built once and cached under bin/, quickest first.
+test-prep: python-trixie helm
 	@if docker info >/dev/null 2>&1 && command -v docker-compose >/dev/null; then $(MAKE) --no-print-directory images; fi
+	@$(MAKE) --no-print-directory kube-bin
 
 ## packages: every Debian package the checks and tests use (etcd, prometheus, protoc, debootstrap, the Python SDK's), installed where missing.
 packages: prometheus python-deps python-lint-deps tools kube-debs

@@ -9,7 +9,7 @@ CHART := deploy/helm/rewind
 # The control plane of the end-to-end tests (internal/kubetest): the
 # versions are pinned by the wrapper modules' go.mod files.
 KUBE_BIN_STAMP := $(BIN)/.kube-bin
-KUBE_BIN_MODS := internal/kubetest/kubebin/go.mod internal/kubetest/mpiopbin/go.mod internal/kubetest/jobsetbin/go.mod internal/kubetest/trainerbin/go.mod
+KUBE_BIN_MODS := internal/kubetest/kubebin/go.mod internal/kubetest/jobsetbin/go.mod
 MPIJOB_CRD := manifests/base/kubeflow.org_mpijobs.yaml
 JOBSET_CRD := config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml
 JOBSET_WEBHOOKS := config/components/webhook/manifests.yaml
@@ -23,14 +23,14 @@ kube-bin: $(KUBE_BIN_STAMP)
 
 $(KUBE_BIN_STAMP): $(KUBE_BIN_MODS) kube.mk | kube-debs
 	@mkdir -p $(BIN)
-	cd internal/kubetest/kubebin && $(KUBE_BUILD) -o $(BIN)/ k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
-	cd internal/kubetest/mpiopbin && $(KUBE_BUILD) -o $(BIN)/mpi-operator github.com/kubeflow/mpi-operator/cmd/mpi-operator
-	cp "$$(cd internal/kubetest/mpiopbin && $(GO) list -m -f '{{.Dir}}' github.com/kubeflow/mpi-operator)/$(MPIJOB_CRD)" $(BIN)/kubeflow.org_mpijobs.yaml
+	cd internal/kubetest/kubebin && $(KUBE_BUILD) -o $(BIN)/ k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+		github.com/kubeflow/mpi-operator/cmd/mpi-operator
+	cp "$$(cd internal/kubetest/kubebin && $(GO) list -m -f '{{.Dir}}' github.com/kubeflow/mpi-operator)/$(MPIJOB_CRD)" $(BIN)/kubeflow.org_mpijobs.yaml
 	cd internal/kubetest/jobsetbin && $(KUBE_BUILD) -o $(BIN)/jobset-controller sigs.k8s.io/jobset
 	install -m 0644 "$$(cd internal/kubetest/jobsetbin && $(GO) list -m -f '{{.Dir}}' sigs.k8s.io/jobset)/$(JOBSET_CRD)" $(BIN)/jobset.x-k8s.io_jobsets.yaml
 	install -m 0644 "$$(cd internal/kubetest/jobsetbin && $(GO) list -m -f '{{.Dir}}' sigs.k8s.io/jobset)/$(JOBSET_WEBHOOKS)" $(BIN)/jobset-webhooks.yaml
-	cd internal/kubetest/trainerbin && $(KUBE_BUILD) -o $(BIN)/trainer-controller-manager $(TRAINER)/cmd/trainer-controller-manager
-	mkdir -p $(BIN)/trainer && d="$$(cd internal/kubetest/trainerbin && $(GO) list -m -f '{{.Dir}}' $(TRAINER))" && \
+	cd internal/kubetest/jobsetbin && $(KUBE_BUILD) -o $(BIN)/trainer-controller-manager $(TRAINER)/cmd/trainer-controller-manager
+	mkdir -p $(BIN)/trainer && d="$$(cd internal/kubetest/jobsetbin && $(GO) list -m -f '{{.Dir}}' $(TRAINER))" && \
 		install -m 0644 $$d/manifests/base/crds/trainer.kubeflow.org_*.yaml $$d/manifests/base/runtimes/torch_distributed.yaml $(BIN)/trainer/
 	@touch $@
 
@@ -48,9 +48,11 @@ test-kube: kube-bin helm build
 ## helm: a pinned helm under bin/ (built from source with go install).
 helm: $(HELM_STAMP)
 
+# Under a lock: make test builds it in the background while the front may
+# ask for it; a second build waits, then finds the stamp.
 $(HELM_STAMP):
-	$(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
-	@touch $@
+	@mkdir -p $(BIN)
+	flock $(BIN)/.helm.lock sh -c '[ -f $@ ] || { $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION) && touch $@; }'
 
 ## test-helm: helm lint and helm template of the chart, its RBAC grants exactly what kube/ calls, its dashboard and alert rules are valid (promtool).
 test-helm: prometheus

@@ -14,7 +14,7 @@ CHAOS_REWIND_IMAGE ?= rewind-chaos/rewind:dev
 export CHAOS_REWIND_IMAGE
 CHAOS_SEED = $(if $(SEED),--seed $(SEED))
 
-.PHONY: images chaos chaos-smoke
+.PHONY: images images-unlocked chaos chaos-smoke
 
 # Statically linked binaries only: the images are FROM scratch. bin/minio
 # (tiers/tiers.mk) is built static; one built before that was not is
@@ -25,7 +25,13 @@ $(STATIC)/minio: $(BIN)/minio
 	else CGO_ENABLED=0 GOBIN=$(STATIC) $(GO) install github.com/minio/minio@$(MINIO_VERSION); fi
 
 ## images: the cluster's images (rewind with rewind-dev beside it, MinIO), FROM scratch with static binaries; nothing is pulled.
+# Under a lock: make test builds them in the background while the front
+# may ask for them; a second build waits, then finds them built (Go's and
+# Docker's caches make it quick).
 images: $(STATIC)/minio
+	flock $(BIN)/.images.lock $(MAKE) --no-print-directory images-unlocked
+
+images-unlocked:
 	CGO_ENABLED=0 $(GO) build -o $(STATIC)/ ./cmd/rewind ./cmd/rewind-dev
 	@if command -v file >/dev/null; then for b in rewind rewind-dev minio; do \
 		file $(STATIC)/$$b | grep -q 'statically linked' || { echo "$(STATIC)/$$b is not statically linked"; exit 1; }; done; fi

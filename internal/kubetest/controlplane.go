@@ -8,7 +8,8 @@
 //
 // The binaries come from `make kube-bin` (bin/): kube-apiserver and
 // kube-controller-manager built from the Go module proxy through the
-// wrapper module in kubebin/, mpi-operator likewise, etcd from Debian.
+// wrapper module in kubebin/ with mpi-operator, the JobSet and Trainer
+// controllers through jobsetbin/, etcd from Debian.
 package kubetest
 
 import (

@@ -82,7 +82,14 @@ cmd=${1:-}
 [ $# -ge 2 ] || die "usage: trixie.sh build ROOT | run ROOT REPO CMD..."
 shift
 case "$cmd" in
-build) build "$1" ;;
+build)
+	# One build at a time (make test builds the root in the background
+	# while the front may ask for it): a second waits, then finds it ready.
+	mkdir -p "$(dirname "$1")"
+	exec 9>"$1.lock"
+	flock 9
+	build "$1"
+	;;
 run)
 	[ $# -ge 3 ] || die "usage: trixie.sh run ROOT REPO CMD..."
 	run "$@"

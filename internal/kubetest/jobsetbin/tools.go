@@ -1,10 +1,19 @@
 //go:build tools
 
-// Package jobsetbin builds the real JobSet controller (sigs.k8s.io/jobset,
-// the version pinned in go.mod; its main package is the module root) from
-// the Go module proxy for the end-to-end tests: `make kube-bin` builds it
-// into bin/. A module of its own keeps JobSet's Kubernetes libraries at
-// the versions it was released with.
+// Package jobsetbin builds the real JobSet controller (sigs.k8s.io/jobset;
+// its main package is the module root) and the real Kubeflow Trainer v2
+// controller (github.com/kubeflow/trainer/v2) from the Go module proxy,
+// at the versions pinned in go.mod, for the end-to-end tests: `make
+// kube-bin` builds them into bin/. One module for the two, both
+// controller-runtime controllers: the Trainer is built against the JobSet
+// API of the JobSet controller the tests install (newer than the one it
+// was released with) and the same controller-runtime, so that those are
+// compiled once. Their Kubernetes libraries stay an older minor than the
+// control plane's (kubebin): controller-runtime of that minor does not
+// build against the control plane's client-go.
 package jobsetbin
 
-import _ "sigs.k8s.io/jobset"
+import (
+	_ "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager"
+	_ "sigs.k8s.io/jobset"
+)
