@@ -31,6 +31,7 @@ from .identity import kube_job_id
 
 if TYPE_CHECKING:
     from .client import DEFAULT_SOCKET, Client, SaveStats
+    from .reshard import Layout, Resharded, Slice
     from .shard import load_shard, load_state
 
 __version__ = "0.1.0"
@@ -42,6 +43,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Client": ".client", "SaveStats": ".client", "DEFAULT_SOCKET": ".client",
     "load_shard": ".shard", "load_state": ".shard",
+    "Layout": ".reshard", "Slice": ".reshard", "Resharded": ".reshard",
 }
 
 
@@ -62,6 +64,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Client", "SaveStats", "DEFAULT_SOCKET", "load_shard", "load_state", "Header", "ShardMeta", "TensorInfo",
+    "Layout", "Slice", "Resharded",
     "ShardState",
     "RewindError", "GangBrokenError", "NoAgentError", "NotFoundError", "ResourceExhaustedError", "CorruptError", "InvalidError", "PermissionDeniedError",
     "BusyError", "DeadlineError", "CoordinatorUnavailableError", "kube_job_id",

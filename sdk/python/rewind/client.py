@@ -264,7 +264,7 @@ class Client:
             return None
         return resp.step if resp.step >= 0 else None
 
-    def restore(self, step: int | None = None, map_location="cpu", fallback: bool = False):
+    def restore(self, step: int | None = None, map_location="cpu", fallback: bool = False, *, layout=None):
         """Returns (step, state): the checkpoint to resume from — the job's
         latest consistent step when the agent has a coordinator, else the
         rank's latest committed step — or the given step, bit-identical to
@@ -276,7 +276,19 @@ class Client:
         rank has none. CorruptError: the bytes did not match; the agent is
         told and never serves that shard again, so the next restore gets an
         older step. With fallback (latest only), restore goes on to older
-        steps itself until one verifies."""
+        steps itself until one verifies.
+
+        With layout (a rewind.reshard.Layout), the checkpoint may have been
+        saved at another world size: its tensors' pieces that overlap each
+        slice of the layout are copied into the slice's out, and restore
+        returns a rewind.reshard.Resharded (the step, the saved world size,
+        the objects document of layout.objects_rank) instead; see
+        rewind/reshard.py."""
+        if layout is not None:
+            from . import reshard
+
+            with self._lock:
+                return reshard.restore_into(self, layout, step)
         placement.Placement(map_location, f"restore job {self.job} rank {self.rank}")  # a bad one fails here
         if step is None:
             # With a coordinator, every rank resumes from the job's latest

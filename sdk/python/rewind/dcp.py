@@ -45,10 +45,10 @@ import torch
 
 from . import format as fmt
 from . import identity
-from ._pb.agent_pb2 import ShardState
 from .client import DEFAULT_SOCKET, Client, OpenShard
 from .dtypes import TORCH
 from .errors import BusyError, CorruptError, InvalidError, NotFoundError, RewindError
+from .reshard import latest_whole
 
 try:
     from torch.distributed.checkpoint.metadata import (
@@ -311,7 +311,7 @@ class Reader(_Base, StorageReader):
         try:
             step = c.latest_consistent()
         except BusyError:  # an agent without a coordinator: what it holds
-            step = _latest_whole(c)
+            step = latest_whole(c)
         if step is None:
             raise NotFoundError(f"dcp load job {c.job}", "the job has no step that every rank committed")
         return step
@@ -411,15 +411,3 @@ def _merge(sdm: dict, fqn: str, md):
             have.size != md.size or have.properties.dtype != md.properties.dtype)):
         raise ValueError(f"{fqn}: pieces of different kinds, global shapes or dtypes")
     return have
-
-
-def _latest_whole(c: Client) -> int | None:
-    """The newest step of which the agent holds every rank's committed shard."""
-    ranks: dict[int, set] = {}
-    world: dict[int, int] = {}
-    for s in c.list():
-        if s.state == ShardState.SHARD_STATE_COMMITTED:
-            ranks.setdefault(s.step, set()).add(s.rank)
-            world[s.step] = s.world_size
-    whole = [step for step, rs in ranks.items() if rs == set(range(world[step]))]
-    return max(whole, default=None)

@@ -1,0 +1,205 @@
+"""Restoring a checkpoint at another world size: Client.restore(layout=...).
+
+Each rank of the new gang names the boxes of the global tensors it holds
+now (a Slice: the global tensor's name, the box's offsets, and the tensor
+or array its bytes go to, whose shape is the box's lengths). The restore
+reads every saved rank's shard of the step (from this node's shared
+memory, or fetched by the agent from a peer or a tier), finds the pieces
+that overlap each box (tensors saved with a chunk record, by save_tensors
+or rewind.dcp; a tensor saved without one is the whole global tensor, a
+replicated one whose copies any rank saved), verifies each piece it reads
+against its checksum once, and copies exactly the overlapping bytes. A
+corrupt piece is reported to the agent, and another rank's copy of the
+same piece is used when there is one; else CorruptError names the rank,
+tensor and step. The objects document (non-tensor state) is the one rank
+0 saved, or layout.objects_rank's. The Go SDK's Session.RestoreInto does
+the same (docs/design/20261127_resharding.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from . import dtypes
+from ._pb.agent_pb2 import ShardState
+from .errors import BusyError, CorruptError, InvalidError, NotFoundError
+
+
+@dataclass
+class Slice:
+    """A box of global tensor name that this rank restores: offsets in
+    every dimension, and out, a contiguous CPU torch tensor or numpy array
+    whose shape is the box's lengths and whose dtype is the saved one."""
+
+    name: str
+    offsets: Sequence[int]
+    out: Any
+
+
+@dataclass
+class Layout:
+    """What one rank of the new gang restores."""
+
+    slices: list[Slice] = field(default_factory=list)
+    objects_rank: int = 0
+
+
+@dataclass
+class Resharded:
+    """What a restore with a layout read: the step, the world size it was
+    saved at, objects_rank's objects document (UTF-8 JSON bytes, or None),
+    the bytes copied into the slices and the bytes hashed to verify the
+    pieces they came from."""
+
+    step: int
+    saved_world_size: int
+    objects: bytes | None
+    bytes: int = 0
+    verified: int = 0
+
+
+@dataclass
+class _Piece:
+    rank: int
+    name: str  # the tensor's name in its shard
+    offsets: tuple
+    shape: tuple
+    global_shape: tuple
+    dtype: str
+
+
+def latest_whole(c) -> int | None:
+    """The newest step of which the agent holds every rank's committed
+    shard (what a lone agent, without a coordinator, can restore)."""
+    ranks: dict[int, set] = {}
+    world: dict[int, int] = {}
+    for s in c.list():
+        if s.state == ShardState.SHARD_STATE_COMMITTED:
+            ranks.setdefault(s.step, set()).add(s.rank)
+            world[s.step] = s.world_size
+    whole = [step for step, rs in ranks.items() if rs == set(range(world[step]))]
+    return max(whole, default=None)
+
+
+def restore_into(c, layout: Layout, step: int | None) -> Resharded:
+    """Client.restore(layout=...), the client's lock held."""
+    if step is None:
+        try:
+            step = c.latest_consistent()
+        except BusyError:  # no coordinator: what this node holds
+            step = latest_whole(c)
+        if step is None:
+            raise NotFoundError(f"reshard restore of job {c.job}", "the job has no step every rank committed")
+    op = f"reshard restore of step {step} of job {c.job} into rank {c.rank} of {c.world_size}"
+    outs = [_check(op, s) for s in layout.slices]
+    shards: list = []
+    try:
+        shards.append(c.open_shard(0, step))
+        n = shards[0].header.meta.world_size
+        for r in range(1, n):
+            shards.append(c.open_shard(r, step))
+            if shards[r].header.meta.world_size != n:
+                raise CorruptError(op, f"rank {r} was saved at world size {shards[r].header.meta.world_size}, rank 0 at {n}")
+        if not 0 <= layout.objects_rank < n:
+            raise InvalidError(op, f"objects of rank {layout.objects_rank} asked; step {step} was saved at world size {n}")
+        objects = shards[layout.objects_rank].header.objects
+        res = Resharded(step, n, objects.encode("utf-8") if objects is not None else None)
+        _fill(op, shards, layout.slices, outs, res)
+        return res
+    finally:
+        for sh in shards:
+            sh.close()
+
+
+def _check(op: str, s: Slice) -> torch.Tensor:
+    """The slice's out as a torch tensor sharing its memory."""
+    out = torch.from_numpy(s.out) if isinstance(s.out, np.ndarray) else s.out
+    if not isinstance(out, torch.Tensor) or out.device.type != "cpu" or not out.is_contiguous():
+        raise InvalidError(op, f"slice of {s.name!r}: out must be a contiguous CPU tensor or numpy array")
+    if len(s.offsets) != out.dim() or any(o < 0 for o in s.offsets):
+        raise InvalidError(op, f"slice of {s.name!r}: offsets {list(s.offsets)} for a {out.dim()}-dimensional out")
+    return out
+
+
+def _pieces(shards) -> dict[str, list[_Piece]]:
+    by: dict[str, list[_Piece]] = {}
+    for sh in shards:
+        for t in sh.header.tensors:
+            ch = t.chunk
+            offs = tuple(ch["offsets"]) if ch else (0,) * len(t.shape)
+            gs = tuple(ch["global_shape"]) if ch else tuple(t.shape)
+            by.setdefault(t.name, []).append(_Piece(sh.header.meta.rank, t.name, offs, tuple(t.shape), gs, t.dtype))
+    return by
+
+
+def _fill(op: str, shards, slices: list[Slice], outs: list[torch.Tensor], res: Resharded) -> None:
+    by = _pieces(shards)
+    good: dict[tuple, _Piece] = {}  # a piece's box -> its verified copy
+    for s, out in zip(slices, outs):
+        pieces = by.get(s.name)
+        if not pieces:
+            raise NotFoundError(op, f"no rank saved tensor {s.name!r} at step {res.step}")
+        p0 = pieces[0]
+        want = dtypes.of_tensor(out)
+        if want != p0.dtype:
+            raise InvalidError(op, f"slice of {s.name!r}: out is {want}, the tensor was saved as {p0.dtype}")
+        lengths = tuple(out.shape)
+        if any(o + n > g for o, n, g in zip(s.offsets, lengths, p0.global_shape)) or len(lengths) != len(p0.global_shape):
+            raise InvalidError(op, f"slice of {s.name!r} at {list(s.offsets)} of {list(lengths)} is outside "
+                               f"its global shape {list(p0.global_shape)}")
+        groups: dict[tuple, list[_Piece]] = {}
+        for p in pieces:
+            if p.global_shape != p0.global_shape or p.dtype != p0.dtype:
+                raise CorruptError(op, f"tensor {s.name!r}: ranks saved pieces of different global shapes or dtypes")
+            if _overlap(p.offsets, p.shape, s.offsets, lengths) is not None:
+                groups.setdefault((p.offsets, p.shape), []).append(p)
+        covered = 0
+        for box, copies in groups.items():
+            p = good.get((s.name, box))
+            if p is None:
+                p = good[(s.name, box)] = _verified(op, shards, copies, res)
+            lo, n = _overlap(p.offsets, p.shape, s.offsets, lengths)  # type: ignore[misc]
+            src = shards[p.rank].view(p.name).view(p.shape)
+            dst = out
+            for d, (a, k) in enumerate(zip(lo, n)):
+                src = src.narrow(d, a - p.offsets[d], k)
+                dst = dst.narrow(d, a - s.offsets[d], k)
+            dst.copy_(src)
+            vol = int(np.prod(n, dtype=np.int64))
+            covered += vol
+            res.bytes += vol * out.element_size()
+        if covered != out.numel():
+            raise NotFoundError(op, f"slice of {s.name!r} at {list(s.offsets)} of {list(lengths)}: the saved pieces "
+                                f"cover {covered} of its {out.numel()} elements")
+
+
+def _overlap(offs, shape, want_offs, want_lens):
+    """The intersection of two boxes as (offsets, lengths), None if empty."""
+    lo = tuple(max(a, b) for a, b in zip(offs, want_offs))
+    hi = tuple(min(a + n, b + m) for a, n, b, m in zip(offs, shape, want_offs, want_lens))
+    if any(h <= low for low, h in zip(lo, hi)):
+        return None
+    return lo, tuple(h - low for low, h in zip(lo, hi))
+
+
+def _verified(op: str, shards, copies: list[_Piece], res: Resharded) -> _Piece:
+    """The first copy of a piece whose bytes match its checksum (the
+    whole piece is hashed, however little of it is copied); a corrupt one
+    is reported to its agent, which serves that shard no more."""
+    problems = []
+    for p in copies:
+        sh = shards[p.rank]
+        res.verified += sh.header.tensor(p.name).nbytes
+        try:
+            sh.verify([p.name])
+            return p
+        except CorruptError as e:
+            problems.append(f"rank {p.rank}: {e.message}")
+    raise CorruptError(op, "no good copy left of tensor " + repr(copies[0].name) + ": " + "; ".join(problems))
+
+
+__all__ = ["Layout", "Resharded", "Slice", "latest_whole", "restore_into"]
