@@ -22,8 +22,8 @@ func TestTokenReviewerNodeOf(t *testing.T) {
 		err    string
 	}{
 		"an agent's token bound to a pod on gpu-1": {status: authenticationv1.TokenReviewStatus{Authenticated: true, User: agent, Audiences: []string{"rewind"}}, node: "gpu-1"},
-		"not authenticated": {status: authenticationv1.TokenReviewStatus{Error: "token expired"}, err: "token expired"},
-		"another audience":  {status: authenticationv1.TokenReviewStatus{Authenticated: true, User: agent, Audiences: []string{"https://kubernetes.default.svc"}}, err: `not for audience "rewind"`},
+		"not authenticated":                        {status: authenticationv1.TokenReviewStatus{Error: "token expired"}, err: "token expired"},
+		"another audience":                         {status: authenticationv1.TokenReviewStatus{Authenticated: true, User: agent, Audiences: []string{"https://kubernetes.default.svc"}}, err: `not for audience "rewind"`},
 		"another account": {status: authenticationv1.TokenReviewStatus{Authenticated: true, Audiences: []string{"rewind"},
 			User: authenticationv1.UserInfo{Username: "system:serviceaccount:ml:default", Extra: agent.Extra}}, err: "not the agents' service account"},
 		"bound to no pod": {status: authenticationv1.TokenReviewStatus{Authenticated: true, Audiences: []string{"rewind"},
