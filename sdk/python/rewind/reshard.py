@@ -159,10 +159,13 @@ def _fill(op: str, shards, slices: list[Slice], outs: list[torch.Tensor], res: R
                 groups.setdefault((p.offsets, p.shape), []).append(p)
         covered = 0
         for box, copies in groups.items():
-            p = good.get((s.name, box))
-            if p is None:
-                p = good[(s.name, box)] = _verified(op, shards, copies, res)
-            lo, n = _overlap(p.offsets, p.shape, s.offsets, lengths)  # type: ignore[misc]
+            got = good.get((s.name, box))
+            if got is None:
+                got = good[(s.name, box)] = _verified(op, shards, copies, res)
+            p = got
+            ov = _overlap(p.offsets, p.shape, s.offsets, lengths)
+            assert ov is not None  # grouped because it overlaps
+            lo, n = ov
             src = shards[p.rank].view(p.name).view(p.shape)
             dst = out
             for d, (a, k) in enumerate(zip(lo, n)):
