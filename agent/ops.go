@@ -89,7 +89,7 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 	prev := *s
 	// Record the slot as being written before its file changes, so that an
 	// agent restarted mid-save never takes the old bytes for a checkpoint.
-	s.State, s.Step, s.Seq, s.token, s.HeaderSum, s.Problem, s.verified = stateWriting, step, 0, newToken(), "", "", false
+	s.State, s.Step, s.Seq, s.token, s.HeaderSum, s.Problem, s.verified, s.leaves = stateWriting, step, 0, newToken(), "", "", false, nil
 	s.WorldSize, s.CommittedAt, s.Replica, s.Epoch = worldSize, 0, !place, epoch
 	s.preparedAt = a.cfg.Clock.Now()
 	if err := a.persist(&r.rankState); err != nil {

@@ -101,7 +101,8 @@ func (a *Agent) reindexRank(job string, rank uint32) (shards, corrupt int, err e
 		s := &slot{Index: uint32(idx), State: stateFree, Size: fi.Size()}
 		if k := known[s.Index]; k != nil && (k.State == stateCommitted || k.State == stateCorrupt) {
 			s = k
-			switch err := a.checkSegment(job, rank, s); {
+			leaves, err := a.checkSegment(job, rank, s)
+			switch {
 			case s.State == stateCorrupt:
 				corrupt++
 			case err != nil && !errors.Is(err, shm.ErrCorrupt):
@@ -111,7 +112,7 @@ func (a *Agent) reindexRank(job string, rank uint32) (shards, corrupt int, err e
 				s.State, s.Problem = stateCorrupt, err.Error()
 				corrupt++
 			default:
-				s.verified = true
+				s.verified, s.leaves = true, leaves
 				shards++
 			}
 			s.Size = fi.Size()

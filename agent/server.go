@@ -58,7 +58,7 @@ func (s *server) Open(ctx context.Context, req *agentpb.OpenRequest) (*agentpb.O
 	if !req.Peer { // a reader of another rank's shard does not restore that rank
 		s.a.gang.opened(req.Job, req.Rank, sh.Step)
 	}
-	return &agentpb.OpenResponse{Shard: sh.proto(), Lease: lease}, nil
+	return &agentpb.OpenResponse{Shard: sh.proto(), Lease: lease, Leaves: sh.Leaves.proto()}, nil
 }
 
 func (s *server) Release(ctx context.Context, req *agentpb.ReleaseRequest) (*agentpb.ReleaseResponse, error) {

@@ -74,8 +74,9 @@ type slot struct {
 	preparedAt time.Time // when a save's Prepare took it: rewind_agent_save_seconds runs from it; never committed, it expires after PrepareTTL (prepares.go)
 
 	verified bool
-	token    uint64 // owner of a writing slot
-	readers  int    // open leases and streams
+	leaves   *tensorLeaves // what the verification that set verified hashed; nil when unknown
+	token    uint64        // owner of a writing slot
+	readers  int           // open leases and streams
 	// verifying is closed when a verification pass over the segment ends;
 	// nil when none runs. A save may take the slot, but waits for it.
 	verifying chan struct{}
@@ -382,8 +383,26 @@ func (a *Agent) shardOf(r *rankState, s *slot) *shardInfo {
 		Job: r.job, Rank: r.rank, Slot: s.Index, State: s.State, Step: s.Step, Seq: s.Seq,
 		Size: s.Size, WorldSize: s.WorldSize, Tensors: s.Tensors, HeaderSum: s.HeaderSum,
 		CommittedAt: time.Unix(0, s.CommittedAt), Verified: s.verified, Problem: s.Problem,
-		Path: a.paths.Segment(r.job, r.rank, s.Index), Epoch: s.Epoch,
+		Path: a.paths.Segment(r.job, r.rank, s.Index), Epoch: s.Epoch, Leaves: s.leaves,
 	}
+}
+
+// tensorLeaves are the leaf hashes of a verified shard's tensors, in its
+// header's order; immutable once made.
+type tensorLeaves struct {
+	names  []string
+	hashes [][]uint64
+}
+
+func (l *tensorLeaves) proto() []*agentpb.TensorLeaves {
+	if l == nil {
+		return nil
+	}
+	out := make([]*agentpb.TensorLeaves, len(l.names))
+	for i, n := range l.names {
+		out[i] = &agentpb.TensorLeaves{Tensor: n, Hashes: l.hashes[i]}
+	}
+	return out
 }
 
 // shardInfo is a consistent snapshot of one slot, safe to use unlocked.
@@ -403,6 +422,7 @@ type shardInfo struct {
 	Problem     string
 	Path        string
 	Epoch       uint64
+	Leaves      *tensorLeaves
 }
 
 // readHeader decodes the header of the segment at path.

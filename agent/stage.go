@@ -46,7 +46,7 @@ func (a *Agent) stage(ctx context.Context, ps PeerShard, slotIdx uint32, token u
 	}
 	prev := *s
 	s.State, s.Stage, s.HeaderSum, s.stagedAt = stateStaged, ps.Stage, ps.HeaderSum, a.cfg.Clock.Now()
-	s.WorldSize, s.Tensors, s.token, s.verified = h.Meta.WorldSize, uint32(len(h.Tensors)), 0, verified
+	s.WorldSize, s.Tensors, s.token, s.verified, s.leaves = h.Meta.WorldSize, uint32(len(h.Tensors)), 0, verified, nil
 	if err := a.persist(&r.rankState); err != nil {
 		*s = prev
 		return err

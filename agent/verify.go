@@ -33,7 +33,7 @@ func (a *Agent) verify(r *lockedRank, s *slot) error {
 	r.mu.Unlock()
 
 	start := time.Now()
-	err := a.checkSegment(r.job, r.rank, &snap)
+	leaves, err := a.checkSegment(r.job, r.rank, &snap)
 	a.metrics.verifySeconds.Observe(time.Since(start).Seconds())
 
 	r.mu.Lock()
@@ -47,7 +47,7 @@ func (a *Agent) verify(r *lockedRank, s *slot) error {
 		if s.State == stateCorrupt {
 			return fmt.Errorf("%w: agent: job %s rank %d step %d was found corrupt earlier: %s", shm.ErrCorrupt, r.job, r.rank, s.Step, s.Problem)
 		}
-		s.verified = true
+		s.verified, s.leaves = true, leaves
 		return nil
 	}
 	if !errors.Is(err, shm.ErrCorrupt) {
@@ -61,47 +61,53 @@ func (a *Agent) verify(r *lockedRank, s *slot) error {
 		a.metrics.corrupt.Inc()
 		a.rep.shard(r.job, r.rank, s.WorldSize, s.Step, s.Size, s.HeaderSum, coordpb.CopyState_COPY_STATE_CORRUPT)
 	}
-	s.State, s.Problem, s.verified = stateCorrupt, err.Error(), false
+	s.State, s.Problem, s.verified, s.leaves = stateCorrupt, err.Error(), false, nil
 	if perr := a.persist(&r.rankState); perr != nil {
 		a.log.Error("recording corrupt shard", "err", perr)
 	}
 	return err
 }
 
-// checkSegment reads a segment and checks header and data.
-func (a *Agent) checkSegment(job string, rank uint32, s *slot) error {
+// checkSegment reads a segment and checks header and data, and returns
+// the leaf hashes of its tensors.
+func (a *Agent) checkSegment(job string, rank uint32, s *slot) (*tensorLeaves, error) {
 	path := a.paths.Segment(job, rank, s.Index)
 	f, err := a.cfg.FS.OpenFile(path, os.O_RDONLY, 0)
 	if errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("%w: agent: segment of job %s rank %d step %d is gone: %v", shm.ErrCorrupt, job, rank, s.Step, err)
+		return nil, fmt.Errorf("%w: agent: segment of job %s rank %d step %d is gone: %v", shm.ErrCorrupt, job, rank, s.Step, err)
 	}
 	if err != nil {
-		return fmt.Errorf("agent: opening segment of job %s rank %d step %d: %w", job, rank, s.Step, err)
+		return nil, fmt.Errorf("agent: opening segment of job %s rank %d step %d: %w", job, rank, s.Step, err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if fi.Size() != s.Size || fi.Size() < 8 {
-		return fmt.Errorf("%w: agent: segment of job %s rank %d step %d is %d bytes, %d were committed", shm.ErrCorrupt, job, rank, s.Step, fi.Size(), s.Size)
+		return nil, fmt.Errorf("%w: agent: segment of job %s rank %d step %d is %d bytes, %d were committed", shm.ErrCorrupt, job, rank, s.Step, fi.Size(), s.Size)
 	}
 	// Read, not mapped: a mapping's page table costs more than the copy.
 	h, raw, err := shm.ReadHeader(f, fi.Size())
 	if err != nil {
-		return fmt.Errorf("agent: job %s rank %d step %d: %w", job, rank, s.Step, err)
+		return nil, fmt.Errorf("agent: job %s rank %d step %d: %w", job, rank, s.Step, err)
 	}
 	if !h.Rewind || h.Meta.Job != job || h.Meta.Rank != rank || h.Meta.Step != s.Step {
-		return fmt.Errorf("%w: agent: segment of job %s rank %d step %d holds job %q rank %d step %d",
+		return nil, fmt.Errorf("%w: agent: segment of job %s rank %d step %d holds job %q rank %d step %d",
 			shm.ErrCorrupt, job, rank, s.Step, h.Meta.Job, h.Meta.Rank, h.Meta.Step)
 	}
 	if s.HeaderSum != "" && shm.HeaderSum(raw) != s.HeaderSum {
-		return fmt.Errorf("%w: agent: header of job %s rank %d step %d changed since commit", shm.ErrCorrupt, job, rank, s.Step)
+		return nil, fmt.Errorf("%w: agent: header of job %s rank %d step %d changed since commit", shm.ErrCorrupt, job, rank, s.Step)
 	}
-	if err := h.VerifyAt(f, a.cfg.VerifyWorkers); err != nil {
-		return fmt.Errorf("agent: job %s rank %d step %d: %w", job, rank, s.Step, err)
+	hashes, err := h.VerifyAtLeaves(f, a.cfg.VerifyWorkers)
+	if err != nil {
+		return nil, fmt.Errorf("agent: job %s rank %d step %d: %w", job, rank, s.Step, err)
 	}
-	return nil
+	l := &tensorLeaves{names: make([]string, len(h.Tensors)), hashes: hashes}
+	for i, t := range h.Tensors {
+		l.names[i] = t.Name
+	}
+	return l, nil
 }
 
 type verifyJob struct {

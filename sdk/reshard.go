@@ -104,10 +104,11 @@ func (s *Session) newestComplete(ctx context.Context) (int64, error) {
 
 // openShard is a saved rank's shard, leased and mapped for reading.
 type openShard struct {
-	sh    *agentpb.Shard
-	h     *shm.Header
-	m     *shm.Mapping
-	lease uint64
+	sh     *agentpb.Shard
+	h      *shm.Header
+	m      *shm.Mapping
+	lease  uint64
+	leaves map[string][]uint64 // from the agent, when it has verified the shard
 }
 
 // RestoreStepInto is RestoreInto for a given step.
@@ -202,21 +203,28 @@ func (s *Session) openPeer(ctx context.Context, step int64, rank uint32) (*openS
 		}
 		return fail(fmt.Errorf("rank %d step %d: %w", rank, step, err))
 	}
-	return &openShard{sh: sh, h: h, m: m, lease: resp.Lease}, nil
+	o := &openShard{sh: sh, h: h, m: m, lease: resp.Lease, leaves: map[string][]uint64{}}
+	for _, l := range resp.Leaves {
+		o.leaves[l.Tensor] = l.Hashes
+	}
+	return o, nil
 }
 
-// fill copies every slice's bytes from the pieces that overlap it, each
-// piece verified first (once, however many slices it feeds).
+// fill copies every slice's bytes from the pieces that overlap it. What
+// is copied is verified first: the leaves of the piece it lies in when
+// the agent gave the piece's leaf hashes (shm.VerifyRange: each leaf
+// hashed once, however many slices read it), else the whole piece, once.
 func (s *Session) fill(ctx context.Context, step int64, shards []*openShard, want []Slice, res *Resharded) error {
 	byName := map[string][]*piece{}
 	for _, o := range shards {
 		for i := range o.h.Tensors {
 			t := &o.h.Tensors[i]
 			data := o.m.Data[o.h.DataStart+t.Begin : o.h.DataStart+t.End]
-			byName[t.Name] = append(byName[t.Name], newPiece(o.h.Meta.Rank, t, data))
+			p := newPiece(o.h.Meta.Rank, t, data)
+			p.leaves = o.leaves[t.Name]
+			byName[t.Name] = append(byName[t.Name], p)
 		}
 	}
-	good := map[string]*piece{} // tensor name + box -> the verified copy
 	for i := range want {
 		sl := &want[i]
 		pieces := byName[sl.Name]
@@ -227,38 +235,52 @@ func (s *Session) fill(ctx context.Context, step int64, shards []*openShard, wan
 		if err != nil {
 			return err
 		}
+		es := sl.DType.Size()
 		for _, copies := range groups {
-			key := sl.Name + " " + copies[0].box()
-			p := good[key]
-			if p == nil {
-				if p, err = s.verified(ctx, step, shards, copies, res); err != nil {
-					return err
-				}
-				good[key] = p
+			lo, n, _ := intersect(copies[0].offs, copies[0].t.Shape, sl.Offsets, sl.Lengths)
+			p, err := s.verified(ctx, step, shards, copies, lo, n, es, res)
+			if err != nil {
+				return err
 			}
-			lo, n, _ := intersect(p.offs, p.t.Shape, sl.Offsets, sl.Lengths)
-			copyBox(sl.Data, sl.Offsets, sl.Lengths, p.data, p.offs, p.t.Shape, lo, n, sl.DType.Size())
-			res.Bytes += volume(n) * sl.DType.Size()
+			copyBox(sl.Data, sl.Offsets, sl.Lengths, p.data, p.offs, p.t.Shape, lo, n, es)
+			res.Bytes += volume(n) * es
 		}
 	}
 	return nil
 }
 
-// verified returns the first of copies whose bytes match its checksum. The
-// shard format records one checksum per tensor (the root of its 1 MiB leaf
-// hashes, not the leaves), so a piece is verified whole, even when only a
-// part of it is copied. A corrupt copy is reported to its agent, which
-// serves that shard no more.
-func (s *Session) verified(ctx context.Context, step int64, shards []*openShard, copies []*piece, res *Resharded) (*piece, error) {
+// verified returns the first of copies whose bytes holding the box
+// (lo, n) match their checksum. A corrupt copy is reported to its agent,
+// which serves that shard no more.
+func (s *Session) verified(ctx context.Context, step int64, shards []*openShard, copies []*piece, lo, n []int64, es int64, res *Resharded) (*piece, error) {
 	var problems []string
 	for _, p := range copies {
-		res.Verified += p.t.Len()
-		sum := shm.CopyAndSum([]shm.Copy{{Src: p.data}}, s.c.opts.Workers)[0]
-		if p.t.HasSum && sum == p.t.Sum {
+		if p.bad {
+			continue
+		}
+		var err error
+		switch {
+		case p.whole:
+		case p.leaves != nil && p.t.HasSum:
+			if p.leafOK == nil {
+				p.leafOK = map[int]bool{}
+			}
+			blo, bhi := p.byteRange(lo, n, es)
+			var hashed int64
+			hashed, err = shm.VerifyRange(p.data, blo, bhi, p.leaves, p.t.Sum, p.leafOK)
+			res.Verified += hashed
+		default:
+			res.Verified += p.t.Len()
+			if sum := shm.CopyAndSum([]shm.Copy{{Src: p.data}}, s.c.opts.Workers)[0]; !p.t.HasSum || sum != p.t.Sum {
+				err = fmt.Errorf("%w: checksum %s, header says %s", shm.ErrCorrupt, shm.FormatSum(sum), shm.FormatSum(p.t.Sum))
+			}
+			p.whole = err == nil
+		}
+		if err == nil {
 			return p, nil
 		}
-		err := fmt.Errorf("%w: tensor %q of rank %d at step %d: checksum %s, header says %s",
-			shm.ErrCorrupt, p.t.Name, p.rank, step, shm.FormatSum(sum), shm.FormatSum(p.t.Sum))
+		p.bad = true
+		err = fmt.Errorf("tensor %q of rank %d at step %d: %w", p.t.Name, p.rank, step, err)
 		s.report(ctx, shards[p.rank].sh, err)
 		problems = append(problems, err.Error())
 	}

@@ -14,7 +14,12 @@ type piece struct {
 	t      *shm.Tensor
 	global []int64
 	offs   []int64
-	data   []byte // the piece's bytes in the mapped shard
+	data   []byte   // the piece's bytes in the mapped shard
+	leaves []uint64 // its leaf hashes from the agent, nil when not known
+
+	bad    bool         // found corrupt
+	whole  bool         // verified whole
+	leafOK map[int]bool // the leaves verified so far (shm.VerifyRange)
 }
 
 func newPiece(rank uint32, t *shm.Tensor, data []byte) *piece {
@@ -164,4 +169,16 @@ func cover(sl *Slice, pieces []*piece) (groups [][]*piece, err error) {
 		return nil, fmt.Errorf("tensor %q: the saved pieces cover %d of the slice's %d elements", sl.Name, covered, volume(sl.Lengths))
 	}
 	return groups, nil
+}
+
+// byteRange is the range of a piece's bytes (row-major, element size es)
+// that holds the box (lo, n) of its global tensor: from its first element
+// to its last, the rows between included.
+func (p *piece) byteRange(lo, n []int64, es int64) (int64, int64) {
+	first, last := int64(0), int64(0)
+	for d := range lo {
+		first = first*p.t.Shape[d] + (lo[d] - p.offs[d])
+		last = last*p.t.Shape[d] + (lo[d] + n[d] - 1 - p.offs[d])
+	}
+	return first * es, (last + 1) * es
 }

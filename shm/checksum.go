@@ -46,6 +46,9 @@ func leaf(b []byte, i int) []byte {
 	return b[lo:hi]
 }
 
+// RootOf is the checksum of a piece whose leaf hashes are leaves.
+func RootOf(leaves []uint64) uint64 { return rootOf(leaves) }
+
 func rootOf(leaves []uint64) uint64 {
 	buf := make([]byte, 8*len(leaves))
 	for i, h := range leaves {
@@ -80,14 +83,14 @@ func CopyAndSum(copies []Copy, workers int) []uint64 {
 		}
 		sizes[i] = int64(len(c.Src))
 	}
-	return sumLeaves(sizes, workers, func(_, i, j int) uint64 {
+	return roots(sumLeaves(sizes, workers, func(_, i, j int) uint64 {
 		c := copies[i]
 		src := leaf(c.Src, j)
 		if c.Dst != nil {
 			copy(leaf(c.Dst, j), src)
 		}
 		return xxh3.Hash(src)
-	})
+	}))
 }
 
 // Section is a range of a file.
@@ -101,6 +104,17 @@ type Section struct {
 // memory this costs a copy out of the page cache but no mapping, whose
 // page table (one entry per 4 KiB page) costs more to fill and tear down.
 func SumAt(r io.ReaderAt, sections []Section, workers int) ([]uint64, error) {
+	leaves, err := LeavesAt(r, sections, workers)
+	if err != nil {
+		return nil, err
+	}
+	return roots(leaves), nil
+}
+
+// LeavesAt is SumAt that returns each section's leaf hashes (its checksum
+// is RootOf them): what lets a reader of a part of a section check only
+// the leaves it covers (VerifyRange).
+func LeavesAt(r io.ReaderAt, sections []Section, workers int) ([][]uint64, error) {
 	if workers <= 0 {
 		workers = DefaultWorkers()
 	}
@@ -110,7 +124,7 @@ func SumAt(r io.ReaderAt, sections []Section, workers int) ([]uint64, error) {
 	}
 	bufs := make([][]byte, workers)
 	var failed atomic.Pointer[error]
-	sums := sumLeaves(sizes, workers, func(w, i, j int) uint64 {
+	leaves := sumLeaves(sizes, workers, func(w, i, j int) uint64 {
 		if failed.Load() != nil {
 			return 0
 		}
@@ -129,15 +143,15 @@ func SumAt(r io.ReaderAt, sections []Section, workers int) ([]uint64, error) {
 	if err := failed.Load(); err != nil {
 		return nil, *err
 	}
-	return sums, nil
+	return leaves, nil
 }
 
-// sumLeaves returns the checksum of each of len(sizes) pieces of sizes[i]
+// sumLeaves returns the leaf hashes of each of len(sizes) pieces of sizes[i]
 // bytes, hash(w, i, j) giving the hash of leaf j of piece i on worker w
 // (0 <= w < workers): the leaves of every piece are spread over the
 // workers as one index space, so that one large tensor is spread over all
 // of them as well as many small ones.
-func sumLeaves(sizes []int64, workers int, hash func(w, i, j int) uint64) []uint64 {
+func sumLeaves(sizes []int64, workers int, hash func(w, i, j int) uint64) [][]uint64 {
 	if workers <= 0 {
 		workers = DefaultWorkers()
 	}
@@ -187,9 +201,45 @@ func sumLeaves(sizes []int64, workers int, hash func(w, i, j int) uint64) []uint
 		}
 		wg.Wait()
 	}
-	sums := make([]uint64, len(sizes))
-	for i := range sizes {
-		sums[i] = rootOf(leaves[i])
+	return leaves
+}
+
+// roots is each piece's checksum from its leaves.
+func roots(leaves [][]uint64) []uint64 {
+	sums := make([]uint64, len(leaves))
+	for i, l := range leaves {
+		sums[i] = rootOf(l)
 	}
 	return sums
+}
+
+// VerifyRange checks bytes [lo, hi) of a piece b whose leaf hashes are
+// leaves and whose checksum is sum: leaves must root to sum (they come
+// from whoever hashed the piece before, and are checked here), and every
+// leaf [lo, hi) touches is hashed and compared, each once: done records
+// the leaves already checked (nil: none), so that several ranges of one
+// piece cost each leaf one hash. It returns the bytes hashed, or an error
+// wrapping ErrCorrupt.
+func VerifyRange(b []byte, lo, hi int64, leaves []uint64, sum uint64, done map[int]bool) (int64, error) {
+	if len(leaves) != numLeaves(int64(len(b))) {
+		return 0, corruptf("%d leaf hashes for %d bytes", len(leaves), len(b))
+	}
+	if rootOf(leaves) != sum {
+		return 0, corruptf("leaf hashes do not make the checksum %s", FormatSum(sum))
+	}
+	var hashed int64
+	for j := int(lo / LeafSize); int64(j)*LeafSize < hi; j++ {
+		if done[j] {
+			continue
+		}
+		l := leaf(b, j)
+		if xxh3.Hash(l) != leaves[j] {
+			return hashed, corruptf("leaf %d (bytes %d to %d) does not match its hash", j, int64(j)*LeafSize, int64(j)*LeafSize+int64(len(l)))
+		}
+		hashed += int64(len(l))
+		if done != nil {
+			done[j] = true
+		}
+	}
+	return hashed, nil
 }

@@ -220,15 +220,25 @@ func (h *Header) Verify(b []byte, workers int) error {
 // rather than mapped (SumAt). An error reading r does not wrap
 // ErrCorrupt.
 func (h *Header) VerifyAt(r io.ReaderAt, workers int) error {
+	_, err := h.VerifyAtLeaves(r, workers)
+	return err
+}
+
+// VerifyAtLeaves is VerifyAt that returns, when every tensor matches, the
+// leaf hashes of each tensor in h.Tensors order (VerifyRange's leaves).
+func (h *Header) VerifyAtLeaves(r io.ReaderAt, workers int) ([][]uint64, error) {
 	secs := make([]Section, len(h.Tensors))
 	for i, t := range h.Tensors {
 		secs[i] = Section{Off: h.DataStart + t.Begin, Len: t.Len()}
 	}
-	sums, err := SumAt(r, secs, workers)
+	leaves, err := LeavesAt(r, secs, workers)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return h.check(sums)
+	if err := h.check(roots(leaves)); err != nil {
+		return nil, err
+	}
+	return leaves, nil
 }
 
 // check compares computed sums, in h.Tensors order, with the recorded ones.

@@ -1462,9 +1462,15 @@ func (x *OpenRequest) GetPeer() bool {
 }
 
 type OpenResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Shard         *Shard                 `protobuf:"bytes,1,opt,name=shard,proto3" json:"shard,omitempty"`
-	Lease         uint64                 `protobuf:"varint,2,opt,name=lease,proto3" json:"lease,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Shard *Shard                 `protobuf:"bytes,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	Lease uint64                 `protobuf:"varint,2,opt,name=lease,proto3" json:"lease,omitempty"`
+	// The leaf hashes of each tensor of the shard, when the agent has
+	// verified it whole (every tensor checked against the header): a reader
+	// of part of a tensor checks the leaves it reads only, against these,
+	// which must root to the tensor's checksum (shm.VerifyRange). Empty
+	// when the shard is not verified yet.
+	Leaves        []*TensorLeaves `protobuf:"bytes,3,rep,name=leaves,proto3" json:"leaves,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1513,6 +1519,66 @@ func (x *OpenResponse) GetLease() uint64 {
 	return 0
 }
 
+func (x *OpenResponse) GetLeaves() []*TensorLeaves {
+	if x != nil {
+		return x.Leaves
+	}
+	return nil
+}
+
+type TensorLeaves struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tensor string                 `protobuf:"bytes,1,opt,name=tensor,proto3" json:"tensor,omitempty"`
+	// XXH3-64 of each 1 MiB leaf of the tensor's bytes, in order.
+	Hashes        []uint64 `protobuf:"fixed64,2,rep,packed,name=hashes,proto3" json:"hashes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TensorLeaves) Reset() {
+	*x = TensorLeaves{}
+	mi := &file_agent_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TensorLeaves) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TensorLeaves) ProtoMessage() {}
+
+func (x *TensorLeaves) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TensorLeaves.ProtoReflect.Descriptor instead.
+func (*TensorLeaves) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *TensorLeaves) GetTensor() string {
+	if x != nil {
+		return x.Tensor
+	}
+	return ""
+}
+
+func (x *TensorLeaves) GetHashes() []uint64 {
+	if x != nil {
+		return x.Hashes
+	}
+	return nil
+}
+
 type ReleaseRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Lease         uint64                 `protobuf:"varint,1,opt,name=lease,proto3" json:"lease,omitempty"`
@@ -1522,7 +1588,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1534,7 +1600,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1547,7 +1613,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReleaseRequest) GetLease() uint64 {
@@ -1565,7 +1631,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1577,7 +1643,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1590,7 +1656,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 type ReadRequest struct {
@@ -1604,7 +1670,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1616,7 +1682,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1629,7 +1695,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReadRequest) GetJob() string {
@@ -1666,7 +1732,7 @@ type ReadChunk struct {
 
 func (x *ReadChunk) Reset() {
 	*x = ReadChunk{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1678,7 +1744,7 @@ func (x *ReadChunk) String() string {
 func (*ReadChunk) ProtoMessage() {}
 
 func (x *ReadChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1691,7 +1757,7 @@ func (x *ReadChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadChunk.ProtoReflect.Descriptor instead.
 func (*ReadChunk) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReadChunk) GetOffset() uint64 {
@@ -1725,7 +1791,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1737,7 +1803,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1750,7 +1816,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListRequest) GetJob() string {
@@ -1769,7 +1835,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1781,7 +1847,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1794,7 +1860,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListResponse) GetShards() []*Shard {
@@ -1829,7 +1895,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1841,7 +1907,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1854,7 +1920,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Shard) GetJob() string {
@@ -1971,7 +2037,7 @@ type VerifyRequest struct {
 
 func (x *VerifyRequest) Reset() {
 	*x = VerifyRequest{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1983,7 +2049,7 @@ func (x *VerifyRequest) String() string {
 func (*VerifyRequest) ProtoMessage() {}
 
 func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1996,7 +2062,7 @@ func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyRequest.ProtoReflect.Descriptor instead.
 func (*VerifyRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *VerifyRequest) GetJob() string {
@@ -2045,7 +2111,7 @@ type VerifyResponse struct {
 
 func (x *VerifyResponse) Reset() {
 	*x = VerifyResponse{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2057,7 +2123,7 @@ func (x *VerifyResponse) String() string {
 func (*VerifyResponse) ProtoMessage() {}
 
 func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2070,7 +2136,7 @@ func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyResponse.ProtoReflect.Descriptor instead.
 func (*VerifyResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *VerifyResponse) GetOk() bool {
@@ -2107,7 +2173,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2119,7 +2185,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2132,7 +2198,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DeleteRequest) GetJob() string {
@@ -2173,7 +2239,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2185,7 +2251,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2198,7 +2264,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DeleteResponse) GetDeleted() uint32 {
@@ -2223,7 +2289,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2235,7 +2301,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2248,7 +2314,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{30}
+	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
 type StatusResponse struct {
@@ -2269,7 +2335,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2281,7 +2347,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2294,7 +2360,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{31}
+	return file_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -2391,7 +2457,7 @@ type SegmentRequest struct {
 
 func (x *SegmentRequest) Reset() {
 	*x = SegmentRequest{}
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2403,7 +2469,7 @@ func (x *SegmentRequest) String() string {
 func (*SegmentRequest) ProtoMessage() {}
 
 func (x *SegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2416,7 +2482,7 @@ func (x *SegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentRequest.ProtoReflect.Descriptor instead.
 func (*SegmentRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{32}
+	return file_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SegmentRequest) GetJob() string {
@@ -2506,7 +2572,7 @@ type SegmentResponse struct {
 
 func (x *SegmentResponse) Reset() {
 	*x = SegmentResponse{}
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2518,7 +2584,7 @@ func (x *SegmentResponse) String() string {
 func (*SegmentResponse) ProtoMessage() {}
 
 func (x *SegmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2531,7 +2597,7 @@ func (x *SegmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentResponse.ProtoReflect.Descriptor instead.
 func (*SegmentResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{33}
+	return file_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SegmentResponse) GetCode() uint32 {
@@ -2670,10 +2736,14 @@ const file_agent_proto_rawDesc = "" +
 	"\x04rank\x18\x02 \x01(\rR\x04rank\x12\x12\n" +
 	"\x04step\x18\x03 \x01(\x03R\x04step\x12\x16\n" +
 	"\x06latest\x18\x04 \x01(\bR\x06latest\x12\x12\n" +
-	"\x04peer\x18\x05 \x01(\bR\x04peer\"R\n" +
+	"\x04peer\x18\x05 \x01(\bR\x04peer\"\x89\x01\n" +
 	"\fOpenResponse\x12,\n" +
 	"\x05shard\x18\x01 \x01(\v2\x16.rewind.agent.v1.ShardR\x05shard\x12\x14\n" +
-	"\x05lease\x18\x02 \x01(\x04R\x05lease\"&\n" +
+	"\x05lease\x18\x02 \x01(\x04R\x05lease\x125\n" +
+	"\x06leaves\x18\x03 \x03(\v2\x1d.rewind.agent.v1.TensorLeavesR\x06leaves\">\n" +
+	"\fTensorLeaves\x12\x16\n" +
+	"\x06tensor\x18\x01 \x01(\tR\x06tensor\x12\x16\n" +
+	"\x06hashes\x18\x02 \x03(\x06R\x06hashes\"&\n" +
 	"\x0eReleaseRequest\x12\x14\n" +
 	"\x05lease\x18\x01 \x01(\x04R\x05lease\"\x11\n" +
 	"\x0fReleaseResponse\"G\n" +
@@ -2802,7 +2872,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_agent_proto_goTypes = []any{
 	(FetchFailure)(0),             // 0: rewind.agent.v1.FetchFailure
 	(ShardState)(0),               // 1: rewind.agent.v1.ShardState
@@ -2825,21 +2895,22 @@ var file_agent_proto_goTypes = []any{
 	(*CommitResponse)(nil),        // 18: rewind.agent.v1.CommitResponse
 	(*OpenRequest)(nil),           // 19: rewind.agent.v1.OpenRequest
 	(*OpenResponse)(nil),          // 20: rewind.agent.v1.OpenResponse
-	(*ReleaseRequest)(nil),        // 21: rewind.agent.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 22: rewind.agent.v1.ReleaseResponse
-	(*ReadRequest)(nil),           // 23: rewind.agent.v1.ReadRequest
-	(*ReadChunk)(nil),             // 24: rewind.agent.v1.ReadChunk
-	(*ListRequest)(nil),           // 25: rewind.agent.v1.ListRequest
-	(*ListResponse)(nil),          // 26: rewind.agent.v1.ListResponse
-	(*Shard)(nil),                 // 27: rewind.agent.v1.Shard
-	(*VerifyRequest)(nil),         // 28: rewind.agent.v1.VerifyRequest
-	(*VerifyResponse)(nil),        // 29: rewind.agent.v1.VerifyResponse
-	(*DeleteRequest)(nil),         // 30: rewind.agent.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 31: rewind.agent.v1.DeleteResponse
-	(*StatusRequest)(nil),         // 32: rewind.agent.v1.StatusRequest
-	(*StatusResponse)(nil),        // 33: rewind.agent.v1.StatusResponse
-	(*SegmentRequest)(nil),        // 34: rewind.agent.v1.SegmentRequest
-	(*SegmentResponse)(nil),       // 35: rewind.agent.v1.SegmentResponse
+	(*TensorLeaves)(nil),          // 21: rewind.agent.v1.TensorLeaves
+	(*ReleaseRequest)(nil),        // 22: rewind.agent.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 23: rewind.agent.v1.ReleaseResponse
+	(*ReadRequest)(nil),           // 24: rewind.agent.v1.ReadRequest
+	(*ReadChunk)(nil),             // 25: rewind.agent.v1.ReadChunk
+	(*ListRequest)(nil),           // 26: rewind.agent.v1.ListRequest
+	(*ListResponse)(nil),          // 27: rewind.agent.v1.ListResponse
+	(*Shard)(nil),                 // 28: rewind.agent.v1.Shard
+	(*VerifyRequest)(nil),         // 29: rewind.agent.v1.VerifyRequest
+	(*VerifyResponse)(nil),        // 30: rewind.agent.v1.VerifyResponse
+	(*DeleteRequest)(nil),         // 31: rewind.agent.v1.DeleteRequest
+	(*DeleteResponse)(nil),        // 32: rewind.agent.v1.DeleteResponse
+	(*StatusRequest)(nil),         // 33: rewind.agent.v1.StatusRequest
+	(*StatusResponse)(nil),        // 34: rewind.agent.v1.StatusResponse
+	(*SegmentRequest)(nil),        // 35: rewind.agent.v1.SegmentRequest
+	(*SegmentResponse)(nil),       // 36: rewind.agent.v1.SegmentResponse
 }
 var file_agent_proto_depIdxs = []int32{
 	4,  // 0: rewind.agent.v1.TierCopiesPage.manifests:type_name -> rewind.agent.v1.TierManifest
@@ -2848,43 +2919,44 @@ var file_agent_proto_depIdxs = []int32{
 	8,  // 3: rewind.agent.v1.FetchRequest.sources:type_name -> rewind.agent.v1.FetchSource
 	0,  // 4: rewind.agent.v1.FetchAttempt.failure:type_name -> rewind.agent.v1.FetchFailure
 	9,  // 5: rewind.agent.v1.FetchResponse.failed:type_name -> rewind.agent.v1.FetchAttempt
-	27, // 6: rewind.agent.v1.OpenResponse.shard:type_name -> rewind.agent.v1.Shard
-	27, // 7: rewind.agent.v1.ReadChunk.shard:type_name -> rewind.agent.v1.Shard
-	27, // 8: rewind.agent.v1.ListResponse.shards:type_name -> rewind.agent.v1.Shard
-	1,  // 9: rewind.agent.v1.Shard.state:type_name -> rewind.agent.v1.ShardState
-	15, // 10: rewind.agent.v1.Agent.Prepare:input_type -> rewind.agent.v1.PrepareRequest
-	17, // 11: rewind.agent.v1.Agent.Commit:input_type -> rewind.agent.v1.CommitRequest
-	19, // 12: rewind.agent.v1.Agent.Open:input_type -> rewind.agent.v1.OpenRequest
-	21, // 13: rewind.agent.v1.Agent.Release:input_type -> rewind.agent.v1.ReleaseRequest
-	23, // 14: rewind.agent.v1.Agent.Read:input_type -> rewind.agent.v1.ReadRequest
-	25, // 15: rewind.agent.v1.Agent.List:input_type -> rewind.agent.v1.ListRequest
-	28, // 16: rewind.agent.v1.Agent.Verify:input_type -> rewind.agent.v1.VerifyRequest
-	28, // 17: rewind.agent.v1.Agent.ReportCorrupt:input_type -> rewind.agent.v1.VerifyRequest
-	30, // 18: rewind.agent.v1.Agent.Delete:input_type -> rewind.agent.v1.DeleteRequest
-	32, // 19: rewind.agent.v1.Agent.Status:input_type -> rewind.agent.v1.StatusRequest
-	13, // 20: rewind.agent.v1.Agent.Consistent:input_type -> rewind.agent.v1.ConsistentRequest
-	7,  // 21: rewind.agent.v1.Agent.Fetch:input_type -> rewind.agent.v1.FetchRequest
-	11, // 22: rewind.agent.v1.Agent.FinishRestore:input_type -> rewind.agent.v1.FinishRestoreRequest
-	2,  // 23: rewind.agent.v1.Agent.TierCopies:input_type -> rewind.agent.v1.TierCopiesRequest
-	16, // 24: rewind.agent.v1.Agent.Prepare:output_type -> rewind.agent.v1.PrepareResponse
-	18, // 25: rewind.agent.v1.Agent.Commit:output_type -> rewind.agent.v1.CommitResponse
-	20, // 26: rewind.agent.v1.Agent.Open:output_type -> rewind.agent.v1.OpenResponse
-	22, // 27: rewind.agent.v1.Agent.Release:output_type -> rewind.agent.v1.ReleaseResponse
-	24, // 28: rewind.agent.v1.Agent.Read:output_type -> rewind.agent.v1.ReadChunk
-	26, // 29: rewind.agent.v1.Agent.List:output_type -> rewind.agent.v1.ListResponse
-	29, // 30: rewind.agent.v1.Agent.Verify:output_type -> rewind.agent.v1.VerifyResponse
-	29, // 31: rewind.agent.v1.Agent.ReportCorrupt:output_type -> rewind.agent.v1.VerifyResponse
-	31, // 32: rewind.agent.v1.Agent.Delete:output_type -> rewind.agent.v1.DeleteResponse
-	33, // 33: rewind.agent.v1.Agent.Status:output_type -> rewind.agent.v1.StatusResponse
-	14, // 34: rewind.agent.v1.Agent.Consistent:output_type -> rewind.agent.v1.ConsistentResponse
-	10, // 35: rewind.agent.v1.Agent.Fetch:output_type -> rewind.agent.v1.FetchResponse
-	12, // 36: rewind.agent.v1.Agent.FinishRestore:output_type -> rewind.agent.v1.FinishRestoreResponse
-	3,  // 37: rewind.agent.v1.Agent.TierCopies:output_type -> rewind.agent.v1.TierCopiesPage
-	24, // [24:38] is the sub-list for method output_type
-	10, // [10:24] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	28, // 6: rewind.agent.v1.OpenResponse.shard:type_name -> rewind.agent.v1.Shard
+	21, // 7: rewind.agent.v1.OpenResponse.leaves:type_name -> rewind.agent.v1.TensorLeaves
+	28, // 8: rewind.agent.v1.ReadChunk.shard:type_name -> rewind.agent.v1.Shard
+	28, // 9: rewind.agent.v1.ListResponse.shards:type_name -> rewind.agent.v1.Shard
+	1,  // 10: rewind.agent.v1.Shard.state:type_name -> rewind.agent.v1.ShardState
+	15, // 11: rewind.agent.v1.Agent.Prepare:input_type -> rewind.agent.v1.PrepareRequest
+	17, // 12: rewind.agent.v1.Agent.Commit:input_type -> rewind.agent.v1.CommitRequest
+	19, // 13: rewind.agent.v1.Agent.Open:input_type -> rewind.agent.v1.OpenRequest
+	22, // 14: rewind.agent.v1.Agent.Release:input_type -> rewind.agent.v1.ReleaseRequest
+	24, // 15: rewind.agent.v1.Agent.Read:input_type -> rewind.agent.v1.ReadRequest
+	26, // 16: rewind.agent.v1.Agent.List:input_type -> rewind.agent.v1.ListRequest
+	29, // 17: rewind.agent.v1.Agent.Verify:input_type -> rewind.agent.v1.VerifyRequest
+	29, // 18: rewind.agent.v1.Agent.ReportCorrupt:input_type -> rewind.agent.v1.VerifyRequest
+	31, // 19: rewind.agent.v1.Agent.Delete:input_type -> rewind.agent.v1.DeleteRequest
+	33, // 20: rewind.agent.v1.Agent.Status:input_type -> rewind.agent.v1.StatusRequest
+	13, // 21: rewind.agent.v1.Agent.Consistent:input_type -> rewind.agent.v1.ConsistentRequest
+	7,  // 22: rewind.agent.v1.Agent.Fetch:input_type -> rewind.agent.v1.FetchRequest
+	11, // 23: rewind.agent.v1.Agent.FinishRestore:input_type -> rewind.agent.v1.FinishRestoreRequest
+	2,  // 24: rewind.agent.v1.Agent.TierCopies:input_type -> rewind.agent.v1.TierCopiesRequest
+	16, // 25: rewind.agent.v1.Agent.Prepare:output_type -> rewind.agent.v1.PrepareResponse
+	18, // 26: rewind.agent.v1.Agent.Commit:output_type -> rewind.agent.v1.CommitResponse
+	20, // 27: rewind.agent.v1.Agent.Open:output_type -> rewind.agent.v1.OpenResponse
+	23, // 28: rewind.agent.v1.Agent.Release:output_type -> rewind.agent.v1.ReleaseResponse
+	25, // 29: rewind.agent.v1.Agent.Read:output_type -> rewind.agent.v1.ReadChunk
+	27, // 30: rewind.agent.v1.Agent.List:output_type -> rewind.agent.v1.ListResponse
+	30, // 31: rewind.agent.v1.Agent.Verify:output_type -> rewind.agent.v1.VerifyResponse
+	30, // 32: rewind.agent.v1.Agent.ReportCorrupt:output_type -> rewind.agent.v1.VerifyResponse
+	32, // 33: rewind.agent.v1.Agent.Delete:output_type -> rewind.agent.v1.DeleteResponse
+	34, // 34: rewind.agent.v1.Agent.Status:output_type -> rewind.agent.v1.StatusResponse
+	14, // 35: rewind.agent.v1.Agent.Consistent:output_type -> rewind.agent.v1.ConsistentResponse
+	10, // 36: rewind.agent.v1.Agent.Fetch:output_type -> rewind.agent.v1.FetchResponse
+	12, // 37: rewind.agent.v1.Agent.FinishRestore:output_type -> rewind.agent.v1.FinishRestoreResponse
+	3,  // 38: rewind.agent.v1.Agent.TierCopies:output_type -> rewind.agent.v1.TierCopiesPage
+	25, // [25:39] is the sub-list for method output_type
+	11, // [11:25] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2892,7 +2964,7 @@ func file_agent_proto_init() {
 	if File_agent_proto != nil {
 		return
 	}
-	file_agent_proto_msgTypes[32].OneofWrappers = []any{
+	file_agent_proto_msgTypes[33].OneofWrappers = []any{
 		(*SegmentRequest_SaveToken)(nil),
 		(*SegmentRequest_Lease)(nil),
 	}
@@ -2902,7 +2974,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   34,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

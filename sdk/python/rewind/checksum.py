@@ -43,6 +43,29 @@ def tree_sum(buf) -> int:
     return root(leaf_hash(mv[i : i + LEAF_SIZE]) for i in range(0, len(mv), LEAF_SIZE))
 
 
+def verify_range(buf, lo: int, hi: int, leaves: list[int], total: int, done: set[int]) -> tuple[int, str | None]:
+    """Checks bytes [lo, hi) of a piece buf whose leaf hashes are leaves
+    and whose checksum is total (Go's shm.VerifyRange): the leaves must
+    root to total, and each leaf [lo, hi) touches that is not in done is
+    hashed and compared, then added to done. Returns the bytes hashed and
+    what did not match (None when all did)."""
+    mv = memoryview(buf).cast("B")
+    if len(leaves) != num_leaves(len(mv)):
+        return 0, f"{len(leaves)} leaf hashes for {len(mv)} bytes"
+    if root(leaves) != total:
+        return 0, f"leaf hashes do not make the checksum {format_sum(total)}"
+    hashed = 0
+    for j in range(lo // LEAF_SIZE, (hi + LEAF_SIZE - 1) // LEAF_SIZE):
+        if j in done:
+            continue
+        leaf = mv[j * LEAF_SIZE : (j + 1) * LEAF_SIZE]
+        if leaf_hash(leaf) != leaves[j]:
+            return hashed, f"leaf {j} (bytes {j * LEAF_SIZE} to {j * LEAF_SIZE + len(leaf)}) does not match its hash"
+        hashed += len(leaf)
+        done.add(j)
+    return hashed, None
+
+
 def format_sum(s: int) -> str:
     """A checksum as it appears in a shard header: 16 lowercase hex digits."""
     return f"{s:016x}"

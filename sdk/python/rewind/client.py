@@ -374,7 +374,7 @@ class Client:
         except BaseException:
             self._release(resp.lease)
             raise
-        return OpenShard(self, resp.shard, resp.lease, m, h)
+        return OpenShard(self, resp.shard, resp.lease, m, h, {lv.tensor: list(lv.hashes) for lv in resp.leaves})
 
     def _report(self, sh, err: RewindError) -> None:
         req = pb.VerifyRequest(job=sh.job, rank=sh.rank, step=sh.step, detail=err.message)
@@ -388,11 +388,15 @@ class Client:
 class OpenShard:
     """A leased, mapped shard (Client.open_shard). shard: the agent's
     agent_pb2.Shard; header: its decoded header; mapping: the read-only
-    mapping. Views of the mapping must be gone before close."""
+    mapping; leaves: each tensor's 1 MiB leaf hashes when the agent has
+    verified the shard (empty otherwise), for verify_range. Views of the
+    mapping must be gone before close."""
 
-    def __init__(self, client: Client, sh, lease: int, m: Mapping, h: fmt.Header):
+    def __init__(self, client: Client, sh, lease: int, m: Mapping, h: fmt.Header, leaves: dict | None = None):
         self.client, self.shard, self.lease, self.mapping, self.header = client, sh, lease, m, h
+        self.leaves: dict[str, list[int]] = leaves or {}
         self._verified: set[str] = set()
+        self._leaves_ok: dict[str, set[int]] = {}
 
     def __enter__(self):
         return self
@@ -433,6 +437,26 @@ class OpenShard:
             self.client._report(self.shard, e)
             raise
         self._verified.update(t.name for t in todo)
+
+    def verify_range(self, name: str, lo: int, hi: int) -> int:
+        """Checks bytes [lo, hi) of tensor name by the leaves they touch,
+        against the agent's leaf hashes (each leaf once per open), or the
+        whole tensor (verify) when the agent gave none; returns the bytes
+        hashed. A mismatch is reported and raised as CorruptError."""
+        t, leaves = self._tensor(name), self.leaves.get(name)
+        if leaves is None or t.sum is None or name in self._verified:
+            if name in self._verified:
+                return 0
+            self.verify([name])
+            return t.nbytes
+        done = self._leaves_ok.setdefault(name, set())
+        hashed, problem = checksum.verify_range(self.raw(name), lo, hi, leaves, t.sum, done)
+        if problem is not None:
+            e = CorruptError(f"read job {self.shard.job} rank {self.shard.rank} step {self.shard.step}",
+                             f"tensor {name!r}: {problem}")
+            self.client._report(self.shard, e)
+            raise e
+        return hashed
 
     def close(self) -> None:
         if self.mapping is not None:

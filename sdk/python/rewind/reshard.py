@@ -138,7 +138,7 @@ def _pieces(shards) -> dict[str, list[_Piece]]:
 
 def _fill(op: str, shards, slices: list[Slice], outs: list[torch.Tensor], res: Resharded) -> None:
     by = _pieces(shards)
-    good: dict[tuple, _Piece] = {}  # a piece's box -> its verified copy
+    bad: set[tuple] = set()  # (rank, tensor) found corrupt
     for s, out in zip(slices, outs):
         pieces = by.get(s.name)
         if not pieces:
@@ -159,13 +159,10 @@ def _fill(op: str, shards, slices: list[Slice], outs: list[torch.Tensor], res: R
                 groups.setdefault((p.offsets, p.shape), []).append(p)
         covered = 0
         for box, copies in groups.items():
-            got = good.get((s.name, box))
-            if got is None:
-                got = good[(s.name, box)] = _verified(op, shards, copies, res)
-            p = got
-            ov = _overlap(p.offsets, p.shape, s.offsets, lengths)
+            ov = _overlap(copies[0].offsets, copies[0].shape, s.offsets, lengths)
             assert ov is not None  # grouped because it overlaps
             lo, n = ov
+            p = _verified(op, shards, copies, lo, n, out.element_size(), bad, res)
             src = shards[p.rank].view(p.name).view(p.shape)
             dst = out
             for d, (a, k) in enumerate(zip(lo, n)):
@@ -189,20 +186,34 @@ def _overlap(offs, shape, want_offs, want_lens):
     return lo, tuple(h - low for low, h in zip(lo, hi))
 
 
-def _verified(op: str, shards, copies: list[_Piece], res: Resharded) -> _Piece:
-    """The first copy of a piece whose bytes match its checksum (the
-    whole piece is hashed, however little of it is copied); a corrupt one
-    is reported to its agent, which serves that shard no more."""
+def box_bytes(shape, offsets, lengths, es: int) -> tuple[int, int]:
+    """The bytes of a row-major array of shape (element size es) that hold
+    the box at offsets (relative to the array) of lengths: from its first
+    element to its last, the rows between included."""
+    first = last = 0
+    for d in range(len(shape)):
+        first = first * shape[d] + offsets[d]
+        last = last * shape[d] + offsets[d] + lengths[d] - 1
+    return first * es, (last + 1) * es
+
+
+def _verified(op: str, shards, copies: list[_Piece], lo, n, es: int, bad: set, res: Resharded) -> _Piece:
+    """The first copy of a piece whose bytes holding the box (lo, n) match:
+    the leaves they touch when the agent gave the piece's leaf hashes, else
+    the whole piece (OpenShard.verify_range). A corrupt copy is reported to
+    its agent, which serves that shard no more."""
     problems = []
     for p in copies:
-        sh = shards[p.rank]
-        res.verified += sh.header.tensor(p.name).nbytes
+        if (p.rank, p.name) in bad:
+            continue
         try:
-            sh.verify([p.name])
+            rel = [a - o for a, o in zip(lo, p.offsets)]
+            res.verified += shards[p.rank].verify_range(p.name, *box_bytes(p.shape, rel, n, es))
             return p
         except CorruptError as e:
+            bad.add((p.rank, p.name))
             problems.append(f"rank {p.rank}: {e.message}")
     raise CorruptError(op, "no good copy left of tensor " + repr(copies[0].name) + ": " + "; ".join(problems))
 
 
-__all__ = ["Layout", "Resharded", "Slice", "latest_whole", "restore_into"]
+__all__ = ["Layout", "Resharded", "Slice", "box_bytes", "latest_whole", "restore_into"]

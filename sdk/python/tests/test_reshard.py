@@ -83,7 +83,7 @@ def test_corrupt_piece_with_no_other_copy(agent, job):
     flip(agent, job, 2, 5, "w")
     w = torch.empty(10, 3)
     with rewind.Client(socket=agent.socket, job=job, rank=0, world_size=1) as c:
-        with pytest.raises(rewind.CorruptError, match="rank 2.*checksum|checksum.*rank 2"):
+        with pytest.raises(rewind.CorruptError, match="rank 2.*(checksum|does not match)"):
             c.restore(step=5, layout=Layout([Slice("w", (0, 0), w)]))
 
 
@@ -100,3 +100,47 @@ def test_bad_layouts_are_refused(agent, job, sl, objects_rank, err, says):
     with rewind.Client(socket=agent.socket, job=job, rank=0, world_size=2) as c:
         with pytest.raises(err, match=says):
             c.restore(layout=Layout([sl], objects_rank=objects_rank))
+
+
+def wait_verified(agent, job):
+    """Until the agent has verified every shard of job (it then gives the
+    leaf hashes a restore checks its reads against)."""
+    import time
+    deadline = time.monotonic() + 30
+    with rewind.Client(socket=agent.socket, job=job, rank=0, world_size=1) as c:
+        while not all(s.verified for s in c.list()):
+            assert time.monotonic() < deadline, "the agent did not verify the shards"
+            time.sleep(0.05)
+
+
+def test_only_the_leaves_read_are_hashed(agent, job):
+    big = torch.arange(4 << 20, dtype=torch.uint8).reshape(4096, 1024)  # 4 MiB; 2 MiB, two leaves, per old rank
+    for r in range(2):
+        with rewind.Client(socket=agent.socket, job=job, rank=r, world_size=2) as c:
+            c.save_tensors(1, {"big": big[r * 2048:(r + 1) * 2048].clone()},
+                           chunks={"big": {"global_shape": [4096, 1024], "offsets": [r * 2048, 0]}})
+    wait_verified(agent, job)
+    out = torch.empty(1024, 1024, dtype=torch.uint8)  # rows 1024-2047: old rank 0's second leaf
+    with rewind.Client(socket=agent.socket, job=job, rank=1, world_size=4) as c:
+        res = c.restore(layout=Layout([Slice("big", (1024, 0), out)]))
+    assert torch.equal(out, big[1024:2048])
+    assert (res.bytes, res.verified) == (1 << 20, 1 << 20)
+    flip_at(agent, job, 0, 1, "big", 10)  # a byte of old rank 0's first leaf: not read by new rank 1
+    with rewind.Client(socket=agent.socket, job=job, rank=1, world_size=4) as c:
+        c.restore(layout=Layout([Slice("big", (1024, 0), out)]))
+    with rewind.Client(socket=agent.socket, job=job, rank=0, world_size=4) as c:
+        with pytest.raises(rewind.CorruptError, match="leaf 0"):
+            c.restore(layout=Layout([Slice("big", (0, 0), torch.empty(1024, 1024, dtype=torch.uint8))]))
+
+
+def flip_at(agent, job, rank, step, name, at):
+    """Flips byte at of rank's piece name in its shard file."""
+    with rewind.Client(socket=agent.socket, job=job, rank=rank, world_size=2) as c:
+        with c.open_shard(rank, step) as sh:
+            off = sh.header.data_start + sh.header.tensor(name).begin + at
+        path = next(s.path for s in c.list() if s.rank == rank and s.step == step)
+    with open(path, "r+b") as f:
+        f.seek(off)
+        b = f.read(1)
+        f.seek(off)
+        f.write(bytes([b[0] ^ 0xFF]))

@@ -173,12 +173,14 @@ class OpenRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., latest: bool = ..., peer: bool = ...) -> None: ...
 
 class OpenResponse(_message.Message):
-    __slots__ = ["lease", "shard"]
+    __slots__ = ["lease", "leaves", "shard"]
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    LEAVES_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
     lease: int
+    leaves: _containers.RepeatedCompositeFieldContainer[TensorLeaves]
     shard: Shard
-    def __init__(self, shard: _Optional[_Union[Shard, _Mapping]] = ..., lease: _Optional[int] = ...) -> None: ...
+    def __init__(self, shard: _Optional[_Union[Shard, _Mapping]] = ..., lease: _Optional[int] = ..., leaves: _Optional[_Iterable[_Union[TensorLeaves, _Mapping]]] = ...) -> None: ...
 
 class PrepareRequest(_message.Message):
     __slots__ = ["epoch", "job", "rank", "size_bytes", "step", "world_size"]
@@ -331,6 +333,14 @@ class StatusResponse(_message.Message):
     used_bytes: int
     version: str
     def __init__(self, node: _Optional[str] = ..., shm_root: _Optional[str] = ..., filesystem: _Optional[str] = ..., fs_size_bytes: _Optional[int] = ..., fs_free_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., slots_per_rank: _Optional[int] = ..., version: _Optional[str] = ..., tiers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TensorLeaves(_message.Message):
+    __slots__ = ["hashes", "tensor"]
+    HASHES_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    hashes: _containers.RepeatedScalarFieldContainer[int]
+    tensor: str
+    def __init__(self, tensor: _Optional[str] = ..., hashes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TierCopiesPage(_message.Message):
     __slots__ = ["listings", "manifests"]
