@@ -19,7 +19,8 @@ import (
 // points; the agents enroll for their own node's certificate (a
 // memory-backed directory of their own, a projected token for the
 // audience the coordinator reviews, the CA bundle it publishes), and no
-// agent mounts a Secret with a TLS key.
+// agent mounts a Secret with a TLS key (the job key and the gossip keys
+// are the Secrets it mounts).
 func TestChartTLS(t *testing.T) {
 	dec := renderedChart(t)
 	pods := map[string]corev1.PodSpec{}
@@ -67,8 +68,8 @@ func TestChartTLS(t *testing.T) {
 		switch {
 		case v.Name == "tls" && (v.EmptyDir == nil || v.EmptyDir.Medium != corev1.StorageMediumMemory):
 			t.Errorf("agent TLS directory %+v: want a memory-backed emptyDir", v.VolumeSource)
-		case v.Secret != nil && v.Name != "job-key":
-			t.Errorf("agent mounts Secret %s: with enrollment it mounts no key but its own", v.Secret.SecretName)
+		case v.Secret != nil && v.Name != "job-key" && v.Name != "gossip-keys":
+			t.Errorf("agent mounts Secret %s: with enrollment it mounts no TLS key but its own", v.Secret.SecretName)
 		case v.Name == "enroll":
 			var aud, cm string
 			for _, src := range v.Projected.Sources {
