@@ -227,16 +227,36 @@ func VerifyRange(b []byte, lo, hi int64, leaves []uint64, sum uint64, done map[i
 	if rootOf(leaves) != sum {
 		return 0, corruptf("leaf hashes do not make the checksum %s", FormatSum(sum))
 	}
-	var hashed int64
+	var todo []int
 	for j := int(lo / LeafSize); int64(j)*LeafSize < hi; j++ {
-		if done[j] {
-			continue
+		if !done[j] {
+			todo = append(todo, j)
 		}
-		l := leaf(b, j)
-		if xxh3.Hash(l) != leaves[j] {
-			return hashed, corruptf("leaf %d (bytes %d to %d) does not match its hash", j, int64(j)*LeafSize, int64(j)*LeafSize+int64(len(l)))
+	}
+	// The leaves are hashed on DefaultWorkers goroutines, as CopyAndSum
+	// hashes a whole piece.
+	bad := make([]bool, len(todo))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(DefaultWorkers(), len(todo)) {
+		wg.Go(func() {
+			for {
+				k := int(next.Add(1) - 1)
+				if k >= len(todo) {
+					return
+				}
+				bad[k] = xxh3.Hash(leaf(b, todo[k])) != leaves[todo[k]]
+			}
+		})
+	}
+	wg.Wait()
+	var hashed int64
+	for k, j := range todo {
+		l := int64(len(leaf(b, j)))
+		if bad[k] {
+			return hashed, corruptf("leaf %d (bytes %d to %d) does not match its hash", j, int64(j)*LeafSize, int64(j)*LeafSize+l)
 		}
-		hashed += int64(len(l))
+		hashed += l
 		if done != nil {
 			done[j] = true
 		}
