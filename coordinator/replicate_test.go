@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -145,9 +146,18 @@ func TestRestoreFallsBackFromACorruptReplica(t *testing.T) {
 	cfg := testcluster.AgentConfig(t)
 	cfg.Node, cfg.FailureDomain, cfg.CoordinatorAddr = "node-0", "rack-a", cl.addr
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	startAgent(t, cfg)
+	addr := testcluster.FreeAddr(t)
+	cfg.ListenAddr, cfg.AdvertiseAddr = addr, addr
+	testcluster.StartAgent(t, cfg)
+	// Registered at its new address (the restore stages onto it), with its
+	// old copy out of the index: the old agent's leaving alone drops the
+	// copy before the new one registers.
 	wait.ForNil(t, 10*time.Second, "the new node-0 registered: its old copy out of the index", func() error {
-		if got := cl.replicaNodes(job, 1); len(got[0]) != 2 {
+		nodes, err := cl.api.Nodes(ctxT(t), &coordpb.NodesRequest{Names: []string{"node-0"}})
+		if err != nil || len(nodes.Nodes) != 1 || nodes.Nodes[0].Addr != addr {
+			return fmt.Errorf("node-0 at %v (%v), want %s", nodes.GetNodes(), err, addr)
+		}
+		if got := cl.replicaNodes(job, 1); len(got[0]) != 2 || slices.Contains(got[0], "node-0") {
 			return fmt.Errorf("copies %v", got)
 		}
 		return nil
