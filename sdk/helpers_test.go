@@ -11,6 +11,7 @@ import (
 
 	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/internal/testcluster"
+	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
 )
@@ -107,4 +108,23 @@ func nonNil(s []int64) []int64 {
 		return []int64{}
 	}
 	return s
+}
+
+// waitVerified waits until the agent has verified every shard of job
+// (after their commit): it then gives readers the leaf hashes that a
+// restore of part of a piece checks its reads against.
+func waitVerified(tb testing.TB, c *sdk.Client, job string) {
+	tb.Helper()
+	wait.ForNil(tb, time.Minute, "the agent to verify the shards of "+job, func() error {
+		shards, err := c.List(tb.Context(), job)
+		if err != nil {
+			return err
+		}
+		for _, sh := range shards {
+			if !sh.Verified {
+				return fmt.Errorf("rank %d step %d not verified yet", sh.Rank, sh.Step)
+			}
+		}
+		return nil
+	})
 }

@@ -1,11 +1,8 @@
 package sdk_test
 
 import (
-	"fmt"
 	"testing"
-	"time"
 
-	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
 )
@@ -35,18 +32,7 @@ func BenchmarkReshardRestore(b *testing.B) {
 	// The agent verifies each shard after its commit and keeps the leaf
 	// hashes, which a restore of part of a piece checks its reads against:
 	// measured once that is done, as a recovery after a save finds it.
-	wait.ForNil(b, time.Minute, "the agent to verify the shards", func() error {
-		shards, err := c.List(b.Context(), "bench")
-		if err != nil {
-			return err
-		}
-		for _, sh := range shards {
-			if !sh.Verified {
-				return fmt.Errorf("rank %d not verified yet", sh.Rank)
-			}
-		}
-		return nil
-	})
+	waitVerified(b, c, "bench")
 	b.Run("same-world-size-4", func(b *testing.B) {
 		b.SetBytes(rows * width)
 		for b.Loop() {

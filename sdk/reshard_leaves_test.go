@@ -3,13 +3,10 @@ package sdk_test
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"rewind.dev/rewind/internal/testcluster"
-	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
 )
@@ -25,18 +22,7 @@ func TestReshardVerifiesOnlyTheLeavesItReads(t *testing.T) {
 	g.data = pattern(11, 8192*1024)
 	gs := []*global{g}
 	saveSharded(t, c, "leaves", 3, gs, 4)
-	wait.ForNil(t, 30*time.Second, "the agent to verify every shard", func() error {
-		shards, err := c.List(ctxT(t), "leaves")
-		if err != nil {
-			return err
-		}
-		for _, sh := range shards {
-			if !sh.Verified {
-				return fmt.Errorf("rank %d not verified yet", sh.Rank)
-			}
-		}
-		return nil
-	})
+	waitVerified(t, c, "leaves")
 
 	l := layoutFor(gs, 0, 8, 1) // rows 0-1023: the first leaf of old rank 0's piece
 	res, err := session(t, c, "leaves", 0, 8).RestoreInto(ctxT(t), l)
