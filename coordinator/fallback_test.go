@@ -2,6 +2,7 @@ package coordinator_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -15,6 +16,7 @@ import (
 	"rewind.dev/rewind/coordinator"
 	"rewind.dev/rewind/internal/testcluster"
 	"rewind.dev/rewind/internal/wait"
+	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/tiers"
 )
 
@@ -159,7 +161,17 @@ func (tc *tierCluster) checkRestoredAt(job string, step int64, nodes map[uint32]
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := s.Restore(ctxT(t))
+		// A rank started before its agent has heard the restart's resume
+		// order is told its gang is broken, and is started again (as the
+		// driver does on the error): retried here until the order lands.
+		var got *sdk.Checkpoint
+		wait.ForNil(t, 10*time.Second, fmt.Sprintf("rank %d's agent to hear the resume order", rank), func() error {
+			got, err = s.Restore(ctxT(t))
+			if errors.Is(err, sdk.ErrGangBroken) {
+				return err
+			}
+			return nil
+		})
 		if err != nil || got.Step != step || !bytes.Equal(got.Tensors[0].Data, rankData(step, rank)) {
 			t.Fatalf("rank %d on node-%d: %v (step %v), want step %d bit-identical", rank, node, err, got != nil && got.Step == step, step)
 		}
