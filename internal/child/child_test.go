@@ -1,6 +1,7 @@
 package child
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"os/exec"
@@ -23,8 +24,20 @@ func start(t *testing.T, script string) *Proc {
 // A child that ignores SIGTERM is killed once the grace passes, and Stop
 // returns only when it is gone.
 func TestStopKillsAfterTheGrace(t *testing.T) {
-	p := start(t, `trap "" TERM; echo up; sleep 30`)
-	time.Sleep(100 * time.Millisecond) // let the shell set its trap
+	cmd := exec.Command("/bin/sh", "-c", `trap "" TERM; echo up; sleep 30`)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := Start(cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Kill)
+	// "up" is written once the shell has set its trap.
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "up\n" {
+		t.Fatalf("the shell wrote %q, %v; want up", line, err)
+	}
 	began := time.Now()
 	p.Stop(300 * time.Millisecond)
 	if !p.Exited() {

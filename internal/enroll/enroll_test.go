@@ -3,6 +3,7 @@ package enroll
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/coordinator"
 	"rewind.dev/rewind/internal/testcluster"
+	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/transport"
 )
 
@@ -138,13 +140,9 @@ func TestKeepRenewsBeforeExpiry(t *testing.T) {
 	done := make(chan struct{})
 	go func() { cfg.Keep(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
-	deadline := time.Now().Add(20 * time.Second)
-	for sec.NotAfter().Equal(first) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the certificate expiring at %v was not renewed", first)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	wait.For(t, 20*time.Second, fmt.Sprintf("the certificate expiring at %v to be renewed", first), func() bool {
+		return !sec.NotAfter().Equal(first)
+	})
 	if !sec.NotAfter().After(first) {
 		t.Fatalf("renewed to %v, before %v", sec.NotAfter(), first)
 	}
