@@ -2,6 +2,8 @@ package coordinator
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"time"
@@ -62,10 +64,13 @@ func (s *server) Enroll(ctx context.Context, req *coordpb.EnrollRequest) (*coord
 	if err != nil {
 		return nil, toStatus(fmt.Errorf("%w: coordinator: enroll %s: %w", ErrInvalid, node, err))
 	}
-	notAfter := s.c.cfg.Clock.Now().Add(e.Validity)
-	if notAfter.After(e.CA.Cert.NotAfter) {
-		notAfter = e.CA.Cert.NotAfter
+	// The expiry is the certificate's own (SignCSR bounds it by the CA's).
+	block, _ := pem.Decode(certPEM)
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return nil, toStatus(fmt.Errorf("coordinator: enroll %s: the certificate signed: %w", node, err))
 	}
+	notAfter := cert.NotAfter
 	s.c.log.Info("node enrolled", "node", node, "not_after", notAfter.UTC().Format(time.RFC3339))
 	return &coordpb.EnrollResponse{Certificate: certPEM, Ca: e.CA.PEM, Node: node, NotAfterUnixNano: notAfter.UnixNano()}, nil
 }
