@@ -233,27 +233,15 @@ func VerifyRange(b []byte, lo, hi int64, leaves []uint64, sum uint64, done map[i
 			todo = append(todo, j)
 		}
 	}
-	// The leaves are hashed on DefaultWorkers goroutines, as CopyAndSum
-	// hashes a whole piece.
-	bad := make([]bool, len(todo))
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range min(DefaultWorkers(), len(todo)) {
-		wg.Go(func() {
-			for {
-				k := int(next.Add(1) - 1)
-				if k >= len(todo) {
-					return
-				}
-				bad[k] = xxh3.Hash(leaf(b, todo[k])) != leaves[todo[k]]
-			}
-		})
-	}
-	wg.Wait()
+	// The leaves are hashed as CopyAndSum hashes a piece's: todo[k] is
+	// leaf k of one piece of len(todo) leaves.
+	got := sumLeaves([]int64{int64(len(todo)) * LeafSize}, 0, func(_, _, k int) uint64 {
+		return xxh3.Hash(leaf(b, todo[k]))
+	})[0]
 	var hashed int64
 	for k, j := range todo {
 		l := int64(len(leaf(b, j)))
-		if bad[k] {
+		if got[k] != leaves[j] {
 			return hashed, corruptf("leaf %d (bytes %d to %d) does not match its hash", j, int64(j)*LeafSize, int64(j)*LeafSize+l)
 		}
 		hashed += l
