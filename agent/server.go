@@ -55,8 +55,13 @@ func (s *server) Open(ctx context.Context, req *agentpb.OpenRequest) (*agentpb.O
 	if err != nil {
 		return nil, err
 	}
-	if !req.Peer { // a reader of another rank's shard does not restore that rank
+	switch {
+	case !req.Peer: // a reader of another rank's shard does not restore that rank
 		s.a.gang.opened(req.Job, req.Rank, sh.Step)
+	case req.ReaderRank != nil && *req.ReaderRank >= sh.WorldSize:
+		// A rank of a gang grown past the step's world size: reading the
+		// step is its restore, having no shard of its own in it.
+		s.a.gang.opened(req.Job, *req.ReaderRank, sh.Step)
 	}
 	return &agentpb.OpenResponse{Shard: sh.proto(), Lease: lease, Leaves: sh.Leaves.proto()}, nil
 }

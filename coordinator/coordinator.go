@@ -52,6 +52,7 @@ type Coordinator struct {
 	tiers       *tiering      // tier copies and retention (tiering.go)
 	replication *replication  // replicas in peers' memory (replicate.go)
 	gangs       *gangs        // gang orders (gang.go)
+	elastic     elasticJobs   // jobs' minimum world sizes (elastic.go)
 
 	// qmu guards queue, the reports waiting to be applied (group.go).
 	qmu   sync.Mutex
@@ -104,6 +105,10 @@ func New(cfg Config) (*Coordinator, error) {
 		return nil, fmt.Errorf("coordinator: loading tier copies: %w", err)
 	}
 	c.replication.load(replicas)
+	if c.elastic.jobs, err = store.loadElastic(); err != nil {
+		store.Close()
+		return nil, err
+	}
 	c.tiers.load(copies, policies)
 	c.startRebuild(false)
 	c.log.Info("index loaded", "jobs", len(c.state.Jobs), "nodes", len(c.state.Nodes),

@@ -176,6 +176,13 @@ func (c *Coordinator) recoverJob(ctx context.Context, job, node, reason string, 
 		c.failRegang(ev, err)
 		return
 	}
+	// The steps' shards are staged on placement (the lost ranks' on live
+	// nodes) either way; an elastic job that shrinks restarts on fewer
+	// ranks, which read them all.
+	target := gangTarget{placement: placement}
+	if shrunk, ok := c.elasticTarget(job, node); ok {
+		target = shrunk
+	}
 	plan, err := c.plan(ctx, job, -1, placement)
 	if err != nil {
 		c.stall(job, node, reason, detected, err)
@@ -207,7 +214,7 @@ func (c *Coordinator) recoverJob(ctx context.Context, job, node, reason string, 
 		c.failRegang(ev, err)
 		return
 	}
-	c.regang(ctx, plan, stage, aborted, placement, ev)
+	c.regang(ctx, plan, stage, aborted, target, ev)
 }
 
 // failRegang tells the job's watchers that its re-gang failed, and why.
@@ -221,17 +228,18 @@ func (c *Coordinator) failRegang(ev *coordpb.JobEvent, err error) {
 
 // regang switches the job to the plan's step, whose every rank's shard
 // the restore staged on its node (stage, empty when the restore failed),
-// moves the job onto placement, and then tells the job's watchers (ev) to
+// moves the job onto the target's placement (and world size, when an
+// elastic recovery shrinks it), and then tells the job's watchers (ev) to
 // restart its ranks there; the ranks still running are told their gang is
 // broken first (again when aborted, the step an earlier abort named, is
 // not the plan's). It reports whether the job was re-ganged. The caller
 // holds the job's lock.
-func (c *Coordinator) regang(ctx context.Context, plan *coordpb.PlanRestoreResponse, stage string, aborted int64, placement map[uint32]string, ev *coordpb.JobEvent) bool {
+func (c *Coordinator) regang(ctx context.Context, plan *coordpb.PlanRestoreResponse, stage string, aborted int64, target gangTarget, ev *coordpb.JobEvent) bool {
 	job := plan.Job
 	if ev.Sources == nil {
 		ev.Sources = map[string]uint32{}
 	}
-	ev.Step, ev.Placement, ev.Skipped = plan.Step, placement, plan.Skipped
+	ev.Step, ev.Placement, ev.Skipped = plan.Step, target.placement, plan.Skipped
 	if ev.PlannedUnixNano == 0 {
 		ev.PlannedUnixNano = c.cfg.Clock.Now().UnixNano()
 	}
@@ -278,10 +286,17 @@ func (c *Coordinator) regang(ctx context.Context, plan *coordpb.PlanRestoreRespo
 		c.failRegang(ev, fmt.Errorf("coordinator: switching the ranks of %s to step %d: %w", job, plan.Step, err))
 		return false
 	}
-	dropped, err := c.moveJob(ctx, job, plan.Step, placement)
+	dropped, previous, err := c.moveJob(ctx, job, plan.Step, &target)
 	if err != nil {
 		c.failRegang(ev, err)
 		return false
+	}
+	ev.WorldSize = target.worldSize
+	if target.worldSize != previous {
+		ev.PreviousWorldSize = previous
+		ev.Reason += fmt.Sprintf("; %s: the job restarts at world size %d (was %d), every rank resharding step %d", target.why, target.worldSize, previous, plan.Step)
+		c.noteWorldSize(job, target.worldSize, target.why)
+		c.log.Warn("job's world size changed", "job", job, "world_size", target.worldSize, "was", previous, "why", target.why)
 	}
 	// The steps listed before the abort (RestartJob's), which the aborted
 	// agents may have discarded already, and those deleted here.
@@ -359,17 +374,23 @@ func (c *Coordinator) replace(job string) (map[uint32]string, error) {
 	return out, nil
 }
 
-// moveJob records the new placement and deletes the job's steps after the
-// one it resumes from: no rank will continue them, and a restore must
-// never pick one, nor a later save of the same step number mix with them.
-func (c *Coordinator) moveJob(ctx context.Context, job string, step int64, placement map[uint32]string) (dropped []int64, err error) {
+// moveJob records the target's placement and world size (0: the job's,
+// which it sets) and deletes the job's steps after the one it resumes
+// from: no rank will continue them, and a restore must never pick one,
+// nor a later save of the same step number mix with them. It returns the
+// steps deleted and the world size before.
+func (c *Coordinator) moveJob(ctx context.Context, job string, step int64, target *gangTarget) (dropped []int64, previous uint32, err error) {
 	var later []int64
 	_, err = c.apply(func(ch *Changes) error {
 		j := c.state.Jobs[job]
 		if j == nil {
 			return fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, job)
 		}
-		if _, err := c.state.RegisterJob(job, j.WorldSize, placement, ch); err != nil {
+		previous = j.WorldSize
+		if target.worldSize == 0 {
+			target.worldSize = j.WorldSize
+		}
+		if _, err := c.state.RegisterJob(job, target.worldSize, target.placement, ch); err != nil {
 			return err
 		}
 		for s := range j.Steps {
@@ -386,7 +407,7 @@ func (c *Coordinator) moveJob(ctx context.Context, job string, step int64, place
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, previous, err
 	}
 	slices.Sort(later)
 	for _, s := range later {
@@ -399,7 +420,7 @@ func (c *Coordinator) moveJob(ctx context.Context, job string, step int64, place
 			c.log.Warn("deleting a step after the one the job resumes from", "job", job, "step", s, "err", err)
 		}
 	}
-	return dropped, nil
+	return dropped, previous, nil
 }
 
 // isDown reports whether node is declared dead.

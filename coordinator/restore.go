@@ -159,10 +159,9 @@ func (c *Coordinator) RankSources(ctx context.Context, job string, step int64, r
 		c.mu.Unlock()
 		return nil, fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, job)
 	}
-	if rank >= j.WorldSize {
-		c.mu.Unlock()
-		return nil, fmt.Errorf("%w: coordinator: job %s has %d ranks, not rank %d", ErrInvalid, job, j.WorldSize, rank)
-	}
+	// A rank of the step's world size, which may not be the job's: after
+	// an elastic restart, the new gang reads every rank of the step it
+	// resharded from.
 	addrs := c.agentAddrsLocked()
 	c.mu.Unlock()
 	v, nv, _, _, err := c.chooseStep(ctx, job, step, int64(rank), false)

@@ -83,6 +83,11 @@ func (s *server) RegisterJob(ctx context.Context, req *coordpb.RegisterJobReques
 			return nil, toStatus(err)
 		}
 	}
+	if req.MinWorldSize != nil {
+		if err := validateElastic(req.Job, *req.MinWorldSize, req.WorldSize); err != nil {
+			return nil, toStatus(err)
+		}
+	}
 	var policy *tiers.Policy // refused before the job is touched; none keeps the job's
 	if req.Policy != "" {
 		p, err := tiers.ParsePolicy(req.Policy)
@@ -107,11 +112,15 @@ func (s *server) RegisterJob(ctx context.Context, req *coordpb.RegisterJobReques
 	if err == nil && req.Replicas != nil {
 		err = s.c.replication.setReplicas(req.Job, int(*req.Replicas))
 	}
+	if err == nil && req.MinWorldSize != nil {
+		err = s.c.setElastic(req.Job, *req.MinWorldSize, req.WorldSize)
+	}
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	if re {
 		s.c.log.Info("job re-registered with a new world size", "job", req.Job, "world_size", req.WorldSize)
+		s.c.noteWorldSize(req.Job, req.WorldSize, fmt.Sprintf("registered at world size %d", req.WorldSize))
 	}
 	return &coordpb.RegisterJobResponse{WorldSize: req.WorldSize, Reregistered: re}, nil
 }
@@ -195,6 +204,8 @@ func (s *server) ListJobs(ctx context.Context, req *coordpb.ListJobsRequest) (*c
 	s.c.mu.Unlock()
 	for _, j := range resp.Jobs { // after the index lock: tiering's lock comes first
 		j.Policy = s.c.tiers.policyText(j.Id)
+		el := s.c.elastic.get(j.Id)
+		j.MinWorldSize, j.FullWorldSize, j.WorldSizeReason = el.Min, el.Full, el.Why
 	}
 	slices.SortFunc(resp.Jobs, func(a, b *coordpb.Job) int { return cmpString(a.Id, b.Id) })
 	return resp, nil

@@ -14,6 +14,7 @@ const (
 	AnnReplicas    = "rewind.dev/replicas"
 	AnnPolicy      = "rewind.dev/policy"
 	AnnRestoreStep = "rewind.dev/restore-step"
+	AnnElastic     = "rewind.dev/elastic"
 )
 
 // Annotations the controller writes.
@@ -35,6 +36,9 @@ const maxReplicas = 16
 type jobSpec struct {
 	replicas *uint32
 	policy   string
+	// minWorldSize is rewind.dev/elastic's minimum ("min=N"), 0 when the
+	// annotation is absent (elastic recovery off).
+	minWorldSize uint32
 	// restore is set when an operator asked for a restore; restoreStep < 0
 	// is the newest restorable step.
 	restore     bool
@@ -75,6 +79,14 @@ func parseSpec(ann map[string]string) (jobSpec, error) {
 			return s, &annotationError{AnnPolicy, v, err.Error()}
 		}
 		s.policy = v
+	}
+	if v, ok := ann[AnnElastic]; ok {
+		t, found := strings.CutPrefix(strings.TrimSpace(v), "min=")
+		n, err := strconv.ParseUint(t, 10, 32)
+		if !found || err != nil || n < 1 {
+			return s, &annotationError{AnnElastic, v, `not "min=N", N the least world size (at least 1) the job may shrink to`}
+		}
+		s.minWorldSize = uint32(n)
 	}
 	if v, ok := ann[AnnRestoreStep]; ok {
 		s.restore, s.restoreStep = true, -1

@@ -35,6 +35,7 @@ const (
 	ReasonRegistered        = "Registered"
 	ReasonRegangAtRisk      = "RegangAtRisk" // runPolicy.backoffLimit may fail the MPIJob before a re-gang
 	ReasonRegang            = "Regang"
+	ReasonResized           = "Resized"          // an elastic recovery changed the world size
 	ReasonRegangImpossible  = "RegangImpossible" // mpi-operator would not recreate the gang
 	ReasonRestored          = "Restored"
 	ReasonRestoreFailed     = "RestoreFailed"

@@ -13,6 +13,10 @@
 //	                                   restart the gang ("latest": the newest
 //	                                   restorable step); removed once handled
 //	rewind.dev/procs-per-pod: "8"      JobSets: ranks per pod (default 1)
+//	rewind.dev/elastic: "min=4"        MPIJobs: a node lost with no spare left
+//	                                   shrinks the job (its workers) to the
+//	                                   live nodes' ranks, at least 4, which
+//	                                   reshard the step
 //
 // The controller writes rewind.dev/restoring-step (the step the gang was
 // restarted to restore), rewind.dev/regang-id and rewind.dev/regang-at

@@ -113,6 +113,9 @@ func (d *MPIJobDriver) regang(ctx context.Context, w workload, ns, name string, 
 		return fmt.Errorf("kube: regang of %s %s/%s: %w", w.Kind(), ns, name, err)
 	}
 	d.taintDead(ctx, ev.Node)
+	if u, err = d.resize(ctx, w, u, ev); err != nil {
+		return err
+	}
 	id := "recovery-" + strconv.FormatInt(ev.DetectedUnixNano, 10)
 	why := "recovery"
 	switch {
@@ -121,13 +124,17 @@ func (d *MPIJobDriver) regang(ctx context.Context, w workload, ns, name string, 
 	case ev.Reason != "":
 		why += ": " + ev.Reason
 	}
-	return d.restart(ctx, w, u, ev.Step, id, why, ev.Node)
+	return d.restart(ctx, w, u, ev.Step, id, why, ev.Node, ev.PreviousWorldSize != 0)
 }
 
 // restart records step on the MPIJob and restarts its gang (deadNode,
 // when set, is the node whose death started it), unless mpi-operator
 // would not recreate the gang or the MPIJob already carries regang id.
-func (d *MPIJobDriver) restart(ctx context.Context, w workload, u *unstructured.Unstructured, step int64, id, why, deadNode string) error {
+// resharding says the new gang is of another world size than the step
+// (an elastic recovery): its ranks reshard the step from wherever its
+// shards are, the agents fetching what their node lacks, so there is no
+// shard per rank to place on its pod's node (placeShards).
+func (d *MPIJobDriver) restart(ctx context.Context, w workload, u *unstructured.Unstructured, step int64, id, why, deadNode string, resharding bool) error {
 	key := jobKey(u.GetNamespace(), u.GetName())
 	if u.GetAnnotations()[AnnRegangID] == id {
 		if w.finished(u) != "" || w.managedElsewhere(u) != "" {
@@ -173,6 +180,9 @@ func (d *MPIJobDriver) restart(ctx context.Context, w workload, u *unstructured.
 		AnnRestoringStep: strconv.FormatInt(step, 10),
 		AnnRegangID:      id,
 		AnnRegangAt:      at.Format(time.RFC3339),
+	}
+	if resharding {
+		ann[AnnPlacedID] = id
 	}
 	if err := d.annotate(ctx, u, ann); err != nil {
 		return err
@@ -324,4 +334,35 @@ func (d *MPIJobDriver) taintDead(ctx context.Context, node string) {
 		return
 	}
 	d.Recorder.Eventf(n, corev1.EventTypeWarning, ReasonNodeDown, "tainted %s: declared dead by rewind's failure detection", TaintUnhealthy)
+}
+
+// resize changes the job's spec to the event's world size when an
+// elastic recovery changed it (MPIJob: its workers), before the gang is
+// restarted, so that the kind's controller recreates the smaller gang;
+// it returns the job as it is now. A job already of that size (the event
+// seen again) is left as it is.
+func (d *MPIJobDriver) resize(ctx context.Context, w workload, u *unstructured.Unstructured, ev *coordpb.JobEvent) (*unstructured.Unstructured, error) {
+	if ev.PreviousWorldSize == 0 || ev.WorldSize == 0 {
+		return u, nil
+	}
+	shape, err := w.shapeOf(u)
+	if err != nil {
+		return nil, fmt.Errorf("kube: resizing %s %s/%s: %w", w.Kind(), u.GetNamespace(), u.GetName(), err)
+	}
+	if shape.worldSize() == int64(ev.WorldSize) {
+		return u, nil
+	}
+	patch, err := w.resize(shape, ev.WorldSize)
+	if err == nil {
+		var data []byte
+		if data, err = json.Marshal(patch); err == nil {
+			u, err = d.Dyn.Resource(w.Resource()).Namespace(u.GetNamespace()).Patch(ctx, u.GetName(), types.MergePatchType, data, metav1.PatchOptions{})
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kube: resizing %s %s/%s to world size %d for its elastic recovery: %w", w.Kind(), u.GetNamespace(), u.GetName(), ev.WorldSize, err)
+	}
+	d.Log.Info("kube: job resized by an elastic recovery", "job", jobKey(u.GetNamespace(), u.GetName()), "world_size", ev.WorldSize, "was", shape.worldSize())
+	d.Recorder.Eventf(u, corev1.EventTypeNormal, ReasonResized, "elastic recovery: %d ranks, was %d (%s); %s", ev.WorldSize, shape.worldSize(), shape, ev.Reason)
+	return u, nil
 }

@@ -61,6 +61,12 @@ func (c *Controller) syncWorkload(ctx context.Context, it item) error {
 		c.report(it, u, ReasonInvalidSpec, err.Error())
 		return nil
 	}
+	if m := spec.minWorldSize; m > 0 {
+		if err := w.elastic(shape, m); err != nil {
+			c.report(it, u, ReasonInvalidAnnotation, fmt.Sprintf("annotation %s=%q: %v; the job is left as it was", AnnElastic, u.GetAnnotations()[AnnElastic], err))
+			return nil
+		}
+	}
 	if other := c.sameID(w, ns, name); other != "" {
 		c.report(it, u, ReasonInvalidSpec, fmt.Sprintf("its job id at the coordinator, %s.%s, is the managed %s %s/%s's: rename one of them", ns, name, other, ns, name))
 		return nil
@@ -97,6 +103,7 @@ func (c *Controller) register(ctx context.Context, it item, u *unstructured.Unst
 	req := &coordpb.RegisterJobRequest{
 		Job: id, WorldSize: uint32(shape.worldSize()), Placement: placement,
 		Policy: spec.policy, Replicas: spec.replicas,
+		MinWorldSize: &spec.minWorldSize, // 0 without the annotation: off, as the job's annotations say
 	}
 	sig := registration(req)
 	c.mu.Lock()
@@ -143,7 +150,7 @@ const kubeletNodeGrace = 50 * time.Second
 
 // registration is req as comparable text.
 func registration(req *coordpb.RegisterJobRequest) string {
-	s := fmt.Sprintf("%d|%s|", req.WorldSize, req.Policy)
+	s := fmt.Sprintf("%d|%s|%d|", req.WorldSize, req.Policy, req.GetMinWorldSize())
 	if req.Replicas != nil {
 		s += strconv.FormatUint(uint64(*req.Replicas), 10)
 	}

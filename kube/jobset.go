@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -56,7 +57,16 @@ var jobSets workload = jobSetKind{}
 
 type jobSetKind struct{}
 
-func (jobSetKind) Kind() string                          { return "JobSet" }
+func (jobSetKind) Kind() string { return "JobSet" }
+
+// elastic: a JobSet's replicated jobs are not resized by rewind yet.
+func (jobSetKind) elastic(shape, uint32) error {
+	return errors.New("elastic recovery is not supported for JobSets yet (MPIJobs only): a JobSet's replicated jobs are not resized")
+}
+
+func (jobSetKind) resize(shape, uint32) (map[string]any, error) {
+	return nil, errors.New("a JobSet is not resized by rewind")
+}
 func (jobSetKind) Resource() schema.GroupVersionResource { return JobSets }
 func (jobSetKind) podLabel() string                      { return labelJobSetName }
 func (jobSetKind) recreator() string                     { return "the JobSet controller" }

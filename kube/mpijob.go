@@ -63,6 +63,25 @@ func (mpiJobKind) deleteGang(ctx context.Context, d *MPIJobDriver, u *unstructur
 	return d.deleteGang(ctx, u.GetNamespace(), u.GetName(), before, deadNode)
 }
 
+func (mpiJobKind) elastic(s shape, minSize uint32) error {
+	ms := s.(mpiShape)
+	if int64(minSize) > ms.worldSize() {
+		return fmt.Errorf("the least world size %d is above the job's %d (%s)", minSize, ms.worldSize(), ms)
+	}
+	return nil
+}
+
+// resize sets the workers so that they hold worldSize ranks: an elastic
+// recovery keeps whole nodes' ranks, one worker's slots each.
+func (mpiJobKind) resize(s shape, worldSize uint32) (map[string]any, error) {
+	ms := s.(mpiShape)
+	if worldSize == 0 || int64(worldSize)%ms.slotsPerWorker != 0 {
+		return nil, fmt.Errorf("world size %d is not a whole number of workers of %d slots", worldSize, ms.slotsPerWorker)
+	}
+	workers := int64(worldSize) / ms.slotsPerWorker
+	return map[string]any{"spec": map[string]any{"mpiReplicaSpecs": map[string]any{"Worker": map[string]any{"replicas": workers}}}}, nil
+}
+
 // mpiShape is the part of an MPIJob's spec that decides its ranks.
 type mpiShape struct {
 	workers        int64

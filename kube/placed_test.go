@@ -18,7 +18,7 @@ func TestShardsPlacedAfterRegang(t *testing.T) {
 	old1.CreationTimestamp = old0.CreationTimestamp
 	h := newHarness(t, newMPIJob("ml", "train", 2, 1, ann), old0, old1)
 	h.clock.Step(time.Minute)
-	if err := h.c.driver.restart(h.ctx, mpiJobs, h.mpiJob("ml", "train"), 7, "recovery-1", "test", ""); err != nil {
+	if err := h.c.driver.restart(h.ctx, mpiJobs, h.mpiJob("ml", "train"), 7, "recovery-1", "test", "", false); err != nil {
 		t.Fatal(err)
 	}
 	h.seed(h.c, h.mpiJob("ml", "train"))

@@ -41,6 +41,11 @@ type workload interface {
 	// for recreator to recreate; a pod on a dead node goes with no grace
 	// period. It returns how many objects it deleted.
 	deleteGang(ctx context.Context, d *MPIJobDriver, u *unstructured.Unstructured, before time.Time, deadNode string) (int, error)
+	// elastic checks that a job of shape may shrink to minSize ranks
+	// (rewind.dev/elastic); resize returns the merge patch of the spec
+	// that makes a job of shape worldSize ranks, for an elastic recovery.
+	elastic(s shape, minSize uint32) error
+	resize(s shape, worldSize uint32) (map[string]any, error)
 }
 
 // shape is the part of a job's spec that decides its ranks.

@@ -20,10 +20,12 @@ import (
 // but one stuck in a collective may never ask) and starts them all on the
 // new placement, resuming from the recovery's step.
 type Local struct {
-	// Command returns the process of rank on node; restoreStep < 0 means
-	// a fresh start (the rank resumes from the job's latest consistent
-	// step, if any).
-	Command func(rank uint32, node string, restoreStep int64) *exec.Cmd
+	// Command returns the process of rank of a gang of worldSize ranks on
+	// node; restoreStep < 0 means a fresh start (the rank resumes from the
+	// job's latest consistent step, if any). A world size other than the
+	// one the step was saved at (an elastic recovery) means the rank
+	// restores its part of the step by resharding.
+	Command func(rank, worldSize uint32, node string, restoreStep int64) *exec.Cmd
 	// Started, when set, is told of every rank process started, and
 	// Exited of every one that exited by itself (not killed by Local).
 	Started func(rank uint32, node string, cmd *exec.Cmd)
@@ -46,8 +48,8 @@ type rankProc struct {
 	err  error
 }
 
-// Start starts every rank on placement.
-func (l *Local) Start(placement map[uint32]string, restoreStep int64) error {
+// Start starts the ranks of placement, of a gang of worldSize ranks.
+func (l *Local) Start(placement map[uint32]string, worldSize uint32, restoreStep int64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.placement = maps.Clone(placement)
@@ -55,7 +57,7 @@ func (l *Local) Start(placement map[uint32]string, restoreStep int64) error {
 		l.procs = map[uint32]*rankProc{}
 	}
 	for _, r := range slices.Sorted(maps.Keys(placement)) {
-		cmd := l.Command(r, placement[r], restoreStep)
+		cmd := l.Command(r, worldSize, placement[r], restoreStep)
 		if err := cmd.Start(); err != nil {
 			return fmt.Errorf("regang: starting rank %d on %s: %w", r, placement[r], err)
 		}
@@ -73,7 +75,16 @@ func (l *Local) Start(placement map[uint32]string, restoreStep int64) error {
 // event's placement, resuming from its step.
 func (l *Local) Regang(ctx context.Context, ev *coordpb.JobEvent) error {
 	l.KillAll()
-	return l.Start(ev.Placement, ev.Step)
+	return l.Start(ev.Placement, WorldSize(ev), ev.Step)
+}
+
+// WorldSize is the world size the event's ranks restart at: its own, or
+// for an event of a coordinator that does not say, its placement's size.
+func WorldSize(ev *coordpb.JobEvent) uint32 {
+	if ev.WorldSize != 0 {
+		return ev.WorldSize
+	}
+	return uint32(len(ev.Placement))
 }
 
 // KillNode kills the ranks running on node (part of a simulated node

@@ -17,7 +17,7 @@ type script map[string]string
 
 func (s script) local(t *testing.T, started *[]string, mu *sync.Mutex) *Local {
 	return &Local{
-		Command: func(rank uint32, node string, restore int64) *exec.Cmd {
+		Command: func(rank, _ uint32, node string, restore int64) *exec.Cmd {
 			key := fmt.Sprintf("%d@%d", rank, restore)
 			mu.Lock()
 			*started = append(*started, key+" on "+node)
@@ -39,7 +39,7 @@ func TestLocalRegangRestartsEveryRank(t *testing.T) {
 		"0@-1": "sleep 30", "1@-1": "sleep 30", // the first gang hangs, as in a broken collective
 		"0@7": "exit 0", "1@7": "exit 0",
 	}.local(t, &started, &mu)
-	if err := l.Start(map[uint32]string{0: "a", 1: "b"}, -1); err != nil {
+	if err := l.Start(map[uint32]string{0: "a", 1: "b"}, 2, -1); err != nil {
 		t.Fatal(err)
 	}
 	killed := l.KillNode("b")
@@ -68,14 +68,14 @@ func TestLocalWait(t *testing.T) {
 	defer cancel()
 	// A rank told its gang broke is not a failure; another exit status is.
 	l := script{"0@-1": fmt.Sprintf("exit %d", ExitGangBroken), "1@-1": "exit 0"}.local(t, &started, &mu)
-	if err := l.Start(map[uint32]string{0: "a", 1: "a"}, -1); err != nil {
+	if err := l.Start(map[uint32]string{0: "a", 1: "a"}, 2, -1); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.Wait(ctx); err != nil {
 		t.Fatalf("a rank leaving a broken gang counted as a failure: %v", err)
 	}
 	l = script{"0@-1": "exit 2"}.local(t, &started, &mu)
-	if err := l.Start(map[uint32]string{0: "a"}, -1); err != nil {
+	if err := l.Start(map[uint32]string{0: "a"}, 1, -1); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.Wait(ctx); err == nil || !strings.Contains(err.Error(), "rank 0") {

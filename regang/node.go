@@ -29,7 +29,7 @@ var _ Driver = (*Node)(nil)
 // Regang kills this node's ranks and starts those the event places here.
 func (n *Node) Regang(ctx context.Context, ev *coordpb.JobEvent) error {
 	n.Local.KillAll()
-	return n.Local.Start(OnNode(ev.Placement, n.Name), ev.Step)
+	return n.Local.Start(OnNode(ev.Placement, n.Name), WorldSize(ev), ev.Step)
 }
 
 // OnNode returns the part of placement (rank -> node) on node.

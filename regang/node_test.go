@@ -18,7 +18,7 @@ func TestNodeRegangRunsOnlyItsRanks(t *testing.T) {
 		"0@9":  "sleep 30", "2@9": "sleep 30", // after the recovery node a runs ranks 0 and 2
 	}.local(t, &started, &mu)
 	defer l.KillAll()
-	if err := l.Start(map[uint32]string{0: "a"}, -1); err != nil {
+	if err := l.Start(map[uint32]string{0: "a"}, 1, -1); err != nil {
 		t.Fatal(err)
 	}
 	n := &Node{Name: "a", Local: l}

@@ -170,7 +170,11 @@ func kindOf(err error) error {
 // restore during a recovery.
 func (s *Session) openPeer(ctx context.Context, step int64, rank uint32) (*openShard, error) {
 	cctx, cancel := s.c.call(ctx)
-	resp, err := s.c.api.Open(cctx, &agentpb.OpenRequest{Job: s.job, Rank: rank, Step: step, Peer: rank != s.rank})
+	req := &agentpb.OpenRequest{Job: s.job, Rank: rank, Step: step, Peer: rank != s.rank}
+	if req.Peer {
+		req.ReaderRank = &s.rank
+	}
+	resp, err := s.c.api.Open(cctx, req)
 	cancel()
 	if err != nil {
 		return nil, wrap(fmt.Sprintf("open rank %d", rank), err)

@@ -1391,7 +1391,11 @@ type OpenRequest struct {
 	// rank's state (a restore at another world size, a DCP load), not to
 	// restore this rank: during a recovery it does not count as this
 	// rank's restore.
-	Peer          bool `protobuf:"varint,5,opt,name=peer,proto3" json:"peer,omitempty"`
+	Peer bool `protobuf:"varint,5,opt,name=peer,proto3" json:"peer,omitempty"`
+	// With peer, the caller's own rank. A rank whose number the step's
+	// world size does not have (its gang grew past it) has no shard of its
+	// own to open: its peer opens of the step count as its restore.
+	ReaderRank    *uint32 `protobuf:"varint,6,opt,name=reader_rank,json=readerRank,proto3,oneof" json:"reader_rank,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1459,6 +1463,13 @@ func (x *OpenRequest) GetPeer() bool {
 		return x.Peer
 	}
 	return false
+}
+
+func (x *OpenRequest) GetReaderRank() uint32 {
+	if x != nil && x.ReaderRank != nil {
+		return *x.ReaderRank
+	}
+	return 0
 }
 
 type OpenResponse struct {
@@ -2730,13 +2741,16 @@ const file_agent_proto_rawDesc = "" +
 	"\x0fheader_checksum\x18\x06 \x01(\tR\x0eheaderChecksum\"6\n" +
 	"\x0eCommitResponse\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x10\n" +
-	"\x03seq\x18\x02 \x01(\x04R\x03seq\"s\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\"\xa9\x01\n" +
 	"\vOpenRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\rR\x04rank\x12\x12\n" +
 	"\x04step\x18\x03 \x01(\x03R\x04step\x12\x16\n" +
 	"\x06latest\x18\x04 \x01(\bR\x06latest\x12\x12\n" +
-	"\x04peer\x18\x05 \x01(\bR\x04peer\"\x89\x01\n" +
+	"\x04peer\x18\x05 \x01(\bR\x04peer\x12$\n" +
+	"\vreader_rank\x18\x06 \x01(\rH\x00R\n" +
+	"readerRank\x88\x01\x01B\x0e\n" +
+	"\f_reader_rank\"\x89\x01\n" +
 	"\fOpenResponse\x12,\n" +
 	"\x05shard\x18\x01 \x01(\v2\x16.rewind.agent.v1.ShardR\x05shard\x12\x14\n" +
 	"\x05lease\x18\x02 \x01(\x04R\x05lease\x125\n" +
@@ -2964,6 +2978,7 @@ func file_agent_proto_init() {
 	if File_agent_proto != nil {
 		return
 	}
+	file_agent_proto_msgTypes[17].OneofWrappers = []any{}
 	file_agent_proto_msgTypes[33].OneofWrappers = []any{
 		(*SegmentRequest_SaveToken)(nil),
 		(*SegmentRequest_Lease)(nil),

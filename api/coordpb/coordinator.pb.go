@@ -723,7 +723,14 @@ type RegisterJobRequest struct {
 	// save, e.g. an operator or a driver): a registration from a rank of an
 	// epoch the job has left is refused, so a fenced rank cannot move the
 	// job's placement.
-	Epoch         uint64 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch uint64 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// Elastic recovery: when a node is lost and no spare node can take its
+	// ranks, the job restarts at the largest world size of at least this
+	// many ranks that the live nodes hold (each keeping the ranks it ran),
+	// every rank restoring its part of the step by resharding, instead of
+	// doubling ranks up on the live nodes. 0 turns it off; unset keeps the
+	// job's setting (off by default). At most world_size.
+	MinWorldSize  *uint32 `protobuf:"varint,7,opt,name=min_world_size,json=minWorldSize,proto3,oneof" json:"min_world_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -796,6 +803,13 @@ func (x *RegisterJobRequest) GetReplicas() uint32 {
 func (x *RegisterJobRequest) GetEpoch() uint64 {
 	if x != nil {
 		return x.Epoch
+	}
+	return 0
+}
+
+func (x *RegisterJobRequest) GetMinWorldSize() uint32 {
+	if x != nil && x.MinWorldSize != nil {
+		return *x.MinWorldSize
 	}
 	return 0
 }
@@ -1156,9 +1170,15 @@ type Job struct {
 	Protected int64 `protobuf:"varint,7,opt,name=protected,proto3" json:"protected,omitempty"`
 	// The job's epoch: how many times a recovery or restart re-ganged it,
 	// plus one.
-	Epoch         uint64 `protobuf:"varint,8,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Epoch uint64 `protobuf:"varint,8,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// Elastic recovery (RegisterJobRequest.min_world_size): the least
+	// world size the job may shrink to, 0 when off; the world size it
+	// registered with; and why it runs at another, if it does.
+	MinWorldSize    uint32 `protobuf:"varint,9,opt,name=min_world_size,json=minWorldSize,proto3" json:"min_world_size,omitempty"`
+	FullWorldSize   uint32 `protobuf:"varint,10,opt,name=full_world_size,json=fullWorldSize,proto3" json:"full_world_size,omitempty"`
+	WorldSizeReason string `protobuf:"bytes,11,opt,name=world_size_reason,json=worldSizeReason,proto3" json:"world_size_reason,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
@@ -1245,6 +1265,27 @@ func (x *Job) GetEpoch() uint64 {
 		return x.Epoch
 	}
 	return 0
+}
+
+func (x *Job) GetMinWorldSize() uint32 {
+	if x != nil {
+		return x.MinWorldSize
+	}
+	return 0
+}
+
+func (x *Job) GetFullWorldSize() uint32 {
+	if x != nil {
+		return x.FullWorldSize
+	}
+	return 0
+}
+
+func (x *Job) GetWorldSizeReason() string {
+	if x != nil {
+		return x.WorldSizeReason
+	}
+	return ""
 }
 
 type ListJobsResponse struct {
@@ -3838,9 +3879,14 @@ type JobEvent struct {
 	// restored whole (see PlanRestoreResponse.skipped).
 	Skipped []*UnrestorableStep `protobuf:"bytes,15,rep,name=skipped,proto3" json:"skipped,omitempty"`
 	// The job's epoch after the event: a re-gang raises it.
-	Epoch         uint64 `protobuf:"varint,16,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Epoch uint64 `protobuf:"varint,16,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The world size the ranks restart at (the size of placement), and the
+	// one before when an elastic recovery changed it (0 when unchanged):
+	// the ranks then restore their parts of step by resharding.
+	WorldSize         uint32 `protobuf:"varint,17,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
+	PreviousWorldSize uint32 `protobuf:"varint,18,opt,name=previous_world_size,json=previousWorldSize,proto3" json:"previous_world_size,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *JobEvent) Reset() {
@@ -3981,6 +4027,20 @@ func (x *JobEvent) GetSkipped() []*UnrestorableStep {
 func (x *JobEvent) GetEpoch() uint64 {
 	if x != nil {
 		return x.Epoch
+	}
+	return 0
+}
+
+func (x *JobEvent) GetWorldSize() uint32 {
+	if x != nil {
+		return x.WorldSize
+	}
+	return 0
+}
+
+func (x *JobEvent) GetPreviousWorldSize() uint32 {
+	if x != nil {
+		return x.PreviousWorldSize
 	}
 	return 0
 }
@@ -4687,7 +4747,7 @@ const file_coordinator_proto_rawDesc = "" +
 	"epoch_step\x18\x05 \x01(\x03R\tepochStep\"d\n" +
 	"\x10RegisterResponse\x12 \n" +
 	"\vincarnation\x18\x01 \x01(\tR\vincarnation\x12.\n" +
-	"\x04pins\x18\x02 \x03(\v2\x1a.rewind.coordinator.v1.PinR\x04pins\"\xb7\x02\n" +
+	"\x04pins\x18\x02 \x03(\v2\x1a.rewind.coordinator.v1.PinR\x04pins\"\xf5\x02\n" +
 	"\x12RegisterJobRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x1d\n" +
 	"\n" +
@@ -4695,11 +4755,13 @@ const file_coordinator_proto_rawDesc = "" +
 	"\tplacement\x18\x03 \x03(\v28.rewind.coordinator.v1.RegisterJobRequest.PlacementEntryR\tplacement\x12\x16\n" +
 	"\x06policy\x18\x04 \x01(\tR\x06policy\x12\x1f\n" +
 	"\breplicas\x18\x05 \x01(\rH\x00R\breplicas\x88\x01\x01\x12\x14\n" +
-	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\x1a<\n" +
+	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\x12)\n" +
+	"\x0emin_world_size\x18\a \x01(\rH\x01R\fminWorldSize\x88\x01\x01\x1a<\n" +
 	"\x0ePlacementEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\v\n" +
-	"\t_replicas\"X\n" +
+	"\t_replicasB\x11\n" +
+	"\x0f_min_world_size\"X\n" +
 	"\x13RegisterJobResponse\x12\x1d\n" +
 	"\n" +
 	"world_size\x18\x01 \x01(\rR\tworldSize\x12\"\n" +
@@ -4726,7 +4788,7 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x1d\n" +
 	"\n" +
 	"epoch_step\x18\x05 \x01(\x03R\tepochStep\"\x11\n" +
-	"\x0fListJobsRequest\"\xca\x02\n" +
+	"\x0fListJobsRequest\"\xc4\x03\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -4736,7 +4798,11 @@ const file_coordinator_proto_rawDesc = "" +
 	"\tplacement\x18\x05 \x03(\v2).rewind.coordinator.v1.Job.PlacementEntryR\tplacement\x12\x16\n" +
 	"\x06policy\x18\x06 \x01(\tR\x06policy\x12\x1c\n" +
 	"\tprotected\x18\a \x01(\x03R\tprotected\x12\x14\n" +
-	"\x05epoch\x18\b \x01(\x04R\x05epoch\x1a<\n" +
+	"\x05epoch\x18\b \x01(\x04R\x05epoch\x12$\n" +
+	"\x0emin_world_size\x18\t \x01(\rR\fminWorldSize\x12&\n" +
+	"\x0ffull_world_size\x18\n" +
+	" \x01(\rR\rfullWorldSize\x12*\n" +
+	"\x11world_size_reason\x18\v \x01(\tR\x0fworldSizeReason\x1a<\n" +
 	"\x0ePlacementEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"B\n" +
@@ -4937,7 +5003,7 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x0fWatchJobRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x16\n" +
 	"\x06replay\x18\x02 \x01(\bR\x06replay\x12\x1b\n" +
-	"\tafter_seq\x18\x03 \x01(\x04R\bafterSeq\"\xd4\x05\n" +
+	"\tafter_seq\x18\x03 \x01(\x04R\bafterSeq\"\xa3\x06\n" +
 	"\bJobEvent\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x127\n" +
 	"\x04kind\x18\x02 \x01(\x0e2#.rewind.coordinator.v1.JobEventKindR\x04kind\x12\x12\n" +
@@ -4955,7 +5021,10 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x04node\x18\r \x01(\tR\x04node\x12\x10\n" +
 	"\x03seq\x18\x0e \x01(\x04R\x03seq\x12A\n" +
 	"\askipped\x18\x0f \x03(\v2'.rewind.coordinator.v1.UnrestorableStepR\askipped\x12\x14\n" +
-	"\x05epoch\x18\x10 \x01(\x04R\x05epoch\x1a<\n" +
+	"\x05epoch\x18\x10 \x01(\x04R\x05epoch\x12\x1d\n" +
+	"\n" +
+	"world_size\x18\x11 \x01(\rR\tworldSize\x12.\n" +
+	"\x13previous_world_size\x18\x12 \x01(\rR\x11previousWorldSize\x1a<\n" +
 	"\x0ePlacementEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +

@@ -33,6 +33,7 @@ func runDemo(ctx context.Context, args []string) error {
 	fs.BoolVar(&cfg.KeepLogs, "keep-logs", false, "leave the coordinator's and agents' logs behind, for inspection")
 	fs.BoolVar(&cfg.Plaintext, "plaintext", false, "run the cluster without TLS (plaintext TCP on loopback); by default every TCP connection is mutual TLS")
 	fs.StringVar(&cfg.Rewind, "rewind", "", "the rewind binary the coordinator and agents run (default: rewind beside this binary)")
+	fs.IntVar(&cfg.Elastic, "elastic", 0, "elastic recovery: no spare node takes a lost node's ranks, the job shrinks to the live nodes' ranks (at least this many) and reshards its model; 0: off")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: rewind-dev demo [flags]      a local cluster; a node dies and the job recovers\n       rewind-dev demo single [flags]  one agent and one trainer, killed in turn")
 		fs.PrintDefaults()
@@ -86,6 +87,7 @@ func runDemoTrain(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.DurableDir, "durable-dir", "", "checkpoint only to this directory, as torch.save to shared storage (the goodput baseline)")
 	fs.Int64Var(&cfg.DurableEvery, "durable-every", 10, "with --durable-dir: steps between checkpoints")
 	fs.BoolVar(&cfg.PerturbRestore, "perturb-restore", false, "flip a bit after restoring (for the demo's tests)")
+	fs.BoolVar(&cfg.Elastic, "elastic", false, "train one global model sharded by rows over the world size (--size is its global size), restoring by resharding")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

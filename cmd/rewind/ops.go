@@ -157,10 +157,29 @@ func lsCoordinator(ctx context.Context, o opFlags) error {
 		return printJSON(resp)
 	}
 	fmt.Fprintln(tw, "JOB\tWORLD SIZE\tEPOCH\tLATEST CONSISTENT\tPROTECTED\tSTEPS\tTIER POLICY")
+	var resized []string
 	for _, j := range resp.Jobs {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%d\t%s\n", j.Id, j.WorldSize, j.Epoch, stepOrDash(j.LatestConsistent), stepOrDash(j.Protected), j.Steps, j.Policy)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%s\n", j.Id, worldSizeText(j), j.Epoch, stepOrDash(j.LatestConsistent), stepOrDash(j.Protected), j.Steps, j.Policy)
+		if j.WorldSizeReason != "" {
+			resized = append(resized, fmt.Sprintf("%s runs at world size %d of %d: %s", j.Id, j.WorldSize, j.FullWorldSize, j.WorldSizeReason))
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, r := range resized {
+		fmt.Println(r)
 	}
 	return nil
+}
+
+// worldSizeText is a job's world size, with its elastic range when it
+// has one ("6 (elastic 4-8)").
+func worldSizeText(j *coordpb.Job) string {
+	if j.MinWorldSize == 0 {
+		return strconv.FormatUint(uint64(j.WorldSize), 10)
+	}
+	return fmt.Sprintf("%d (elastic %d-%d)", j.WorldSize, j.MinWorldSize, j.FullWorldSize)
 }
 
 // stepOrDash formats a step, "-" for none (-1).

@@ -44,6 +44,11 @@ type ClusterConfig struct {
 	NoMinIO          bool // leave the object store out even when built
 	KeepLogs         bool // leave the coordinator's and agents' logs (and tier directories) behind
 	Plaintext        bool // no TLS: plaintext TCP on loopback (the default is mutual TLS, certificates made for the run)
+	// Elastic, when above 0, registers the job for elastic recovery with
+	// this minimum world size and trains the elastic model (a global
+	// state of Size × Ranks bytes sharded over the ranks): a node that
+	// dies with no spare left shrinks the job, whose ranks reshard.
+	Elastic int
 	// Faults, when set, is a faultinject spec armed in every agent
 	// (started with --fault-injection; each seeded from Seed): the
 	// randomized tests' metamorphic mode.
@@ -67,6 +72,8 @@ func (c ClusterConfig) validate() error {
 		return fmt.Errorf("demo: size %d bytes: want at least %d", c.Size, MinSize)
 	case c.Kills < 1 || c.Kills > c.Nodes-2:
 		return fmt.Errorf("demo: %d kills of %d nodes: want 1 to %d (a majority lives, and node-0)", c.Kills, c.Nodes, c.Nodes-2)
+	case c.Elastic < 0 || c.Elastic >= c.Ranks:
+		return fmt.Errorf("demo: elastic minimum world size %d: want 1 to %d, below the %d ranks (0: off)", c.Elastic, c.Ranks-1, c.Ranks)
 	case c.KillMin < 2 || c.KillMax < c.KillMin || c.Steps < int64(c.Kills)*(c.KillMax+1)+4:
 		return fmt.Errorf("demo: %d kills in [%d, %d] steps apart need more than %d steps", c.Kills, c.KillMin, c.KillMax, c.Steps)
 	}
@@ -117,6 +124,9 @@ func RunCluster(ctx context.Context, cfg ClusterConfig) error {
 	d.tl.plain("rewind-dev demo: seed %d (replay with --seed %d)", cfg.Seed, cfg.Seed)
 	d.tl.plain("a coordinator and %d nodes on this machine; a job of %d ranks saves %s per rank every step for %d steps;\none node dies (agent, ranks and shared memory), the job recovers and is checked bit for bit.\n",
 		cfg.Nodes, cfg.Ranks, units.Bytes(uint64(cfg.Size)), cfg.Steps)
+	if cfg.Elastic > 0 {
+		d.tl.plain("elastic: the ranks hold rows of one model; with no spare node, the job shrinks (to at least %d ranks) and every rank reshards.\n", cfg.Elastic)
+	}
 	err := d.setup(ctx)
 	if err == nil {
 		err = d.play(ctx)

@@ -32,10 +32,18 @@ func (d *cluster) play(ctx context.Context) error {
 	fctx, stopFollow := context.WithCancel(ctx)
 	defer stopFollow()
 	go regang.Follow(fctx, d.api, jobName, d.driver, func(ev *coordpb.JobEvent) {
-		d.tl.log("driver", "recovery event: %s step %d, ranks on %s: every rank restarted", ev.Kind.Label(), ev.Step, placementString(ev.Placement))
+		d.tl.log("driver", "recovery event: %s step %d, %d ranks on %s: every rank restarted", ev.Kind.Label(), ev.Step, regang.WorldSize(ev), placementString(ev.Placement))
 		d.events <- ev
 	})
-	if err := d.driver.Start(placement, -1); err != nil {
+	if d.cfg.Elastic > 0 {
+		minSize := uint32(d.cfg.Elastic)
+		_, err := d.api.RegisterJob(ctx, &coordpb.RegisterJobRequest{Job: jobName, WorldSize: uint32(d.cfg.Ranks), Placement: placement, MinWorldSize: &minSize})
+		if err != nil {
+			return fmt.Errorf("demo: registering the job for elastic recovery: %w", err)
+		}
+		d.tl.log("driver", "job %s registered for elastic recovery: %d ranks, at least %d", jobName, d.cfg.Ranks, minSize)
+	}
+	if err := d.driver.Start(placement, uint32(d.cfg.Ranks), -1); err != nil {
 		return err
 	}
 	var ev *coordpb.JobEvent
@@ -97,10 +105,14 @@ func (d *cluster) killAndRecover(ctx context.Context, k int, from int64) (*coord
 }
 
 // rankCommand is the process of a rank; its report is parsed as it comes.
-func (d *cluster) rankCommand(rank uint32, node string, restoreStep int64) *exec.Cmd {
+func (d *cluster) rankCommand(rank, worldSize uint32, node string, restoreStep int64) *exec.Cmd {
+	size := d.cfg.Size
+	if d.cfg.Elastic > 0 { // one model, sharded over the ranks
+		size *= int64(d.cfg.Ranks)
+	}
 	args := []string{"demo-train", "--socket", d.lc.Socket(node), "--job", jobName, "--rank", fmt.Sprint(rank),
-		"--world-size", fmt.Sprint(d.cfg.Ranks), "--steps", fmt.Sprint(d.cfg.Steps), "--size", fmt.Sprint(d.cfg.Size),
-		"--step-time", d.cfg.StepTime.String(), "--restore-step", fmt.Sprint(restoreStep)}
+		"--world-size", fmt.Sprint(worldSize), "--steps", fmt.Sprint(d.cfg.Steps), "--size", fmt.Sprint(size),
+		"--step-time", d.cfg.StepTime.String(), "--restore-step", fmt.Sprint(restoreStep), fmt.Sprintf("--elastic=%t", d.cfg.Elastic > 0)}
 	cmd := exec.Command(d.exe, args...)
 	cmd.Env = append(os.Environ(), "REWIND_JOB_TOKEN="+d.jobToken) // the agents isolate jobs
 	ro := &rankOut{node: node, out: newLineBuf()}
@@ -241,6 +253,9 @@ func rate(bytes uint64, d time.Duration) string {
 // verify checks every rank resumed at the recovery's step with the state
 // it had there, and finished with the state of an uninterrupted run.
 func (d *cluster) verify(ev *coordpb.JobEvent) error {
+	if d.cfg.Elastic > 0 {
+		return d.verifyElastic(ev)
+	}
 	for r := range uint32(d.cfg.Ranks) {
 		ref, err := RankReference(d.cfg.Size, r, d.cfg.Steps)
 		if err != nil {
@@ -269,4 +284,27 @@ func (d *cluster) drained(r uint32) *rankOut {
 			return ro
 		}
 	}
+}
+
+// verifyElastic checks that the job shrank, that every rank of the new
+// gang resumed at the recovery's step with its rows of the full state
+// there, and that each finished with its rows of an uninterrupted run.
+func (d *cluster) verifyElastic(ev *coordpb.JobEvent) error {
+	world := regang.WorldSize(ev)
+	ref, err := ElasticReference(d.cfg.Size*int64(d.cfg.Ranks), world, ev.Step, d.cfg.Steps)
+	if err != nil {
+		return err
+	}
+	d.check(Check{Name: fmt.Sprintf("the job shrinks from %d ranks to %d, no fewer than %d", d.cfg.Ranks, world, d.cfg.Elastic),
+		OK: world < uint32(d.cfg.Ranks) && world >= uint32(d.cfg.Elastic), Detail: ev.Reason})
+	for r := range world {
+		ro := d.drained(r)
+		d.check(Check{Name: fmt.Sprintf("rank %d of %d resumes at step %d with its rows of the full state", r, world, ev.Step),
+			OK:     ro.start.Kind == KindResumed && ro.start.Step == ev.Step && ro.start.Digest == ref[ev.Step][r],
+			Detail: fmt.Sprintf("%q on %s; uninterrupted: digest %s", ro.start.Line, ro.node, ref[ev.Step][r])})
+		d.check(Check{Name: fmt.Sprintf("rank %d of %d ends with its rows of an uninterrupted run", r, world),
+			OK:     ro.last.Kind == KindDone && ro.last.Step == d.cfg.Steps && ro.last.Digest == ref[d.cfg.Steps][r],
+			Detail: fmt.Sprintf("%q; uninterrupted: step %d digest %s", ro.last.Line, d.cfg.Steps, ref[d.cfg.Steps][r])})
+	}
+	return nil
 }

@@ -33,6 +33,10 @@ type TrainConfig struct {
 	// baseline of the goodput benchmark.
 	DurableDir   string
 	DurableEvery int64
+	// Elastic makes the model one global state sharded by rows over the
+	// ranks (elastic.go), Size its global size: a gang of another world
+	// size restores its rows by resharding.
+	Elastic bool
 }
 
 // DefaultTrainConfig returns the trainer's configuration for `rewind-dev demo`.
@@ -96,35 +100,55 @@ func Train(ctx context.Context, cfg TrainConfig) error {
 	if cfg.DurableDir != "" {
 		return trainDurable(ctx, sess, cfg)
 	}
-	st, err := resume(ctx, sess, cfg)
+	var st trainState
+	if cfg.Elastic {
+		st, err = resumeElastic(ctx, sess, cfg)
+	} else {
+		st, err = resume(ctx, sess, cfg)
+	}
 	if err != nil {
 		return err
 	}
-	for st.Obj.Step < cfg.Steps {
-		if err := lockstep(ctx, sess, cfg, st.Obj.Step); err != nil {
+	for st.at() < cfg.Steps {
+		if err := lockstep(ctx, sess, cfg, st.at()); err != nil {
 			return err
 		}
 		t0 := time.Now()
-		st.Step()
+		st.advance()
 		if err := clock.Sleep(ctx, cfg.StepTime-time.Since(t0)); err != nil {
 			return err
 		}
 		compute := time.Since(t0)
-		if err := sess.Save(ctx, st.Obj.Step, st.Tensors, st.Obj); err != nil {
+		tensors, objects := st.parts()
+		if err := sess.Save(ctx, st.at(), tensors, objects); err != nil {
 			if ctx.Err() != nil || errors.Is(err, sdk.ErrGangBroken) {
-				fmt.Fprintln(cfg.Out, formatSaveFailed(st.Obj.Step, err))
+				fmt.Fprintln(cfg.Out, formatSaveFailed(st.at(), err))
 				return err // the job is being recovered: exit, to be restarted
 			}
 			// A failed save is logged and survived: training goes on.
-			fmt.Fprintln(cfg.Out, formatSaveFailed(st.Obj.Step, err))
+			fmt.Fprintln(cfg.Out, formatSaveFailed(st.at(), err))
 			continue
 		}
 		ls := sess.LastSave()
-		fmt.Fprintln(cfg.Out, formatSaved(st.Obj.Step, compute, ls.Bytes, ls.Total, ls.Cold, st.Digest()))
+		fmt.Fprintln(cfg.Out, formatSaved(st.at(), compute, ls.Bytes, ls.Total, ls.Cold, st.digest()))
 	}
-	fmt.Fprintln(cfg.Out, formatDone(st.Obj.Step, st.Digest()))
+	fmt.Fprintln(cfg.Out, formatDone(st.at(), st.digest()))
 	return nil
 }
+
+// trainState is a model the trainer runs: the demo's per-rank State, or
+// a rank's rows of the elastic model.
+type trainState interface {
+	advance()                   // one training step
+	at() int64                  // the step it holds
+	parts() ([]sdk.Tensor, any) // what a save writes: tensors and objects
+	digest() string             // a hash of the whole, as the report shows it
+}
+
+func (s *State) advance()                   { s.Step() }
+func (s *State) at() int64                  { return s.Obj.Step }
+func (s *State) parts() ([]sdk.Tensor, any) { return s.Tensors, s.Obj }
+func (s *State) digest() string             { return s.Digest() }
 
 // resume restores the latest checkpoint, or returns a fresh state when the
 // rank has none, and reports which.

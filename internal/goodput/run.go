@@ -89,7 +89,7 @@ func (r *runner) play(ctx context.Context, plan []planned) error {
 	}
 	r.t0 = wallNow()
 	r.rec.Start = r.t0
-	if err := r.driver.Start(placement, -1); err != nil {
+	if err := r.driver.Start(placement, uint32(r.cfg.Ranks), -1); err != nil {
 		return err
 	}
 	defer r.driver.KillAll()
@@ -134,9 +134,9 @@ func (r *runner) steppedSince(t time.Time) error {
 }
 
 // command is the process of a rank (regang.Local's Command).
-func (r *runner) command(rank uint32, node string, restoreStep int64) *exec.Cmd {
+func (r *runner) command(rank, worldSize uint32, node string, restoreStep int64) *exec.Cmd {
 	args := []string{"demo-train", "--socket", r.cl.Socket(node), "--job", jobName, "--rank", fmt.Sprint(rank),
-		"--world-size", fmt.Sprint(r.cfg.Ranks), "--steps", "1000000000", "--size", fmt.Sprint(r.cfg.Size),
+		"--world-size", fmt.Sprint(worldSize), "--steps", "1000000000", "--size", fmt.Sprint(r.cfg.Size),
 		"--step-time", r.cfg.StepTime.String(), "--restore-step", fmt.Sprint(restoreStep)}
 	if r.mode == modeBaseline {
 		args = append(args, "--durable-dir", r.shared, "--durable-every", fmt.Sprint(r.cfg.BaselineEvery))

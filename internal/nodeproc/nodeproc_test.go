@@ -142,11 +142,11 @@ func TestValidate(t *testing.T) {
 // the environment is the supervisor's own.
 func TestRanksGetTheJobToken(t *testing.T) {
 	s := &supervisor{cfg: Config{Exe: "/bin/true", Socket: "/s", Job: "j", WorldSize: 1, JobToken: "rwj1.x"}, out: &output{out: io.Discard}}
-	if env := s.command(0, "", -1).Env; !slices.Contains(env, "REWIND_JOB_TOKEN=rwj1.x") {
+	if env := s.command(0, 1, "", -1).Env; !slices.Contains(env, "REWIND_JOB_TOKEN=rwj1.x") {
 		t.Fatalf("rank's environment lacks the job token: %v", env)
 	}
 	s.cfg.JobToken = ""
-	if env := s.command(0, "", -1).Env; env != nil {
+	if env := s.command(0, 1, "", -1).Env; env != nil {
 		t.Fatalf("rank's environment without a token: %v, want the supervisor's (nil)", env)
 	}
 }

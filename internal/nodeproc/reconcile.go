@@ -31,7 +31,7 @@ func (s *supervisor) reconcile(ctx context.Context) {
 	}
 	for _, r := range start {
 		s.out.printf("rank %d is placed here but not running: starting it from the latest consistent step", r)
-		if err := s.local.Start(map[uint32]string{r: s.cfg.Node}, -1); err != nil {
+		if err := s.local.Start(map[uint32]string{r: s.cfg.Node}, job.WorldSize, -1); err != nil {
 			s.out.printf("%v", err)
 		}
 	}

@@ -63,7 +63,7 @@ func Run(ctx context.Context, cfg Config) error {
 	start := initialRanks(cfg.Node, cfg.InitialRanks, job)
 	s.out.printf("node %s, job %s: starting ranks %v (placement known: %v)", cfg.Node, cfg.Job, start, job != nil)
 	for _, r := range start {
-		if err := s.local.Start(map[uint32]string{r: cfg.Node}, -1); err != nil {
+		if err := s.local.Start(map[uint32]string{r: cfg.Node}, cfg.WorldSize, -1); err != nil {
 			s.out.printf("%v", err)
 		}
 	}
@@ -156,9 +156,9 @@ func (s *supervisor) job(ctx context.Context) (*coordpb.Job, error) {
 
 // command is a rank's process: `rewind-dev demo-train` on the node's agent,
 // its report prefixed with the rank.
-func (s *supervisor) command(rank uint32, _ string, restoreStep int64) *exec.Cmd {
+func (s *supervisor) command(rank, worldSize uint32, _ string, restoreStep int64) *exec.Cmd {
 	args := append([]string{"demo-train", "--socket", s.cfg.Socket, "--job", s.cfg.Job,
-		"--rank", fmt.Sprint(rank), "--world-size", fmt.Sprint(s.cfg.WorldSize),
+		"--rank", fmt.Sprint(rank), "--world-size", fmt.Sprint(worldSize),
 		"--restore-step", fmt.Sprint(restoreStep)}, s.cfg.TrainArgs...)
 	cmd := exec.Command(s.cfg.Exe, args...)
 	if s.cfg.JobToken != "" {

@@ -48,6 +48,9 @@ type env struct {
 	coords    []*coordinator
 	api       coordpb.CoordinatorClient
 	sockets   map[string]string // node → its agent's socket
+	// elastic holds the jobs whose ranks train the demo's elastic model
+	// (one global state sharded over the ranks), with its global size.
+	elastic map[string]string
 
 	mu    sync.Mutex
 	ranks []*rankRun // every rank process started, in order
@@ -78,7 +81,7 @@ func setup(t *testing.T) *env {
 		}
 		t.Skip("no Kubernetes control plane: make test-kube builds one and runs these tests")
 	}
-	e := &env{t: t, ctx: t.Context(), rewind: os.Getenv("REWIND_BIN"), dir: t.TempDir(), sockets: map[string]string{}}
+	e := &env{t: t, ctx: t.Context(), rewind: os.Getenv("REWIND_BIN"), dir: t.TempDir(), sockets: map[string]string{}, elastic: map[string]string{}}
 	if e.rewind == "" {
 		t.Fatal("REWIND_BIN is not set: make test-kube sets it to bin/rewind")
 	}
@@ -245,9 +248,15 @@ func (e *env) launch(r kubetest.Rank) *kubetest.Proc {
 		}
 	}
 	name := fmt.Sprintf("rank-%s-%d-%s", job, r.Rank, r.Launcher.UID)
-	p := kubetest.RunProc(e.t, e.dir, name, e.trainer(), []string{"demo-train", "--socket", e.sockets[r.Node.Name],
+	args := []string{"demo-train", "--socket", e.sockets[r.Node.Name],
 		"--job", job, "--rank", r.Env["OMPI_COMM_WORLD_RANK"], "--world-size", r.Env["OMPI_COMM_WORLD_SIZE"],
-		"--steps", strconv.Itoa(trainSteps), "--size", "1MiB", "--step-time", stepTime.String()}, nil)
+		"--steps", strconv.Itoa(trainSteps), "--size", "1MiB", "--step-time", stepTime.String()}
+	e.mu.Lock()
+	if size, ok := e.elastic[job]; ok {
+		args = append(args, "--elastic", "--size", size)
+	}
+	e.mu.Unlock()
+	p := kubetest.RunProc(e.t, e.dir, name, e.trainer(), args, nil)
 	e.mu.Lock()
 	e.ranks = append(e.ranks, &rankRun{job: job, rank: r.Rank, node: r.Node.Name, launcher: r.Launcher.Name + "/" + string(r.Launcher.UID), log: p.Log, proc: p})
 	e.mu.Unlock()

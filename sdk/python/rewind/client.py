@@ -363,8 +363,12 @@ class Client:
         Its tensors' checksums are not checked here: see OpenShard.verify."""
         op = f"open step {step} of job {self.job} rank {rank}"
         # Another rank's shard is read as a peer: during a recovery that
-        # does not count as that rank's restore.
-        resp = self._call(op, "Open", pb.OpenRequest(job=self.job, rank=rank, step=step, peer=rank != self.rank))
+        # does not count as that rank's restore (but as this rank's when
+        # the step has no shard of this rank's number: a grown gang).
+        req = pb.OpenRequest(job=self.job, rank=rank, step=step, peer=rank != self.rank)
+        if req.peer:
+            req.reader_rank = self.rank
+        resp = self._call(op, "Open", req)
         try:
             m, h = self._map(op, resp.shard, resp.lease)
         except CorruptError as e:

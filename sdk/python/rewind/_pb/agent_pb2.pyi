@@ -159,18 +159,20 @@ class ListResponse(_message.Message):
     def __init__(self, shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ...) -> None: ...
 
 class OpenRequest(_message.Message):
-    __slots__ = ["job", "latest", "peer", "rank", "step"]
+    __slots__ = ["job", "latest", "peer", "rank", "reader_rank", "step"]
     JOB_FIELD_NUMBER: _ClassVar[int]
     LATEST_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
+    READER_RANK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     job: str
     latest: bool
     peer: bool
     rank: int
+    reader_rank: int
     step: int
-    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., latest: bool = ..., peer: bool = ...) -> None: ...
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., latest: bool = ..., peer: bool = ..., reader_rank: _Optional[int] = ...) -> None: ...
 
 class OpenResponse(_message.Message):
     __slots__ = ["lease", "leaves", "shard"]
