@@ -5,6 +5,12 @@ GO ?= go
 BIN := $(CURDIR)/bin
 export GOBIN := $(BIN)
 export PATH := $(BIN):$(PATH)
+# Every build but the race detector's is static (nothing here uses cgo):
+# the binaries the tests run, the images' FROM-scratch binaries, go vet
+# and staticcheck then share one build cache instead of compiling every
+# dependency twice. The race detector needs cgo (test-go, stress).
+export CGO_ENABLED := 0
+RACE := CGO_ENABLED=1 $(GO) test -race
 
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
@@ -13,7 +19,7 @@ STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(BIN)/staticcheck
 STATICCHECK_STAMP := $(BIN)/.staticcheck-$(STATICCHECK_VERSION)
 
-.PHONY: all build demo test test-prep packages test-go lint verify stress staticcheck bench goodput generate tools clean fuzz help prometheus
+.PHONY: all build demo demo-elastic test test-prep packages test-go lint verify stress staticcheck bench goodput generate tools clean fuzz help prometheus
 
 include sdk/python/python.mk
 include tiers/tiers.mk
@@ -30,36 +36,53 @@ build:
 demo: build
 	$(BIN)/rewind-dev demo
 
+## demo-elastic: three nodes of two ranks holding one model; a node dies with no spare left, the job shrinks to four ranks that reshard the state.
+demo-elastic: build
+	$(BIN)/rewind-dev demo --nodes 3 --ranks 6 --elastic 2
+
 ## test: lint, then every test: Go (race detector on), the Python SDK's pytest suite (and its DCP tests in a trixie root), the Helm chart, the controller against a real API server and mpi-operator, the chaos smoke run (when a Docker engine answers).
 # On a fresh machine most of make test is building and fetching what the
-# later tests need: the trixie root, helm, the images, the control plane
-# (kube-bin, the longest). Those are made in that order in the background
-# (test-prep, niced, its output in bin/test-prep.log) while lint, the Go
-# tests and the Python tests run in front, which leave a core idle much
-# of the time (tests that wait on processes and timeouts, a
-# single-threaded pytest); the front's later tests take what the
-# background made by then (a build asked for twice waits for the first,
-# under a lock), and test-kube runs once the background is done. The
-# Debian packages and MinIO come first: the background must not race the
-# front for dpkg's lock or for bin/minio. An interrupted or failed make
-# test stops the background too.
+# later tests need: MinIO, helm, the trixie root, the control plane
+# (kube-bin, the longest), the images. Those are made in that order in
+# the background (test-prep, niced, its output in bin/test-prep.log) from
+# the start, while the Debian packages are installed (mostly waiting on
+# the network and dpkg) and lint, the Go tests and the Python tests run
+# in front, which leave a core idle much of the time (tests that wait on
+# processes and timeouts, a single-threaded pytest). The front's tests
+# take what the background made by then (a build asked for twice waits
+# for the first, under a lock: MinIO, helm, the trixie root, the images),
+# and test-kube runs once the background is done, its test binary
+# compiled there. The background waits for the packages before it needs
+# them (bin/.packages-ready): it must not race the front for dpkg's lock.
+# An interrupted or failed make test stops the background too.
 TEST_FRONT := lint test-go test-python test-python-dcp test-helm chaos-smoke
 TEST_AFTER := test-kube
-test: packages minio
-	@mkdir -p $(BIN); \
+PACKAGES_READY := $(BIN)/.packages-ready
+test:
+	@mkdir -p $(BIN) && rm -f $(PACKAGES_READY); \
 	setsid nice -n 15 $(MAKE) --no-print-directory test-prep > $(BIN)/test-prep.log 2>&1 & prep=$$!; \
 	trap 'kill -TERM -- -'$$prep' 2>/dev/null; wait '$$prep' 2>/dev/null' INT TERM; \
-	echo "test: building the trixie root, helm, the images and the control plane in the background (bin/test-prep.log)"; \
+	echo "test: building MinIO, helm, the trixie root, the control plane and the images in the background (bin/test-prep.log)"; \
+	if ! $(MAKE) --no-print-directory packages; then kill -TERM -- -$$prep 2>/dev/null; wait $$prep; exit 1; fi; \
+	touch $(PACKAGES_READY); \
 	if ! $(MAKE) --no-print-directory $(TEST_FRONT); then kill -TERM -- -$$prep 2>/dev/null; wait $$prep; exit 1; fi; \
 	echo "test: waiting for the background builds"; \
 	if ! wait $$prep; then tail -n 40 $(BIN)/test-prep.log; echo "test: the background builds failed (bin/test-prep.log)"; exit 1; fi; \
 	$(MAKE) --no-print-directory $(TEST_AFTER)
 
 # test-prep is what make test builds in the background: what the tests
-# need, built once and cached under bin/, quickest first.
-test-prep: python-trixie helm
+# need, built once and cached under bin/, what the front needs first
+# first (MinIO for the Go tests, then helm), what needs the Debian
+# packages once they are in, the control plane before the images (the
+# chaos smoke run, the front's last test, needs them last).
+test-prep:
+	@$(MAKE) --no-print-directory minio helm
+	@for i in $$(seq 1800); do [ -e $(PACKAGES_READY) ] && break; sleep 1; done; \
+		[ -e $(PACKAGES_READY) ] || { echo "test-prep: the Debian packages were not installed within 30 minutes"; exit 1; }
+	@$(MAKE) --no-print-directory python-trixie kube-bin
 	@if docker info >/dev/null 2>&1 && command -v docker-compose >/dev/null; then $(MAKE) --no-print-directory images; fi
-	@$(MAKE) --no-print-directory kube-bin
+	@$(MAKE) --no-print-directory build
+	$(GO) test -c -o /dev/null ./kube/e2e
 
 ## packages: every Debian package the checks and tests use (etcd, prometheus, protoc, debootstrap, the Python SDK's), installed where missing.
 packages: prometheus python-deps python-lint-deps tools kube-debs
@@ -75,7 +98,7 @@ FAULT_HITS := $(BIN)/fault-hits
 ## test-go: every Go test, race detector on, MinIO required; then every fault point must have fired.
 test-go: minio prometheus
 	rm -rf $(FAULT_HITS) && mkdir -p $(FAULT_HITS)
-	REWIND_REQUIRE_MINIO=1 REWIND_REQUIRE_PROMETHEUS=1 REWIND_FAULT_HITS=$(FAULT_HITS) $(GO) test -race -count=1 -timeout 15m ./...
+	REWIND_REQUIRE_MINIO=1 REWIND_REQUIRE_PROMETHEUS=1 REWIND_FAULT_HITS=$(FAULT_HITS) $(RACE) -count=1 -timeout 15m ./...
 	REWIND_FAULT_COVERAGE=$(FAULT_HITS) $(GO) test -count=1 -run TestEveryPointFired ./faultinject
 
 ## prometheus: prometheus and promtool from Debian's prometheus package, for the tests of the dashboard and alert rules.
@@ -119,7 +142,7 @@ stress: minio
 	@rm -rf $(STRESS_LOGS) && mkdir -p $(STRESS_LOGS); \
 	$(GO) list $(STRESS_PKGS) | xargs -P $(STRESS_JOBS) -I{} sh -c '\
 		pkg={}; log=$(STRESS_LOGS)/$$(echo $$pkg | tr / _).log; start=$$(date +%s); \
-		REWIND_REQUIRE_MINIO=1 $(GO) test -race -count=$(STRESS_COUNT) -timeout $(STRESS_TIMEOUT) $$pkg > $$log 2>&1; rc=$$?; \
+		REWIND_REQUIRE_MINIO=1 $(RACE) -count=$(STRESS_COUNT) -timeout $(STRESS_TIMEOUT) $$pkg > $$log 2>&1; rc=$$?; \
 		fails=$$(grep -c -- "^--- FAIL" $$log); took=$$(( $$(date +%s) - start ))s; \
 		if [ $$rc -ne 0 ]; then echo "FAIL $$pkg: $$fails failed test runs of $(STRESS_COUNT) rounds, exit $$rc, $$took (log: $$log)"; \
 		else rm -f $$log; echo "ok   $$pkg: $(STRESS_COUNT) rounds, $$took"; fi' | tee $(STRESS_LOGS)/report; \

@@ -13,5 +13,8 @@ minio: $(BIN)/minio
 # MINIO_VERSION, run `rm bin/minio && make minio`. Statically linked
 # (CGO_ENABLED=0), so that the chaos cluster's FROM-scratch image takes the
 # same binary and a clean machine builds MinIO once, not twice.
+# Under a lock: make test builds it in the background, and a test target
+# asked for meanwhile waits for that build instead of starting another.
 $(BIN)/minio:
-	CGO_ENABLED=0 GOBIN=$(BIN) $(GO) install github.com/minio/minio@$(MINIO_VERSION)
+	@mkdir -p $(BIN)
+	flock $(BIN)/.minio.lock sh -c '[ -f $@ ] || CGO_ENABLED=0 GOBIN=$(BIN) $(GO) install github.com/minio/minio@$(MINIO_VERSION)'

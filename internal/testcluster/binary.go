@@ -44,7 +44,12 @@ func Binary(t testing.TB, pkg string) string {
 			}
 		}
 		r.path = filepath.Join(built.dir, filepath.Base(pkg))
-		r.out, r.err = exec.Command(goTool, "build", "-o", r.path, pkg).CombinedOutput()
+		cmd := exec.Command(goTool, "build", "-o", r.path, pkg)
+		// Static, as make builds every binary but the race detector's:
+		// under go test -race (cgo on) a cgo build would compile every
+		// dependency once more.
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		r.out, r.err = cmd.CombinedOutput()
 		if built.bins == nil {
 			built.bins = map[string]result{}
 		}
