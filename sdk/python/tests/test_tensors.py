@@ -32,10 +32,12 @@ def test_open_shard_verify_finds_a_flipped_byte(agent, job):
     with rewind.Client(socket=agent.socket, job=job, rank=0, world_size=1) as c:
         c.save_tensors(1, {"x": torch.ones(1 << 18)})
         sh = c.list()[0]
-        with open(sh.path, "r+b") as f:
-            f.seek(sh.size_bytes - 5)
-            f.write(b"\x7f")
+        # Opened before the byte flips: the agent's own background check
+        # may find it first, and then serves the shard no more.
         with c.open_shard(0, 1) as opened, pytest.raises(rewind.CorruptError, match="checksum"):
+            with open(sh.path, "r+b") as f:
+                f.seek(sh.size_bytes - 5)
+                f.write(b"\x7f")
             opened.verify(["x"])
         with pytest.raises(rewind.RewindError):  # the agent was told: it serves that shard no more
             c.open_shard(0, 1).close()
