@@ -141,6 +141,14 @@ func TestRestoreFallsBackFromACorruptReplica(t *testing.T) {
 		return err
 	})
 	testcluster.Flip(t, shards[0].Path, -10)
+	// No replicas are made from now on: the coordinator would heal the
+	// copy node-0 is about to lose from node-2's, find it corrupt there
+	// and drop it, or put one on the new node-0, before the restore this
+	// test is about.
+	zero := uint32(0)
+	if _, err := cl.api.RegisterJob(ctxT(t), &coordpb.RegisterJobRequest{Job: job, WorldSize: ws, Replicas: &zero}); err != nil {
+		t.Fatal(err)
+	}
 	// node-0 loses its memory and comes back empty.
 	cl.agents[0].Stop()
 	cfg := testcluster.AgentConfig(t)
