@@ -17,8 +17,10 @@ import (
 // live node's memory or on a shared tier), as always, and restarts the
 // job with the ranks of the live nodes only, numbered anew, each rank of
 // the new gang restoring its part of the step by resharding
-// (sdk.Session.RestoreInto, rewind.dcp.Reader). Growing back is not
-// done yet: the full size is kept for when it is, and shown.
+// (sdk.Session.RestoreInto, rewind.dcp.Reader). At the next operator
+// restart, or a recovery that leaves spare nodes, a job below its full
+// size grows back onto the spare nodes, as many ranks on each as its
+// nodes run, up to the size it registered with.
 
 // elasticPolicy is a job's elastic setting, stored as JSON under
 // elastic/<job>.
@@ -142,6 +144,70 @@ func (c *Coordinator) elasticTarget(job, lost string) (gangTarget, bool) {
 	}
 	return gangTarget{placement: next, worldSize: m,
 		why: fmt.Sprintf("elastic recovery: node %s lost and no spare node: %d of %d ranks left (at least %d)", lost, m, world, p.Min)}, true
+}
+
+// growTarget returns the grown gang of an elastic job below its full
+// size, placed on placement, when live nodes running none of its ranks
+// can take more (ok false when the job is not elastic, is at its full
+// size, runs an uneven number of ranks per node, or no node is spare).
+func (c *Coordinator) growTarget(job string, placement map[uint32]string) (gangTarget, bool) {
+	p := c.elastic.get(job)
+	world := uint32(len(placement))
+	if p.Min == 0 || world >= p.Full || world == 0 {
+		return gangTarget{}, false
+	}
+	c.mu.Lock()
+	var spares []string
+	used := map[string]bool{}
+	for _, n := range placement {
+		used[n] = true
+	}
+	for _, n := range slices.Sorted(maps.Keys(c.state.Nodes)) {
+		if _, down := c.down[n]; !used[n] && !down {
+			spares = append(spares, n)
+		}
+	}
+	c.mu.Unlock()
+	next, ok := growPlacement(placement, spares, p.Full)
+	if !ok {
+		return gangTarget{}, false
+	}
+	return gangTarget{placement: next, worldSize: uint32(len(next)),
+		why: fmt.Sprintf("elastic: spare nodes again: %d of %d ranks", len(next), p.Full)}, true
+}
+
+// growPlacement adds ranks to placement, numbered after its own, on the
+// spare nodes in order, each taking as many as every node of placement
+// runs, up to full ranks. It reports false when nothing is added: no
+// spare, or nodes running uneven numbers of ranks (no size to give a new
+// one).
+func growPlacement(placement map[uint32]string, spares []string, full uint32) (map[uint32]string, bool) {
+	per := map[string]uint32{}
+	for _, n := range placement {
+		per[n]++
+	}
+	k := uint32(0)
+	for _, c := range per {
+		if k != 0 && c != k {
+			return nil, false
+		}
+		k = c
+	}
+	next := maps.Clone(placement)
+	world := uint32(len(placement))
+	for _, n := range spares {
+		for range k {
+			if world >= full {
+				break
+			}
+			next[world] = n
+			world++
+		}
+	}
+	if world == uint32(len(placement)) {
+		return nil, false
+	}
+	return next, true
 }
 
 // shrinkPlacement returns the placement of an elastic restart of a job

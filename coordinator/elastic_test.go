@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/sdk"
@@ -143,8 +144,8 @@ func elasticJob(t *testing.T, cl *cluster, job string, minSize uint32) *coordpb.
 // restore their rows of step 2, saved by six, bit for bit: the rows of
 // the dead node's ranks from their replicas. A process of the old gang
 // still alive cannot save; the new gang saves step 3 at world size 4,
-// and rewind ls says why the world size changed. Registered at six ranks
-// again and restarted, the job grows back (growBack).
+// and rewind ls says why the world size changed. Once node-1 is back, an
+// operator's restart grows the job back to six ranks (growBack).
 func TestElasticRecoveryShrinks(t *testing.T) {
 	const job = "el-shrink"
 	cl := rackCluster(t, 1)
@@ -171,23 +172,35 @@ func TestElasticRecoveryShrinks(t *testing.T) {
 	growBack(t, cl, job, node)
 }
 
-// growBack registers the shrunk job at its full size again, six ranks on
-// node-0 and node-2, and restarts it at its latest step, saved by four:
-// the two ranks whose numbers the step does not have restore by reading
-// the others' shards, and all six save the next step.
+// growBack brings node-1 back (a fresh agent, its memory empty) and
+// restarts the shrunk job at its latest step, saved by four: the job
+// grows back to six ranks, two of them on node-1, whose numbers the step
+// does not have, and which restore by reading the others' shards; all
+// six save the next step.
 func growBack(t *testing.T, cl *cluster, job string, node map[string]*sdk.Client) {
 	t.Helper()
-	full := map[uint32]string{0: "node-0", 1: "node-0", 2: "node-0", 3: "node-2", 4: "node-2", 5: "node-2"}
-	if _, err := cl.api.RegisterJob(ctxT(t), &coordpb.RegisterJobRequest{Job: job, WorldSize: 6, Placement: full}); err != nil {
-		t.Fatal(err)
-	}
+	cl.addAgent(func(cfg *agent.Config) { cfg.Node, cfg.FailureDomain = "node-1", "rack-b" })
+	node["node-1"] = cl.clients[len(cl.clients)-1]
+	wait.ForNil(t, 10*time.Second, "node-1's order stream open again", func() error {
+		resp, err := cl.api.TierStatus(ctxT(t), &coordpb.TierStatusRequest{})
+		if err != nil {
+			return err
+		}
+		for _, n := range resp.Nodes {
+			if n.Node == "node-1" {
+				return nil
+			}
+		}
+		return fmt.Errorf("nodes %v", resp.Nodes)
+	})
+	full := map[uint32]string{0: "node-0", 1: "node-2", 2: "node-0", 3: "node-2", 4: "node-1", 5: "node-1"}
 	events := cl.watch(job)
 	plan, err := cl.api.PlanRestore(ctxT(t), &coordpb.PlanRestoreRequest{Job: job, Step: -1, Restart: true, RequestedBy: "test"})
 	if err != nil || !plan.Restarted || plan.Step != 3 {
 		t.Fatalf("restart at the full size: %v %v", plan, err)
 	}
-	if ev := nextEvent(t, events); !ev.Ok || ev.WorldSize != 6 || ev.Step != 3 {
-		t.Fatalf("restart event: %v", ev)
+	if ev := nextEvent(t, events); !ev.Ok || ev.WorldSize != 6 || ev.PreviousWorldSize != 4 || ev.Step != 3 || !maps.Equal(ev.Placement, full) {
+		t.Fatalf("restart event: %v; want 6 ranks (was 4) on %v", ev, full)
 	}
 	reshardAll(t, job, full, node, 3, 4)
 	for r := range uint32(6) {

@@ -182,6 +182,8 @@ func (c *Coordinator) recoverJob(ctx context.Context, job, node, reason string, 
 	target := gangTarget{placement: placement}
 	if shrunk, ok := c.elasticTarget(job, node); ok {
 		target = shrunk
+	} else if grown, ok := c.growTarget(job, placement); ok {
+		target = grown
 	}
 	plan, err := c.plan(ctx, job, -1, placement)
 	if err != nil {

@@ -64,7 +64,11 @@ func (c *Coordinator) RestartJob(ctx context.Context, job string, step int64, wh
 	c.log.Warn("job restart asked", "job", job, "step", plan.Step, "requested_by", who, "deleting_steps", later)
 	ev := &coordpb.JobEvent{Job: job, Kind: coordpb.JobEventKind_JOB_EVENT_KIND_REGANG, Reason: fmt.Sprintf("operator restore of step %d asked by %s", plan.Step, who),
 		DetectedUnixNano: c.cfg.Clock.Now().UnixNano()}
-	plan.Restarted = c.regang(ctx, plan, stage, -1, gangTarget{placement: placement}, ev)
+	target := gangTarget{placement: placement}
+	if grown, ok := c.growTarget(job, placement); ok {
+		target = grown
+	}
+	plan.Restarted = c.regang(ctx, plan, stage, -1, target, ev)
 	if !plan.Restarted {
 		// Failed after every rank was staged: the ranks' results do not
 		// say why.
