@@ -117,22 +117,18 @@ func (c *Coordinator) elasticTarget(job, lost string) (gangTarget, bool) {
 	}
 	placement := maps.Clone(j.Placement)
 	world := j.WorldSize
-	down := func(n string) bool { _, d := c.down[n]; return d }
-	var spares []string
-	used := map[string]bool{}
+	lostNodes := map[string]bool{} // read under the lock, used after it
 	for _, n := range placement {
-		used[n] = true
-	}
-	for _, n := range slices.Sorted(maps.Keys(c.state.Nodes)) {
-		if !used[n] && !down(n) {
-			spares = append(spares, n)
+		if _, d := c.down[n]; d {
+			lostNodes[n] = true
 		}
 	}
+	spares := c.sparesLocked(placement)
 	c.mu.Unlock()
 	if uint32(len(placement)) != world {
 		return gangTarget{}, false // a placement the index does not know whole
 	}
-	next, ok := shrinkPlacement(placement, down, spares)
+	next, ok := shrinkPlacement(placement, func(n string) bool { return lostNodes[n] }, spares)
 	if !ok {
 		return gangTarget{}, false
 	}
@@ -157,16 +153,7 @@ func (c *Coordinator) growTarget(job string, placement map[uint32]string) (gangT
 		return gangTarget{}, false
 	}
 	c.mu.Lock()
-	var spares []string
-	used := map[string]bool{}
-	for _, n := range placement {
-		used[n] = true
-	}
-	for _, n := range slices.Sorted(maps.Keys(c.state.Nodes)) {
-		if _, down := c.down[n]; !used[n] && !down {
-			spares = append(spares, n)
-		}
-	}
+	spares := c.sparesLocked(placement)
 	c.mu.Unlock()
 	next, ok := growPlacement(placement, spares, p.Full)
 	if !ok {
@@ -174,6 +161,23 @@ func (c *Coordinator) growTarget(job string, placement map[uint32]string) (gangT
 	}
 	return gangTarget{placement: next, worldSize: uint32(len(next)),
 		why: fmt.Sprintf("elastic: spare nodes again: %d of %d ranks", len(next), p.Full)}, true
+}
+
+// sparesLocked returns the registered nodes, in name order, that are
+// not declared down and run none of placement's ranks; the caller holds
+// c.mu.
+func (c *Coordinator) sparesLocked(placement map[uint32]string) []string {
+	used := map[string]bool{}
+	for _, n := range placement {
+		used[n] = true
+	}
+	var spares []string
+	for _, n := range slices.Sorted(maps.Keys(c.state.Nodes)) {
+		if _, down := c.down[n]; !used[n] && !down {
+			spares = append(spares, n)
+		}
+	}
+	return spares
 }
 
 // growPlacement adds ranks to placement, numbered after its own, on the

@@ -320,10 +320,12 @@ func reshardRetrying(t *testing.T, s *sdk.Session, sl sdk.Slice) (*sdk.Resharded
 	defer s.Close()
 	var res *sdk.Resharded
 	var err error
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	_ = wait.Until(10*time.Second, func() error {
 		res, err = s.RestoreInto(ctxT(t), sdk.Layout{Slices: []sdk.Slice{sl}})
-		if !errors.Is(err, sdk.ErrGangBroken) || time.Now().After(deadline) {
-			return res, err
+		if errors.Is(err, sdk.ErrGangBroken) {
+			return err // not resumed yet: asked again
 		}
-	}
+		return nil
+	})
+	return res, err
 }
