@@ -129,7 +129,7 @@ func DefaultConfig() Config {
 		ShmRoot:           "/dev/shm/rewind",        // memory-backed on every Linux host and pod
 		Socket:            "/run/rewind/agent.sock", // runtime state of a system daemon (FHS), where ranks on the host find it
 		ListenAddr:        "127.0.0.1:7070",         // loopback until TLS or --insecure is chosen: a cluster sets --listen :7070 with its certificates
-		MetricsAddr:       ":9464",                  // Prometheus's customary exporter range
+		MetricsAddr:       "127.0.0.1:9464",         // Prometheus's exporter range; loopback like ListenAddr until TLS or --insecure
 		SlotsPerRank:      2,                        // the latest committed step plus the save in progress
 		VerifyWorkers:     2,                        // verification runs beside training: leave it most cores
 		VerifyAfterCommit: true,                     // a shard rotting in memory is found before a restore needs it

@@ -65,7 +65,8 @@ func (a *Agent) Run(ctx context.Context, ready func(Addrs)) error {
 	}
 	var metrics *metricsrv.Server
 	if a.cfg.MetricsAddr != "" {
-		if metrics, err = metricsrv.Start(a.cfg.MetricsAddr, a.cfg.Registry, errc, metricsrv.FaultRoutes(a.cfg.Faults)...); err != nil {
+		if metrics, err = metricsrv.Start(metricsrv.Config{Addr: a.cfg.MetricsAddr, Registry: a.cfg.Registry,
+			Security: a.cfg.Transport, Authorizer: a.authz, Logger: a.log}, errc, metricsrv.FaultRoutes(a.cfg.Faults)...); err != nil {
 			srv.Stop()
 			return fmt.Errorf("agent: %w", err)
 		}

@@ -92,7 +92,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		ListenAddr:   "127.0.0.1:7080",              // loopback until TLS or --insecure is chosen: a cluster sets --listen :7080 with its certificates
-		MetricsAddr:  ":9465",                       // the agent's metrics port plus one, so both run on one host
+		MetricsAddr:  "127.0.0.1:9465",              // the agent's metrics port plus one, so both run on one host
 		DataDir:      "/var/lib/rewind/coordinator", // state of a system daemon, kept across restarts (FHS)
 		AgentTimeout: 2 * time.Minute,               // verifying a large shard reads every byte
 		Policy:       tiers.DefaultPolicy(),         // see DefaultPolicy: NVMe often, PFS less, the object store on a clock

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"rewind.dev/rewind/internal/metricsrv"
+	"rewind.dev/rewind/transport"
 )
 
 // With leader election (Config.Leading set, rewind coordinator --kube),
@@ -46,7 +47,7 @@ func (c *Coordinator) streamLeader(srv any, ss grpc.ServerStream, _ *grpc.Stream
 
 // readyz is the readiness endpoint: 200 while this coordinator serves.
 func (c *Coordinator) readyz() metricsrv.Route {
-	return metricsrv.Route{Path: "/readyz", Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	return metricsrv.Route{Path: "/readyz", Method: transport.HTTPReady, Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		if !c.leading() {
 			http.Error(w, "not the leader", http.StatusServiceUnavailable)
 			return

@@ -2,6 +2,7 @@ package coordinator_test
 
 import (
 	"context"
+	"crypto/tls"
 	"io"
 	"log/slog"
 	"net/http"
@@ -10,14 +11,14 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/coordinator"
+	"rewind.dev/rewind/internal/testcluster"
 	"rewind.dev/rewind/internal/wait"
+	"rewind.dev/rewind/transport"
 )
 
 // TestOnlyTheLeaderServes: a replica that does not hold the leader lease
@@ -25,12 +26,15 @@ import (
 // out); once it leads it is ready, and serves. Its index knows no node
 // whose agent to wait for, so answers about jobs wait for the agents'
 // registrations a LeaveGrace (at least a second; rebuild.go), then come.
+// Its readiness answers a probe over TLS that sends no certificate, as a
+// kubelet's HTTPS probe does.
 func TestOnlyTheLeaderServes(t *testing.T) {
 	var leading atomic.Bool
 	cfg := coordinator.DefaultConfig()
 	cfg.ListenAddr, cfg.MetricsAddr, cfg.DataDir = "127.0.0.1:0", "127.0.0.1:0", t.TempDir()
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg.Leading, cfg.LeaveGrace = leading.Load, time.Second
+	cfg.Transport = testcluster.TLS(t, testcluster.CoordinatorID)
 	c, err := coordinator.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -41,14 +45,16 @@ func TestOnlyTheLeaderServes(t *testing.T) {
 	go func() { c.Run(ctx, func(g, m string) { addrs <- [2]string{g, m} }); close(done) }()
 	t.Cleanup(func() { cancel(); <-done; c.Close() })
 	a := <-addrs
-	conn, err := grpc.NewClient(a[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := testcluster.TLS(t, testcluster.OperatorID).NewClient(a[0], transport.ExpectCoordinator)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
 	api := coordpb.NewCoordinatorClient(conn)
 	ready := func() int {
-		resp, err := http.Get("http://" + a[1] + "/readyz")
+		// A kubelet's probe: no certificate, the server's not checked.
+		probe := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+		resp, err := probe.Get(cfg.Transport.URL(a[1], "/readyz"))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -27,6 +27,7 @@ import (
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
+	"rewind.dev/rewind/transport"
 )
 
 // The chart's dashboard and alert rules, tested against a real
@@ -280,21 +281,37 @@ type promServer struct {
 	log *bytes.Buffer
 }
 
-// startPrometheus runs bin scraping targets every second and evaluating
-// the rule file every second, until the test ends.
-func startPrometheus(t *testing.T, bin string, targets []string, rules string) *promServer {
-	t.Helper()
-	dir := t.TempDir()
+// scrapeJob is a Prometheus scrape job of targets, daemons of role: over
+// mutual TLS with the test cluster's reader certificate, as a
+// Prometheus scrapes a cluster with TLS on (docs/operations.md), the
+// daemons verified by their role's server name; plaintext with
+// REWIND_TEST_PLAINTEXT=1.
+func scrapeJob(t *testing.T, name string, role transport.Role, targets []string) string {
 	quoted := make([]string, len(targets))
 	for i, tg := range targets {
 		quoted[i] = fmt.Sprintf("%q", tg)
 	}
+	job := fmt.Sprintf("  - job_name: %s\n    static_configs: [{targets: [%s]}]\n", name, strings.Join(quoted, ", "))
+	if testcluster.Plaintext() {
+		return job
+	}
+	dir := testcluster.TLSDir(t, testcluster.ReaderID)
+	return job + fmt.Sprintf("    scheme: https\n    tls_config: {ca_file: %q, cert_file: %q, key_file: %q, server_name: %q, min_version: TLS13}\n",
+		filepath.Join(dir, transport.CAFile), filepath.Join(dir, transport.CertFile), filepath.Join(dir, transport.KeyFile),
+		transport.ServerName(role, ""))
+}
+
+// startPrometheus runs bin scraping targets (the coordinator's, then the
+// agents') every second and evaluating
+// the rule file every second, until the test ends.
+func startPrometheus(t *testing.T, bin string, targets []string, rules string) *promServer {
+	t.Helper()
+	dir := t.TempDir()
 	config := fmt.Sprintf(`global: {scrape_interval: 1s, evaluation_interval: 1s}
 rule_files: [%q]
 scrape_configs:
-  - job_name: rewind
-    static_configs: [{targets: [%s]}]
-`, rules, strings.Join(quoted, ", "))
+%s%s`, rules, scrapeJob(t, "rewind-coordinator", transport.RoleCoordinator, targets[:1]),
+		scrapeJob(t, "rewind-agent", transport.RoleNode, targets[1:]))
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}

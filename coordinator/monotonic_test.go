@@ -22,6 +22,7 @@ import (
 	"rewind.dev/rewind/internal/testcluster"
 	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/sdk"
+	"rewind.dev/rewind/transport"
 )
 
 // The tests of this file hold DESIGN invariant 9: the latest consistent
@@ -282,8 +283,9 @@ func (m *monoCluster) finish() {
 // armCoordinator arms spec on the coordinator process.
 func (m *monoCluster) armCoordinator(spec string) {
 	m.t.Helper()
-	req, _ := http.NewRequest(http.MethodPut, "http://"+m.metrics+faultinject.HandlerPath, strings.NewReader(spec))
-	resp, err := http.DefaultClient.Do(req)
+	sec := testcluster.TLS(m.t, testcluster.OperatorID)
+	req, _ := http.NewRequest(http.MethodPut, sec.URL(m.metrics, faultinject.HandlerPath), strings.NewReader(spec))
+	resp, err := sec.HTTPClient(transport.ExpectCoordinator).Do(req)
 	if err != nil || resp.StatusCode != http.StatusOK {
 		m.t.Fatalf("arming %s: %v %v", spec, resp, err)
 	}
@@ -292,7 +294,8 @@ func (m *monoCluster) armCoordinator(spec string) {
 
 // coordinatorHits returns how often point fired in the coordinator process.
 func (m *monoCluster) coordinatorHits(point string) uint64 {
-	resp, err := http.Get("http://" + m.metrics + faultinject.HandlerPath)
+	sec := testcluster.TLS(m.t, testcluster.OperatorID)
+	resp, err := sec.HTTPClient(transport.ExpectCoordinator).Get(sec.URL(m.metrics, faultinject.HandlerPath))
 	if err != nil {
 		return 0
 	}

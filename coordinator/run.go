@@ -41,7 +41,8 @@ func (c *Coordinator) Run(ctx context.Context, ready func(grpcAddr, metricsAddr 
 	var metrics *metricsrv.Server
 	var metricsAddr string
 	if c.cfg.MetricsAddr != "" {
-		if metrics, err = metricsrv.Start(c.cfg.MetricsAddr, c.cfg.Registry, errc,
+		if metrics, err = metricsrv.Start(metricsrv.Config{Addr: c.cfg.MetricsAddr, Registry: c.cfg.Registry,
+			Security: c.cfg.Transport, Authorizer: c.authz, Logger: c.log}, errc,
 			append(metricsrv.FaultRoutes(c.cfg.Faults), c.readyz())...); err != nil {
 			srv.Stop()
 			return fmt.Errorf("coordinator: %w", err)

@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"k8s.io/apimachinery/pkg/util/yaml"
+
+	"rewind.dev/rewind/transport"
 )
 
 // chartObject is the part of a rendered object the monitoring tests read.
@@ -89,31 +91,73 @@ func TestChartMonitoring(t *testing.T) {
 		t.Fatalf("%d PrometheusRules, want 1", len(kinds["PrometheusRule"]))
 	}
 	checkRules(t, kinds["PrometheusRule"][0].Spec)
-	if len(kinds["ServiceMonitor"]) != 1 {
-		t.Fatalf("%d ServiceMonitors, want 1", len(kinds["ServiceMonitor"]))
+	checkServiceMonitors(t, kinds["ServiceMonitor"], kinds["Service"])
+}
+
+// checkServiceMonitors: one ServiceMonitor per daemon, each scraping a
+// port a Service of that daemon serves, over mutual TLS (TLS is on by
+// default) with the reader certificate's Secret, checking the daemon by
+// its role's server name (transport.ServerName).
+func checkServiceMonitors(t *testing.T, sms, services []chartObject) {
+	t.Helper()
+	if len(sms) != 2 {
+		t.Fatalf("%d ServiceMonitors, want 2 (the coordinator's, the agents')", len(sms))
 	}
-	var sm struct {
-		Endpoints []struct{ Port string } `json:"endpoints"`
-	}
-	if err := json.Unmarshal(kinds["ServiceMonitor"][0].Spec, &sm); err != nil || len(sm.Endpoints) != 1 {
-		t.Fatalf("ServiceMonitor endpoints %+v (%v): want one", sm.Endpoints, err)
-	}
-	served := map[string]bool{}
-	for _, svc := range kinds["Service"] {
+	ports := map[string]map[string]bool{} // component -> port names its Services serve
+	for _, svc := range services {
 		var spec struct {
 			Ports []struct{ Name string } `json:"ports"`
 		}
 		if err := json.Unmarshal(svc.Spec, &spec); err != nil {
 			t.Fatal(err)
 		}
+		c := svc.Metadata.Labels["app.kubernetes.io/component"]
+		if ports[c] == nil {
+			ports[c] = map[string]bool{}
+		}
 		for _, p := range spec.Ports {
-			if p.Name == sm.Endpoints[0].Port {
-				served[svc.Metadata.Labels["app.kubernetes.io/component"]] = true
-			}
+			ports[c][p.Name] = true
 		}
 	}
-	if !served["agent"] || !served["coordinator"] {
-		t.Errorf("port %q served for %v: want the agent and the coordinator", sm.Endpoints[0].Port, served)
+	type secretKey struct{ Name, Key string }
+	roles := map[string]transport.Role{"agent": transport.RoleNode, "coordinator": transport.RoleCoordinator}
+	for _, o := range sms {
+		var sm struct {
+			Selector struct {
+				MatchLabels map[string]string `json:"matchLabels"`
+			} `json:"selector"`
+			Endpoints []struct {
+				Port, Scheme string
+				TLSConfig    struct {
+					ServerName string `json:"serverName"`
+					CA         struct{ Secret secretKey }
+					Cert       struct{ Secret secretKey }
+					KeySecret  secretKey `json:"keySecret"`
+				} `json:"tlsConfig"`
+			} `json:"endpoints"`
+		}
+		if err := json.Unmarshal(o.Spec, &sm); err != nil || len(sm.Endpoints) != 1 {
+			t.Fatalf("ServiceMonitor %s endpoints %+v (%v): want one", o.Metadata.Name, sm.Endpoints, err)
+		}
+		c := sm.Selector.MatchLabels["app.kubernetes.io/component"]
+		e := sm.Endpoints[0]
+		if _, ok := roles[c]; !ok || !ports[c][e.Port] {
+			t.Errorf("ServiceMonitor %s selects component %q, port %q: want the agent's or the coordinator's, on a port its Service serves (%v)",
+				o.Metadata.Name, c, e.Port, ports)
+			continue
+		}
+		tc := e.TLSConfig
+		want := secretKey{"rewind-metrics-reader", ""}
+		if e.Scheme != "https" || tc.ServerName != transport.ServerName(roles[c], "") ||
+			tc.CA.Secret != (secretKey{want.Name, "ca.crt"}) || tc.Cert.Secret != (secretKey{want.Name, "tls.crt"}) ||
+			tc.KeySecret != (secretKey{want.Name, "tls.key"}) {
+			t.Errorf("ServiceMonitor %s: scheme %q, tlsConfig %+v: want https with the reader Secret's three keys and server name %s",
+				o.Metadata.Name, e.Scheme, tc, transport.ServerName(roles[c], ""))
+		}
+		delete(roles, c)
+	}
+	if len(roles) > 0 {
+		t.Errorf("no ServiceMonitor of %v", roles)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/util/yaml"
 )
@@ -85,8 +86,9 @@ func TestChartCoordinatorReadiness(t *testing.T) {
 		}
 		c := d.Spec.Template.Spec.Containers[0]
 		p := c.ReadinessProbe
-		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" || p.HTTPGet.Port.String() != "metrics" {
-			t.Fatalf("coordinator readiness probe %+v: want httpGet /readyz on the metrics port", p)
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" || p.HTTPGet.Port.String() != "metrics" ||
+			p.HTTPGet.Scheme != corev1.URISchemeHTTPS {
+			t.Fatalf("coordinator readiness probe %+v: want httpGet /readyz on the metrics port, HTTPS (TLS is on by default)", p)
 		}
 		if !slices.Contains(c.Args, "--kube") {
 			t.Fatalf("coordinator args %v: without --kube there is no election and /readyz is always ready", c.Args)

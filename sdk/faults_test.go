@@ -23,6 +23,7 @@ import (
 	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/transport"
 )
 
 // mustRestore checks that the rank's latest checkpoint is step, intact.
@@ -334,8 +335,9 @@ func TestMetricsServed(t *testing.T) {
 	if err := s.Save(ctxT(t), 1, state(1), nil); err != nil {
 		t.Fatal(err)
 	}
-	req, _ := http.NewRequestWithContext(context.Background(), http.MethodGet, "http://"+r.Addrs.Metrics+"/metrics", nil)
-	resp, err := http.DefaultClient.Do(req)
+	sec := testcluster.TLS(t, testcluster.ReaderID) // a Prometheus's certificate
+	req, _ := http.NewRequestWithContext(context.Background(), http.MethodGet, sec.URL(r.Addrs.Metrics, "/metrics"), nil)
+	resp, err := sec.HTTPClient(transport.ExpectNode("")).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

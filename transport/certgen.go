@@ -131,7 +131,8 @@ type Leaf struct {
 	Identity    Identity
 	TrustDomain string // empty: DefaultTrustDomain
 	// DNSNames and IPs are extra SANs, for tools that check host names
-	// (grpcurl, a load balancer); rewind itself checks the identity.
+	// (grpcurl, a load balancer); rewind itself checks the identity. A
+	// node's or coordinator's certificate names ServerName first.
 	DNSNames []string
 	IPs      []net.IP
 	// Validity from now; NotBefore and NotAfter, when set, override it
@@ -178,8 +179,10 @@ func (ca *CA) sign(pub any, leaf Leaf) ([]byte, error) {
 		na = ca.Cert.NotAfter
 	}
 	usage := []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	dns := leaf.DNSNames
 	if r := leaf.Identity.Role; r == RoleNode || r == RoleCoordinator {
 		usage = append(usage, x509.ExtKeyUsageServerAuth)
+		dns = append([]string{ServerName(r, td)}, dns...)
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
@@ -189,7 +192,7 @@ func (ca *CA) sign(pub any, leaf Leaf) ([]byte, error) {
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  usage,
 		URIs:         []*url.URL{leaf.Identity.URI(td)},
-		DNSNames:     leaf.DNSNames,
+		DNSNames:     dns,
 		IPAddresses:  leaf.IPs,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pub, ca.Key)

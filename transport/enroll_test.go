@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,11 +23,13 @@ import (
 	"rewind.dev/rewind/api/coordpb"
 )
 
-// Only Enroll lets a caller without a certificate through: any other
-// method opened that way would be open to anyone who reaches the port.
+// Only Enroll, and the readiness probe (which a kubelet asks with no
+// certificate and which tells nothing), let a caller without a
+// certificate through: any other method opened that way would be open to
+// anyone who reaches the port.
 func TestOnlyEnrollTakesUncertifiedCallers(t *testing.T) {
 	for m, r := range Rules {
-		if r.Uncertified != (m == coordpb.Coordinator_Enroll_FullMethodName) {
+		if r.Uncertified != (m == coordpb.Coordinator_Enroll_FullMethodName || m == HTTPReady) {
 			t.Errorf("%s: Uncertified %v", m, r.Uncertified)
 		}
 	}
@@ -58,8 +61,8 @@ func TestSignCSRNamesTheSignersIdentity(t *testing.T) {
 	if id, err := IdentityOf(cert, DefaultTrustDomain); err != nil || id != (Identity{RoleNode, "gpu-7"}) {
 		t.Fatalf("identity %v, %v; want node/gpu-7", id, err)
 	}
-	if len(cert.DNSNames) != 0 || !cert.PublicKey.(*ecdsa.PublicKey).Equal(&key.PublicKey) {
-		t.Fatalf("certificate names %v or holds another key", cert.DNSNames)
+	if !slices.Equal(cert.DNSNames, []string{"node.rewind"}) || !cert.PublicKey.(*ecdsa.PublicKey).Equal(&key.PublicKey) {
+		t.Fatalf("certificate names %v (want only node.rewind, the role's server name) or holds another key", cert.DNSNames)
 	}
 	if cert.NotAfter.After(time.Now().Add(time.Hour + time.Minute)) {
 		t.Fatalf("valid until %v, asked for an hour", cert.NotAfter)

@@ -150,6 +150,19 @@ func subject(cert *x509.Certificate) string {
 	return cert.Subject.String()
 }
 
+// ServerName is the DNS name a certificate of a serving role (node,
+// coordinator) carries beside its SPIFFE ID: ROLE.TRUSTDOMAIN
+// (node.rewind). A TLS client that checks a host name and not the URI
+// (Prometheus, curl) verifies a rewind server with it as its server
+// name: the chain is the CA's and the server is of that role, what
+// ExpectNode("") and ExpectCoordinator check.
+func ServerName(role Role, trustDomain string) string {
+	if trustDomain == "" {
+		trustDomain = DefaultTrustDomain
+	}
+	return role.String() + "." + trustDomain
+}
+
 // Expect is what a client requires of the server it dials: a role, and
 // the name when it is not empty (a node certificate every node shares
 // matches any name).

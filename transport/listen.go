@@ -25,6 +25,11 @@ var HandshakeTimeout = 10 * time.Second
 // CheckAddr allows it. what names the listener in the refusal
 // ("coordinator", "agent").
 func (s *Security) Listen(what, addr string) (net.Listener, error) {
+	return s.listen(what, addr, protoH2, ProtoData)
+}
+
+// listen is Listen offering protos to TLS clients (ALPN).
+func (s *Security) listen(what, addr string, protos ...string) (net.Listener, error) {
 	if err := s.CheckAddr("listen on", addr); err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
@@ -35,7 +40,7 @@ func (s *Security) Listen(what, addr string) (net.Listener, error) {
 	if !s.TLS() {
 		return l, nil
 	}
-	return &listener{Listener: l, s: s, cfg: s.serverTLS()}, nil
+	return &listener{Listener: l, s: s, cfg: s.serverTLS(protos...)}, nil
 }
 
 // listener accepts TLS connections; the handshake runs on the

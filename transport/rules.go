@@ -94,6 +94,11 @@ var Rules = map[string]Rule{
 	agentpb.Agent_Fetch_FullMethodName:         {Roles: []Role{RoleCoordinator}},
 	agentpb.Agent_FinishRestore_FullMethodName: {Roles: []Role{RoleCoordinator}},
 	agentpb.Agent_TierCopies_FullMethodName:    {Roles: readers},
+
+	// Both daemons' metrics address (http.go).
+	HTTPMetrics: {Roles: readers},
+	HTTPReady:   {Roles: anyRole, Uncertified: true},
+	HTTPDebug:   {Roles: operators},
 }
 
 // self is a Check that keeps a node to requests for its own node: nodes

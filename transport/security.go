@@ -138,10 +138,12 @@ func (s *Security) LogStart(log *slog.Logger, what string) {
 	log.Info(what+" transport security", "transport", s.String())
 }
 
-// NextProtos: gRPC's HTTP/2, and the agents' peer data path.
+// NextProtos: gRPC's HTTP/2, the agents' peer data path, and the
+// metrics address's HTTP/1.1.
 const (
-	protoH2   = "h2"
-	ProtoData = "rewind-peer-data/1"
+	protoH2     = "h2"
+	ProtoData   = "rewind-peer-data/1"
+	protoHTTP11 = "http/1.1"
 )
 
 // serverTLS is the listener's TLS configuration. A client certificate is
@@ -151,14 +153,14 @@ const (
 // names the method it called, instead of a broken handshake. A
 // connection without a verified certificate reaches no handler and no
 // data (authz.go).
-func (s *Security) serverTLS() *tls.Config {
+func (s *Security) serverTLS(protos ...string) *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 			return s.files.current().cert, nil
 		},
 		ClientAuth: tls.RequestClientCert,
-		NextProtos: []string{protoH2, ProtoData},
+		NextProtos: protos,
 	}
 }
 

@@ -29,7 +29,7 @@ var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
 // left open (or silently shut): it fails until the table says who may
 // call it.
 func TestEveryMethodHasARule(t *testing.T) {
-	want := map[string]bool{DataPath: true}
+	want := map[string]bool{DataPath: true, HTTPMetrics: true, HTTPReady: true, HTTPDebug: true}
 	for _, sd := range []grpc.ServiceDesc{coordpb.Coordinator_ServiceDesc, agentpb.Agent_ServiceDesc} {
 		for _, m := range sd.Methods {
 			want["/"+sd.ServiceName+"/"+m.MethodName] = true

@@ -21,7 +21,7 @@ func runAgent(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.SocketGroup, "socket-group", cfg.SocketGroup, "group allowed to use the sockets (default: owner only); segments stay the agent's")
 	jobKey := fs.String("job-key", "", "job key file (rewind job-token --new): a rank reaches its job's checkpoints only with the job's token (empty: jobs are not isolated)")
 	fs.StringVar(&cfg.ListenAddr, "listen", cfg.ListenAddr, "TCP address for peers and the coordinator, e.g. :7070 with --tls-dir (empty: off; without TLS, loopback only unless --insecure)")
-	fs.StringVar(&cfg.MetricsAddr, "metrics", cfg.MetricsAddr, "HTTP address for Prometheus /metrics (empty: off)")
+	fs.StringVar(&cfg.MetricsAddr, "metrics", cfg.MetricsAddr, "address for Prometheus /metrics: HTTPS with --tls-dir (a reader certificate scrapes), else plaintext HTTP, beyond loopback only with --insecure (empty: off)")
 	fs.StringVar(&cfg.CoordinatorAddr, "coordinator", cfg.CoordinatorAddr, "coordinator address host:port (empty: this agent alone)")
 	fs.StringVar(&cfg.AdvertiseAddr, "advertise", cfg.AdvertiseAddr, "address the coordinator and peers reach this agent's --listen at (default: node name and the --listen port)")
 	fs.StringVar(&cfg.FailureDomain, "failure-domain", cfg.FailureDomain, "what fails together with this node (rack, switch)")

@@ -13,7 +13,7 @@ func runCoordinator(ctx context.Context, args []string) error {
 	cfg := coordinator.DefaultConfig()
 	fs := newFlagSet("coordinator", "coordinator [flags]", "")
 	fs.StringVar(&cfg.ListenAddr, "listen", cfg.ListenAddr, "gRPC address for agents and operators, e.g. :7080 with --tls-dir (without TLS, loopback only unless --insecure)")
-	fs.StringVar(&cfg.MetricsAddr, "metrics", cfg.MetricsAddr, "HTTP address for Prometheus /metrics (empty: off)")
+	fs.StringVar(&cfg.MetricsAddr, "metrics", cfg.MetricsAddr, "address for Prometheus /metrics: HTTPS with --tls-dir (a reader certificate scrapes), else plaintext HTTP, beyond loopback only with --insecure (empty: off)")
 	fs.StringVar(&cfg.DataDir, "data", cfg.DataDir, "directory of the pebble store")
 	positiveDuration(fs, &cfg.AgentTimeout, "agent-timeout", "bound on each call to an agent (verify, delete)")
 	fs.Func("policy", "tier policy of jobs that set none (default "+cfg.Policy.String()+")", func(v string) error {

@@ -66,7 +66,7 @@ func TestRotationDropsNoSave(t *testing.T) {
 	}
 	// At least one reload per rotation (more when a handshake came
 	// between two of its files).
-	if m := metric(t, c.coordMetrics, "rewind_transport_cert_reloads_total"); len(m) < 2 || m[len(m)-2] != ' ' || m[len(m)-1] < '3' {
+	if m := metric(t, c.sec(t, "reader"), c.coordMetrics, "rewind_transport_cert_reloads_total"); len(m) < 2 || m[len(m)-2] != ' ' || m[len(m)-1] < '3' {
 		t.Errorf("the coordinator's reloads: %q, want at least 3", m)
 	}
 	if !c.coord.running() || !c.agent.running() {
@@ -102,7 +102,8 @@ func servedSerial(t *testing.T, addr string) string {
 }
 
 // TestPlaintextRefusedBeyondLoopback: a daemon told to listen on every
-// interface without a certificate directory refuses to start, with one
+// interface without a certificate directory (its gRPC or its metrics
+// address) refuses to start, with one
 // line that says what to do; with --insecure it starts, says so loudly
 // and shows it in its metrics.
 func TestPlaintextRefusedBeyondLoopback(t *testing.T) {
@@ -111,6 +112,8 @@ func TestPlaintextRefusedBeyondLoopback(t *testing.T) {
 		{"coordinator", "--listen", "0.0.0.0:0", "--metrics", "", "--gossip", "", "--data", t.TempDir()},
 		{"agent", "--node", "n1", "--listen", ":0", "--metrics", "", "--gossip", "", "--shm-root", filepath.Join(testcluster.ShmDir(t), "shm"),
 			"--socket", filepath.Join(t.TempDir(), "a.sock")},
+		// The metrics address too, with gRPC on loopback.
+		{"coordinator", "--listen", "127.0.0.1:0", "--metrics", ":0", "--gossip", "", "--data", t.TempDir()},
 	} {
 		out, err := exec.Command(bin, args...).CombinedOutput()
 		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
@@ -129,7 +132,7 @@ func TestPlaintextRefusedBeyondLoopback(t *testing.T) {
 	if !strings.Contains(d.out.String(), "level=ERROR") || !strings.Contains(d.out.String(), "WITHOUT TLS") {
 		t.Errorf("no loud line about --insecure:\n%s", d.out)
 	}
-	if m := metric(t, metrics, "rewind_transport_insecure"); m != "rewind_transport_insecure 1" {
+	if m := metric(t, nil, metrics, "rewind_transport_insecure"); m != "rewind_transport_insecure 1" {
 		t.Errorf("metric %q, want rewind_transport_insecure 1", m)
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -331,7 +330,7 @@ func TestRefusedCallsLeaveTheDaemonsUp(t *testing.T) {
 	}
 	saveSteps(t, c.socket, c.certs, "j", 1, 1)
 	waitLatest(t, op, "j", 1)
-	if m := metric(t, c.coordMetrics, "rewind_transport_refused_calls_total"); !strings.Contains(m, `code="Unauthenticated"`) || !strings.Contains(m, `code="PermissionDenied"`) {
+	if m := metric(t, c.sec(t, "reader"), c.coordMetrics, "rewind_transport_refused_calls_total"); !strings.Contains(m, `code="Unauthenticated"`) || !strings.Contains(m, `code="PermissionDenied"`) {
 		t.Errorf("refusals not counted: %s", m)
 	}
 }
@@ -414,10 +413,11 @@ func waitLatest(t *testing.T, api coordpb.CoordinatorClient, job string, step in
 	})
 }
 
-// metric returns the lines of the Prometheus text at addr that name m.
-func metric(t *testing.T, addr, m string) string {
+// metric returns the lines of the Prometheus text at addr that name m,
+// scraped with sec's certificate (nil: plaintext) from a coordinator.
+func metric(t *testing.T, sec *transport.Security, addr, m string) string {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
+	resp, err := sec.HTTPClient(transport.ExpectCoordinator).Get(sec.URL(addr, "/metrics"))
 	if err != nil {
 		t.Fatal(err)
 	}

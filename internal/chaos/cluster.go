@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -53,6 +54,9 @@ type Cluster struct {
 	// into every container as /certs.
 	Certs string
 	sec   *transport.Security // the runner's, an operator's
+
+	httpMu sync.Mutex
+	https  map[string]*http.Client // service -> client of its metrics port
 
 	ids  map[string]string // service -> container id
 	conn *grpc.ClientConn
@@ -221,19 +225,17 @@ func (c *Cluster) SaveLogs(ctx context.Context, dir string) error {
 // Faults arms a fault spec on a daemon (PUT /debug/faults on its metrics
 // port); an empty spec disarms everything.
 func (c *Cluster) Faults(ctx context.Context, svc, spec string) error {
-	port := c.metricsPort(svc)
 	method := http.MethodPut
 	if spec == "" {
 		method = http.MethodDelete
 	}
-	return c.httpDo(ctx, method, port, spec, nil)
+	return c.httpDo(ctx, method, svc, spec, nil)
 }
 
 // FaultHits returns how often a daemon's fault point fired.
 func (c *Cluster) FaultHits(ctx context.Context, svc, point string) (uint64, error) {
-	port := c.metricsPort(svc)
 	var body bytes.Buffer
-	if err := c.httpDo(ctx, http.MethodGet, port, "", &body); err != nil {
+	if err := c.httpDo(ctx, http.MethodGet, svc, "", &body); err != nil {
 		return 0, err
 	}
 	return parseHits(body.Bytes(), point)
@@ -252,23 +254,44 @@ func (c *Cluster) metricsPort(svc string) int {
 // metrics port's debug endpoint, served with fault injection on).
 func (c *Cluster) Goroutines(ctx context.Context, svc string) ([]byte, error) {
 	var body bytes.Buffer
-	err := c.httpPath(ctx, http.MethodGet, c.metricsPort(svc), metricsrv.GoroutinesPath, "", &body)
+	err := c.httpPath(ctx, http.MethodGet, svc, metricsrv.GoroutinesPath, "", &body)
 	return body.Bytes(), err
 }
 
-func (c *Cluster) httpDo(ctx context.Context, method string, port int, body string, out io.Writer) error {
-	return c.httpPath(ctx, method, port, faultinject.HandlerPath, body, out)
+func (c *Cluster) httpDo(ctx context.Context, method, svc, body string, out io.Writer) error {
+	return c.httpPath(ctx, method, svc, faultinject.HandlerPath, body, out)
 }
 
-func (c *Cluster) httpPath(ctx context.Context, method string, port int, path, body string, out io.Writer) error {
+// httpClient is the client of svc's metrics port: mutual TLS as the
+// runner (an operator: the debug endpoints are operators'), svc's
+// certificate checked.
+func (c *Cluster) httpClient(svc string) *http.Client {
+	c.httpMu.Lock()
+	defer c.httpMu.Unlock()
+	if hc := c.https[svc]; hc != nil {
+		return hc
+	}
+	expect := transport.ExpectNode(svc)
+	if svc == svcCoordinator {
+		expect = transport.ExpectCoordinator
+	}
+	if c.https == nil {
+		c.https = map[string]*http.Client{}
+	}
+	c.https[svc] = c.sec.HTTPClient(expect)
+	return c.https[svc]
+}
+
+// httpPath calls path on svc's metrics port.
+func (c *Cluster) httpPath(ctx context.Context, method, svc, path, body string, out io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	url := "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) + path
+	url := c.sec.URL(net.JoinHostPort("127.0.0.1", strconv.Itoa(c.metricsPort(svc))), path)
 	req, err := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
 	if err != nil {
 		return err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := c.httpClient(svc).Do(req)
 	if err != nil {
 		return fmt.Errorf("chaos: %s %s: %w", method, url, err)
 	}

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/faultinject"
 	"rewind.dev/rewind/internal/child"
 	"rewind.dev/rewind/internal/freeport"
 	"rewind.dev/rewind/internal/miniotest"
@@ -52,6 +53,7 @@ type Cluster struct {
 	Conn    *grpc.ClientConn
 	API     coordpb.CoordinatorClient
 	Nodes   []*Node
+	sec     *transport.Security // the caller's (StartCoordinator): dials the daemons
 }
 
 // Node is a node: its agent and what the agent was started with.
@@ -96,6 +98,7 @@ func (c *Cluster) StartCoordinator(ctx context.Context, policy string, sec *tran
 	log := filepath.Join(c.Tmp, "coordinator.log")
 	args := []string{"coordinator", "--listen", c.Addr, "--data", filepath.Join(c.Tmp, "coordinator"), "--metrics", "",
 		"--gossip", c.Gossip, "--replicas", "1", "--policy", policy}
+	c.sec = sec
 	var err error
 	if c.Coord, err = c.start(append(args, flags...), nil, log); err != nil {
 		return err
@@ -183,11 +186,13 @@ func (c *Cluster) Faults(ctx context.Context, n *Node, spec string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, "http://"+n.Metrics+"/debug/faults", strings.NewReader(spec))
+	req, err := http.NewRequestWithContext(ctx, method, c.sec.URL(n.Metrics, faultinject.HandlerPath), strings.NewReader(spec))
 	if err != nil {
 		return err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	hc := c.sec.HTTPClient(transport.ExpectNode(n.Name))
+	defer hc.CloseIdleConnections()
+	resp, err := hc.Do(req)
 	if err != nil {
 		return c.errorf("arming %q on %s: %w", spec, n.Name, err)
 	}

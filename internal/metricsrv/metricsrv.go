@@ -1,10 +1,10 @@
-// Package metricsrv serves a Prometheus registry over HTTP for the daemons.
+// Package metricsrv serves a Prometheus registry over HTTP for the
+// daemons, protected as their gRPC ports are (TLS, transport.Rules).
 package metricsrv
 
 import (
 	"errors"
-	"fmt"
-	"net"
+	"log/slog"
 	"net/http"
 	"runtime/pprof"
 	"time"
@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"rewind.dev/rewind/faultinject"
+	"rewind.dev/rewind/transport"
 )
 
 // Server serves /metrics until Close.
@@ -22,30 +23,60 @@ type Server struct {
 	srv  *http.Server
 }
 
-// Route is a handler served beside /metrics (a debug endpoint).
+// Route is a handler served beside /metrics: a debug endpoint, or the
+// coordinator's readiness. Method is the name transport.Rules authorizes
+// it by (transport.HTTPDebug, transport.HTTPReady).
 type Route struct {
 	Path    string
+	Method  string
 	Handler http.Handler
 }
 
-// Start listens on addr and serves reg's metrics at /metrics, and routes;
-// a failure of the server after it started is sent to errc. reg that is
-// not a Gatherer serves the default registry.
-func Start(addr string, reg prometheus.Registerer, errc chan<- error, routes ...Route) (*Server, error) {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("listen %s for metrics: %w", addr, err)
+// Config says where and how a daemon serves its metrics.
+type Config struct {
+	Addr string
+	// Registry's metrics are served at /metrics; one that is not a
+	// Gatherer serves the default registry.
+	Registry prometheus.Registerer
+	// Security protects the listener as it does the daemon's gRPC port:
+	// TLS with the daemon's certificate (nil: plaintext, on loopback
+	// only unless insecure).
+	Security *transport.Security
+	// Authorizer decides who may call each path (transport.Rules: readers
+	// for /metrics); nil: one of the Security's own that counts nothing.
+	Authorizer *transport.Authorizer
+	Logger     *slog.Logger
+}
+
+// Start listens on cfg.Addr and serves the metrics at /metrics, and
+// routes; a failure of the server after it started is sent to errc.
+func Start(cfg Config, errc chan<- error, routes ...Route) (*Server, error) {
+	authz := cfg.Authorizer
+	if authz == nil {
+		log := cfg.Logger
+		if log == nil {
+			log = slog.Default()
+		}
+		var err error
+		if authz, err = transport.NewAuthorizer(cfg.Security, log, nil); err != nil {
+			return nil, err
+		}
 	}
-	gatherer, _ := reg.(prometheus.Gatherer)
+	l, err := cfg.Security.ListenHTTP("metrics", cfg.Addr)
+	if err != nil {
+		return nil, err
+	}
+	gatherer, _ := cfg.Registry.(prometheus.Gatherer)
 	if gatherer == nil {
 		gatherer = prometheus.DefaultGatherer
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", authz.HTTP(transport.HTTPMetrics, promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{})))
 	for _, r := range routes {
-		mux.Handle(r.Path, r.Handler)
+		mux.Handle(r.Path, authz.HTTP(r.Method, r.Handler))
 	}
-	s := &Server{Addr: l.Addr().String(), srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}}
+	s := &Server{Addr: l.Addr().String(), srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
+		ConnContext: transport.ConnContext}}
 	go func() {
 		if err := s.srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
 			errc <- err
@@ -74,8 +105,8 @@ func FaultRoutes(in *faultinject.Injector) []Route {
 		return nil
 	}
 	return []Route{
-		{Path: faultinject.HandlerPath, Handler: in.Handler()},
-		{Path: GoroutinesPath, Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		{Path: faultinject.HandlerPath, Method: transport.HTTPDebug, Handler: in.Handler()},
+		{Path: GoroutinesPath, Method: transport.HTTPDebug, Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 			_ = pprof.Lookup("goroutine").WriteTo(w, 2)
 		})},

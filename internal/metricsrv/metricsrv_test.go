@@ -32,7 +32,7 @@ func get(t *testing.T, s *Server, path string) (int, string) {
 // when a recovery hangs; one without serves no debug endpoint at all.
 func TestGoroutinesOnlyWithFaultInjection(t *testing.T) {
 	errc := make(chan error, 1)
-	on, err := Start("127.0.0.1:0", prometheus.NewRegistry(), errc, FaultRoutes(faultinject.New(slog.New(slog.DiscardHandler), 1))...)
+	on, err := Start(Config{Addr: "127.0.0.1:0", Registry: prometheus.NewRegistry()}, errc, FaultRoutes(faultinject.New(slog.New(slog.DiscardHandler), 1))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func TestGoroutinesOnlyWithFaultInjection(t *testing.T) {
 	if code != http.StatusOK || !strings.Contains(body, "goroutine ") || !strings.Contains(body, "metricsrv.Start") {
 		t.Fatalf("GET %s with fault injection on: %d, %.200q", GoroutinesPath, code, body)
 	}
-	off, err := Start("127.0.0.1:0", prometheus.NewRegistry(), errc, FaultRoutes(nil)...)
+	off, err := Start(Config{Addr: "127.0.0.1:0", Registry: prometheus.NewRegistry()}, errc, FaultRoutes(nil)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -164,11 +164,20 @@ func (e *env) installChart() {
 // coordinator is one replica of `rewind coordinator --kube`.
 type coordinator struct {
 	identity, addr, metrics string
+	tls                     bool // started with --tls-dir: its metrics address serves HTTPS
 	proc                    *kubetest.Proc
 }
 
 func (c *coordinator) backend() kubetest.Backend {
-	return kubetest.Backend{Addr: c.addr, Ready: "http://" + c.metrics + "/readyz"}
+	return kubetest.Backend{Addr: c.addr, Ready: c.readyURL()}
+}
+
+// readyURL is the coordinator's readiness probe's URL.
+func (c *coordinator) readyURL() string {
+	if c.tls {
+		return "https://" + c.metrics + "/readyz"
+	}
+	return "http://" + c.metrics + "/readyz"
 }
 
 // runCoordinator starts a coordinator replica as the chart's
@@ -182,7 +191,7 @@ func (e *env) runCoordinator(identity string, env []string, args ...string) *coo
 		e.t.Fatalf("token of the chart's ServiceAccount rewind/rewind-coordinator: %v", err)
 	}
 	kc := e.cp.WriteKubeconfig("coordinator-"+identity, tok.Status.Token)
-	c := &coordinator{identity: identity, addr: kubetest.FreeAddr(e.t), metrics: kubetest.FreeAddr(e.t)}
+	c := &coordinator{identity: identity, addr: kubetest.FreeAddr(e.t), metrics: kubetest.FreeAddr(e.t), tls: slices.Contains(args, "--tls-dir")}
 	c.proc = kubetest.RunProc(e.t, e.dir, identity, e.rewind, append([]string{"coordinator",
 		"--listen", c.addr, "--metrics", c.metrics, "--gossip", "", "--data", filepath.Join(e.dir, "data-"+identity),
 		"--replicas", "1", "--kube", "--kubeconfig", kc, "--kube-node-grace", "1s",

@@ -86,7 +86,7 @@ func kubeService(t *testing.T, cs ...*coordinator) string {
 
 // ready is a coordinator's readiness probe.
 func ready(c *coordinator) error {
-	resp, err := (&http.Client{Timeout: time.Second}).Get("http://" + c.metrics + "/readyz")
+	resp, err := (&http.Client{Timeout: time.Second}).Get(c.readyURL())
 	if err != nil {
 		return err
 	}

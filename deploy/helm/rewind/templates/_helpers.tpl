@@ -32,6 +32,9 @@ app.kubernetes.io/component: {{ .component }}
 prometheus.io/scrape: "true"
 prometheus.io/port: {{ .port | quote }}
 prometheus.io/path: /metrics
+{{- if .root.Values.tls.enabled }}
+prometheus.io/scheme: https
+{{- end }}
 {{- end }}
 {{- end -}}
 
