@@ -141,25 +141,41 @@ func TestRestoreFallsBackFromACorruptReplica(t *testing.T) {
 		return err
 	})
 	testcluster.Flip(t, shards[0].Path, -10)
-	// No replicas are made from now on: the coordinator would heal the
-	// copy node-0 is about to lose from node-2's, find it corrupt there
-	// and drop it, or put one on the new node-0, before the restore this
-	// test is about.
+	cl.loseNode0(job, ws)
+	plan, err := cl.api.PlanRestore(ctxT(t), &coordpb.PlanRestoreRequest{Job: job, Step: -1, RequestedBy: "test"})
+	if err != nil || !plan.Executed || !plan.Ok {
+		t.Fatalf("restore: %v %v", plan, err)
+	}
+	rp := plan.Ranks[0]
+	if rp.Used != "shm:node-1" || len(rp.Failed) != 1 || !strings.Contains(rp.Failed[0], "shm:node-2") || !strings.Contains(rp.Failed[0], "corrupt") {
+		t.Fatalf("rank 0 restored from %q after %q, want node-1 after node-2's corrupt replica", rp.Used, rp.Failed)
+	}
+	s, _ := cl.clients[len(cl.clients)-1].Session(job, 0, ws)
+	got, err := s.RestoreStep(ctxT(t), 1)
+	if err != nil || !bytes.Equal(got.Tensors[0].Data, rankData(1, 0)) {
+		t.Fatalf("rank 0 after the fallback: %v", err)
+	}
+}
+
+// loseNode0 stops node-0's agent, whose memory holds rank 0's own copy of
+// job's step 1, and starts an empty one in its place (the last of
+// cl.agents and cl.clients), for a restore to fall back from a corrupt
+// replica. No replicas are made from then on: the coordinator would heal
+// the lost copy from the corrupt replica, find it corrupt there and drop
+// it, or put one on the new node-0, before the restore the test is
+// about. It returns once the new agent is registered at its new address
+// (the restore stages onto it) and the old copy is out of the index (the
+// old agent's leaving alone drops it before the new one registers).
+func (cl *cluster) loseNode0(job string, ws uint32) {
+	t := cl.t
+	t.Helper()
 	zero := uint32(0)
 	if _, err := cl.api.RegisterJob(ctxT(t), &coordpb.RegisterJobRequest{Job: job, WorldSize: ws, Replicas: &zero}); err != nil {
 		t.Fatal(err)
 	}
-	// node-0 loses its memory and comes back empty.
 	cl.agents[0].Stop()
-	cfg := testcluster.AgentConfig(t)
-	cfg.Node, cfg.FailureDomain, cfg.CoordinatorAddr = "node-0", "rack-a", cl.addr
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	addr := testcluster.FreeAddr(t)
-	cfg.ListenAddr, cfg.AdvertiseAddr = addr, addr
-	testcluster.StartAgent(t, cfg)
-	// Registered at its new address (the restore stages onto it), with its
-	// old copy out of the index: the old agent's leaving alone drops the
-	// copy before the new one registers.
+	cl.addAgent(func(cfg *agent.Config) { cfg.Node, cfg.FailureDomain = "node-0", "rack-a" })
+	addr := cl.agents[len(cl.agents)-1].Config.AdvertiseAddr
 	wait.ForNil(t, 10*time.Second, "the new node-0 registered: its old copy out of the index", func() error {
 		nodes, err := cl.api.Nodes(ctxT(t), &coordpb.NodesRequest{Names: []string{"node-0"}})
 		if err != nil || len(nodes.Nodes) != 1 || nodes.Nodes[0].Addr != addr {
@@ -170,20 +186,6 @@ func TestRestoreFallsBackFromACorruptReplica(t *testing.T) {
 		}
 		return nil
 	})
-	plan, err := cl.api.PlanRestore(ctxT(t), &coordpb.PlanRestoreRequest{Job: job, Step: -1, RequestedBy: "test"})
-	if err != nil || !plan.Executed || !plan.Ok {
-		t.Fatalf("restore: %v %v", plan, err)
-	}
-	rp := plan.Ranks[0]
-	if rp.Used != "shm:node-1" || len(rp.Failed) != 1 || !strings.Contains(rp.Failed[0], "shm:node-2") || !strings.Contains(rp.Failed[0], "corrupt") {
-		t.Fatalf("rank 0 restored from %q after %q, want node-1 after node-2's corrupt replica", rp.Used, rp.Failed)
-	}
-	c := testcluster.Dial(t, cfg.Socket)
-	s, _ := c.Session(job, 0, ws)
-	got, err := s.RestoreStep(ctxT(t), 1)
-	if err != nil || !bytes.Equal(got.Tensors[0].Data, rankData(1, 0)) {
-		t.Fatalf("rank 0 after the fallback: %v", err)
-	}
 }
 
 // TestReplicasGiveWayToSaves: node-0's budget fits four segments. Rank 1
