@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -36,6 +37,13 @@ type Coordinator struct {
 	// dead (not an operator): one that answers a direct ping is back.
 	detectedDown map[string]bool
 	stalled      map[string]stalledRecovery // jobs whose recovery waits for a node (retry.go)
+	dropping     map[droppedKey]bool        // dropped ranks' copies being deleted (dropranks.go)
+	// bg counts the background work Close waits for (dropranks.go),
+	// started under mu while closing is false; bgCtx ends at Close.
+	bg      sync.WaitGroup
+	bgCtx   context.Context
+	bgStop  context.CancelFunc
+	closing bool
 	// rebuild is the catching up with the answers given before this
 	// coordinator (rebuild.go); followed is set by a call refused while
 	// it did not lead, so that the next lead starts a catching up.
@@ -62,6 +70,7 @@ type Coordinator struct {
 type metrics struct {
 	reports        *prometheus.CounterVec
 	fenced         prometheus.Counter
+	droppedFreed   prometheus.Counter
 	consistent     prometheus.Counter
 	commitToConsis prometheus.Histogram
 }
@@ -85,6 +94,7 @@ func New(cfg Config) (*Coordinator, error) {
 		store: store,
 		down:  map[string]time.Time{},
 	}
+	c.bgCtx, c.bgStop = context.WithCancel(context.Background())
 	c.incarnation.Store(newIncarnation())
 	start := time.Now()
 	if err := store.Load(c.state); err != nil {
@@ -126,6 +136,10 @@ func newMetrics(reg prometheus.Registerer, c *Coordinator) *metrics {
 			Name: "rewind_coordinator_fenced_reports_total",
 			Help: "Committed copies refused because a rank of an epoch the job has left saved them (a fenced gang).",
 		}),
+		droppedFreed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rewind_coordinator_dropped_rank_copies_freed_total",
+			Help: "Copies in memory of rank numbers a job no longer has (it shrank) deleted once its protected step is at its new world size.",
+		}),
 		consistent: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rewind_coordinator_consistent_steps_total",
 			Help: "Steps that became consistent (every rank committed).",
@@ -163,12 +177,17 @@ func newMetrics(reg prometheus.Registerer, c *Coordinator) *metrics {
 		Name: "rewind_coordinator_unrestorable_steps",
 		Help: "Steps a restore could not bring back whole (some rank had no copy that served); automatic restores pass over them.",
 	}, countSteps(func(st *Step) bool { return st.Unrestorable != nil })))
-	reg.MustRegister(append(steps, m.reports, m.fenced, m.consistent, m.commitToConsis)...)
+	reg.MustRegister(append(steps, m.reports, m.fenced, m.droppedFreed, m.consistent, m.commitToConsis)...)
 	return m
 }
 
 // Close closes the store.
 func (c *Coordinator) Close() error {
+	c.mu.Lock()
+	c.closing = true
+	c.mu.Unlock()
+	c.bgStop()
+	c.bg.Wait()
 	c.streams.shutdown()
 	c.tiers.close()
 	c.replication.close()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -169,7 +170,46 @@ func TestElasticRecoveryShrinks(t *testing.T) {
 	if j := jobInfo(t, cl, job); j.WorldSize != 4 || j.MinWorldSize != 2 || j.FullWorldSize != 6 || j.WorldSizeReason == "" {
 		t.Fatalf("job after the elastic recovery: %v", j)
 	}
+	droppedRanksFreed(t, cl, job, node)
 	growBack(t, cl, job, node)
+}
+
+// droppedRanksFreed: once step 3, saved by four, is protected (every
+// rank's shard in two nodes' memory), the shards of old ranks 4 and 5 of
+// steps 1 and 2 leave the live nodes' memory and the index (no rank of
+// those numbers will save again to rotate them out); the copies of
+// ranks 0 to 3 of step 2 are left to the usual rotation.
+func droppedRanksFreed(t *testing.T, cl *cluster, job string, node map[string]*sdk.Client) {
+	t.Helper()
+	wait.ForNil(t, 20*time.Second, "step 3 protected and the dropped ranks' shards freed", func() error {
+		if j := jobInfo(t, cl, job); j.Protected != 3 {
+			return fmt.Errorf("protected step %d", j.Protected)
+		}
+		for step := int64(1); step <= 2; step++ {
+			for r, nodes := range cl.replicaNodes(job, step) {
+				// node-1 is down: its copies stay in the index, for if
+				// it comes back with its memory.
+				if live := slices.DeleteFunc(nodes, func(n string) bool { return n == "node-1" }); r >= 4 && len(live) > 0 {
+					return fmt.Errorf("step %d: rank %d still in the memory of %v", step, r, live)
+				}
+			}
+		}
+		for name, c := range node {
+			shards, err := c.List(ctxT(t), job)
+			if err != nil {
+				return err
+			}
+			for _, sh := range shards {
+				if sh.Rank >= 4 {
+					return fmt.Errorf("%s still holds rank %d of step %d", name, sh.Rank, sh.Step)
+				}
+			}
+		}
+		return nil
+	})
+	if kept := cl.replicaNodes(job, 2); len(kept) == 0 {
+		t.Fatalf("step 2's copies of ranks 0 to 3 were deleted too: %v", kept)
+	}
 }
 
 // growBack brings node-1 back (a fresh agent, its memory empty) and

@@ -149,6 +149,33 @@ func (c *Coordinator) applyGroup(group []*pendingReport) {
 			c.replication.noteCommits(p.recs)
 		}
 	}
+	c.freeDroppedLocked(ch.Copies)
+}
+
+// freeDroppedLocked starts deleting the dropped ranks' copies
+// (dropranks.go) of the jobs whose copies changed. The caller holds c.mu.
+func (c *Coordinator) freeDroppedLocked(changed []CopyKey) {
+	if c.closing {
+		return
+	}
+	var drop []droppedKey
+	seen := map[string]bool{}
+	for _, k := range changed {
+		if seen[k.Job] {
+			continue
+		}
+		seen[k.Job] = true
+		if j := c.state.Jobs[k.Job]; j != nil {
+			drop = append(drop, c.droppedCopiesLocked(j)...)
+		}
+	}
+	if len(drop) > 0 && !c.closing {
+		c.bg.Add(1)
+		go func() {
+			defer c.bg.Done()
+			c.freeDropped(c.bgCtx, drop)
+		}()
+	}
 }
 
 // reportCount keys the report counter: a shard state and whether it was

@@ -429,6 +429,11 @@ func (c *Coordinator) moveJob(ctx context.Context, job string, step int64, targe
 func (c *Coordinator) isDown(node string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.downLocked(node)
+}
+
+// downLocked is isDown for a caller that holds c.mu.
+func (c *Coordinator) downLocked(node string) bool {
 	_, down := c.down[node]
 	return down
 }
