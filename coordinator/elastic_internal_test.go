@@ -1,8 +1,10 @@
 package coordinator
 
 import (
+	"fmt"
 	"maps"
 	"testing"
+	"time"
 )
 
 func TestGrowPlacement(t *testing.T) {
@@ -63,5 +65,58 @@ func TestShrinkPlacement(t *testing.T) {
 				t.Fatalf("got %v %v, want %v %v", got, ok, tc.want, tc.shrinks)
 			}
 		})
+	}
+}
+
+// TestDroppedCopies: of a job shrunk from six ranks to four, whose
+// protected step 3 was saved by the four, the copies freed are exactly
+// those in live nodes' memory of ranks 4 and 5 of the older steps: not
+// ranks 0 to 3, not tier copies, not copies on a node declared down,
+// each once; none while the protected step is the six's, nor on a
+// coordinator that does not lead.
+func TestDroppedCopies(t *testing.T) {
+	c := newTestCoordinator(t, t.TempDir())
+	defer c.Close()
+	mem := func(rank uint32, nodes ...string) []*Copy {
+		var out []*Copy
+		for _, n := range nodes {
+			out = append(out, &Copy{Rank: rank, Node: n, Tier: "shm", Sum: "s"})
+		}
+		return out
+	}
+	step := func(n int64, ws uint32, copies map[uint32][]*Copy) *Step {
+		return &Step{Job: "j", Step: n, WorldSize: ws, State: Consistent, Copies: copies}
+	}
+	j := &Job{ID: "j", WorldSize: 4, Latest: 3, Protected: 3, Steps: map[int64]*Step{
+		1: step(1, 6, map[uint32][]*Copy{0: mem(0, "n0"), 3: mem(3, "n2"),
+			4: append(mem(4, "n0", "down"), &Copy{Rank: 4, Node: "n0", Tier: "s3"}), 5: mem(5, "n2")}),
+		2: step(2, 6, map[uint32][]*Copy{1: mem(1, "n2"), 4: mem(4, "n2"), 5: mem(5, "n0", "n2")}),
+		3: step(3, 4, map[uint32][]*Copy{0: mem(0, "n0"), 1: mem(1, "n2"), 2: mem(2, "n0"), 3: mem(3, "n2")}),
+	}}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.state.Jobs["j"] = j
+	c.down["down"] = time.Now()
+	got := map[string]bool{}
+	for _, k := range c.droppedCopiesLocked(j) {
+		got[fmt.Sprintf("step %d rank %d on %s", k.step, k.rank, k.node)] = true
+	}
+	want := map[string]bool{"step 1 rank 4 on n0": true, "step 1 rank 5 on n2": true,
+		"step 2 rank 4 on n2": true, "step 2 rank 5 on n0": true, "step 2 rank 5 on n2": true}
+	if !maps.Equal(got, want) {
+		t.Fatalf("dropped copies %v, want %v", got, want)
+	}
+	if again := c.droppedCopiesLocked(j); len(again) != 0 {
+		t.Fatalf("copies being deleted asked for again: %v", again)
+	}
+	clear(c.dropping)
+	j.Steps[3].WorldSize = 6 // the protected step is the old gang's: the new gang still needs them
+	if early := c.droppedCopiesLocked(j); len(early) != 0 {
+		t.Fatalf("freed before the new gang's step was protected: %v", early)
+	}
+	j.Steps[3].WorldSize = 4
+	c.cfg.Leading = func() bool { return false }
+	if follower := c.droppedCopiesLocked(j); len(follower) != 0 {
+		t.Fatalf("a coordinator that does not lead freed %v", follower)
 	}
 }

@@ -207,8 +207,11 @@ func droppedRanksFreed(t *testing.T, cl *cluster, job string, node map[string]*s
 		}
 		return nil
 	})
+	// Which copies of ranks 0 to 3 the usual rotation leaves depends on
+	// where the new ranks' slots took their turns: TestDroppedCopies
+	// holds the freeing to ranks 4 and 5 exactly.
 	if kept := cl.replicaNodes(job, 2); len(kept) == 0 {
-		t.Fatalf("step 2's copies of ranks 0 to 3 were deleted too: %v", kept)
+		t.Fatalf("every copy of step 2 was deleted: %v", kept)
 	}
 }
 

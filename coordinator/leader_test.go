@@ -53,7 +53,7 @@ func TestOnlyTheLeaderServes(t *testing.T) {
 	api := coordpb.NewCoordinatorClient(conn)
 	ready := func() int {
 		// A kubelet's probe: no certificate, the server's not checked.
-		probe := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+		probe := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, DisableKeepAlives: true}}
 		resp, err := probe.Get(cfg.Transport.URL(a[1], "/readyz"))
 		if err != nil {
 			t.Fatal(err)

@@ -44,9 +44,10 @@ func ConnContext(ctx context.Context, c net.Conn) context.Context {
 }
 
 // HTTP serves h to the callers Rules allow to call method (one of the
-// HTTP names above); others get 401 (no verified certificate, or
-// plaintext to a TLS server) or 403 (a role not allowed), with the
-// reason, logged and counted as gRPC refusals are.
+// HTTP names above); others get 401 (no verified certificate) or 403 (a
+// role not allowed), with the reason, logged and counted as gRPC
+// refusals are. A plaintext client of a TLS listener gets no answer:
+// its connection fails the handshake.
 func (a *Authorizer) HTTP(method string, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p := Peer{Kind: PeerPlain}

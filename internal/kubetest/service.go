@@ -101,7 +101,7 @@ func (s *Service) track(cs ...net.Conn) bool {
 func (s *Service) ready() string {
 	// A kubelet's HTTPS probe: no client certificate, the server's not
 	// checked.
-	hc := &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	hc := &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, DisableKeepAlives: true}}
 	for _, b := range s.backends {
 		resp, err := hc.Get(b.Ready)
 		if err != nil {

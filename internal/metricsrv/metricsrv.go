@@ -75,8 +75,11 @@ func Start(cfg Config, errc chan<- error, routes ...Route) (*Server, error) {
 	for _, r := range routes {
 		mux.Handle(r.Path, authz.HTTP(r.Method, r.Handler))
 	}
+	// Bounds on what a caller can hold: any TLS caller may ask /readyz,
+	// so an idle connection is closed after a minute, a slow one after
+	// its header's 10 s (the handshake included) or its answer's 30 s.
 	s := &Server{Addr: l.Addr().String(), srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
-		ConnContext: transport.ConnContext}}
+		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute, ConnContext: transport.ConnContext}}
 	go func() {
 		if err := s.srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
 			errc <- err
