@@ -151,19 +151,7 @@ func TestFaultReplicaRotsRestoreFallsBack(t *testing.T) {
 	cl.waitLatest(job, 1)
 	waitReplicas(t, cl, job, 1, ws, 3)
 	cl.loseNode0(job, ws) // node-0 loses its memory and comes back empty
-	plan, err := cl.api.PlanRestore(ctxT(t), &coordpb.PlanRestoreRequest{Job: job, Step: -1, RequestedBy: "test"})
-	if err != nil || !plan.Executed || !plan.Ok {
-		t.Fatalf("restore: %v %v", plan, err)
-	}
-	rp := plan.Ranks[0]
-	if rp.Used != "shm:node-1" || len(rp.Failed) != 1 || !strings.Contains(rp.Failed[0], "shm:node-2") || !strings.Contains(rp.Failed[0], "corrupt") {
-		t.Fatalf("rank 0 restored from %q after %q, want node-1 after node-2's rotten replica", rp.Used, rp.Failed)
-	}
-	s, _ := cl.clients[len(cl.clients)-1].Session(job, 0, ws)
-	got, err := s.RestoreStep(ctxT(t), 1)
-	if err != nil || !bytes.Equal(got.Tensors[0].Data, rankData(1, 0)) {
-		t.Fatalf("rank 0 after the fallback: %v", err)
-	}
+	cl.restoreFallsBackToNode1(job, ws)
 }
 
 // restoreAfterFaults starts two nodes (one replica), saves step 1 of job

@@ -142,6 +142,15 @@ func TestRestoreFallsBackFromACorruptReplica(t *testing.T) {
 	})
 	testcluster.Flip(t, shards[0].Path, -10)
 	cl.loseNode0(job, ws)
+	cl.restoreFallsBackToNode1(job, ws)
+}
+
+// restoreFallsBackToNode1 restores job's step 1 onto the new node-0
+// (loseNode0): rank 0 must come from node-1's replica after node-2's
+// corrupt one failed, and read back bit-identical.
+func (cl *cluster) restoreFallsBackToNode1(job string, ws uint32) {
+	t := cl.t
+	t.Helper()
 	plan, err := cl.api.PlanRestore(ctxT(t), &coordpb.PlanRestoreRequest{Job: job, Step: -1, RequestedBy: "test"})
 	if err != nil || !plan.Executed || !plan.Ok {
 		t.Fatalf("restore: %v %v", plan, err)
