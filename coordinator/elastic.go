@@ -119,7 +119,7 @@ func (c *Coordinator) elasticTarget(job, lost string) (gangTarget, bool) {
 	world := j.WorldSize
 	lostNodes := map[string]bool{} // read under the lock, used after it
 	for _, n := range placement {
-		if _, d := c.down[n]; d {
+		if c.downLocked(n) {
 			lostNodes[n] = true
 		}
 	}
@@ -173,7 +173,7 @@ func (c *Coordinator) sparesLocked(placement map[uint32]string) []string {
 	}
 	var spares []string
 	for _, n := range slices.Sorted(maps.Keys(c.state.Nodes)) {
-		if _, down := c.down[n]; !used[n] && !down {
+		if !used[n] && !c.downLocked(n) {
 			spares = append(spares, n)
 		}
 	}

@@ -169,7 +169,7 @@ func (c *Coordinator) freeDroppedLocked(changed []CopyKey) {
 			drop = append(drop, c.droppedCopiesLocked(j)...)
 		}
 	}
-	if len(drop) > 0 && !c.closing {
+	if len(drop) > 0 {
 		c.bg.Add(1)
 		go func() {
 			defer c.bg.Done()
