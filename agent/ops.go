@@ -106,9 +106,7 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 			*s = prev
 		} else {
 			s.State = stateFree
-			if prev.State == stateCommitted || prev.State == stateCorrupt { // its old step is gone: say so
-				a.rep.shard(job, rank, prev.WorldSize, prev.Step, prev.Size, prev.HeaderSum, coordpb.CopyState_COPY_STATE_DELETED)
-			}
+			a.gone(&r.rankState, &prev) // its old step is gone: say so
 		}
 		a.releaseBudget(prev.Size, size)
 		if perr := a.persist(&r.rankState); perr != nil {
@@ -125,7 +123,7 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 		a.rep.registerJob(job, rank, worldSize, epoch)
 	}
 	if prev.State == stateCommitted || prev.State == stateCorrupt { // a corrupt one leaves the index too
-		a.rep.shard(job, rank, prev.WorldSize, prev.Step, prev.Size, prev.HeaderSum, coordpb.CopyState_COPY_STATE_DELETED)
+		a.gone(&r.rankState, &prev)
 		a.log.Debug("committed slot reused", "job", job, "rank", rank, "slot", s.Index, "step", prev.Step, "replica", prev.Replica,
 			"for_step", step, "for_replica", !place, "pins", fmt.Sprint(a.rep.pinned(job)))
 	}
@@ -406,6 +404,7 @@ func (a *Agent) Delete(job string, rank uint32, allRanks bool, step int64) (n in
 	a.mu.Unlock()
 	for _, r := range ranks {
 		r.mu.Lock()
+		var removed []*slot
 		keep := r.slots[:0]
 		for _, s := range r.slots {
 			gone := (s.State == stateCommitted || s.State == stateCorrupt || s.State == stateFree) &&
@@ -422,13 +421,14 @@ func (a *Agent) Delete(job string, rank uint32, allRanks bool, step int64) (n in
 			if s.State != stateFree {
 				n++
 			}
-			if s.State == stateCommitted || s.State == stateCorrupt {
-				a.rep.shard(r.job, r.rank, s.WorldSize, s.Step, s.Size, s.HeaderSum, coordpb.CopyState_COPY_STATE_DELETED)
-			}
+			removed = append(removed, s)
 			freed += s.Size
 			a.adjustUsed(-s.Size)
 		}
 		r.slots = keep
+		for _, s := range removed { // once the slots left: a twin being read stays
+			a.gone(&r.rankState, s)
+		}
 		if perr := a.persist(&r.rankState); perr != nil {
 			err = errors.Join(err, perr)
 		}

@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc"
 
 	"rewind.dev/rewind/api/agentpb"
-	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/faultinject"
 	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
@@ -418,6 +417,7 @@ func (a *Agent) evictReplicas(need int64, skip *lockedRank) int64 {
 			continue
 		}
 		latest, pins := r.latest(), a.rep.pinned(r.job)
+		var evicted []*slot
 		keep := r.slots[:0]
 		for _, s := range r.slots {
 			if freed >= need || !s.Replica || s == latest || s.readers > 0 || s.verifying != nil || s.State == stateCommitted && pins.holds(s.Step) {
@@ -428,14 +428,15 @@ func (a *Agent) evictReplicas(need int64, skip *lockedRank) int64 {
 				keep = append(keep, s)
 				continue
 			}
-			if s.State == stateCommitted {
-				a.rep.shard(r.job, r.rank, s.WorldSize, s.Step, s.Size, s.HeaderSum, coordpb.CopyState_COPY_STATE_DELETED)
-			}
+			evicted = append(evicted, s)
 			freed += s.Size
 			a.adjustUsed(-s.Size)
 			a.log.Warn("replica evicted for a save of this node's own", "job", r.job, "rank", r.rank, "step", s.Step, "bytes", s.Size)
 		}
 		r.slots = keep
+		for _, s := range evicted {
+			a.gone(&r.rankState, s)
+		}
 		if err := a.persist(&r.rankState); err != nil {
 			a.log.Error("persisting slots after evicting replicas", "err", err)
 		}

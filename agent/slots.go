@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"rewind.dev/rewind/api/agentpb"
+	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/shm"
 )
 
@@ -109,6 +110,29 @@ func (r *rankState) find(step int64) *slot {
 		}
 	}
 	return best
+}
+
+// twin returns another committed slot of r that holds the copy s held as
+// the coordinator knows it (the same step and header checksum: a save
+// retried with the same bytes, or a replica made twice), or nil. Such a
+// slot going is not the copy going.
+func (r *rankState) twin(s *slot) *slot {
+	for _, o := range r.slots {
+		if o != s && o.State == stateCommitted && o.Step == s.Step && o.HeaderSum == s.HeaderSum {
+			return o
+		}
+	}
+	return nil
+}
+
+// gone tells the coordinator that the committed or corrupt copy s held
+// left r (s is what the slot held; the slot may be reused already),
+// unless a twin still holds it; the caller holds r's mutex.
+func (a *Agent) gone(r *rankState, s *slot) {
+	if s.State != stateCommitted && s.State != stateCorrupt || s.State == stateCommitted && r.twin(s) != nil {
+		return
+	}
+	a.rep.shard(r.job, r.rank, s.WorldSize, s.Step, s.Size, s.HeaderSum, coordpb.CopyState_COPY_STATE_DELETED)
 }
 
 // keptSteps counts the distinct steps of r's committed slots that a save

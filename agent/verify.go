@@ -60,6 +60,9 @@ func (a *Agent) verify(r *lockedRank, s *slot) error {
 		a.log.Error("checkpoint corrupt: it will not be served", "job", r.job, "rank", r.rank, "step", s.Step, "err", err)
 		a.metrics.corrupt.Inc()
 		a.rep.shard(r.job, r.rank, s.WorldSize, s.Step, s.Size, s.HeaderSum, coordpb.CopyState_COPY_STATE_CORRUPT)
+		if o := r.twin(s); o != nil { // the coordinator drops the node's copy whatever its checksum: the twin is one
+			a.rep.shardOfEpoch(r.job, r.rank, o.WorldSize, o.Step, o.Size, o.HeaderSum, coordpb.CopyState_COPY_STATE_COMMITTED, o.Epoch)
+		}
 	}
 	s.State, s.Problem, s.verified, s.leaves = stateCorrupt, err.Error(), false, nil
 	if perr := a.persist(&r.rankState); perr != nil {
