@@ -216,6 +216,17 @@ func (c *Coordinator) persist(ch *Changes) error {
 	if err := c.store.Write(ch); err != nil {
 		return c.reload(err)
 	}
+	for _, b := range ch.Back {
+		// An index that was behind the agents (a restart, a standby
+		// taking over) drops what they no longer hold before it answers:
+		// only going back below an answer is news (DESIGN invariant 9
+		// allows it when a node is lost with its shards).
+		lvl := slog.LevelDebug
+		if b.To < b.Answered {
+			lvl = slog.LevelWarn
+		}
+		c.log.Log(context.Background(), lvl, "a job's latest consistent step went back", "job", b.Job, "from", b.From, "to", b.To, "answered", b.Answered, "why", b.Why)
+	}
 	return nil
 }
 

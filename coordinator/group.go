@@ -140,6 +140,11 @@ func (c *Coordinator) applyGroup(group []*pendingReport) {
 			p.pins = c.pinsLocked(p.node, p.recs)
 		}
 	}
+	for _, k := range ch.Consistent { // the agents are told
+		if j := c.state.Jobs[k.Job]; j != nil {
+			j.answer(k.Step)
+		}
+	}
 	if len(ch.Consistent) > 0 {
 		c.tiers.poke() // a newly consistent step may be due on a tier
 		c.jobs.consistent(ch.Consistent)
@@ -217,7 +222,7 @@ func (c *Coordinator) pinsLocked(node string, recs []Record) []*coordpb.Pin {
 			return // not rebuilt yet: the agent keeps the pins it has
 		}
 		if j := c.state.Jobs[id]; j != nil { // -1 too: an agent drops a pin that no longer holds
-			pins = append(pins, &coordpb.Pin{Job: id, Step: j.Latest, Protected: j.Protected, Epoch: j.epochOf(), EpochStep: j.epochStep()})
+			pins = append(pins, &coordpb.Pin{Job: id, Step: j.answer(j.Latest), Protected: j.Protected, Epoch: j.epochOf(), EpochStep: j.epochStep()})
 		}
 	}
 	for id := range c.state.JobsOn(node) {

@@ -182,7 +182,7 @@ func (s *server) Latest(ctx context.Context, req *coordpb.LatestRequest) (*coord
 	if j == nil {
 		return nil, toStatus(fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, req.Job))
 	}
-	latest := j.latestAnswer()
+	latest := j.answer(j.latestAnswer())
 	resp := &coordpb.LatestResponse{Step: latest, WorldSize: j.WorldSize, Protected: min(j.Protected, latest), Epoch: j.epochOf(), EpochStep: j.epochStep()}
 	if st := j.Steps[latest]; st != nil {
 		resp.WorldSize = st.WorldSize
@@ -198,7 +198,7 @@ func (s *server) ListJobs(ctx context.Context, req *coordpb.ListJobsRequest) (*c
 	}
 	resp := &coordpb.ListJobsResponse{}
 	for _, j := range s.c.state.Jobs {
-		resp.Jobs = append(resp.Jobs, &coordpb.Job{Id: j.ID, WorldSize: j.WorldSize, LatestConsistent: j.Latest, Protected: j.Protected, Steps: uint32(len(j.Steps)), Placement: maps.Clone(j.Placement),
+		resp.Jobs = append(resp.Jobs, &coordpb.Job{Id: j.ID, WorldSize: j.WorldSize, LatestConsistent: j.answer(j.Latest), Protected: j.Protected, Steps: uint32(len(j.Steps)), Placement: maps.Clone(j.Placement),
 			Epoch: j.epochOf()})
 	}
 	s.c.mu.Unlock()

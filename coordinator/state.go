@@ -153,6 +153,15 @@ type Job struct {
 	// rankLatest is the newest step each rank of the current world size
 	// has committed.
 	rankLatest map[uint32]int64
+	// answered is 1 + the newest latest step this process told anyone
+	// (Latest, ListJobs, agents' pins); 0: none. Not stored.
+	answered int64
+}
+
+// answer notes that step was told as the job's latest, and returns it.
+func (j *Job) answer(step int64) int64 {
+	j.answered = max(j.answered, step+1)
+	return step
 }
 
 // State is the coordinator's index in memory. It is not safe for concurrent
@@ -213,6 +222,17 @@ type Changes struct {
 	Dropped    []StepKey
 	Sync       bool
 	Consistent []StepKey // steps that became consistent
+	Back       []WentBack
+}
+
+// WentBack is a job's latest consistent step going back: a copy of it
+// was lost, or the step was found unrestorable or superseded. Nothing a
+// healthy cluster does moves it back; the coordinator logs each.
+type WentBack struct {
+	Job      string
+	From, To int64
+	Answered int64 // the newest latest step told before (-1: none)
+	Why      string
 }
 
 // StepKey names a step.
@@ -412,7 +432,7 @@ func (s *State) supersede(j *Job, st *Step, ch *Changes) {
 	delete(j.Steps, st.Step)
 	ch.Steps = slices.DeleteFunc(ch.Steps, func(x *Step) bool { return x == st })
 	ch.Dropped = append(ch.Dropped, StepKey{j.ID, st.Step})
-	s.updateLatest(j, ch)
+	s.updateLatest(j, ch, "superseded by the job's new world size")
 }
 
 func (s *State) remove(j *Job, rec Record, ch *Changes) {
@@ -465,19 +485,23 @@ func (s *State) remove(j *Job, rec Record, ch *Changes) {
 	// the newest), so only a copy of the latest step costs a scan of the
 	// job's steps.
 	if rec.Step == j.Latest {
-		s.updateLatest(j, ch)
+		s.updateLatest(j, ch, fmt.Sprintf("rank %d's copy on %s (%s) %s", rec.Rank, rec.Node, tier, rec.State))
 	} else if rec.Step == j.Protected {
 		j.updateProtected()
 	}
 }
 
-// updateLatest recomputes the newest usable step (Step.usable).
-func (s *State) updateLatest(j *Job, ch *Changes) {
+// updateLatest recomputes the newest usable step (Step.usable); why says
+// what changed, should the step go back.
+func (s *State) updateLatest(j *Job, ch *Changes, why string) {
 	latest := int64(-1)
 	for _, st := range j.Steps {
 		if st.usable() && st.Step > latest {
 			latest = st.Step
 		}
+	}
+	if latest < j.Latest {
+		ch.Back = append(ch.Back, WentBack{Job: j.ID, From: j.Latest, To: latest, Answered: j.answered - 1, Why: why})
 	}
 	if latest != j.Latest {
 		j.Latest = latest

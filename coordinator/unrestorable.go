@@ -172,6 +172,6 @@ func (s *State) MarkUnrestorable(job string, step int64, u *Unrestorable, ch *Ch
 	st.Unrestorable = u
 	ch.Steps = append(ch.Steps, st)
 	ch.Sync = true
-	s.updateLatest(j, ch)
+	s.updateLatest(j, ch, "found unrestorable")
 	return nil
 }
