@@ -9,7 +9,9 @@ package localcluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -94,27 +96,51 @@ func (c *Cluster) errorf(format string, args ...any) error {
 // flags (its certificates), dials it as sec (nil: plaintext) and waits
 // until it answers.
 func (c *Cluster) StartCoordinator(ctx context.Context, policy string, sec *transport.Security, flags ...string) error {
-	c.Addr, c.Gossip = freeport.Pick(), freeport.Pick()
 	log := filepath.Join(c.Tmp, "coordinator.log")
-	args := []string{"coordinator", "--listen", c.Addr, "--data", filepath.Join(c.Tmp, "coordinator"), "--metrics", "",
-		"--gossip", c.Gossip, "--replicas", "1", "--policy", policy}
 	c.sec = sec
-	var err error
-	if c.Coord, err = c.start(append(args, flags...), nil, log); err != nil {
-		return err
-	}
-	if c.Conn, err = sec.NewClient(c.Addr, transport.ExpectCoordinator); err != nil {
-		return c.errorf("%w", err)
-	}
-	c.API = coordpb.NewCoordinatorClient(c.Conn)
-	err = c.Coord.Ready(ctx, readyTimeout, func() error {
-		_, err := c.API.ListJobs(ctx, &coordpb.ListJobsRequest{})
-		return err
+	pick := func() { c.Addr, c.Gossip = freeport.Pick(), freeport.Pick() }
+	pick()
+	return c.retryPorts(log, pick, func() error {
+		args := []string{"coordinator", "--listen", c.Addr, "--data", filepath.Join(c.Tmp, "coordinator"), "--metrics", "",
+			"--gossip", c.Gossip, "--replicas", "1", "--policy", policy}
+		var err error
+		if c.Coord, err = c.start(append(args, flags...), nil, log); err != nil {
+			return err
+		}
+		if c.Conn != nil {
+			c.Conn.Close()
+		}
+		if c.Conn, err = sec.NewClient(c.Addr, transport.ExpectCoordinator); err != nil {
+			return c.errorf("%w", err)
+		}
+		c.API = coordpb.NewCoordinatorClient(c.Conn)
+		err = c.Coord.Ready(ctx, readyTimeout, func() error {
+			_, err := c.API.ListJobs(ctx, &coordpb.ListJobsRequest{})
+			return err
+		})
+		if err != nil {
+			return c.errorf("the coordinator did not start: %w; its log is %s", err, log)
+		}
+		return nil
 	})
-	if err != nil {
-		return c.errorf("the coordinator did not start: %w; its log is %s", err, log)
+}
+
+// portAttempts bounds the starts of a daemon whose loopback port another
+// process took between freeport's pick and the daemon's bind.
+const portAttempts = 3
+
+// retryPorts runs start, and again with fresh addresses from pick when
+// the daemon exited because one of its ports was taken (its log, from
+// this attempt on, says so).
+func (c *Cluster) retryPorts(log string, pick func(), start func() error) error {
+	for attempt := 1; ; attempt++ {
+		from := logSize(log)
+		err := start()
+		if err == nil || attempt == portAttempts || !errors.Is(err, child.ErrExited) || !portTaken(log, from) {
+			return err
+		}
+		pick()
 	}
-	return nil
 }
 
 // NewNode names a node that has not started: fresh loopback addresses, a
@@ -133,29 +159,66 @@ func (c *Cluster) NewNode(name, domain string, metrics bool) *Node {
 // same shm root and addresses) with more flags and environment, and waits
 // until its socket answers.
 func (c *Cluster) StartAgent(ctx context.Context, n *Node, flags, env []string) error {
+	if c.MinIO != nil {
+		env = append([]string{"AWS_ACCESS_KEY_ID=" + c.MinIO.AccessKey, "AWS_SECRET_ACCESS_KEY=" + c.MinIO.SecretKey}, env...)
+	}
+	pick := func() {
+		n.Listen, n.Gossip = freeport.Pick(), freeport.Pick()
+		if n.Metrics != "" {
+			n.Metrics = freeport.Pick()
+		}
+	}
+	return c.retryPorts(n.Log, pick, func() error {
+		args := append(c.agentArgs(n), flags...)
+		var err error
+		if n.Agent, err = c.start(args, env, n.Log); err != nil {
+			return err
+		}
+		err = n.Agent.Ready(ctx, readyTimeout, func() error {
+			cl, err := sdk.Dial(ctx, n.Socket)
+			if err == nil {
+				cl.Close()
+			}
+			return err
+		})
+		if err != nil {
+			return c.errorf("agent %s did not start: %w; its log is %s", n.Name, err, n.Log)
+		}
+		return nil
+	})
+}
+
+// agentArgs is the command line of n's agent, at its addresses now.
+func (c *Cluster) agentArgs(n *Node) []string {
 	args := []string{"agent", "--node", n.Name, "--failure-domain", n.Domain, "--shm-root", n.ShmRoot, "--socket", n.Socket,
 		"--listen", n.Listen, "--advertise", n.Listen, "--metrics", n.Metrics, "--coordinator", c.Addr,
 		"--gossip", n.Gossip, "--gossip-join", c.Gossip,
 		"--tier", "nvme=file://" + filepath.Join(c.Tmp, "nvme-"+n.Name), "--tier", "pfs=file://" + filepath.Join(c.Tmp, "pfs")}
 	if c.MinIO != nil {
 		args = append(args, "--tier", "s3=s3://"+c.MinIO.Bucket+"/"+c.opts.Name, "--s3-endpoint", c.MinIO.URL())
-		env = append([]string{"AWS_ACCESS_KEY_ID=" + c.MinIO.AccessKey, "AWS_SECRET_ACCESS_KEY=" + c.MinIO.SecretKey}, env...)
 	}
-	var err error
-	if n.Agent, err = c.start(append(args, flags...), env, n.Log); err != nil {
-		return err
-	}
-	err = n.Agent.Ready(ctx, readyTimeout, func() error {
-		cl, err := sdk.Dial(ctx, n.Socket)
-		if err == nil {
-			cl.Close()
-		}
-		return err
-	})
+	return args
+}
+
+// logSize is the length of a daemon's log now (0 when it has none).
+func logSize(log string) int64 {
+	fi, err := os.Stat(log)
 	if err != nil {
-		return c.errorf("agent %s did not start: %w; its log is %s", n.Name, err, n.Log)
+		return 0
 	}
-	return nil
+	return fi.Size()
+}
+
+// portTaken reports whether the daemon's log, from offset from on, says
+// it could not bind a port because another process holds it.
+func portTaken(log string, from int64) bool {
+	f, err := os.Open(log)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.NewSectionReader(f, from, 1<<20))
+	return err == nil && strings.Contains(string(b), "address already in use")
 }
 
 // start starts rewind with args and env added to this process's
