@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 
 	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/shm"
@@ -121,10 +123,12 @@ func (s *Session) RestoreStepInto(ctx context.Context, step int64, layout Layout
 	}
 	var shards []*openShard
 	defer func() {
+		var wg sync.WaitGroup
 		for _, o := range shards {
 			o.m.Close()
-			s.release(o.lease)
+			wg.Go(func() { s.release(o.lease) })
 		}
+		wg.Wait()
 	}()
 	first, err := s.openPeer(ctx, step, 0)
 	if err != nil {
@@ -132,12 +136,12 @@ func (s *Session) RestoreStepInto(ctx context.Context, step int64, layout Layout
 	}
 	shards = append(shards, first)
 	n := first.h.Meta.WorldSize
-	for r := uint32(1); r < n; r++ {
-		o, err := s.openPeer(ctx, step, r)
-		if err != nil {
-			return nil, &Error{Op: op, Msg: err.Error(), kind: kindOf(err)}
-		}
-		shards = append(shards, o)
+	rest, err := s.openRest(ctx, step, n)
+	shards = append(shards, rest...)
+	if err != nil {
+		return nil, &Error{Op: op, Msg: err.Error(), kind: kindOf(err)}
+	}
+	for r, o := range shards {
 		if o.h.Meta.WorldSize != n {
 			return nil, &Error{Op: op, Msg: fmt.Sprintf("rank %d was saved at world size %d, rank 0 at %d", r, o.h.Meta.WorldSize, n), kind: ErrCorrupt}
 		}
@@ -150,6 +154,28 @@ func (s *Session) RestoreStepInto(ctx context.Context, step int64, layout Layout
 		return nil, &Error{Op: op, Msg: err.Error(), kind: kindOf(err)}
 	}
 	return res, nil
+}
+
+// openRest opens the shards of ranks 1 to n-1 of step, up to openAtOnce
+// at a time (each open is a call to the agent and a mapping). It returns
+// those it opened, in rank order, for the caller to close, and the first
+// error.
+func (s *Session) openRest(ctx context.Context, step int64, n uint32) ([]*openShard, error) {
+	const openAtOnce = 8
+	out := make([]*openShard, max(n, 1)-1)
+	errs := make([]error, len(out))
+	sem := make(chan struct{}, openAtOnce)
+	var wg sync.WaitGroup
+	for i := range out {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			out[i], errs[i] = s.openPeer(ctx, step, uint32(i+1))
+		})
+	}
+	wg.Wait()
+	opened := slices.DeleteFunc(out, func(o *openShard) bool { return o == nil })
+	return opened, errors.Join(errs...)
 }
 
 func kindOf(err error) error {
@@ -188,7 +214,7 @@ func (s *Session) openPeer(ctx context.Context, step int64, rank uint32) (*openS
 	if err != nil {
 		return fail(err)
 	}
-	m, err := shm.Map(f, int64(sh.SizeBytes), false)
+	m, err := shm.MapLazy(f, int64(sh.SizeBytes), false)
 	f.Close()
 	if err != nil {
 		return fail(err)
@@ -242,11 +268,17 @@ func (s *Session) fill(ctx context.Context, step int64, shards []*openShard, wan
 		es := sl.DType.Size()
 		for _, copies := range groups {
 			lo, n, _ := intersect(copies[0].offs, copies[0].t.Shape, sl.Offsets, sl.Lengths)
-			p, err := s.verified(ctx, step, shards, copies, lo, n, es, res)
+			var run []byte // the copies of a group hold the same box
+			if _, dst, length, ok := oneRun(sl.Offsets, sl.Lengths, copies[0].offs, copies[0].t.Shape, lo, n, es); ok {
+				run = sl.Data[dst : dst+length]
+			}
+			p, copied, err := s.verified(ctx, step, shards, copies, lo, n, es, run, res)
 			if err != nil {
 				return err
 			}
-			copyBox(sl.Data, sl.Offsets, sl.Lengths, p.data, p.offs, p.t.Shape, lo, n, es)
+			if !copied {
+				copyBox(sl.Data, sl.Offsets, sl.Lengths, p.data, p.offs, p.t.Shape, lo, n, es)
+			}
 			res.Bytes += volume(n) * es
 		}
 	}
@@ -255,8 +287,12 @@ func (s *Session) fill(ctx context.Context, step int64, shards []*openShard, wan
 
 // verified returns the first of copies whose bytes holding the box
 // (lo, n) match their checksum. A corrupt copy is reported to its agent,
-// which serves that shard no more.
-func (s *Session) verified(ctx context.Context, step int64, shards []*openShard, copies []*piece, lo, n []int64, es int64, res *Resharded) (*piece, error) {
+// which serves that shard no more. Where the box is one run of bytes in
+// the piece and the slice (run: where it goes, else nil) and the piece's
+// leaf hashes are known, the run is copied as its leaves are checked, in
+// one pass: copied says so.
+func (s *Session) verified(ctx context.Context, step int64, shards []*openShard, copies []*piece, lo, n []int64, es int64,
+	run []byte, res *Resharded) (_ *piece, copied bool, _ error) {
 	var problems []string
 	for _, p := range copies {
 		if p.bad {
@@ -271,7 +307,12 @@ func (s *Session) verified(ctx context.Context, step int64, shards []*openShard,
 			}
 			blo, bhi := p.byteRange(lo, n, es)
 			var hashed int64
-			hashed, err = shm.VerifyRange(p.data, blo, bhi, p.leaves, p.t.Sum, p.leafOK)
+			if run != nil {
+				hashed, err = shm.VerifyCopyRange(run, p.data, blo, bhi, p.leaves, p.t.Sum, p.leafOK, s.c.opts.Workers)
+				copied = err == nil
+			} else {
+				hashed, err = shm.VerifyRange(p.data, blo, bhi, p.leaves, p.t.Sum, p.leafOK)
+			}
 			res.Verified += hashed
 		default:
 			res.Verified += p.t.Len()
@@ -281,12 +322,12 @@ func (s *Session) verified(ctx context.Context, step int64, shards []*openShard,
 			p.whole = err == nil
 		}
 		if err == nil {
-			return p, nil
+			return p, copied, nil
 		}
 		p.bad = true
 		err = fmt.Errorf("tensor %q of rank %d at step %d: %w", p.t.Name, p.rank, step, err)
 		s.report(ctx, shards[p.rank].sh, err)
 		problems = append(problems, err.Error())
 	}
-	return nil, fmt.Errorf("%w: no good copy left: %s", shm.ErrCorrupt, strings.Join(problems, "; "))
+	return nil, false, fmt.Errorf("%w: no good copy left: %s", shm.ErrCorrupt, strings.Join(problems, "; "))
 }

@@ -108,6 +108,31 @@ func copyBox(dst []byte, so, sn []int64, src []byte, po, pn []int64, lo, n []int
 	}
 }
 
+// oneRun returns where the box (lo, n) lies in src and dst, as copyBox
+// would copy it, when that is one contiguous run of bytes in both (rows
+// whole in both, as row shards are): the source offset, the destination
+// offset and the length.
+func oneRun(so, sn, po, pn, lo, n []int64, es int64) (src, dst, length int64, ok bool) {
+	d := len(n) - 1
+	length = es
+	for d >= 0 && n[d] == sn[d] && n[d] == pn[d] {
+		length *= n[d]
+		d--
+	}
+	if d > 0 {
+		return 0, 0, 0, false
+	}
+	if d == 0 {
+		length *= n[0]
+	}
+	pst, sst := strides(pn), strides(sn)
+	for i := range n {
+		src += (lo[i] - po[i]) * pst[i]
+		dst += (lo[i] - so[i]) * sst[i]
+	}
+	return src * es, dst * es, length, true
+}
+
 // checkSlice reports whether sl is a well-formed request.
 func checkSlice(sl *Slice) error {
 	if len(sl.Offsets) != len(sl.Lengths) {

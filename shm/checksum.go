@@ -251,3 +251,50 @@ func VerifyRange(b []byte, lo, hi int64, leaves []uint64, sum uint64, done map[i
 	}
 	return hashed, nil
 }
+
+// VerifyCopyRange is VerifyRange that also copies bytes [lo, hi) of b to
+// dst (hi-lo bytes) in the same pass, leaf by leaf over workers
+// goroutines (0: DefaultWorkers): each leaf is copied, then hashed while
+// it is in cache, unless done says it was checked before. On an error
+// dst holds part of the range, to be written again from another copy.
+func VerifyCopyRange(dst, b []byte, lo, hi int64, leaves []uint64, sum uint64, done map[int]bool, workers int) (int64, error) {
+	if int64(len(dst)) != hi-lo || lo < 0 || hi > int64(len(b)) || lo > hi {
+		panic(fmt.Sprintf("shm: copy of bytes %d to %d of %d into %d", lo, hi, len(b), len(dst)))
+	}
+	if len(leaves) != numLeaves(int64(len(b))) {
+		return 0, corruptf("%d leaf hashes for %d bytes", len(leaves), len(b))
+	}
+	if rootOf(leaves) != sum {
+		return 0, corruptf("leaf hashes do not make the checksum %s", FormatSum(sum))
+	}
+	if lo == hi {
+		return 0, nil
+	}
+	first, last := int(lo/LeafSize), int((hi-1)/LeafSize)
+	got := sumLeaves([]int64{int64(last-first+1) * LeafSize}, workers, func(_, _, k int) uint64 {
+		j := first + k
+		l := leaf(b, j)
+		from, to := max(lo, int64(j)*LeafSize), min(hi, int64(j)*LeafSize+int64(len(l)))
+		copy(dst[from-lo:to-lo], b[from:to])
+		if done[j] {
+			return leaves[j]
+		}
+		return xxh3.Hash(l)
+	})[0]
+	var hashed int64
+	for k, h := range got {
+		j := first + k
+		if done[j] {
+			continue
+		}
+		l := int64(len(leaf(b, j)))
+		if h != leaves[j] {
+			return hashed, corruptf("leaf %d (bytes %d to %d) does not match its hash", j, int64(j)*LeafSize, int64(j)*LeafSize+l)
+		}
+		hashed += l
+		if done != nil {
+			done[j] = true
+		}
+	}
+	return hashed, nil
+}
