@@ -127,9 +127,12 @@ func (r *rankState) twin(s *slot) *slot {
 
 // gone tells the coordinator that the committed or corrupt copy s held
 // left r (s is what the slot held; the slot may be reused already),
-// unless a twin still holds it; the caller holds r's mutex.
+// unless a twin still holds it: a corrupt slot's twin was reported
+// committed again when the corruption was found (verify.go), and the
+// deletion, which names the checksum they share, would remove it. The
+// caller holds r's mutex.
 func (a *Agent) gone(r *rankState, s *slot) {
-	if s.State != stateCommitted && s.State != stateCorrupt || s.State == stateCommitted && r.twin(s) != nil {
+	if s.State != stateCommitted && s.State != stateCorrupt || r.twin(s) != nil {
 		return
 	}
 	a.rep.shard(r.job, r.rank, s.WorldSize, s.Step, s.Size, s.HeaderSum, coordpb.CopyState_COPY_STATE_DELETED)

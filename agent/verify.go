@@ -56,15 +56,18 @@ func (a *Agent) verify(r *lockedRank, s *slot) error {
 		a.log.Warn("could not verify a shard", "job", r.job, "rank", r.rank, "step", s.Step, "err", err)
 		return err
 	}
-	if s.State != stateCorrupt {
+	was := s.State
+	s.State, s.Problem, s.verified, s.leaves = stateCorrupt, err.Error(), false, nil
+	if was != stateCorrupt {
 		a.log.Error("checkpoint corrupt: it will not be served", "job", r.job, "rank", r.rank, "step", s.Step, "err", err)
 		a.metrics.corrupt.Inc()
 		a.rep.shard(r.job, r.rank, s.WorldSize, s.Step, s.Size, s.HeaderSum, coordpb.CopyState_COPY_STATE_CORRUPT)
-		if o := r.twin(s); o != nil { // the coordinator drops the node's copy whatever its checksum: the twin is one
+		// The coordinator drops the node's copy of the step whatever its
+		// checksum: another slot of this step (a save made twice) is one.
+		if o := r.find(s.Step); o != nil {
 			a.rep.shardOfEpoch(r.job, r.rank, o.WorldSize, o.Step, o.Size, o.HeaderSum, coordpb.CopyState_COPY_STATE_COMMITTED, o.Epoch)
 		}
 	}
-	s.State, s.Problem, s.verified, s.leaves = stateCorrupt, err.Error(), false, nil
 	if perr := a.persist(&r.rankState); perr != nil {
 		a.log.Error("recording corrupt shard", "err", perr)
 	}
