@@ -246,6 +246,11 @@ func (c *Coordinator) reload(err error) error {
 	if lerr := c.store.Load(fresh); lerr != nil {
 		c.log.Error("reloading the index", "err", lerr)
 	} else {
+		for id, j := range fresh.Jobs { // what was told stays told
+			if old := c.state.Jobs[id]; old != nil {
+				j.answered = old.answered
+			}
+		}
 		c.state = fresh
 	}
 	return fmt.Errorf("coordinator: %w", err)
