@@ -100,7 +100,7 @@ func (c *Cluster) StartCoordinator(ctx context.Context, policy string, sec *tran
 	c.sec = sec
 	pick := func() { c.Addr, c.Gossip = freeport.Pick(), freeport.Pick() }
 	pick()
-	return c.retryPorts(log, pick, func() error {
+	return c.retryPorts(log, pick, func(from int64) error {
 		args := []string{"coordinator", "--listen", c.Addr, "--data", filepath.Join(c.Tmp, "coordinator"), "--metrics", "",
 			"--gossip", c.Gossip, "--replicas", "1", "--policy", policy}
 		var err error
@@ -115,6 +115,9 @@ func (c *Cluster) StartCoordinator(ctx context.Context, policy string, sec *tran
 		}
 		c.API = coordpb.NewCoordinatorClient(c.Conn)
 		err = c.Coord.Ready(ctx, readyTimeout, func() error {
+			if err := logged(log, from, "coordinator serving"); err != nil {
+				return err
+			}
 			_, err := c.API.ListJobs(ctx, &coordpb.ListJobsRequest{})
 			return err
 		})
@@ -131,11 +134,12 @@ const portAttempts = 3
 
 // retryPorts runs start, and again with fresh addresses from pick when
 // the daemon exited because one of its ports was taken (its log, from
-// this attempt on, says so).
-func (c *Cluster) retryPorts(log string, pick func(), start func() error) error {
+// this attempt on, says so). start is given where this attempt's lines
+// begin in the log.
+func (c *Cluster) retryPorts(log string, pick func(), start func(from int64) error) error {
 	for attempt := 1; ; attempt++ {
 		from := logSize(log)
-		err := start()
+		err := start(from)
 		if err == nil || attempt == portAttempts || !errors.Is(err, child.ErrExited) || !portTaken(log, from) {
 			return err
 		}
@@ -168,13 +172,16 @@ func (c *Cluster) StartAgent(ctx context.Context, n *Node, flags, env []string) 
 			n.Metrics = freeport.Pick()
 		}
 	}
-	return c.retryPorts(n.Log, pick, func() error {
+	return c.retryPorts(n.Log, pick, func(from int64) error {
 		args := append(c.agentArgs(n), flags...)
 		var err error
 		if n.Agent, err = c.start(args, env, n.Log); err != nil {
 			return err
 		}
 		err = n.Agent.Ready(ctx, readyTimeout, func() error {
+			if err := logged(n.Log, from, "agent serving"); err != nil {
+				return err
+			}
 			cl, err := sdk.Dial(ctx, n.Socket)
 			if err == nil {
 				cl.Close()
@@ -212,13 +219,27 @@ func logSize(log string) int64 {
 // portTaken reports whether the daemon's log, from offset from on, says
 // it could not bind a port because another process holds it.
 func portTaken(log string, from int64) bool {
+	return logged(log, from, "address already in use") == nil
+}
+
+// logged returns nil once the daemon's log, from offset from on, has
+// line in it: a daemon logs that it serves once every listener is bound
+// (its gossip port last), so an answer on its address before then may
+// be another process's, holding a port it was given.
+func logged(log string, from int64, line string) error {
 	f, err := os.Open(log)
 	if err != nil {
-		return false
+		return err
 	}
 	defer f.Close()
-	b, err := io.ReadAll(io.NewSectionReader(f, from, 1<<20))
-	return err == nil && strings.Contains(string(b), "address already in use")
+	b, err := io.ReadAll(io.NewSectionReader(f, from, 4<<20))
+	if err != nil {
+		return err
+	}
+	if !strings.Contains(string(b), line) {
+		return fmt.Errorf("%s has not logged %q yet", log, line)
+	}
+	return nil
 }
 
 // start starts rewind with args and env added to this process's
