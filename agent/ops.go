@@ -33,14 +33,14 @@ const maxShardBytes = 16 << 40
 // holding the rank's latest committed step is never chosen, so a save that
 // fails or dies half-way cannot damage it.
 func (a *Agent) Prepare(ctx context.Context, job string, rank, worldSize uint32, step int64, size int64) (PrepareResult, error) {
-	return a.prepare(ctx, job, rank, worldSize, step, size, true, false, a.epochs.get(job).epoch)
+	return a.prepare(ctx, job, rank, worldSize, step, size, true, false, a.epochs.get(job).epoch, false)
 }
 
 // PrepareAt is Prepare for a rank of the job's epoch (epoch.go): the
 // save's shard records carry it, and a commit after the job left it is
 // refused.
 func (a *Agent) PrepareAt(ctx context.Context, job string, rank, worldSize uint32, step int64, size int64, epoch uint64) (PrepareResult, error) {
-	return a.prepare(ctx, job, rank, worldSize, step, size, true, false, epoch)
+	return a.prepare(ctx, job, rank, worldSize, step, size, true, false, epoch, false)
 }
 
 // prepare is Prepare; place says the rank runs on this node (a save, a
@@ -49,7 +49,11 @@ func (a *Agent) PrepareAt(ctx context.Context, job string, rank, worldSize uint3
 //
 // warm lets a new slot adopt the node's warm segment (warm.go): the caller
 // fills it through warmMapping.
-func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32, step int64, size int64, place, warm bool, epoch uint64) (PrepareResult, error) {
+//
+// copying says the agent itself fills the slot (a replica, a restore from
+// a peer or a tier, under the rank's copyMu): no save takes the slot over
+// while it is written, as one takes over a save it abandoned.
+func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32, step int64, size int64, place, warm bool, epoch uint64, copying bool) (PrepareResult, error) {
 	if err := validateRank(job, rank, worldSize); err != nil {
 		return PrepareResult{}, err
 	}
@@ -90,7 +94,7 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 	// Record the slot as being written before its file changes, so that an
 	// agent restarted mid-save never takes the old bytes for a checkpoint.
 	s.State, s.Step, s.Seq, s.token, s.HeaderSum, s.Problem, s.verified, s.leaves = stateWriting, step, 0, newToken(), "", "", false, nil
-	s.WorldSize, s.CommittedAt, s.Replica, s.Epoch = worldSize, 0, !place, epoch
+	s.WorldSize, s.CommittedAt, s.Replica, s.Epoch, s.copying = worldSize, 0, !place, epoch, copying
 	s.preparedAt = a.cfg.Clock.Now()
 	if err := a.persist(&r.rankState); err != nil {
 		*s = prev

@@ -177,7 +177,7 @@ func (a *Agent) copyFromPeer(ctx context.Context, ps PeerShard, lim *tiers.Limit
 		defer func() { go a.fillWarm() }()
 	}
 	t0 := time.Now()
-	prep, err := a.prepare(ctx, ps.Job, ps.Rank, ps.WorldSize, ps.Step, ps.Size, place, place, a.epochs.get(ps.Job).epoch)
+	prep, err := a.prepare(ctx, ps.Job, ps.Rank, ps.WorldSize, ps.Step, ps.Size, place, place, a.epochs.get(ps.Job).epoch, true)
 	if err != nil {
 		return 0, err
 	}

@@ -75,6 +75,7 @@ type slot struct {
 	preparedAt time.Time // when a save's Prepare took it: rewind_agent_save_seconds runs from it; never committed, it expires after PrepareTTL (prepares.go)
 
 	verified bool
+	copying  bool          // written by the agent itself, not a save (prepare's copying); not taken over while writing
 	leaves   *tensorLeaves // what the verification that set verified hashed; nil when unknown
 	token    uint64        // owner of a writing slot
 	readers  int           // open leases and streams
@@ -176,10 +177,11 @@ func (r *rankState) pick(size int64, max int, pins pinSet, replica bool) *slot {
 	var unused, oldest *slot
 	held := 0
 	for _, s := range r.slots {
-		if s.readers > 0 || s.State == stateStaged {
+		copying := s.State == stateWriting && s.copying
+		if s.readers > 0 || s.State == stateStaged || copying {
 			held++
 		}
-		if s == latest || s.readers > 0 || s.State == stateStaged ||
+		if s == latest || s.readers > 0 || s.State == stateStaged || copying ||
 			s.State == stateCommitted && (pinned[s.Step] == s || !replica && pins.unconfirmed(s.Step)) {
 			continue
 		}
@@ -206,8 +208,8 @@ func (r *rankState) pick(size int64, max int, pins pinSet, replica bool) *slot {
 	if oldest != nil {
 		return oldest
 	}
-	// A slot being read (a tier transfer, a peer's restore) or staged by a
-	// restore does not count against max: rather than wait for the reader
+	// A slot being read (a tier transfer, a peer's restore), copied into
+	// by the agent or staged by a restore does not count against max: rather than wait for the reader
 	// or the restore, the save gets one more
 	// segment, so reading a checkpoint never stalls training. The extra
 	// segment stays and joins the rotation; the budget still bounds it.

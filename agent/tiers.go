@@ -74,7 +74,12 @@ func (a *Agent) pullTier(ctx context.Context, st tiers.Store, man *tiers.Manifes
 		return fmt.Errorf("%w: agent: rank %d not in the manifest of %s step %d", ErrInvalid, rank, man.Job, man.Step)
 	}
 	e := man.Shards[rank]
-	prep, err := a.Prepare(ctx, man.Job, rank, man.WorldSize, man.Step, e.Size)
+	// One copy into a rank's slots from elsewhere at a time: a replica
+	// copied meanwhile would otherwise take the slot being written.
+	r := a.rank(man.Job, rank, true)
+	r.copyMu.Lock()
+	defer r.copyMu.Unlock()
+	prep, err := a.prepare(ctx, man.Job, rank, man.WorldSize, man.Step, e.Size, true, false, a.epochs.get(man.Job).epoch, true)
 	if err != nil {
 		return err
 	}
