@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/api/coordpb"
@@ -141,6 +143,9 @@ func TestPartitionHealFencesTheCutOffRank(t *testing.T) {
 			continue
 		}
 		resp, err := cl.api.InspectStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: st.Step})
+		if status.Code(err) == codes.NotFound {
+			continue // rotated out since the listing: nothing left to hold a shard of the wrong epoch
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
