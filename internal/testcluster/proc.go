@@ -85,6 +85,9 @@ func Spawn(t testing.TB, role string, env ...string) *Proc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(append(os.Environ(), env...), envRole+"="+role)
+	// Killed with the test binary (a test's timeout panics it): an
+	// orphan would hold go test's output pipe open, and go test waits.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
