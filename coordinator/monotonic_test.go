@@ -381,8 +381,12 @@ func TestLatestNeverBackKilledAtFaultPoints(t *testing.T) {
 
 // eagerClient is a client of the coordinator at addr that reconnects
 // within 20 ms, as a fresh connection (an operator's command) would: it
-// asks a restarted coordinator as soon as it listens.
+// asks a restarted coordinator as soon as it listens. Each attempt may
+// take 5 s to connect: without MinConnectTimeout gRPC gives an attempt
+// only the backoff's delay, which a TLS handshake on a loaded machine
+// outlasts every time, and the client never reconnects.
 func eagerClient(t *testing.T, addr string) coordpb.CoordinatorClient {
 	return testcluster.DialCoordinatorAs(t, addr, testcluster.OperatorID,
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 5 * time.Millisecond, Multiplier: 1.2, MaxDelay: 20 * time.Millisecond}}))
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 5 * time.Millisecond, Multiplier: 1.2, MaxDelay: 20 * time.Millisecond},
+			MinConnectTimeout: 5 * time.Second}))
 }

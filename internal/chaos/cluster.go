@@ -310,9 +310,13 @@ func (c *Cluster) httpPath(ctx context.Context, method, svc, path, body string, 
 func (c *Cluster) dial() error {
 	conn, err := c.sec.NewClient(net.JoinHostPort("127.0.0.1", strconv.Itoa(c.Ports.Coord)), transport.ExpectCoordinator,
 		// The coordinator restarts in some scenarios: reconnect within a
-		// second of its return, not after grpc's minutes of backoff.
+		// second of its return, not after grpc's minutes of backoff. An
+		// attempt gets 5 s to connect (without MinConnectTimeout it gets
+		// only the backoff's delay, which a TLS handshake under load
+		// outlasts).
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
-			BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}}))
+			BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: 5 * time.Second}))
 	if err != nil {
 		return err
 	}
