@@ -8,11 +8,12 @@ import (
 	"testing"
 )
 
-// A range of a piece is checked by the leaves it touches alone, against
-// leaf hashes that must root to the piece's checksum.
-func TestVerifyRange(t *testing.T) {
-	b := make([]byte, 3*LeafSize+LeafSize/2)
-	rng := rand.New(rand.NewPCG(1, 2))
+// randomPiece is n random bytes (seeded), their leaf hashes and their
+// checksum, which the leaves root to.
+func randomPiece(t *testing.T, n int, seed uint64) ([]byte, [][]uint64, uint64) {
+	t.Helper()
+	b := make([]byte, n)
+	rng := rand.New(rand.NewPCG(seed, seed+1))
 	for i := range b {
 		b[i] = byte(rng.Uint32())
 	}
@@ -24,6 +25,13 @@ func TestVerifyRange(t *testing.T) {
 	if RootOf(leaves[0]) != sum {
 		t.Fatal("the leaves do not root to Sum")
 	}
+	return b, leaves, sum
+}
+
+// A range of a piece is checked by the leaves it touches alone, against
+// leaf hashes that must root to the piece's checksum.
+func TestVerifyRange(t *testing.T) {
+	b, leaves, sum := randomPiece(t, 3*LeafSize+LeafSize/2, 1)
 	done := map[int]bool{}
 	n, err := VerifyRange(b, LeafSize+10, LeafSize+20, leaves[0], sum, done)
 	if err != nil || n != LeafSize {
@@ -57,16 +65,7 @@ func TestVerifyRange(t *testing.T) {
 // VerifyCopyRange copies exactly the range and checks the leaves it
 // touches as VerifyRange does, in parallel over the leaves.
 func TestVerifyCopyRange(t *testing.T) {
-	b := make([]byte, 9*LeafSize+LeafSize/3) // above parallelMin: the workers run
-	rng := rand.New(rand.NewPCG(3, 4))
-	for i := range b {
-		b[i] = byte(rng.Uint32())
-	}
-	leaves, err := LeavesAt(bytes.NewReader(b), []Section{{0, int64(len(b))}}, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := Sum(b)
+	b, leaves, sum := randomPiece(t, 9*LeafSize+LeafSize/3, 3) // above parallelMin: the workers run
 	ranges := [][2]int64{{0, int64(len(b))}, {LeafSize + 10, LeafSize + 20}, {LeafSize - 1, 5*LeafSize + 7}, {8*LeafSize + 3, int64(len(b))}, {7, 7}}
 	for _, r := range ranges {
 		for _, workers := range []int{1, 3} {
