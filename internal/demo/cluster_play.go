@@ -79,7 +79,7 @@ func (d *cluster) killAndRecover(ctx context.Context, k int, from int64) (*coord
 	// The latest consistent step may pass killAt (a step some rank failed
 	// to save never completes, and the next one does): judge against
 	// what it was.
-	killAt, err := d.waitConsistent(ctx, killAt)
+	killAt, err := d.waitConsistent(ctx, killAt, from)
 	if err != nil {
 		return nil, err
 	}
@@ -158,12 +158,16 @@ func (d *cluster) readRank(rank uint32, who string, ro *rankOut) {
 	}
 }
 
-// waitConsistent waits until the job's latest consistent step reaches step.
-func (d *cluster) waitConsistent(ctx context.Context, step int64) (int64, error) {
+// waitConsistent waits until the job's latest consistent step reaches
+// step and one at or after protected outlives the loss of a node.
+func (d *cluster) waitConsistent(ctx context.Context, step, protected int64) (int64, error) {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		resp, err := d.api.Latest(ctx, &coordpb.LatestRequest{Job: jobName})
-		if err == nil && resp.Step >= step {
+		// A node killed before any step of this run outlives it (every
+		// rank's shard in two nodes' memory) leaves nothing to recover
+		// from memory: the kill waits for such a step too.
+		if err == nil && resp.Step >= step && resp.Protected >= max(protected, 0) {
 			d.tl.log("coord", "step %d consistent: every rank has committed it", resp.Step)
 			return resp.Step, nil
 		}
