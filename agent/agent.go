@@ -56,9 +56,9 @@ type rankKey struct {
 type lockedRank struct {
 	mu sync.Mutex
 	// copyMu serializes copies into the rank's slots from elsewhere (a
-	// replica, a restore from a peer or a tier): unlike a rank's own saves, which its
-	// one session makes one at a time, two could otherwise pick the same
-	// slot.
+	// replica, a restore from a peer or a tier): unlike a rank's own
+	// saves, which its one session makes one at a time, two could
+	// otherwise pick the same slot.
 	copyMu sync.Mutex
 	rankState
 }

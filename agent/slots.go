@@ -209,9 +209,9 @@ func (r *rankState) pick(size int64, max int, pins pinSet, replica bool) *slot {
 		return oldest
 	}
 	// A slot being read (a tier transfer, a peer's restore), copied into
-	// by the agent or staged by a restore does not count against max: rather than wait for the reader
-	// or the restore, the save gets one more
-	// segment, so reading a checkpoint never stalls training. The extra
+	// by the agent or staged by a restore does not count against max:
+	// rather than wait for the reader or the restore, the save gets one
+	// more segment, so reading a checkpoint never stalls training. The extra
 	// segment stays and joins the rotation; the budget still bounds it.
 	if len(r.slots)-held < max {
 		return r.newSlot()

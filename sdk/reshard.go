@@ -158,8 +158,8 @@ func (s *Session) RestoreStepInto(ctx context.Context, step int64, layout Layout
 
 // openRest opens the shards of ranks 1 to n-1 of step, up to openAtOnce
 // at a time (each open is a call to the agent and a mapping). It returns
-// those it opened, in rank order, for the caller to close, and the first
-// error.
+// those it opened, in rank order, for the caller to close, and every
+// open's error.
 func (s *Session) openRest(ctx context.Context, step int64, n uint32) ([]*openShard, error) {
 	const openAtOnce = 8
 	out := make([]*openShard, max(n, 1)-1)
