@@ -154,7 +154,8 @@ type Job struct {
 	// has committed.
 	rankLatest map[uint32]int64
 	// answered is 1 + the newest latest step this process told anyone
-	// (Latest, ListJobs, agents' pins); 0: none. Not stored.
+	// (Latest, ListJobs, agents' pins and consistent steps); 0: none.
+	// Not stored.
 	answered int64
 }
 
@@ -226,8 +227,8 @@ type Changes struct {
 }
 
 // WentBack is a job's latest consistent step going back: a copy of it
-// was lost, or the step was found unrestorable or superseded. Nothing a
-// healthy cluster does moves it back; the coordinator logs each.
+// was lost, or the step was found unrestorable or superseded. The
+// coordinator logs each, as a warning when it goes below an answer.
 type WentBack struct {
 	Job      string
 	From, To int64
