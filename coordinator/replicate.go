@@ -55,6 +55,20 @@ type replication struct {
 	// comes on another stream, and until it is in the index the scan
 	// must not order the same replica again.
 	made map[rankKey]madeReplicas
+	// ordered counts the replicate orders in flight per rank, step and
+	// peer, of both paths (scan and commit): the commit of a step that
+	// the scan has just made consistent is dequeued after the scan
+	// ordered its replicas, and a second order of the same replica would
+	// have the peer verify its copy once more for nothing.
+	ordered map[replicaKey]int
+}
+
+// replicaKey names a replica: a rank's shard of a step (by its header
+// checksum) on a peer.
+type replicaKey struct {
+	rankKey
+	step      int64
+	sum, peer string
 }
 
 type madeReplicas struct {
@@ -87,7 +101,7 @@ func newReplication(c *Coordinator, m *tierMetrics) *replication {
 	return &replication{c: c, m: m, commits: make(chan commitRec, 1<<16), jobReplicas: map[string]int{},
 		replicated: map[string]int64{}, steps: map[string]*stepReplication{}, rankRepl: map[rankKey]int{},
 		rankNext: map[rankKey]commitRec{}, commitOrders: map[uint64]rankKey{}, retries: map[string]replicaRetry{},
-		made: map[rankKey]madeReplicas{}}
+		made: map[rankKey]madeReplicas{}, ordered: map[replicaKey]int{}}
 }
 
 // load restores the jobs' replica counts read from the store.
@@ -215,12 +229,12 @@ func (rp *replication) replicate(j *Job) {
 			}
 		}
 		for _, peer := range peers {
-			if have[peer] {
+			if have[peer] || rp.ordered[replicaKey{rankKey{j.ID, rank}, st.Step, src.Sum, peer}] > 0 {
 				continue
 			}
 			o := replicateOrder(j.ID, st.Step, &coordpb.ReplicateOrder{Rank: rank, WorldSize: st.WorldSize,
 				SourceNode: src.Node, SourceAddr: srcNode.Addr, SizeBytes: src.Size, HeaderChecksum: src.Sum})
-			rp.c.streams.send(peer, o)
+			rp.send(peer, o)
 			r.pending[o.Id] = true
 		}
 	}
@@ -245,6 +259,13 @@ func (rp *replication) liveLocked() int {
 		}
 	}
 	return n
+}
+
+// send sends o, a replicate order, to peer, counting it in flight until
+// its outcome is handled; the caller holds rp.mu and rp.c.mu.
+func (rp *replication) send(peer string, o *coordpb.TransferOrder) {
+	rp.ordered[replicaKey{rankKey{o.Job, o.GetReplicate().GetRank()}, o.Step, o.GetReplicate().GetHeaderChecksum(), peer}]++
+	rp.c.streams.send(peer, o)
 }
 
 func replicateOrder(job string, step int64, r *coordpb.ReplicateOrder) *coordpb.TransferOrder {
@@ -314,8 +335,13 @@ func (rp *replication) lost(node string, s *subscriber, why string) {
 func (rp *replication) handle(od *order, ev *coordpb.TierEvent) {
 	rp.m.transfers.WithLabelValues("shm", coordpb.OrderKind_ORDER_KIND_REPLICATE.Label(), okResult(ev.Ok)).Inc()
 	rp.m.bytes.WithLabelValues("shm").Add(float64(ev.Bytes))
+	k := rankKey{od.o.Job, od.o.GetReplicate().GetRank()}
+	if rk := (replicaKey{k, od.o.Step, od.o.GetReplicate().GetHeaderChecksum(), od.node}); rp.ordered[rk] > 1 {
+		rp.ordered[rk]--
+	} else {
+		delete(rp.ordered, rk)
+	}
 	if ev.Ok {
-		k := rankKey{od.o.Job, od.o.GetReplicate().GetRank()}
 		m := rp.made[k]
 		if m.step != od.o.Step {
 			m = madeReplicas{step: od.o.Step}
@@ -448,6 +474,7 @@ func (rp *replication) replicateCommit(cr commitRec) {
 	if j == nil || j.Placement[cr.rank] != cr.node || src == nil || src.Addr == "" || rp.closed {
 		return // a replica's own commit, or an unknown node
 	}
+	k := rankKey{cr.job, cr.rank}
 	have := map[string]bool{}
 	if st := j.Steps[cr.step]; st != nil {
 		for _, cp := range st.Copies[cr.rank] {
@@ -457,14 +484,14 @@ func (rp *replication) replicateCommit(cr commitRec) {
 		}
 	}
 	for _, peer := range rp.peersOf(cr.node, rp.replicas(cr.job)) {
-		if have[peer] {
+		if have[peer] || rp.ordered[replicaKey{k, cr.step, cr.sum, peer}] > 0 {
 			continue
 		}
 		o := replicateOrder(cr.job, cr.step, &coordpb.ReplicateOrder{Rank: cr.rank, WorldSize: cr.ws,
 			SourceNode: cr.node, SourceAddr: src.Addr, SizeBytes: cr.size, HeaderChecksum: cr.sum})
-		rp.c.streams.send(peer, o)
-		rp.rankRepl[rankKey{cr.job, cr.rank}]++
-		rp.commitOrders[o.Id] = rankKey{cr.job, cr.rank}
+		rp.send(peer, o)
+		rp.rankRepl[k]++
+		rp.commitOrders[o.Id] = k
 	}
 }
 
