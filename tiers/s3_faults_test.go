@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -183,6 +184,35 @@ func TestS3InjectedCorruptDownloadRefused(t *testing.T) {
 	})
 }
 
+// TestS3AbortRetried: a multipart upload fails on a part (503 on both of
+// its tries), and the first request of its abort meets a 503 too: the
+// abort is retried like any other request, and no upload is left behind
+// to be billed until the bucket's lifecycle rule finds it.
+func TestS3AbortRetried(t *testing.T) {
+	s, srv, in, _ := newFaultyS3(t, func(c *S3Config) { c.Parallel, c.MaxAttempts = 1, 2 }) // part 2 never starts
+	old := s3Rand(1, 1<<20)
+	if err := s.Put(t.Context(), "x", bytes.NewReader(old), int64(len(old))); err != nil {
+		t.Fatal(err)
+	}
+	// Request 1 creates the upload, 2 and 3 send part 1, 4 is the abort's
+	// first.
+	if err := in.Set("s3/request=1*off->3*status(503)"); err != nil {
+		t.Fatal(err)
+	}
+	hits := in.Hits()[faultinject.S3Request]
+	multi := int64(s3MinPartSize + 1)
+	err := s.Put(t.Context(), "x", bytes.NewReader(s3Rand(2, multi)), multi)
+	fired := in.Hits()[faultinject.S3Request] - hits
+	in.Clear()
+	if err == nil || !strings.Contains(err.Error(), "part 1") {
+		t.Fatalf("Put whose first part was refused: %v, want an error naming part 1", err)
+	}
+	if fired != 3 {
+		t.Fatalf("s3/request fired %d times, want 3 (the part's two tries and the abort's first)", fired)
+	}
+	s3AssertOld(t, s, srv, "x", old, false)
+}
+
 // TestS3InjectedTimeout: a request that hangs (the server never answers)
 // ends when the caller's deadline does: Put and Get return an error that
 // is context.DeadlineExceeded, promptly, and the earlier object stays. A
@@ -197,13 +227,22 @@ func TestS3InjectedTimeout(t *testing.T) {
 	const deadline = 300 * time.Millisecond
 	const slack = 2 * time.Second // the race detector and a loaded machine
 
-	bounded := func(t *testing.T, what string, f func(ctx context.Context) error) {
+	// bounded runs f with a deadline that start sets, deadline after the
+	// time it returns; start is given nil to set it at once.
+	bounded := func(t *testing.T, what string, f func(ctx context.Context, start func()) error) {
 		t.Helper()
-		start := time.Now() // before the deadline is set: the deadline is deadline after this at most
-		ctx, cancel := context.WithTimeout(t.Context(), deadline)
-		defer cancel()
-		err := f(ctx)
-		took := time.Since(start)
+		ctx, cancel := context.WithCancelCause(t.Context())
+		defer cancel(nil)
+		var began time.Time
+		var once sync.Once
+		start := func() {
+			once.Do(func() {
+				began = time.Now() // before the deadline is set: the deadline is deadline after this at most
+				time.AfterFunc(deadline, func() { cancel(context.DeadlineExceeded) })
+			})
+		}
+		err := f(ctx, start)
+		took := time.Since(began)
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("%s with every request hanging: %v, want context.DeadlineExceeded", what, err)
 		}
@@ -216,21 +255,29 @@ func TestS3InjectedTimeout(t *testing.T) {
 	if err := in.Set("s3/request=timeout"); err != nil {
 		t.Fatal(err)
 	}
-	bounded(t, "single Put", func(ctx context.Context) error {
+	bounded(t, "single Put", func(ctx context.Context, start func()) error {
+		start()
 		return s.Put(ctx, "x", bytes.NewReader(s3Rand(2, 1<<20)), 1<<20)
 	})
-	bounded(t, "Get", func(ctx context.Context) error {
+	bounded(t, "Get", func(ctx context.Context, start func()) error {
+		start()
 		_, err := s.Get(ctx, "x", &s3Buf{})
 		return err
 	})
 	// A multipart upload whose two parts hang: the upload is created, the
-	// parts hang until the deadline, and the abort afterwards gets through.
+	// parts hang until the deadline, and the abort afterwards gets through
+	// (retried, should it meet a hang meant for a part that never started
+	// its request). The deadline starts as the first part is read, once the
+	// upload exists: an upload whose creation outlived the caller's
+	// deadline has no id the store could abort, and only the bucket's
+	// lifecycle rule removes it (docs/tiers.md).
 	multi := int64(s3MinPartSize + 1)
 	if err := in.Set("s3/request=1*off->2*timeout"); err != nil {
 		t.Fatal(err)
 	}
-	bounded(t, "multipart Put", func(ctx context.Context) error {
-		return s.Put(ctx, "x", bytes.NewReader(s3Rand(3, multi)), multi)
+	bounded(t, "multipart Put", func(ctx context.Context, start func()) error {
+		src := &s3HookReader{b: s3Rand(3, multi), before: func(int64) { start() }}
+		return s.Put(ctx, "x", src, multi)
 	})
 	in.Clear()
 	s3AssertOld(t, s, srv, "x", old, false)

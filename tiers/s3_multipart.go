@@ -123,15 +123,28 @@ func (s *S3Store) putPart(ctx context.Context, name, key, uploadID string, num i
 }
 
 // abort discards a failed multipart upload and the parts it holds. It runs
-// even when ctx is cancelled (that is often why the upload failed), with a
-// short bound of its own (one request's, at most 10 s); an upload it
+// even when ctx is cancelled (that is often why the upload failed), with
+// a bound of its own, abortTimeout in all, retrying a request that failed
+// or hung like any other (the upload's own failure is often the store's
+// or the network's, and the abort meets the same trouble); an upload it
 // cannot abort is invisible and is left for the bucket's lifecycle rule
 // (AbortIncompleteMultipartUpload).
 func (s *S3Store) abort(ctx context.Context, name, key, uploadID string) {
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(s.cfg.RequestTimeout, 10*time.Second))
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
 	defer cancel()
-	if err := s.core.AbortMultipartUpload(actx, s.bucket, key, uploadID); err != nil && s3Code(err) != "NoSuchUpload" {
+	err := s.retry(actx, "abort", name, key, func(ctx context.Context) error {
+		err := s.core.AbortMultipartUpload(ctx, s.bucket, key, uploadID)
+		if s3Code(err) == "NoSuchUpload" { // gone: an earlier try's answer was lost
+			return nil
+		}
+		return err
+	})
+	if err != nil {
 		s.cfg.Logger.Warn("tiers: s3 abort of a failed multipart upload failed; the bucket's lifecycle rule must clean it up",
 			"store", s.String(), "name", name, "err", err)
 	}
 }
+
+// abortTimeout bounds the abort of a failed multipart upload, its retries
+// included: the caller of the failed Put waits for it.
+const abortTimeout = 10 * time.Second
