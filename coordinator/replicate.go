@@ -51,15 +51,18 @@ type replication struct {
 	commitOrders map[uint64]rankKey          // replica order of a commit -> its rank
 	retries      map[string]replicaRetry     // job -> the failed tries of its step in flight
 	// made is, per rank, the newest step a replica of which a peer
-	// reported made, and the peers: the peer's own report of the copy
-	// comes on another stream, and until it is in the index the scan
-	// must not order the same replica again.
+	// reported made, its header checksum, and the peers: the peer's own
+	// report of the copy comes on another stream, and until it is in the
+	// index neither path may order the same replica again.
 	made map[rankKey]madeReplicas
-	// ordered counts the replicate orders in flight per rank, step and
-	// peer, of both paths (scan and commit): the commit of a step that
-	// the scan has just made consistent is dequeued after the scan
-	// ordered its replicas, and a second order of the same replica would
-	// have the peer verify its copy once more for nothing.
+	// ordered counts the replicate orders in flight per rank, step,
+	// checksum and peer. The commit of a step that the scan has just made
+	// consistent is dequeued after the scan ordered its replicas: the
+	// commit path skips those (the scan never meets the commit path's
+	// orders in flight: it leaves a rank that has any for its next look).
+	// A second order of a replica has the peer verify its copy once more
+	// for nothing, and a peer whose copy had rotted dropped it before any
+	// restore looked.
 	ordered map[replicaKey]int
 }
 
@@ -73,6 +76,7 @@ type replicaKey struct {
 
 type madeReplicas struct {
 	step  int64
+	sum   string
 	peers []string
 }
 
@@ -202,7 +206,7 @@ func (rp *replication) replicate(j *Job) {
 		if src == nil {
 			continue
 		}
-		if m := rp.made[rankKey{j.ID, rank}]; m.step == st.Step {
+		if m := rp.made[rankKey{j.ID, rank}]; m.step == st.Step && m.sum == src.Sum {
 			for _, p := range m.peers {
 				have[p] = true
 			}
@@ -229,7 +233,7 @@ func (rp *replication) replicate(j *Job) {
 			}
 		}
 		for _, peer := range peers {
-			if have[peer] || rp.ordered[replicaKey{rankKey{j.ID, rank}, st.Step, src.Sum, peer}] > 0 {
+			if have[peer] {
 				continue
 			}
 			o := replicateOrder(j.ID, st.Step, &coordpb.ReplicateOrder{Rank: rank, WorldSize: st.WorldSize,
@@ -342,9 +346,9 @@ func (rp *replication) handle(od *order, ev *coordpb.TierEvent) {
 		delete(rp.ordered, rk)
 	}
 	if ev.Ok {
-		m := rp.made[k]
-		if m.step != od.o.Step {
-			m = madeReplicas{step: od.o.Step}
+		m, sum := rp.made[k], od.o.GetReplicate().GetHeaderChecksum()
+		if m.step != od.o.Step || m.sum != sum {
+			m = madeReplicas{step: od.o.Step, sum: sum}
 		}
 		if !slices.Contains(m.peers, od.node) {
 			m.peers = append(m.peers, od.node)
@@ -481,6 +485,11 @@ func (rp *replication) replicateCommit(cr commitRec) {
 			if cp.Tier == "shm" && cp.Sum == cr.sum {
 				have[cp.Node] = true
 			}
+		}
+	}
+	if m := rp.made[k]; m.step == cr.step && m.sum == cr.sum { // made, not indexed yet
+		for _, p := range m.peers {
+			have[p] = true
 		}
 	}
 	for _, peer := range rp.peersOf(cr.node, rp.replicas(cr.job)) {

@@ -13,8 +13,9 @@ import (
 // same replicas again while they are in flight: the peer would verify
 // its copy once more for nothing, and a second order to a peer whose
 // copy rotted made it drop the copy before any restore looked (the
-// corrupt-replica fallback tests). Once the outcome is in, a replica
-// that failed is ordered again.
+// corrupt-replica fallback tests); nor once the peer reported it made,
+// before its own report of the copy is in the index. A replica that
+// failed is ordered again.
 func TestReplicaOrderedOnce(t *testing.T) {
 	c, _ := newLeadTestCoordinator(t, nil)
 	c.cfg.Replicas = 2
@@ -51,21 +52,34 @@ func TestReplicaOrderedOnce(t *testing.T) {
 		t.Fatalf("the scan ordered %v, want one replica on node-1 and one on node-2", first)
 	}
 	cr := commitRec{job: job, rank: 0, ws: 1, step: 1, node: "node-0", sum: sum, size: 8}
-	rp.mu.Lock()
-	rp.replicateCommit(cr)
-	rp.mu.Unlock()
-	if again := taken(); len(again) != 0 {
+	commitAgain := func() map[string][]*coordpb.TransferOrder {
+		rp.mu.Lock()
+		rp.replicateCommit(cr)
+		rp.mu.Unlock()
+		return taken()
+	}
+	outcome := func(node string, ok bool) {
+		o := first[node][0]
+		ev := &coordpb.TierEvent{Order: o.Id, Kind: o.Kind(), Job: job, Step: 1, Rank: 0, Ok: ok}
+		if !ok {
+			ev.Error = "injected"
+		}
+		rp.outcome(node, ev)
+	}
+	if again := commitAgain(); len(again) != 0 {
 		t.Fatalf("the commit ordered %v again while the scan's orders were in flight", again)
 	}
 
-	// node-2's replica fails: a later commit of the step orders it again,
-	// and only it (node-1's is still in flight).
-	o := first["node-2"][0]
-	rp.outcome("node-2", &coordpb.TierEvent{Order: o.Id, Kind: o.Kind(), Job: job, Step: 1, Rank: 0, Ok: false, Error: "injected"})
-	rp.mu.Lock()
-	rp.replicateCommit(cr)
-	rp.mu.Unlock()
-	if again := taken(); len(again) != 1 || len(again["node-2"]) != 1 {
-		t.Fatalf("after node-2's replica failed the commit ordered %v, want node-2's alone", again)
+	// node-2 reports its replica made; its shard report, on another
+	// stream, is not in the index yet: not ordered again either.
+	outcome("node-2", true)
+	if again := commitAgain(); len(again) != 0 {
+		t.Fatalf("the commit ordered %v again after node-2 made its replica", again)
+	}
+	// node-1's replica fails: a later commit of the step orders it again,
+	// and only it.
+	outcome("node-1", false)
+	if again := commitAgain(); len(again) != 1 || len(again["node-1"]) != 1 {
+		t.Fatalf("after node-1's replica failed the commit ordered %v, want node-1's alone", again)
 	}
 }

@@ -37,7 +37,8 @@ import (
 // exponential backoff, bounded by MaxAttempts and RetryTimeout; a Put whose
 // requests cannot get through fails and aborts its multipart upload, so no
 // partial object is ever visible and an earlier object of the name is
-// untouched: S3 replaces an object only when an upload completes.
+// untouched: S3 replaces an object only when an upload completes. A failed
+// or cancelled multipart Put returns once its abort is done, 10 s at most.
 //
 // An S3Store is safe for concurrent use.
 type S3Store struct {

@@ -227,22 +227,8 @@ func TestS3InjectedTimeout(t *testing.T) {
 	const deadline = 300 * time.Millisecond
 	const slack = 2 * time.Second // the race detector and a loaded machine
 
-	// bounded runs f with a deadline that start sets, deadline after the
-	// time it returns; start is given nil to set it at once.
-	bounded := func(t *testing.T, what string, f func(ctx context.Context, start func()) error) {
+	check := func(t *testing.T, what string, err error, took time.Duration) {
 		t.Helper()
-		ctx, cancel := context.WithCancelCause(t.Context())
-		defer cancel(nil)
-		var began time.Time
-		var once sync.Once
-		start := func() {
-			once.Do(func() {
-				began = time.Now() // before the deadline is set: the deadline is deadline after this at most
-				time.AfterFunc(deadline, func() { cancel(context.DeadlineExceeded) })
-			})
-		}
-		err := f(ctx, start)
-		took := time.Since(began)
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("%s with every request hanging: %v, want context.DeadlineExceeded", what, err)
 		}
@@ -251,16 +237,22 @@ func TestS3InjectedTimeout(t *testing.T) {
 		}
 		t.Logf("%s: %v after %v", what, err, took.Round(time.Millisecond))
 	}
+	bounded := func(t *testing.T, what string, f func(ctx context.Context) error) {
+		t.Helper()
+		start := time.Now() // before the deadline is set: the deadline is deadline after this at most
+		ctx, cancel := context.WithTimeout(t.Context(), deadline)
+		defer cancel()
+		err := f(ctx)
+		check(t, what, err, time.Since(start))
+	}
 
 	if err := in.Set("s3/request=timeout"); err != nil {
 		t.Fatal(err)
 	}
-	bounded(t, "single Put", func(ctx context.Context, start func()) error {
-		start()
+	bounded(t, "single Put", func(ctx context.Context) error {
 		return s.Put(ctx, "x", bytes.NewReader(s3Rand(2, 1<<20)), 1<<20)
 	})
-	bounded(t, "Get", func(ctx context.Context, start func()) error {
-		start()
+	bounded(t, "Get", func(ctx context.Context) error {
 		_, err := s.Get(ctx, "x", &s3Buf{})
 		return err
 	})
@@ -275,10 +267,19 @@ func TestS3InjectedTimeout(t *testing.T) {
 	if err := in.Set("s3/request=1*off->2*timeout"); err != nil {
 		t.Fatal(err)
 	}
-	bounded(t, "multipart Put", func(ctx context.Context, start func()) error {
-		src := &s3HookReader{b: s3Rand(3, multi), before: func(int64) { start() }}
-		return s.Put(ctx, "x", src, multi)
-	})
+	ctx, cancel := context.WithCancelCause(t.Context())
+	var began time.Time
+	var once sync.Once
+	src := &s3HookReader{b: s3Rand(3, multi), before: func(int64) {
+		once.Do(func() {
+			began = time.Now()
+			time.AfterFunc(deadline, func() { cancel(context.DeadlineExceeded) })
+		})
+	}}
+	err := s.Put(ctx, "x", src, multi)
+	took := time.Since(began)
+	cancel(nil)
+	check(t, "multipart Put", err, took)
 	in.Clear()
 	s3AssertOld(t, s, srv, "x", old, false)
 

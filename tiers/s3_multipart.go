@@ -124,15 +124,18 @@ func (s *S3Store) putPart(ctx context.Context, name, key, uploadID string, num i
 
 // abort discards a failed multipart upload and the parts it holds. It runs
 // even when ctx is cancelled (that is often why the upload failed), with
-// a bound of its own, abortTimeout in all, retrying a request that failed
-// or hung like any other (the upload's own failure is often the store's
-// or the network's, and the abort meets the same trouble); an upload it
-// cannot abort is invisible and is left for the bucket's lifecycle rule
+// a bound of its own, abortTimeout in all; a request of it that fails or
+// hangs (each is given a third of that at most) is retried like any other
+// (the upload's own failure is often the store's or the network's, and the
+// abort meets the same trouble). An upload it cannot abort is invisible
+// and is left for the bucket's lifecycle rule
 // (AbortIncompleteMultipartUpload).
 func (s *S3Store) abort(ctx context.Context, name, key, uploadID string) {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
 	defer cancel()
 	err := s.retry(actx, "abort", name, key, func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, abortTimeout/3)
+		defer cancel()
 		err := s.core.AbortMultipartUpload(ctx, s.bucket, key, uploadID)
 		if s3Code(err) == "NoSuchUpload" { // gone: an earlier try's answer was lost
 			return nil
@@ -146,5 +149,5 @@ func (s *S3Store) abort(ctx context.Context, name, key, uploadID string) {
 }
 
 // abortTimeout bounds the abort of a failed multipart upload, its retries
-// included: the caller of the failed Put waits for it.
+// included: the caller of the failed Put, cancelled or not, waits for it.
 const abortTimeout = 10 * time.Second
