@@ -206,10 +206,8 @@ func (rp *replication) replicate(j *Job) {
 		if src == nil {
 			continue
 		}
-		if m := rp.made[rankKey{j.ID, rank}]; m.step == st.Step && m.sum == src.Sum {
-			for _, p := range m.peers {
-				have[p] = true
-			}
+		for _, p := range rp.madeBy(rankKey{j.ID, rank}, st.Step, src.Sum) {
+			have[p] = true
 		}
 		if rp.rankRepl[rankKey{j.ID, rank}] != 0 {
 			r.short = true // its commit is being replicated: seen again next scan
@@ -268,8 +266,23 @@ func (rp *replication) liveLocked() int {
 // send sends o, a replicate order, to peer, counting it in flight until
 // its outcome is handled; the caller holds rp.mu and rp.c.mu.
 func (rp *replication) send(peer string, o *coordpb.TransferOrder) {
-	rp.ordered[replicaKey{rankKey{o.Job, o.GetReplicate().GetRank()}, o.Step, o.GetReplicate().GetHeaderChecksum(), peer}]++
+	rp.ordered[replicaOf(o, peer)]++
 	rp.c.streams.send(peer, o)
+}
+
+// replicaOf names the replica that o, a replicate order, makes on peer.
+func replicaOf(o *coordpb.TransferOrder, peer string) replicaKey {
+	r := o.GetReplicate()
+	return replicaKey{rankKey{o.Job, r.GetRank()}, o.Step, r.GetHeaderChecksum(), peer}
+}
+
+// madeBy returns the peers that reported k's replica of step, with
+// header checksum sum, made; the caller holds rp.mu.
+func (rp *replication) madeBy(k rankKey, step int64, sum string) []string {
+	if m := rp.made[k]; m.step == step && m.sum == sum {
+		return m.peers
+	}
+	return nil
 }
 
 func replicateOrder(job string, step int64, r *coordpb.ReplicateOrder) *coordpb.TransferOrder {
@@ -339,16 +352,16 @@ func (rp *replication) lost(node string, s *subscriber, why string) {
 func (rp *replication) handle(od *order, ev *coordpb.TierEvent) {
 	rp.m.transfers.WithLabelValues("shm", coordpb.OrderKind_ORDER_KIND_REPLICATE.Label(), okResult(ev.Ok)).Inc()
 	rp.m.bytes.WithLabelValues("shm").Add(float64(ev.Bytes))
-	k := rankKey{od.o.Job, od.o.GetReplicate().GetRank()}
-	if rk := (replicaKey{k, od.o.Step, od.o.GetReplicate().GetHeaderChecksum(), od.node}); rp.ordered[rk] > 1 {
+	rk := replicaOf(od.o, od.node)
+	if rp.ordered[rk] > 1 {
 		rp.ordered[rk]--
 	} else {
 		delete(rp.ordered, rk)
 	}
 	if ev.Ok {
-		m, sum := rp.made[k], od.o.GetReplicate().GetHeaderChecksum()
-		if m.step != od.o.Step || m.sum != sum {
-			m = madeReplicas{step: od.o.Step, sum: sum}
+		k, m := rk.rankKey, rp.made[rk.rankKey]
+		if m.step != rk.step || m.sum != rk.sum {
+			m = madeReplicas{step: rk.step, sum: rk.sum}
 		}
 		if !slices.Contains(m.peers, od.node) {
 			m.peers = append(m.peers, od.node)
@@ -487,10 +500,8 @@ func (rp *replication) replicateCommit(cr commitRec) {
 			}
 		}
 	}
-	if m := rp.made[k]; m.step == cr.step && m.sum == cr.sum { // made, not indexed yet
-		for _, p := range m.peers {
-			have[p] = true
-		}
+	for _, p := range rp.madeBy(k, cr.step, cr.sum) { // made, not indexed yet
+		have[p] = true
 	}
 	for _, peer := range rp.peersOf(cr.node, rp.replicas(cr.job)) {
 		if have[peer] || rp.ordered[replicaKey{k, cr.step, cr.sum, peer}] > 0 {
