@@ -1,6 +1,7 @@
 package sdk_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -201,4 +202,57 @@ func TestHandWrittenClientCannotReachAnotherJob(t *testing.T) {
 		t.Fatalf("job B's own segment request: %v, %+v, %d descriptors", err, &resp, len(files))
 	}
 	files[0].Close()
+}
+
+// TestPrivateRootServedByDescriptor: with the agent's shared-memory root
+// out of the rank's reach (a pod that mounts only the socket directory),
+// every read of the SDK goes through a descriptor the agent hands over:
+// a rank's own restore and a restore at another world size, which reads
+// every saved rank's shard, both bit-exact.
+func TestPrivateRootServedByDescriptor(t *testing.T) {
+	if why := testcluster.PrivateRootOK(); why != "" {
+		t.Skip(why)
+	}
+	key := filepath.Join(t.TempDir(), "job.key")
+	if err := jobtoken.WriteFile(key); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := jobtoken.Load(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testcluster.AgentConfig(t)
+	testcluster.SpawnAgent(t, testcluster.AgentProcess{Node: "private", ShmRoot: cfg.ShmRoot, Socket: cfg.Socket, JobKey: key, PrivateRoot: true})
+	c := testcluster.Dial(t, cfg.Socket, sdk.Options{JobToken: keys.Token("pr")})
+	gs := model(11)
+	saveSharded(t, c, "pr", 5, gs, 4)
+	shards, err := c.List(ctxT(t), "pr")
+	if err != nil || len(shards) != 4 {
+		t.Fatalf("shards saved: %d, %v; want 4", len(shards), err)
+	}
+	if _, err := os.Stat(shards[0].Path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the segment %s is reachable by path from the rank (%v): the test's private root is not private", shards[0].Path, err)
+	}
+	ckpt, err := session(t, c, "pr", 1, 4).Restore(ctxT(t))
+	if err != nil || ckpt.Step != 5 {
+		t.Fatalf("rank 1's own restore: %v", err)
+	}
+	assembled := make([][]byte, len(gs))
+	for i, g := range gs {
+		assembled[i] = make([]byte, len(g.data))
+	}
+	for j := range 3 {
+		l := layoutFor(gs, j, 3, 1)
+		if _, err := session(t, c, "pr", uint32(j), 3).RestoreInto(ctxT(t), l); err != nil {
+			t.Fatalf("restore at world size 3, rank %d: %v", j, err)
+		}
+		for i, sl := range l.Slices {
+			place(assembled[i], gs[i], sl)
+		}
+	}
+	for i, g := range gs {
+		if !bytes.Equal(assembled[i], g.data) {
+			t.Fatalf("tensor %q assembled from the restore at world size 3 differs from the saved one", g.name)
+		}
+	}
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -191,7 +190,9 @@ func kindOf(err error) error {
 	return nil
 }
 
-// openPeer leases, maps and decodes rank's shard of step. Another rank's
+// openPeer leases, maps (through a descriptor from the agent's segment
+// socket: the shared-memory root is the agent's) and decodes rank's
+// shard of step. Another rank's
 // shard is opened as a peer reader: it does not count as that rank's
 // restore during a recovery.
 func (s *Session) openPeer(ctx context.Context, step int64, rank uint32) (*openShard, error) {
@@ -210,9 +211,10 @@ func (s *Session) openPeer(ctx context.Context, step int64, rank uint32) (*openS
 		s.release(resp.Lease)
 		return nil, err
 	}
-	f, err := os.Open(sh.Path)
+	f, _, err := s.c.segs.open(ctx, s.c.opts.CallTimeout, &agentpb.SegmentRequest{Job: sh.Job, Rank: sh.Rank, Slot: sh.Slot,
+		Grant: &agentpb.SegmentRequest_Lease{Lease: resp.Lease}})
 	if err != nil {
-		return fail(err)
+		return fail(wrap(fmt.Sprintf("segment of rank %d", rank), err))
 	}
 	m, err := shm.MapLazy(f, int64(sh.SizeBytes), false)
 	f.Close()

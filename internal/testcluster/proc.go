@@ -83,11 +83,18 @@ type Proc struct {
 // environment; the test binary's TestMain must call Main.
 func Spawn(t testing.TB, role string, env ...string) *Proc {
 	t.Helper()
+	return spawn(t, role, env, 0)
+}
+
+// spawn is Spawn; unshare names the namespaces the process gets of its
+// own (syscall.CLONE_NEWNS: mounts).
+func spawn(t testing.TB, role string, env []string, unshare uintptr) *Proc {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(append(os.Environ(), env...), envRole+"="+role)
 	// Killed with the test binary (a test's timeout panics it): an
 	// orphan would hold go test's output pipe open, and go test waits.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Unshareflags: unshare}
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -206,6 +213,20 @@ type AgentProcess struct {
 	// JobKey is the agent's job key file (jobtoken); empty: jobs are not
 	// isolated.
 	JobKey string
+	// PrivateRoot gives the agent a shared-memory root nobody else can
+	// open a file of: a tmpfs mounted over ShmRoot in a mount namespace
+	// of the agent's own, as a training pod that mounts only the socket
+	// directory sees it. Needs CAP_SYS_ADMIN (PrivateRootOK).
+	PrivateRoot bool
+}
+
+// PrivateRootOK says why an AgentProcess with PrivateRoot cannot be
+// started here, or "" when it can: it needs root.
+func PrivateRootOK() string {
+	if os.Geteuid() != 0 {
+		return "a mount namespace of the agent's own needs root"
+	}
+	return ""
 }
 
 // SpawnAgent starts an agent process configured by spec, env added to its
@@ -214,7 +235,14 @@ type AgentProcess struct {
 func SpawnAgent(t testing.TB, spec AgentProcess, env ...string) *Proc {
 	t.Helper()
 	spec.TLSDir = specTLSDir(t, spec.TLSDir, NodeID)
-	p := spawnSpec(t, "agent", spec, env)
+	var unshare uintptr
+	if spec.PrivateRoot {
+		if why := PrivateRootOK(); why != "" {
+			t.Fatalf("testcluster: agent with a private root: %s", why)
+		}
+		unshare = syscall.CLONE_NEWNS // Go makes the new namespace's mounts private
+	}
+	p := spawn(t, "agent", append(env, specEnv(t, spec)), unshare)
 	WaitAgent(t, p, spec.Socket)
 	return p
 }
@@ -223,11 +251,17 @@ func SpawnAgent(t testing.TB, spec AgentProcess, env ...string) *Proc {
 // as JSON in $REWIND_TEST_SPEC; the role reads it with readRole).
 func spawnSpec(t testing.TB, role string, spec any, env []string) *Proc {
 	t.Helper()
+	return Spawn(t, role, append(env, specEnv(t, spec))...)
+}
+
+// specEnv is the environment entry that passes spec to a process.
+func specEnv(t testing.TB, spec any) string {
+	t.Helper()
 	b, err := json.Marshal(spec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return Spawn(t, role, append(env, envSpec+"="+string(b))...)
+	return envSpec + "=" + string(b)
 }
 
 // readRole reads the configuration spawnSpec passed into spec, and the
@@ -264,6 +298,14 @@ func agentRole() int {
 	faults, err := readRole("agent", &spec)
 	if err != nil {
 		return fail(err)
+	}
+	if spec.PrivateRoot { // in a mount namespace of its own (SpawnAgent)
+		if err := os.MkdirAll(spec.ShmRoot, 0o700); err != nil {
+			return fail(err)
+		}
+		if err := syscall.Mount("tmpfs", spec.ShmRoot, "tmpfs", 0, "mode=0700"); err != nil {
+			return fail(fmt.Errorf("testcluster: a private shared-memory root: %w", err))
+		}
 	}
 	cfg := agent.DefaultConfig()
 	cfg.Faults = faults
