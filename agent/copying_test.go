@@ -49,3 +49,32 @@ func TestSaveLeavesACopyInProgress(t *testing.T) {
 		t.Fatalf("the copied shard is %q, want staged", st)
 	}
 }
+
+// TestReplicaLeavesASaveInProgress: a replica of a rank copied in from a
+// peer (the step before, replicated to the node where a new gang placed
+// the rank) while the rank's own save of the next step is being written
+// takes another slot: the save's slot stays the save's.
+func TestReplicaLeavesASaveInProgress(t *testing.T) {
+	_, receiver, ps := peerPair(t, nil)
+	ctx := context.Background()
+	prep, err := receiver.Agent.Prepare(ctx, "peer", 0, 1, 2, ps.Size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := receiver.Agent.CopyFromPeer(ctx, ps, nil); err != nil {
+		t.Fatalf("the replica beside the save: %v", err)
+	}
+	var saving, replica bool
+	for _, sh := range receiver.Agent.List("peer") {
+		switch {
+		case sh.Step == 2 && sh.Slot == prep.Slot && sh.State == "writing":
+			saving = true
+		case sh.Step == 1 && sh.Slot != prep.Slot && sh.State == "committed":
+			replica = true
+		}
+	}
+	if !saving || !replica {
+		t.Fatalf("after a replica copied in beside a save: the save's slot %d still writing: %t, the replica committed in another: %t",
+			prep.Slot, saving, replica)
+	}
+}

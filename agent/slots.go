@@ -155,8 +155,8 @@ func (r *rankState) keptSteps(pins pinSet, replica bool) int {
 
 // pick chooses the slot a new save writes into, or nil when every slot is
 // the latest checkpoint, a step the job's pins hold (for a rank's own
-// save, also a step newer than the consistent one: pinSet.newer) or being
-// read. Preference: an unused slot of the right size (warm), any unused
+// save, also a step newer than the consistent one: pinSet.newer), being
+// read, or (for a replica) being written. Preference: an unused slot of the right size (warm), any unused
 // slot, a new slot while fewer than max exist, the oldest committed slot
 // that is not the latest, then a new slot beside those being read.
 func (r *rankState) pick(size int64, max int, pins pinSet, replica bool) *slot {
@@ -183,6 +183,13 @@ func (r *rankState) pick(size int64, max int, pins pinSet, replica bool) *slot {
 		}
 		if s == latest || s.readers > 0 || s.State == stateStaged || copying ||
 			s.State == stateCommitted && (pinned[s.Step] == s || !replica && pins.unconfirmed(s.Step)) {
+			continue
+		}
+		if replica && s.State == stateWriting {
+			// The rank's own save in flight (on a node where a new gang
+			// placed the rank, while the step before is replicated
+			// there): a replica never takes it over. One abandoned is
+			// freed when its Prepare expires (prepares.go).
 			continue
 		}
 		switch s.State {
