@@ -34,6 +34,9 @@ type Agent struct {
 	used   uint64
 	seq    uint64
 	leases map[uint64]*lease
+	// partials are the partially open shards of other nodes (partial.go),
+	// by lease.
+	partials map[uint64]*partial
 
 	verifyQ chan verifyJob
 
@@ -80,12 +83,13 @@ func New(cfg Config) (*Agent, error) {
 		cfg.Registry = prometheus.NewRegistry()
 	}
 	a := &Agent{
-		cfg:     cfg,
-		log:     cfg.Logger.With("component", "agent", "node", cfg.Node),
-		paths:   shm.Paths{Root: cfg.ShmRoot},
-		ranks:   map[rankKey]*lockedRank{},
-		leases:  map[uint64]*lease{},
-		verifyQ: make(chan verifyJob, 1024),
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "agent", "node", cfg.Node),
+		paths:    shm.Paths{Root: cfg.ShmRoot},
+		ranks:    map[rankKey]*lockedRank{},
+		leases:   map[uint64]*lease{},
+		partials: map[uint64]*partial{},
+		verifyQ:  make(chan verifyJob, 1024),
 	}
 	// Segments are the agent's alone: ranks get file descriptors
 	// (segserver.go), never paths they could open.
@@ -100,6 +104,9 @@ func New(cfg Config) (*Agent, error) {
 	err := a.reindex()
 	if err != nil {
 		return nil, err
+	}
+	if err := a.clearPartials(); err != nil {
+		return nil, fmt.Errorf("agent: removing partially open shards of a previous run: %w", err)
 	}
 	if cfg.CoordinatorAddr != "" {
 		if a.rep, err = newReporter(a, cfg.CoordinatorAddr); err != nil {

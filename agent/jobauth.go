@@ -44,6 +44,12 @@ var socketJobs = map[string]jobOf{
 	agentpb.Agent_FinishRestore_FullMethodName: func(_ *Agent, r any) (string, error) { return named(r.(*agentpb.FinishRestoreRequest).Job) },
 	agentpb.Agent_Status_FullMethodName:        func(*Agent, any) (string, error) { return "", nil },
 	agentpb.Agent_Release_FullMethodName:       func(a *Agent, r any) (string, error) { return a.leaseJob(r.(*agentpb.ReleaseRequest).Lease), nil },
+	agentpb.Agent_Fill_FullMethodName: func(a *Agent, r any) (string, error) {
+		if job := a.leaseJob(r.(*agentpb.FillRequest).Lease); job != "" {
+			return job, nil
+		}
+		return "", errors.New("it names no lease this agent holds")
+	},
 	agentpb.Agent_List_FullMethodName: func(_ *Agent, r any) (string, error) {
 		if job := r.(*agentpb.ListRequest).Job; job != "" {
 			return job, nil
@@ -71,6 +77,9 @@ func (a *Agent) leaseJob(id uint64) string {
 	defer a.mu.Unlock()
 	if l := a.leases[id]; l != nil {
 		return l.r.job
+	}
+	if p := a.partials[id]; p != nil {
+		return p.ps.Job
 	}
 	return ""
 }

@@ -286,6 +286,9 @@ func (a *Agent) pinFor(job string, rank uint32, step int64, verify bool) (*shard
 		release()
 		return nil, nil, err
 	}
+	r.mu.Lock()
+	info.Verified, info.Leaves = s.verified, s.leaves // what the verification found
+	r.mu.Unlock()
 	return info, release, nil
 }
 
@@ -327,6 +330,9 @@ func stepSuffix(step int64, latest bool) string {
 
 // Release ends a lease; releasing an unknown or expired lease is not an error.
 func (a *Agent) Release(id uint64) {
+	if a.releasePartial(id) {
+		return
+	}
 	a.mu.Lock()
 	l := a.leases[id]
 	delete(a.leases, id)

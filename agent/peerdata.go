@@ -43,7 +43,14 @@ type dataRequest struct {
 	Job  string `json:"job"`
 	Rank uint32 `json:"rank"`
 	Step int64  `json:"step"`
+	// Header asks for the header and leaf hashes only, Ranges for byte
+	// ranges (offset, length) only (partial_peer.go).
+	Header bool       `json:"header,omitempty"`
+	Ranges [][2]int64 `json:"ranges,omitempty"`
 }
+
+// maxDataRequest bounds a data request's JSON.
+const maxDataRequest = 1 << 20
 
 // muxListener hands gRPC connections to the gRPC server and serves the
 // data path itself.
@@ -148,6 +155,14 @@ func (a *Agent) serveData(conn net.Conn) {
 		}
 		return
 	}
+	switch {
+	case req.Header:
+		a.serveHeader(c, req)
+		return
+	case len(req.Ranges) > 0:
+		a.serveRanges(c, req)
+		return
+	}
 	sh, release, err := a.pinFor(req.Job, req.Rank, req.Step, false)
 	if err != nil {
 		dataError(c, err)
@@ -175,7 +190,7 @@ func readDataRequest(c net.Conn) (dataRequest, error) {
 		return req, err
 	}
 	n := binary.BigEndian.Uint32(hdr[4:])
-	if n > 4096 {
+	if n > maxDataRequest {
 		return req, fmt.Errorf("agent: data request of %d bytes", n)
 	}
 	body := make([]byte, n)
@@ -310,33 +325,43 @@ func (a *Agent) receiveData(ctx context.Context, ps PeerShard, dst []byte, lim *
 // requestShard asks for the shard and reads the answer up to its first
 // byte: size bytes must follow.
 func requestShard(c net.Conn, ps PeerShard, size int64) error {
-	body, _ := json.Marshal(dataRequest{Job: ps.Job, Rank: ps.Rank, Step: ps.Step})
-	req := append(dataMagic[:], 0, 0, 0, 0)
-	binary.BigEndian.PutUint32(req[4:], uint32(len(body)))
-	if _, err := c.Write(append(req, body...)); err != nil {
-		return fmt.Errorf("%w: %v", errDataPath, err)
+	n, err := sendDataRequest(c, dataRequest{Job: ps.Job, Rank: ps.Rank, Step: ps.Step}, ps.Node)
+	if err != nil {
+		return err
+	}
+	if n != size {
+		return fmt.Errorf("%w: the peer's shard is %d bytes, %d expected", shm.ErrCorrupt, n, size)
+	}
+	return nil
+}
+
+// sendDataRequest sends req to node and reads the answer up to the size
+// it announces; an error answer is returned as an error naming node.
+func sendDataRequest(c net.Conn, req dataRequest, node string) (int64, error) {
+	body, _ := json.Marshal(req)
+	msg := append(dataMagic[:], 0, 0, 0, 0)
+	binary.BigEndian.PutUint32(msg[4:], uint32(len(body)))
+	if _, err := c.Write(append(msg, body...)); err != nil {
+		return 0, fmt.Errorf("%w: %v", errDataPath, err)
 	}
 	var status [1]byte
 	if _, err := io.ReadFull(c, status[:]); err != nil {
-		return fmt.Errorf("%w: %v", errDataPath, err)
+		return 0, fmt.Errorf("%w: %v", errDataPath, err)
 	}
 	if status[0] != 0 {
 		var n [4]byte
 		if _, err := io.ReadFull(c, n[:]); err != nil {
-			return err
+			return 0, err
 		}
-		msg := make([]byte, min(binary.BigEndian.Uint32(n[:]), 64<<10))
-		_, _ = io.ReadFull(c, msg)
-		return fmt.Errorf("%s: %s", ps.Node, msg)
+		text := make([]byte, min(binary.BigEndian.Uint32(n[:]), 64<<10))
+		_, _ = io.ReadFull(c, text)
+		return 0, fmt.Errorf("%s: %s", node, text)
 	}
 	var got [8]byte
 	if _, err := io.ReadFull(c, got[:]); err != nil {
-		return err
+		return 0, err
 	}
-	if n := int64(binary.BigEndian.Uint64(got[:])); n != size {
-		return fmt.Errorf("%w: the peer's shard is %d bytes, %d expected", shm.ErrCorrupt, n, size)
-	}
-	return nil
+	return int64(binary.BigEndian.Uint64(got[:])), nil
 }
 
 // receiveShard reads a shard from r into dst and checks it in the same

@@ -31,6 +31,9 @@ func (a *Agent) reindex() error {
 		if j.Name() == warmName || j.Name() == fillingName {
 			continue // the warm segment (warm.go): made again by Run
 		}
+		if j.Name() == partialName {
+			continue // partially open shards of a previous run (partial.go): removed
+		}
 		if !j.IsDir() || shm.ValidateJob(j.Name()) != nil {
 			a.log.Warn("re-index: ignoring unexpected entry under shm root", "name", j.Name())
 			continue

@@ -111,6 +111,14 @@ func (a *Agent) openSegment(req *agentpb.SegmentRequest, cred *transport.Cred) (
 	if err := a.checkJobToken(req.Job, req.JobToken, cred, "a segment"); err != nil {
 		return nil, err
 	}
+	if g, ok := req.Grant.(*agentpb.SegmentRequest_Lease); ok {
+		if p := a.partialOf(g.Lease); p != nil { // a shard of another node's, open partially
+			if p.ps.Job != req.Job || p.ps.Rank != req.Rank {
+				return nil, fmt.Errorf("%w: agent: lease %d is not on job %s rank %d", ErrNotFound, g.Lease, req.Job, req.Rank)
+			}
+			return a.cfg.FS.OpenFile(p.path, os.O_RDONLY, 0)
+		}
+	}
 	r := a.rank(req.Job, req.Rank, false)
 	if r == nil {
 		return nil, fmt.Errorf("%w: agent: job %s rank %d has no segments on this node", ErrNotFound, req.Job, req.Rank)

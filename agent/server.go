@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 
 	"google.golang.org/grpc/codes"
@@ -51,10 +52,20 @@ func (s *server) Commit(ctx context.Context, req *agentpb.CommitRequest) (*agent
 }
 
 func (s *server) Open(ctx context.Context, req *agentpb.OpenRequest) (*agentpb.OpenResponse, error) {
+	if req.Ranged && !req.Latest {
+		return s.openRanged(ctx, req)
+	}
 	sh, lease, err := s.a.openOrPull(ctx, req.Job, req.Rank, req.Step, req.Latest)
 	if err != nil {
 		return nil, err
 	}
+	s.opened(req, sh)
+	return &agentpb.OpenResponse{Shard: sh.proto(), Lease: lease, Leaves: sh.Leaves.proto()}, nil
+}
+
+// opened counts an Open as a rank's restore during a recovery: the rank's
+// own, or a peer reader's whose rank the step does not have.
+func (s *server) opened(req *agentpb.OpenRequest, sh *shardInfo) {
 	switch {
 	case !req.Peer: // a reader of another rank's shard does not restore that rank
 		s.a.gang.opened(req.Job, req.Rank, sh.Step)
@@ -63,7 +74,32 @@ func (s *server) Open(ctx context.Context, req *agentpb.OpenRequest) (*agentpb.O
 		// step is its restore, having no shard of its own in it.
 		s.a.gang.opened(req.Job, *req.ReaderRank, sh.Step)
 	}
-	return &agentpb.OpenResponse{Shard: sh.proto(), Lease: lease, Leaves: sh.Leaves.proto()}, nil
+}
+
+// openRanged is Open for a caller that reads parts of the shard (a
+// restore at another world size).
+func (s *server) openRanged(ctx context.Context, req *agentpb.OpenRequest) (*agentpb.OpenResponse, error) {
+	sh, leaves, lease, partial, err := s.a.openRanged(ctx, req.Job, req.Rank, req.Step)
+	if err != nil {
+		return nil, err
+	}
+	s.opened(req, sh)
+	return &agentpb.OpenResponse{Shard: sh.proto(), Lease: lease, Leaves: leaves.proto(), Partial: partial}, nil
+}
+
+func (s *server) Fill(ctx context.Context, req *agentpb.FillRequest) (*agentpb.FillResponse, error) {
+	ranges := make([][2]int64, len(req.Ranges))
+	for i, r := range req.Ranges {
+		if r.Offset > math.MaxInt64/2 || r.Length > math.MaxInt64/2 {
+			return nil, fmt.Errorf("%w: agent: range of %d bytes at %d", ErrInvalid, r.Length, r.Offset)
+		}
+		ranges[i] = [2]int64{int64(r.Offset), int64(r.Length)}
+	}
+	n, node, err := s.a.Fill(ctx, req.Lease, ranges)
+	if err != nil {
+		return nil, err
+	}
+	return &agentpb.FillResponse{FetchedBytes: uint64(n), Node: node}, nil
 }
 
 func (s *server) Release(ctx context.Context, req *agentpb.ReleaseRequest) (*agentpb.ReleaseResponse, error) {

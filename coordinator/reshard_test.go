@@ -2,70 +2,225 @@ package coordinator_test
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
+	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"rewind.dev/rewind/api/agentpb"
+	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
 )
 
-// TestReshardAcrossNodes: a step saved by 4 ranks on two nodes (rank r
-// on node r%2) restores at world size 3 on node 0 alone, with the job's
-// latest consistent step: the agent fetches the shards of ranks 1 and 3
-// from node 1, and the global tensor assembled from the three new ranks
-// is the saved one, bit for bit.
-func TestReshardAcrossNodes(t *testing.T) {
-	cl := newCluster(t, 2)
-	rows := []int64{4, 3, 2, 1}
-	global := make([]byte, 10*6*4) // F32 [10, 6]
-	for i := range global {
-		global[i] = byte(i*7 + 3)
+// Saved by 4 ranks, rank r on node r%2: "big", U8 [4096, 4096] (16 MiB),
+// 1024 rows to each rank (4 MiB, four 1 MiB leaves); "bias", F32 [13],
+// saved whole by ranks 0 and 1 (copies on both nodes).
+const bigRows, bigCols, biasLen = 4096, 4096, 13
+
+func reshardModel() (big, bias []byte) {
+	big, bias = make([]byte, bigRows*bigCols), make([]byte, biasLen*4)
+	for i := range big {
+		big[i] = byte(i*7 + i>>12 + 3)
 	}
-	const rb = 6 * 4
-	var off int64
+	for i := range bias {
+		bias[i] = byte(i*5 + 1)
+	}
+	return big, bias
+}
+
+func saveReshardModel(t *testing.T, cl *cluster, job string, step int64) (big, bias []byte) {
+	t.Helper()
+	big, bias = reshardModel()
+	const rows = bigRows / 4
 	for r := range uint32(4) {
-		s, err := cl.clients[r%2].Session("rsx", r, 4)
+		s, err := cl.clients[r%2].Session(job, r, 4)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ts := []sdk.Tensor{{Name: "w", DType: shm.F32, Shape: []int64{rows[r], 6}, Data: global[off*rb : (off+rows[r])*rb],
-			Chunk: &shm.Chunk{GlobalShape: []int64{10, 6}, Offsets: []int64{off, 0}}}}
-		if err := s.Save(ctxT(t), 4, ts, map[string]uint32{"rank": r}); err != nil {
+		off := int64(r) * rows
+		ts := []sdk.Tensor{{Name: "big", DType: shm.U8, Shape: []int64{rows, bigCols}, Data: big[off*bigCols : (off+rows)*bigCols],
+			Chunk: &shm.Chunk{GlobalShape: []int64{bigRows, bigCols}, Offsets: []int64{off, 0}}}}
+		if r < 2 {
+			ts = append(ts, sdk.Tensor{Name: "bias", DType: shm.F32, Shape: []int64{biasLen}, Data: bias})
+		}
+		if err := s.Save(ctxT(t), step, ts, map[string]uint32{"rank": r}); err != nil {
 			t.Fatal(err)
 		}
 		s.Close()
-		off += rows[r]
 	}
-	cl.waitLatest("rsx", 4)
-	got := make([]byte, len(global))
-	off = 0
-	for j, n := range []int64{4, 3, 3} {
-		s, err := cl.clients[0].Session("rsx", uint32(j), 3)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sl := sdk.Slice{Name: "w", DType: shm.F32, Offsets: []int64{off, 0}, Lengths: []int64{n, 6}, Data: got[off*rb : (off+n)*rb]}
-		res, err := s.RestoreInto(ctxT(t), sdk.Layout{Slices: []sdk.Slice{sl}})
-		s.Close()
-		if err != nil {
-			t.Fatalf("new rank %d of 3: %v", j, err)
-		}
-		if res.Step != 4 || res.SavedWorldSize != 4 || string(res.Objects) != `{"rank":0}` {
-			t.Fatalf("new rank %d: %+v", j, res)
-		}
-		off += n
-	}
-	if !bytes.Equal(got, global) {
-		t.Fatal("the tensor assembled from the new ranks differs from the saved one")
-	}
-	held := map[uint32]bool{}
-	shards, err := cl.clients[0].List(ctxT(t), "rsx")
+	cl.waitLatest(job, step)
+	return big, bias
+}
+
+// restoreNewRank restores new rank j of 8 (rows 512j to 512j+511 of big,
+// and bias) on node's agent.
+func restoreNewRank(t *testing.T, cl *cluster, node int, job string, j int, big, bias []byte) *sdk.Resharded {
+	t.Helper()
+	const rows = bigRows / 8
+	s, err := cl.clients[node].Session(job, uint32(j), 8)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, sh := range shards {
-		held[sh.Rank] = true
+	defer s.Close()
+	off := int64(j) * rows
+	l := sdk.Layout{Slices: []sdk.Slice{
+		{Name: "big", DType: shm.U8, Offsets: []int64{off, 0}, Lengths: []int64{rows, bigCols}, Data: big[off*bigCols : (off+rows)*bigCols]},
+		{Name: "bias", DType: shm.F32, Offsets: []int64{0}, Lengths: []int64{biasLen}, Data: bias},
+	}}
+	res, err := s.RestoreInto(ctxT(t), l)
+	if err != nil {
+		t.Fatalf("new rank %d of 8 on node-%d: %v", j, node, err)
 	}
-	if !held[1] || !held[3] {
-		t.Fatalf("node 0 holds ranks %v: the shards of ranks 1 and 3 were not fetched there", held)
+	if res.SavedWorldSize != 4 || string(res.Objects) != `{"rank":0}` {
+		t.Fatalf("new rank %d: %+v", j, res)
+	}
+	return res
+}
+
+// TestReshardAcrossNodes: a step saved by 4 ranks on two nodes restores
+// at world size 8 on a third node that holds none of its shards: each new
+// rank's agent fetches from the peers exactly the 1 MiB leaves its slices
+// touch (2 MiB of big and bias's one leaf, of 16 MiB saved), the global
+// tensors assembled from the 8 new ranks are the saved ones bit for bit,
+// and the node is left holding no shard and no partial file.
+func TestReshardAcrossNodes(t *testing.T) {
+	cl := newCluster(t, 3)
+	big, bias := saveReshardModel(t, cl, "rsx", 4)
+	gotBig := make([]byte, len(big))
+	for j := range 8 {
+		gotBias := make([]byte, len(bias))
+		res := restoreNewRank(t, cl, 2, "rsx", j, gotBig, gotBias)
+		if want := int64(2<<20 + len(bias)); res.Fetched != want {
+			t.Errorf("new rank %d: %d bytes fetched from the peers, want %d (its rows' leaves and bias)", j, res.Fetched, want)
+		}
+		if !bytes.Equal(gotBias, bias) {
+			t.Fatalf("new rank %d: bias differs from the saved one", j)
+		}
+	}
+	if !bytes.Equal(gotBig, big) {
+		t.Fatal("the tensor assembled from the new ranks differs from the saved one")
+	}
+	shards, err := cl.clients[2].List(ctxT(t), "rsx")
+	if err != nil || len(shards) != 0 {
+		t.Fatalf("node-2 holds %d shards after ranged reads (%v), want none", len(shards), err)
+	}
+	left, err := os.ReadDir(filepath.Join(cl.agents[2].Config.ShmRoot, ".partial"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) || len(left) != 0 {
+		t.Fatalf("partial files left on node-2 after every lease was released: %v %v", left, err)
+	}
+	// A Fill outside the shard's tensors, or on a lease released, is
+	// refused, naming why.
+	api := cl.clients[2].API()
+	resp, err := api.Open(ctxT(t), &agentpb.OpenRequest{Job: "rsx", Rank: 1, Step: 4, Ranged: true, Peer: true})
+	if err != nil || !resp.Partial {
+		t.Fatalf("a ranged open of a shard node-2 lacks: partial %t, %v", resp.GetPartial(), err)
+	}
+	bad := map[string]*agentpb.ByteRange{
+		"in the header":      {Offset: 0, Length: 8},
+		"past the end":       {Offset: resp.Shard.SizeBytes - 1, Length: 2},
+		"empty":              {Offset: resp.Shard.SizeBytes - 1, Length: 0},
+		"wrapping past 2^64": {Offset: 1 << 62, Length: 1<<64 - 1<<62},
+	}
+	for name, r := range bad {
+		if _, err := api.Fill(ctxT(t), &agentpb.FillRequest{Lease: resp.Lease, Ranges: []*agentpb.ByteRange{r}}); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("a Fill of a range %s: %v, want InvalidArgument", name, err)
+		}
+	}
+	if _, err := api.Release(ctxT(t), &agentpb.ReleaseRequest{Lease: resp.Lease}); err != nil {
+		t.Fatal(err)
+	}
+	ok := &agentpb.ByteRange{Offset: resp.Shard.SizeBytes - 1, Length: 1}
+	if _, err := api.Fill(ctxT(t), &agentpb.FillRequest{Lease: resp.Lease, Ranges: []*agentpb.ByteRange{ok}}); status.Code(err) != codes.NotFound {
+		t.Errorf("a Fill on a released lease: %v, want NotFound", err)
+	}
+	// The leases are released as the restores return; each gave back
+	// what its fetches were charged.
+	st, err := cl.clients[2].Status(ctxT(t))
+	if err != nil || st.UsedBytes != 0 {
+		t.Fatalf("node-2's budget in use after the ranged reads: %d bytes (%v), want 0", st.GetUsedBytes(), err)
+	}
+}
+
+// TestReshardRangeFallsBackFromACorruptByte: a byte flipped in node-0's
+// copy of bias (rank 0's, after the agent verified the shard) is caught
+// by node-2's agent as that leaf arrives; the restore takes bias from
+// rank 1's copy on node-1 and the rest of rank 0's ranges as fetched, and
+// node-0, told by the refusal, finds its copy corrupt.
+func TestReshardRangeFallsBackFromACorruptByte(t *testing.T) {
+	cl := newCluster(t, 3)
+	big, bias := saveReshardModel(t, cl, "rsc", 2)
+	var path string
+	var at int64
+	wait.ForNil(t, 10*time.Second, "node-0's shards verified", func() error {
+		shards, err := cl.clients[0].List(ctxT(t), "rsc")
+		if err != nil {
+			return err
+		}
+		for _, sh := range shards {
+			if !sh.Verified {
+				return fmt.Errorf("rank %d not verified yet", sh.Rank)
+			}
+			if sh.Rank == 0 {
+				path = sh.Path
+			}
+		}
+		return nil
+	})
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := shm.Decode(f, statSize(t, f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	at = h.DataStart + h.Tensor("bias").Begin + 9
+	flip(t, f, at)
+	f.Close()
+
+	gotBig, gotBias := make([]byte, len(big)), make([]byte, len(bias))
+	restoreNewRank(t, cl, 2, "rsc", 0, gotBig, gotBias)
+	if !bytes.Equal(gotBias, bias) || !bytes.Equal(gotBig[:bigRows/8*bigCols], big[:bigRows/8*bigCols]) {
+		t.Fatal("restored slices differ from the saved ones")
+	}
+	wait.ForNil(t, 10*time.Second, "node-0's copy of rank 0 found corrupt", func() error {
+		shards, err := cl.clients[0].List(ctxT(t), "rsc")
+		if err != nil {
+			return err
+		}
+		for _, sh := range shards {
+			if sh.Rank == 0 && sh.State != agentpb.ShardState_SHARD_STATE_CORRUPT {
+				return fmt.Errorf("rank 0's shard is %v", sh.State)
+			}
+		}
+		return nil
+	})
+}
+
+func statSize(t *testing.T, f *os.File) int64 {
+	t.Helper()
+	fi, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Size()
+}
+
+// flip inverts the bits of the byte at off of f.
+func flip(t *testing.T, f *os.File, off int64) {
+	t.Helper()
+	b := make([]byte, 1)
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0xff
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
 	}
 }

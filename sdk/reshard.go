@@ -46,6 +46,10 @@ type Resharded struct {
 	// Bytes is how many bytes were copied into the slices; Verified how
 	// many were hashed to check the pieces they came from.
 	Bytes, Verified int64
+	// Fetched is how many bytes the agent fetched from other nodes'
+	// memory for shards this node lacks: the 1 MiB leaves the slices'
+	// ranges touch, not the shards whole.
+	Fetched int64
 }
 
 // RestoreInto restores a checkpoint saved at any world size into the
@@ -110,6 +114,10 @@ type openShard struct {
 	m      *shm.Mapping
 	lease  uint64
 	leaves map[string][]uint64 // from the agent, when it has verified the shard
+	// partial: another node's shard, its bytes readable once fetched
+	// (reshard_fill.go); fillErr is why the first fetch failed.
+	partial bool
+	fillErr error
 }
 
 // RestoreStepInto is RestoreInto for a given step.
@@ -197,7 +205,9 @@ func kindOf(err error) error {
 // restore during a recovery.
 func (s *Session) openPeer(ctx context.Context, step int64, rank uint32) (*openShard, error) {
 	cctx, cancel := s.c.call(ctx)
-	req := &agentpb.OpenRequest{Job: s.job, Rank: rank, Step: step, Peer: rank != s.rank}
+	// Every shard is read in parts: where the node lacks one, only those
+	// are fetched (Ranged).
+	req := &agentpb.OpenRequest{Job: s.job, Rank: rank, Step: step, Peer: rank != s.rank, Ranged: true}
 	if req.Peer {
 		req.ReaderRank = &s.rank
 	}
@@ -230,12 +240,12 @@ func (s *Session) openPeer(ctx context.Context, step int64, rank uint32) (*openS
 	}
 	if err != nil {
 		m.Close()
-		if errors.Is(err, shm.ErrCorrupt) {
+		if errors.Is(err, shm.ErrCorrupt) && !resp.Partial {
 			s.report(ctx, sh, err)
 		}
 		return fail(fmt.Errorf("rank %d step %d: %w", rank, step, err))
 	}
-	o := &openShard{sh: sh, h: h, m: m, lease: resp.Lease, leaves: map[string][]uint64{}}
+	o := &openShard{sh: sh, h: h, m: m, lease: resp.Lease, leaves: map[string][]uint64{}, partial: resp.Partial}
 	for _, l := range resp.Leaves {
 		o.leaves[l.Tensor] = l.Hashes
 	}
@@ -257,6 +267,11 @@ func (s *Session) fill(ctx context.Context, step int64, shards []*openShard, wan
 			byName[t.Name] = append(byName[t.Name], p)
 		}
 	}
+	if slices.ContainsFunc(shards, func(o *openShard) bool { return o.partial }) {
+		if err := s.prefill(ctx, shards, byName, want, res); err != nil {
+			return err
+		}
+	}
 	for i := range want {
 		sl := &want[i]
 		pieces := byName[sl.Name]
@@ -274,7 +289,7 @@ func (s *Session) fill(ctx context.Context, step int64, shards []*openShard, wan
 			if _, dst, length, ok := oneRun(sl.Offsets, sl.Lengths, copies[0].offs, copies[0].t.Shape, lo, n, es); ok {
 				run = sl.Data[dst : dst+length]
 			}
-			p, copied, err := s.verified(ctx, step, shards, copies, lo, n, es, run, res)
+			p, copied, err := s.verified(ctx, step, shards, copies, sl, lo, n, es, run, res)
 			if err != nil {
 				return err
 			}
@@ -293,11 +308,16 @@ func (s *Session) fill(ctx context.Context, step int64, shards []*openShard, wan
 // the piece and the slice (run: where it goes, else nil) and the piece's
 // leaf hashes are known, the run is copied as its leaves are checked, in
 // one pass: copied says so.
-func (s *Session) verified(ctx context.Context, step int64, shards []*openShard, copies []*piece, lo, n []int64, es int64,
+func (s *Session) verified(ctx context.Context, step int64, shards []*openShard, copies []*piece, sl *Slice, lo, n []int64, es int64,
 	run []byte, res *Resharded) (_ *piece, copied bool, _ error) {
 	var problems []string
-	for _, p := range copies {
+	for i, p := range copies {
 		if p.bad {
+			continue
+		}
+		if err := s.ready(ctx, shards, p, i, sl, res); err != nil {
+			p.bad = true
+			problems = append(problems, fmt.Sprintf("tensor %q of rank %d at step %d: %v", p.t.Name, p.rank, step, err))
 			continue
 		}
 		var err error
@@ -328,7 +348,9 @@ func (s *Session) verified(ctx context.Context, step int64, shards []*openShard,
 		}
 		p.bad = true
 		err = fmt.Errorf("tensor %q of rank %d at step %d: %w", p.t.Name, p.rank, step, err)
-		s.report(ctx, shards[p.rank].sh, err)
+		if !shards[p.rank].partial { // the agent checked what it fetched; this node holds no copy to mark
+			s.report(ctx, shards[p.rank].sh, err)
+		}
 		problems = append(problems, err.Error())
 	}
 	return nil, false, fmt.Errorf("%w: no good copy left: %s", shm.ErrCorrupt, strings.Join(problems, "; "))

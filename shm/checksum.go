@@ -213,6 +213,9 @@ func roots(leaves [][]uint64) []uint64 {
 	return sums
 }
 
+// LeafMatches says whether b, one leaf of a tensor's bytes, has the hash h.
+func LeafMatches(b []byte, h uint64) bool { return xxh3.Hash(b) == h }
+
 // VerifyRange checks bytes [lo, hi) of a piece b whose leaf hashes are
 // leaves and whose checksum is sum: leaves must root to sum (they come
 // from whoever hashed the piece before, and are checked here), and every

@@ -83,6 +83,7 @@ var Rules = map[string]Rule{
 	agentpb.Agent_Commit_FullMethodName:        {},
 	agentpb.Agent_Open_FullMethodName:          {},
 	agentpb.Agent_Release_FullMethodName:       {},
+	agentpb.Agent_Fill_FullMethodName:          {},
 	agentpb.Agent_Consistent_FullMethodName:    {},
 	agentpb.Agent_ReportCorrupt_FullMethodName: {},
 	agentpb.Agent_Read_FullMethodName:          {Roles: holders},

@@ -1395,7 +1395,12 @@ type OpenRequest struct {
 	// With peer, the caller's own rank. A rank whose number the step's
 	// world size does not have (its gang grew past it) has no shard of its
 	// own to open: its peer opens of the step count as its restore.
-	ReaderRank    *uint32 `protobuf:"varint,6,opt,name=reader_rank,json=readerRank,proto3,oneof" json:"reader_rank,omitempty"`
+	ReaderRank *uint32 `protobuf:"varint,6,opt,name=reader_rank,json=readerRank,proto3,oneof" json:"reader_rank,omitempty"`
+	// ranged: the caller reads parts of the shard only (a restore at
+	// another world size). Where this node lacks it and a peer holds it in
+	// memory, the agent opens it partially: the header is here at once, the
+	// tensors' bytes only once Fill fetched them. Else as without.
+	Ranged        bool `protobuf:"varint,7,opt,name=ranged,proto3" json:"ranged,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1472,6 +1477,13 @@ func (x *OpenRequest) GetReaderRank() uint32 {
 	return 0
 }
 
+func (x *OpenRequest) GetRanged() bool {
+	if x != nil {
+		return x.Ranged
+	}
+	return false
+}
+
 type OpenResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Shard *Shard                 `protobuf:"bytes,1,opt,name=shard,proto3" json:"shard,omitempty"`
@@ -1481,7 +1493,10 @@ type OpenResponse struct {
 	// of part of a tensor checks the leaves it reads only, against these,
 	// which must root to the tensor's checksum (shm.VerifyRange). Empty
 	// when the shard is not verified yet.
-	Leaves        []*TensorLeaves `protobuf:"bytes,3,rep,name=leaves,proto3" json:"leaves,omitempty"`
+	Leaves []*TensorLeaves `protobuf:"bytes,3,rep,name=leaves,proto3" json:"leaves,omitempty"`
+	// partial: the shard is open partially (OpenRequest.ranged): read a
+	// range of its bytes only after Fill returned for it.
+	Partial       bool `protobuf:"varint,4,opt,name=partial,proto3" json:"partial,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1537,6 +1552,173 @@ func (x *OpenResponse) GetLeaves() []*TensorLeaves {
 	return nil
 }
 
+func (x *OpenResponse) GetPartial() bool {
+	if x != nil {
+		return x.Partial
+	}
+	return false
+}
+
+type ByteRange struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Offset        uint64                 `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"` // within the shard file
+	Length        uint64                 `protobuf:"varint,2,opt,name=length,proto3" json:"length,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ByteRange) Reset() {
+	*x = ByteRange{}
+	mi := &file_agent_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ByteRange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ByteRange) ProtoMessage() {}
+
+func (x *ByteRange) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ByteRange.ProtoReflect.Descriptor instead.
+func (*ByteRange) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ByteRange) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *ByteRange) GetLength() uint64 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+type FillRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lease of a partial open.
+	Lease         uint64       `protobuf:"varint,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	Ranges        []*ByteRange `protobuf:"bytes,2,rep,name=ranges,proto3" json:"ranges,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FillRequest) Reset() {
+	*x = FillRequest{}
+	mi := &file_agent_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FillRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FillRequest) ProtoMessage() {}
+
+func (x *FillRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FillRequest.ProtoReflect.Descriptor instead.
+func (*FillRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *FillRequest) GetLease() uint64 {
+	if x != nil {
+		return x.Lease
+	}
+	return 0
+}
+
+func (x *FillRequest) GetRanges() []*ByteRange {
+	if x != nil {
+		return x.Ranges
+	}
+	return nil
+}
+
+type FillResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Bytes fetched from peers for this call: the 1 MiB leaves the ranges
+	// touch that were not here yet, each checked against its hash.
+	FetchedBytes uint64 `protobuf:"varint,1,opt,name=fetched_bytes,json=fetchedBytes,proto3" json:"fetched_bytes,omitempty"`
+	// The node they came from (the last, where several served).
+	Node          string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FillResponse) Reset() {
+	*x = FillResponse{}
+	mi := &file_agent_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FillResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FillResponse) ProtoMessage() {}
+
+func (x *FillResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FillResponse.ProtoReflect.Descriptor instead.
+func (*FillResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *FillResponse) GetFetchedBytes() uint64 {
+	if x != nil {
+		return x.FetchedBytes
+	}
+	return 0
+}
+
+func (x *FillResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 type TensorLeaves struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Tensor string                 `protobuf:"bytes,1,opt,name=tensor,proto3" json:"tensor,omitempty"`
@@ -1548,7 +1730,7 @@ type TensorLeaves struct {
 
 func (x *TensorLeaves) Reset() {
 	*x = TensorLeaves{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1560,7 +1742,7 @@ func (x *TensorLeaves) String() string {
 func (*TensorLeaves) ProtoMessage() {}
 
 func (x *TensorLeaves) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1573,7 +1755,7 @@ func (x *TensorLeaves) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TensorLeaves.ProtoReflect.Descriptor instead.
 func (*TensorLeaves) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *TensorLeaves) GetTensor() string {
@@ -1599,7 +1781,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1611,7 +1793,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1624,7 +1806,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReleaseRequest) GetLease() uint64 {
@@ -1642,7 +1824,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1654,7 +1836,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1667,7 +1849,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 type ReadRequest struct {
@@ -1681,7 +1863,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1693,7 +1875,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1706,7 +1888,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReadRequest) GetJob() string {
@@ -1743,7 +1925,7 @@ type ReadChunk struct {
 
 func (x *ReadChunk) Reset() {
 	*x = ReadChunk{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1755,7 +1937,7 @@ func (x *ReadChunk) String() string {
 func (*ReadChunk) ProtoMessage() {}
 
 func (x *ReadChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1768,7 +1950,7 @@ func (x *ReadChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadChunk.ProtoReflect.Descriptor instead.
 func (*ReadChunk) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReadChunk) GetOffset() uint64 {
@@ -1802,7 +1984,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1814,7 +1996,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1827,7 +2009,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListRequest) GetJob() string {
@@ -1846,7 +2028,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1858,7 +2040,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1871,7 +2053,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListResponse) GetShards() []*Shard {
@@ -1906,7 +2088,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1918,7 +2100,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1931,7 +2113,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Shard) GetJob() string {
@@ -2048,7 +2230,7 @@ type VerifyRequest struct {
 
 func (x *VerifyRequest) Reset() {
 	*x = VerifyRequest{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2060,7 +2242,7 @@ func (x *VerifyRequest) String() string {
 func (*VerifyRequest) ProtoMessage() {}
 
 func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2073,7 +2255,7 @@ func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyRequest.ProtoReflect.Descriptor instead.
 func (*VerifyRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *VerifyRequest) GetJob() string {
@@ -2122,7 +2304,7 @@ type VerifyResponse struct {
 
 func (x *VerifyResponse) Reset() {
 	*x = VerifyResponse{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2134,7 +2316,7 @@ func (x *VerifyResponse) String() string {
 func (*VerifyResponse) ProtoMessage() {}
 
 func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2147,7 +2329,7 @@ func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyResponse.ProtoReflect.Descriptor instead.
 func (*VerifyResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *VerifyResponse) GetOk() bool {
@@ -2184,7 +2366,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2196,7 +2378,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2209,7 +2391,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *DeleteRequest) GetJob() string {
@@ -2250,7 +2432,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2262,7 +2444,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2275,7 +2457,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{30}
+	return file_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DeleteResponse) GetDeleted() uint32 {
@@ -2300,7 +2482,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2312,7 +2494,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2325,7 +2507,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{31}
+	return file_agent_proto_rawDescGZIP(), []int{34}
 }
 
 type StatusResponse struct {
@@ -2346,7 +2528,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2358,7 +2540,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2371,7 +2553,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{32}
+	return file_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -2468,7 +2650,7 @@ type SegmentRequest struct {
 
 func (x *SegmentRequest) Reset() {
 	*x = SegmentRequest{}
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2480,7 +2662,7 @@ func (x *SegmentRequest) String() string {
 func (*SegmentRequest) ProtoMessage() {}
 
 func (x *SegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2493,7 +2675,7 @@ func (x *SegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentRequest.ProtoReflect.Descriptor instead.
 func (*SegmentRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{33}
+	return file_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SegmentRequest) GetJob() string {
@@ -2583,7 +2765,7 @@ type SegmentResponse struct {
 
 func (x *SegmentResponse) Reset() {
 	*x = SegmentResponse{}
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2595,7 +2777,7 @@ func (x *SegmentResponse) String() string {
 func (*SegmentResponse) ProtoMessage() {}
 
 func (x *SegmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2608,7 +2790,7 @@ func (x *SegmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentResponse.ProtoReflect.Descriptor instead.
 func (*SegmentResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{34}
+	return file_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SegmentResponse) GetCode() uint32 {
@@ -2741,7 +2923,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x0fheader_checksum\x18\x06 \x01(\tR\x0eheaderChecksum\"6\n" +
 	"\x0eCommitResponse\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x12\x10\n" +
-	"\x03seq\x18\x02 \x01(\x04R\x03seq\"\xa9\x01\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\"\xc1\x01\n" +
 	"\vOpenRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\rR\x04rank\x12\x12\n" +
@@ -2749,12 +2931,23 @@ const file_agent_proto_rawDesc = "" +
 	"\x06latest\x18\x04 \x01(\bR\x06latest\x12\x12\n" +
 	"\x04peer\x18\x05 \x01(\bR\x04peer\x12$\n" +
 	"\vreader_rank\x18\x06 \x01(\rH\x00R\n" +
-	"readerRank\x88\x01\x01B\x0e\n" +
-	"\f_reader_rank\"\x89\x01\n" +
+	"readerRank\x88\x01\x01\x12\x16\n" +
+	"\x06ranged\x18\a \x01(\bR\x06rangedB\x0e\n" +
+	"\f_reader_rank\"\xa3\x01\n" +
 	"\fOpenResponse\x12,\n" +
 	"\x05shard\x18\x01 \x01(\v2\x16.rewind.agent.v1.ShardR\x05shard\x12\x14\n" +
 	"\x05lease\x18\x02 \x01(\x04R\x05lease\x125\n" +
-	"\x06leaves\x18\x03 \x03(\v2\x1d.rewind.agent.v1.TensorLeavesR\x06leaves\">\n" +
+	"\x06leaves\x18\x03 \x03(\v2\x1d.rewind.agent.v1.TensorLeavesR\x06leaves\x12\x18\n" +
+	"\apartial\x18\x04 \x01(\bR\apartial\";\n" +
+	"\tByteRange\x12\x16\n" +
+	"\x06offset\x18\x01 \x01(\x04R\x06offset\x12\x16\n" +
+	"\x06length\x18\x02 \x01(\x04R\x06length\"W\n" +
+	"\vFillRequest\x12\x14\n" +
+	"\x05lease\x18\x01 \x01(\x04R\x05lease\x122\n" +
+	"\x06ranges\x18\x02 \x03(\v2\x1a.rewind.agent.v1.ByteRangeR\x06ranges\"G\n" +
+	"\fFillResponse\x12#\n" +
+	"\rfetched_bytes\x18\x01 \x01(\x04R\ffetchedBytes\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\">\n" +
 	"\fTensorLeaves\x12\x16\n" +
 	"\x06tensor\x18\x01 \x01(\tR\x06tensor\x12\x16\n" +
 	"\x06hashes\x18\x02 \x03(\x06R\x06hashes\"&\n" +
@@ -2854,12 +3047,13 @@ const file_agent_proto_rawDesc = "" +
 	"\x13SHARD_STATE_WRITING\x10\x02\x12\x17\n" +
 	"\x13SHARD_STATE_CORRUPT\x10\x03\x12\x14\n" +
 	"\x10SHARD_STATE_FREE\x10\x04\x12\x16\n" +
-	"\x12SHARD_STATE_STAGED\x10\x052\xc3\b\n" +
+	"\x12SHARD_STATE_STAGED\x10\x052\x88\t\n" +
 	"\x05Agent\x12L\n" +
 	"\aPrepare\x12\x1f.rewind.agent.v1.PrepareRequest\x1a .rewind.agent.v1.PrepareResponse\x12I\n" +
 	"\x06Commit\x12\x1e.rewind.agent.v1.CommitRequest\x1a\x1f.rewind.agent.v1.CommitResponse\x12C\n" +
 	"\x04Open\x12\x1c.rewind.agent.v1.OpenRequest\x1a\x1d.rewind.agent.v1.OpenResponse\x12L\n" +
-	"\aRelease\x12\x1f.rewind.agent.v1.ReleaseRequest\x1a .rewind.agent.v1.ReleaseResponse\x12B\n" +
+	"\aRelease\x12\x1f.rewind.agent.v1.ReleaseRequest\x1a .rewind.agent.v1.ReleaseResponse\x12C\n" +
+	"\x04Fill\x12\x1c.rewind.agent.v1.FillRequest\x1a\x1d.rewind.agent.v1.FillResponse\x12B\n" +
 	"\x04Read\x12\x1c.rewind.agent.v1.ReadRequest\x1a\x1a.rewind.agent.v1.ReadChunk0\x01\x12C\n" +
 	"\x04List\x12\x1c.rewind.agent.v1.ListRequest\x1a\x1d.rewind.agent.v1.ListResponse\x12I\n" +
 	"\x06Verify\x12\x1e.rewind.agent.v1.VerifyRequest\x1a\x1f.rewind.agent.v1.VerifyResponse\x12P\n" +
@@ -2886,7 +3080,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_agent_proto_goTypes = []any{
 	(FetchFailure)(0),             // 0: rewind.agent.v1.FetchFailure
 	(ShardState)(0),               // 1: rewind.agent.v1.ShardState
@@ -2909,22 +3103,25 @@ var file_agent_proto_goTypes = []any{
 	(*CommitResponse)(nil),        // 18: rewind.agent.v1.CommitResponse
 	(*OpenRequest)(nil),           // 19: rewind.agent.v1.OpenRequest
 	(*OpenResponse)(nil),          // 20: rewind.agent.v1.OpenResponse
-	(*TensorLeaves)(nil),          // 21: rewind.agent.v1.TensorLeaves
-	(*ReleaseRequest)(nil),        // 22: rewind.agent.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 23: rewind.agent.v1.ReleaseResponse
-	(*ReadRequest)(nil),           // 24: rewind.agent.v1.ReadRequest
-	(*ReadChunk)(nil),             // 25: rewind.agent.v1.ReadChunk
-	(*ListRequest)(nil),           // 26: rewind.agent.v1.ListRequest
-	(*ListResponse)(nil),          // 27: rewind.agent.v1.ListResponse
-	(*Shard)(nil),                 // 28: rewind.agent.v1.Shard
-	(*VerifyRequest)(nil),         // 29: rewind.agent.v1.VerifyRequest
-	(*VerifyResponse)(nil),        // 30: rewind.agent.v1.VerifyResponse
-	(*DeleteRequest)(nil),         // 31: rewind.agent.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 32: rewind.agent.v1.DeleteResponse
-	(*StatusRequest)(nil),         // 33: rewind.agent.v1.StatusRequest
-	(*StatusResponse)(nil),        // 34: rewind.agent.v1.StatusResponse
-	(*SegmentRequest)(nil),        // 35: rewind.agent.v1.SegmentRequest
-	(*SegmentResponse)(nil),       // 36: rewind.agent.v1.SegmentResponse
+	(*ByteRange)(nil),             // 21: rewind.agent.v1.ByteRange
+	(*FillRequest)(nil),           // 22: rewind.agent.v1.FillRequest
+	(*FillResponse)(nil),          // 23: rewind.agent.v1.FillResponse
+	(*TensorLeaves)(nil),          // 24: rewind.agent.v1.TensorLeaves
+	(*ReleaseRequest)(nil),        // 25: rewind.agent.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 26: rewind.agent.v1.ReleaseResponse
+	(*ReadRequest)(nil),           // 27: rewind.agent.v1.ReadRequest
+	(*ReadChunk)(nil),             // 28: rewind.agent.v1.ReadChunk
+	(*ListRequest)(nil),           // 29: rewind.agent.v1.ListRequest
+	(*ListResponse)(nil),          // 30: rewind.agent.v1.ListResponse
+	(*Shard)(nil),                 // 31: rewind.agent.v1.Shard
+	(*VerifyRequest)(nil),         // 32: rewind.agent.v1.VerifyRequest
+	(*VerifyResponse)(nil),        // 33: rewind.agent.v1.VerifyResponse
+	(*DeleteRequest)(nil),         // 34: rewind.agent.v1.DeleteRequest
+	(*DeleteResponse)(nil),        // 35: rewind.agent.v1.DeleteResponse
+	(*StatusRequest)(nil),         // 36: rewind.agent.v1.StatusRequest
+	(*StatusResponse)(nil),        // 37: rewind.agent.v1.StatusResponse
+	(*SegmentRequest)(nil),        // 38: rewind.agent.v1.SegmentRequest
+	(*SegmentResponse)(nil),       // 39: rewind.agent.v1.SegmentResponse
 }
 var file_agent_proto_depIdxs = []int32{
 	4,  // 0: rewind.agent.v1.TierCopiesPage.manifests:type_name -> rewind.agent.v1.TierManifest
@@ -2933,44 +3130,47 @@ var file_agent_proto_depIdxs = []int32{
 	8,  // 3: rewind.agent.v1.FetchRequest.sources:type_name -> rewind.agent.v1.FetchSource
 	0,  // 4: rewind.agent.v1.FetchAttempt.failure:type_name -> rewind.agent.v1.FetchFailure
 	9,  // 5: rewind.agent.v1.FetchResponse.failed:type_name -> rewind.agent.v1.FetchAttempt
-	28, // 6: rewind.agent.v1.OpenResponse.shard:type_name -> rewind.agent.v1.Shard
-	21, // 7: rewind.agent.v1.OpenResponse.leaves:type_name -> rewind.agent.v1.TensorLeaves
-	28, // 8: rewind.agent.v1.ReadChunk.shard:type_name -> rewind.agent.v1.Shard
-	28, // 9: rewind.agent.v1.ListResponse.shards:type_name -> rewind.agent.v1.Shard
-	1,  // 10: rewind.agent.v1.Shard.state:type_name -> rewind.agent.v1.ShardState
-	15, // 11: rewind.agent.v1.Agent.Prepare:input_type -> rewind.agent.v1.PrepareRequest
-	17, // 12: rewind.agent.v1.Agent.Commit:input_type -> rewind.agent.v1.CommitRequest
-	19, // 13: rewind.agent.v1.Agent.Open:input_type -> rewind.agent.v1.OpenRequest
-	22, // 14: rewind.agent.v1.Agent.Release:input_type -> rewind.agent.v1.ReleaseRequest
-	24, // 15: rewind.agent.v1.Agent.Read:input_type -> rewind.agent.v1.ReadRequest
-	26, // 16: rewind.agent.v1.Agent.List:input_type -> rewind.agent.v1.ListRequest
-	29, // 17: rewind.agent.v1.Agent.Verify:input_type -> rewind.agent.v1.VerifyRequest
-	29, // 18: rewind.agent.v1.Agent.ReportCorrupt:input_type -> rewind.agent.v1.VerifyRequest
-	31, // 19: rewind.agent.v1.Agent.Delete:input_type -> rewind.agent.v1.DeleteRequest
-	33, // 20: rewind.agent.v1.Agent.Status:input_type -> rewind.agent.v1.StatusRequest
-	13, // 21: rewind.agent.v1.Agent.Consistent:input_type -> rewind.agent.v1.ConsistentRequest
-	7,  // 22: rewind.agent.v1.Agent.Fetch:input_type -> rewind.agent.v1.FetchRequest
-	11, // 23: rewind.agent.v1.Agent.FinishRestore:input_type -> rewind.agent.v1.FinishRestoreRequest
-	2,  // 24: rewind.agent.v1.Agent.TierCopies:input_type -> rewind.agent.v1.TierCopiesRequest
-	16, // 25: rewind.agent.v1.Agent.Prepare:output_type -> rewind.agent.v1.PrepareResponse
-	18, // 26: rewind.agent.v1.Agent.Commit:output_type -> rewind.agent.v1.CommitResponse
-	20, // 27: rewind.agent.v1.Agent.Open:output_type -> rewind.agent.v1.OpenResponse
-	23, // 28: rewind.agent.v1.Agent.Release:output_type -> rewind.agent.v1.ReleaseResponse
-	25, // 29: rewind.agent.v1.Agent.Read:output_type -> rewind.agent.v1.ReadChunk
-	27, // 30: rewind.agent.v1.Agent.List:output_type -> rewind.agent.v1.ListResponse
-	30, // 31: rewind.agent.v1.Agent.Verify:output_type -> rewind.agent.v1.VerifyResponse
-	30, // 32: rewind.agent.v1.Agent.ReportCorrupt:output_type -> rewind.agent.v1.VerifyResponse
-	32, // 33: rewind.agent.v1.Agent.Delete:output_type -> rewind.agent.v1.DeleteResponse
-	34, // 34: rewind.agent.v1.Agent.Status:output_type -> rewind.agent.v1.StatusResponse
-	14, // 35: rewind.agent.v1.Agent.Consistent:output_type -> rewind.agent.v1.ConsistentResponse
-	10, // 36: rewind.agent.v1.Agent.Fetch:output_type -> rewind.agent.v1.FetchResponse
-	12, // 37: rewind.agent.v1.Agent.FinishRestore:output_type -> rewind.agent.v1.FinishRestoreResponse
-	3,  // 38: rewind.agent.v1.Agent.TierCopies:output_type -> rewind.agent.v1.TierCopiesPage
-	25, // [25:39] is the sub-list for method output_type
-	11, // [11:25] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	31, // 6: rewind.agent.v1.OpenResponse.shard:type_name -> rewind.agent.v1.Shard
+	24, // 7: rewind.agent.v1.OpenResponse.leaves:type_name -> rewind.agent.v1.TensorLeaves
+	21, // 8: rewind.agent.v1.FillRequest.ranges:type_name -> rewind.agent.v1.ByteRange
+	31, // 9: rewind.agent.v1.ReadChunk.shard:type_name -> rewind.agent.v1.Shard
+	31, // 10: rewind.agent.v1.ListResponse.shards:type_name -> rewind.agent.v1.Shard
+	1,  // 11: rewind.agent.v1.Shard.state:type_name -> rewind.agent.v1.ShardState
+	15, // 12: rewind.agent.v1.Agent.Prepare:input_type -> rewind.agent.v1.PrepareRequest
+	17, // 13: rewind.agent.v1.Agent.Commit:input_type -> rewind.agent.v1.CommitRequest
+	19, // 14: rewind.agent.v1.Agent.Open:input_type -> rewind.agent.v1.OpenRequest
+	25, // 15: rewind.agent.v1.Agent.Release:input_type -> rewind.agent.v1.ReleaseRequest
+	22, // 16: rewind.agent.v1.Agent.Fill:input_type -> rewind.agent.v1.FillRequest
+	27, // 17: rewind.agent.v1.Agent.Read:input_type -> rewind.agent.v1.ReadRequest
+	29, // 18: rewind.agent.v1.Agent.List:input_type -> rewind.agent.v1.ListRequest
+	32, // 19: rewind.agent.v1.Agent.Verify:input_type -> rewind.agent.v1.VerifyRequest
+	32, // 20: rewind.agent.v1.Agent.ReportCorrupt:input_type -> rewind.agent.v1.VerifyRequest
+	34, // 21: rewind.agent.v1.Agent.Delete:input_type -> rewind.agent.v1.DeleteRequest
+	36, // 22: rewind.agent.v1.Agent.Status:input_type -> rewind.agent.v1.StatusRequest
+	13, // 23: rewind.agent.v1.Agent.Consistent:input_type -> rewind.agent.v1.ConsistentRequest
+	7,  // 24: rewind.agent.v1.Agent.Fetch:input_type -> rewind.agent.v1.FetchRequest
+	11, // 25: rewind.agent.v1.Agent.FinishRestore:input_type -> rewind.agent.v1.FinishRestoreRequest
+	2,  // 26: rewind.agent.v1.Agent.TierCopies:input_type -> rewind.agent.v1.TierCopiesRequest
+	16, // 27: rewind.agent.v1.Agent.Prepare:output_type -> rewind.agent.v1.PrepareResponse
+	18, // 28: rewind.agent.v1.Agent.Commit:output_type -> rewind.agent.v1.CommitResponse
+	20, // 29: rewind.agent.v1.Agent.Open:output_type -> rewind.agent.v1.OpenResponse
+	26, // 30: rewind.agent.v1.Agent.Release:output_type -> rewind.agent.v1.ReleaseResponse
+	23, // 31: rewind.agent.v1.Agent.Fill:output_type -> rewind.agent.v1.FillResponse
+	28, // 32: rewind.agent.v1.Agent.Read:output_type -> rewind.agent.v1.ReadChunk
+	30, // 33: rewind.agent.v1.Agent.List:output_type -> rewind.agent.v1.ListResponse
+	33, // 34: rewind.agent.v1.Agent.Verify:output_type -> rewind.agent.v1.VerifyResponse
+	33, // 35: rewind.agent.v1.Agent.ReportCorrupt:output_type -> rewind.agent.v1.VerifyResponse
+	35, // 36: rewind.agent.v1.Agent.Delete:output_type -> rewind.agent.v1.DeleteResponse
+	37, // 37: rewind.agent.v1.Agent.Status:output_type -> rewind.agent.v1.StatusResponse
+	14, // 38: rewind.agent.v1.Agent.Consistent:output_type -> rewind.agent.v1.ConsistentResponse
+	10, // 39: rewind.agent.v1.Agent.Fetch:output_type -> rewind.agent.v1.FetchResponse
+	12, // 40: rewind.agent.v1.Agent.FinishRestore:output_type -> rewind.agent.v1.FinishRestoreResponse
+	3,  // 41: rewind.agent.v1.Agent.TierCopies:output_type -> rewind.agent.v1.TierCopiesPage
+	27, // [27:42] is the sub-list for method output_type
+	12, // [12:27] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2979,7 +3179,7 @@ func file_agent_proto_init() {
 		return
 	}
 	file_agent_proto_msgTypes[17].OneofWrappers = []any{}
-	file_agent_proto_msgTypes[33].OneofWrappers = []any{
+	file_agent_proto_msgTypes[36].OneofWrappers = []any{
 		(*SegmentRequest_SaveToken)(nil),
 		(*SegmentRequest_Lease)(nil),
 	}
@@ -2989,7 +3189,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   35,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

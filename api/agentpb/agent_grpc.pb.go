@@ -29,6 +29,7 @@ const (
 	Agent_Commit_FullMethodName        = "/rewind.agent.v1.Agent/Commit"
 	Agent_Open_FullMethodName          = "/rewind.agent.v1.Agent/Open"
 	Agent_Release_FullMethodName       = "/rewind.agent.v1.Agent/Release"
+	Agent_Fill_FullMethodName          = "/rewind.agent.v1.Agent/Fill"
 	Agent_Read_FullMethodName          = "/rewind.agent.v1.Agent/Read"
 	Agent_List_FullMethodName          = "/rewind.agent.v1.Agent/List"
 	Agent_Verify_FullMethodName        = "/rewind.agent.v1.Agent/Verify"
@@ -56,6 +57,10 @@ type AgentClient interface {
 	Open(ctx context.Context, in *OpenRequest, opts ...grpc.CallOption) (*OpenResponse, error)
 	// Release ends a lease taken by Open.
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
+	// Fill fetches byte ranges of a partially open shard (OpenResponse.partial)
+	// from a peer's memory, each 1 MiB leaf they touch checked against its
+	// hash before it is readable.
+	Fill(ctx context.Context, in *FillRequest, opts ...grpc.CallOption) (*FillResponse, error)
 	// Read streams a committed shard's bytes, verified as they are sent.
 	Read(ctx context.Context, in *ReadRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadChunk], error)
 	// List reports the shards the agent holds.
@@ -132,6 +137,16 @@ func (c *agentClient) Release(ctx context.Context, in *ReleaseRequest, opts ...g
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ReleaseResponse)
 	err := c.cc.Invoke(ctx, Agent_Release_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) Fill(ctx context.Context, in *FillRequest, opts ...grpc.CallOption) (*FillResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FillResponse)
+	err := c.cc.Invoke(ctx, Agent_Fill_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -271,6 +286,10 @@ type AgentServer interface {
 	Open(context.Context, *OpenRequest) (*OpenResponse, error)
 	// Release ends a lease taken by Open.
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
+	// Fill fetches byte ranges of a partially open shard (OpenResponse.partial)
+	// from a peer's memory, each 1 MiB leaf they touch checked against its
+	// hash before it is readable.
+	Fill(context.Context, *FillRequest) (*FillResponse, error)
 	// Read streams a committed shard's bytes, verified as they are sent.
 	Read(*ReadRequest, grpc.ServerStreamingServer[ReadChunk]) error
 	// List reports the shards the agent holds.
@@ -324,6 +343,9 @@ func (UnimplementedAgentServer) Open(context.Context, *OpenRequest) (*OpenRespon
 }
 func (UnimplementedAgentServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedAgentServer) Fill(context.Context, *FillRequest) (*FillResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Fill not implemented")
 }
 func (UnimplementedAgentServer) Read(*ReadRequest, grpc.ServerStreamingServer[ReadChunk]) error {
 	return status.Error(codes.Unimplemented, "method Read not implemented")
@@ -444,6 +466,24 @@ func _Agent_Release_Handler(srv interface{}, ctx context.Context, dec func(inter
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AgentServer).Release(ctx, req.(*ReleaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_Fill_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FillRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).Fill(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_Fill_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).Fill(ctx, req.(*FillRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -636,6 +676,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Release",
 			Handler:    _Agent_Release_Handler,
+		},
+		{
+			MethodName: "Fill",
+			Handler:    _Agent_Fill_Handler,
 		},
 		{
 			MethodName: "List",

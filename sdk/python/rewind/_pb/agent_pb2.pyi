@@ -16,6 +16,14 @@ SHARD_STATE_STAGED: ShardState
 SHARD_STATE_UNSPECIFIED: ShardState
 SHARD_STATE_WRITING: ShardState
 
+class ByteRange(_message.Message):
+    __slots__ = ["length", "offset"]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    length: int
+    offset: int
+    def __init__(self, offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+
 class CommitRequest(_message.Message):
     __slots__ = ["header_checksum", "job", "rank", "slot", "step", "token"]
     HEADER_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +138,22 @@ class FetchSource(_message.Message):
     tier: str
     def __init__(self, tier: _Optional[str] = ..., node: _Optional[str] = ..., addr: _Optional[str] = ...) -> None: ...
 
+class FillRequest(_message.Message):
+    __slots__ = ["lease", "ranges"]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    RANGES_FIELD_NUMBER: _ClassVar[int]
+    lease: int
+    ranges: _containers.RepeatedCompositeFieldContainer[ByteRange]
+    def __init__(self, lease: _Optional[int] = ..., ranges: _Optional[_Iterable[_Union[ByteRange, _Mapping]]] = ...) -> None: ...
+
+class FillResponse(_message.Message):
+    __slots__ = ["fetched_bytes", "node"]
+    FETCHED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    fetched_bytes: int
+    node: str
+    def __init__(self, fetched_bytes: _Optional[int] = ..., node: _Optional[str] = ...) -> None: ...
+
 class FinishRestoreRequest(_message.Message):
     __slots__ = ["commit", "job", "stage"]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
@@ -159,30 +183,34 @@ class ListResponse(_message.Message):
     def __init__(self, shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ...) -> None: ...
 
 class OpenRequest(_message.Message):
-    __slots__ = ["job", "latest", "peer", "rank", "reader_rank", "step"]
+    __slots__ = ["job", "latest", "peer", "ranged", "rank", "reader_rank", "step"]
     JOB_FIELD_NUMBER: _ClassVar[int]
     LATEST_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
+    RANGED_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     READER_RANK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     job: str
     latest: bool
     peer: bool
+    ranged: bool
     rank: int
     reader_rank: int
     step: int
-    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., latest: bool = ..., peer: bool = ..., reader_rank: _Optional[int] = ...) -> None: ...
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., latest: bool = ..., peer: bool = ..., reader_rank: _Optional[int] = ..., ranged: bool = ...) -> None: ...
 
 class OpenResponse(_message.Message):
-    __slots__ = ["lease", "leaves", "shard"]
+    __slots__ = ["lease", "leaves", "partial", "shard"]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     LEAVES_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
     lease: int
     leaves: _containers.RepeatedCompositeFieldContainer[TensorLeaves]
+    partial: bool
     shard: Shard
-    def __init__(self, shard: _Optional[_Union[Shard, _Mapping]] = ..., lease: _Optional[int] = ..., leaves: _Optional[_Iterable[_Union[TensorLeaves, _Mapping]]] = ...) -> None: ...
+    def __init__(self, shard: _Optional[_Union[Shard, _Mapping]] = ..., lease: _Optional[int] = ..., leaves: _Optional[_Iterable[_Union[TensorLeaves, _Mapping]]] = ..., partial: bool = ...) -> None: ...
 
 class PrepareRequest(_message.Message):
     __slots__ = ["epoch", "job", "rank", "size_bytes", "step", "world_size"]

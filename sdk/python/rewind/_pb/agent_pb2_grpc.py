@@ -34,6 +34,11 @@ class AgentStub(object):
                 request_serializer=agent__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=agent__pb2.ReleaseResponse.FromString,
                 )
+        self.Fill = channel.unary_unary(
+                '/rewind.agent.v1.Agent/Fill',
+                request_serializer=agent__pb2.FillRequest.SerializeToString,
+                response_deserializer=agent__pb2.FillResponse.FromString,
+                )
         self.Read = channel.unary_stream(
                 '/rewind.agent.v1.Agent/Read',
                 request_serializer=agent__pb2.ReadRequest.SerializeToString,
@@ -115,6 +120,15 @@ class AgentServicer(object):
 
     def Release(self, request, context):
         """Release ends a lease taken by Open.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Fill(self, request, context):
+        """Fill fetches byte ranges of a partially open shard (OpenResponse.partial)
+        from a peer's memory, each 1 MiB leaf they touch checked against its
+        hash before it is readable.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -224,6 +238,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=agent__pb2.ReleaseRequest.FromString,
                     response_serializer=agent__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'Fill': grpc.unary_unary_rpc_method_handler(
+                    servicer.Fill,
+                    request_deserializer=agent__pb2.FillRequest.FromString,
+                    response_serializer=agent__pb2.FillResponse.SerializeToString,
             ),
             'Read': grpc.unary_stream_rpc_method_handler(
                     servicer.Read,
@@ -350,6 +369,23 @@ class Agent(object):
         return grpc.experimental.unary_unary(request, target, '/rewind.agent.v1.Agent/Release',
             agent__pb2.ReleaseRequest.SerializeToString,
             agent__pb2.ReleaseResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Fill(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/rewind.agent.v1.Agent/Fill',
+            agent__pb2.FillRequest.SerializeToString,
+            agent__pb2.FillResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
