@@ -80,6 +80,9 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 	if errors.Is(err, ErrBudget) && a.expirePrepares(r) > 0 { // saves never committed go first (prepares.go)
 		err = a.reserveBudget(job, rank, s.Size, size)
 	}
+	if errors.Is(err, ErrBudget) && a.expirePartials() > 0 { // and reads whose reader is gone (partial.go)
+		err = a.reserveBudget(job, rank, s.Size, size)
+	}
 	if errors.Is(err, ErrBudget) && place && a.evictReplicas(size-s.Size, r) > 0 {
 		err = a.reserveBudget(job, rank, s.Size, size) // the node's own save goes before replicas
 	}

@@ -199,6 +199,7 @@ func (a *Agent) releasePartial(id uint64) bool {
 	p.mu.Lock() // a Fill in flight finishes first
 	defer p.mu.Unlock()
 	p.f.Close()
+	p.f = nil // a Fill that was waiting finds it released
 	if err := a.cfg.FS.Remove(p.path); err != nil {
 		a.log.Warn("could not remove a partially open shard", "path", p.path, "err", err)
 	}
@@ -207,9 +208,28 @@ func (a *Agent) releasePartial(id uint64) bool {
 	return true
 }
 
+// partialSweep is how often partial leases past their TTL are released
+// (also at a ranged Open, and when a save finds no budget left).
+const partialSweep = 30 * time.Second
+
+// sweepPartials releases expired partial leases until ctx ends.
+func (a *Agent) sweepPartials(ctx context.Context) {
+	t := time.NewTicker(partialSweep)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			a.expirePartials()
+		}
+	}
+}
+
 // expirePartials releases the partial leases past their TTL: a reader
-// that died without releasing does not hold their memory for ever.
-func (a *Agent) expirePartials() {
+// that died without releasing does not hold their memory for ever. It
+// returns how many.
+func (a *Agent) expirePartials() int {
 	now := a.cfg.Clock.Now()
 	a.mu.Lock()
 	var old []uint64
@@ -223,6 +243,7 @@ func (a *Agent) expirePartials() {
 		a.log.Warn("partial read lease expired without release", "lease", id)
 		a.releasePartial(id)
 	}
+	return len(old)
 }
 
 // maxFillRanges bounds the ranges of one Fill.
@@ -246,6 +267,7 @@ func (a *Agent) Fill(ctx context.Context, id uint64, ranges [][2]int64) (int64, 
 				ErrInvalid, r[1], r[0], p.ps.Size, p.h.DataStart)
 		}
 	}
+	ranges = merged(ranges)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.f == nil {
@@ -263,11 +285,15 @@ func (a *Agent) Fill(ctx context.Context, id uint64, ranges [][2]int64) (int64, 
 		return 0, "", err
 	}
 	p.charged += want
+	var fetched int64
+	defer func() { // what was not fetched is not held
+		a.adjustUsed(-(want - fetched))
+		p.charged -= want - fetched
+	}()
 	a.mu.Lock()
 	p.expires = a.cfg.Clock.Now().Add(a.cfg.LeaseTTL) // in use: not expired under a long fill
 	a.mu.Unlock()
 	var errs []error
-	var fetched int64
 	for k := range p.sources {
 		src := p.sources[(p.next+k)%len(p.sources)]
 		n, err := a.fetchRuns(ctx, p, src, runs)
@@ -283,6 +309,22 @@ func (a *Agent) Fill(ctx context.Context, id uint64, ranges [][2]int64) (int64, 
 		runs = p.missing(ranges) // what the failed source did write and check stays
 	}
 	return fetched, "", fmt.Errorf("agent: fetching ranges of job %s rank %d step %d: %w", p.ps.Job, p.ps.Rank, p.ps.Step, errors.Join(errs...))
+}
+
+// merged returns ranges (offset, length) sorted and with those that
+// overlap or touch joined: at most the shard's bytes, each once.
+func merged(ranges [][2]int64) [][2]int64 {
+	rs := slices.Clone(ranges)
+	slices.SortFunc(rs, func(x, y [2]int64) int { return compare(x[0], y[0]) })
+	out := rs[:0]
+	for _, r := range rs {
+		if n := len(out); n > 0 && r[0] <= out[n-1][0]+out[n-1][1] {
+			out[n-1][1] = max(out[n-1][1], r[0]+r[1]-out[n-1][0])
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
 }
 
 // leafRun is leaves [first, last] of tensor t: bytes [lo, hi) of the shard.

@@ -47,6 +47,10 @@ func (a *Agent) serveHeader(c net.Conn, req dataRequest) {
 		return
 	}
 	defer release()
+	if sh.Leaves == nil {
+		dataError(c, fmt.Errorf("%w: agent: job %s rank %d step %d has no leaf hashes", ErrNotFound, req.Job, req.Rank, req.Step))
+		return
+	}
 	_, raw, err := a.readHeader(sh.Path)
 	if err != nil {
 		dataError(c, err)
@@ -71,13 +75,14 @@ func (a *Agent) serveRanges(c net.Conn, req dataRequest) {
 		return
 	}
 	defer release()
-	var total int64
-	for _, r := range req.Ranges {
-		if len(req.Ranges) > maxRangesPerRequest || r[0] < 0 || r[1] <= 0 || r[0] > sh.Size-r[1] {
-			dataError(c, fmt.Errorf("%w: agent: range of %d bytes at %d of a %d-byte shard", ErrInvalid, r[1], r[0], sh.Size))
+	var total, end int64
+	for _, r := range req.Ranges { // in order, apart: at most the shard's bytes, each once
+		if len(req.Ranges) > maxRangesPerRequest || r[0] < end || r[1] <= 0 || r[0] > sh.Size-r[1] {
+			dataError(c, fmt.Errorf("%w: agent: range of %d bytes at %d of a %d-byte shard (ranges in order, apart, at most %d)",
+				ErrInvalid, r[1], r[0], sh.Size, maxRangesPerRequest))
 			return
 		}
-		total += r[1]
+		total, end = total+r[1], r[0]+r[1]
 	}
 	f, err := a.cfg.FS.OpenFile(sh.Path, os.O_RDONLY, 0)
 	if err != nil {
@@ -146,12 +151,24 @@ func (a *Agent) fetchHeader(ctx context.Context, ps PeerShard) (raw []byte, _ *s
 	if size != ps.Size {
 		return nil, nil, nil, fmt.Errorf("%w: the peer's shard is %d bytes, %d expected", shm.ErrCorrupt, size, ps.Size)
 	}
-	buf := make([]byte, min(size, 8+shm.MaxHeaderBytes))
-	h, err := receiveHeader(r, ps, buf)
+	var lenb [8]byte
+	if _, err := io.ReadFull(r, lenb[:]); err != nil {
+		return nil, nil, nil, err
+	}
+	n := binary.LittleEndian.Uint64(lenb[:])
+	if n < 2 || n > shm.MaxHeaderBytes || n > uint64(size-8) {
+		return nil, nil, nil, fmt.Errorf("%w: header length %d for a %d-byte shard", shm.ErrCorrupt, n, size)
+	}
+	raw = make([]byte, 8+n) // the header only: the shard's bytes stay where they are
+	copy(raw, lenb[:])
+	if _, err := io.ReadFull(r, raw[8:]); err != nil {
+		return nil, nil, nil, err
+	}
+	h, err := shm.Decode(bytes.NewReader(raw), size) // the tensors against the whole shard's size
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	if h, err = shm.Decode(bytes.NewReader(buf[:h.DataStart]), size); err != nil { // the tensors against the whole size
+	if err := isShardAsked(h, raw, ps); err != nil {
 		return nil, nil, nil, err
 	}
 	leaves := make([][]uint64, len(h.Tensors))
@@ -171,7 +188,7 @@ func (a *Agent) fetchHeader(ctx context.Context, ps PeerShard) (raw []byte, _ *s
 			return nil, nil, nil, fmt.Errorf("%w: tensor %q: the peer's leaf hashes do not make its checksum", shm.ErrCorrupt, t.Name)
 		}
 	}
-	return buf[:h.DataStart:h.DataStart], h, leaves, nil
+	return raw, h, leaves, nil
 }
 
 // fetchRuns fetches runs of leaves of p from src into p's file, checking

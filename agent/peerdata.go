@@ -422,13 +422,22 @@ func receiveHeader(r io.Reader, ps PeerShard, dst []byte) (*shm.Header, error) {
 	if err != nil {
 		return nil, err
 	}
-	if sum := shm.HeaderSum(dst[:h.DataStart]); sum != ps.HeaderSum {
-		return nil, fmt.Errorf("%w: header checksum %s, expected %s", shm.ErrCorrupt, sum, ps.HeaderSum)
-	}
-	if !h.Rewind || h.Meta.Job != ps.Job || h.Meta.Rank != ps.Rank || h.Meta.Step != ps.Step {
-		return nil, fmt.Errorf("%w: received %s rank %d step %d", shm.ErrCorrupt, h.Meta.Job, h.Meta.Rank, h.Meta.Step)
+	if err := isShardAsked(h, dst[:h.DataStart], ps); err != nil {
+		return nil, err
 	}
 	return h, nil
+}
+
+// isShardAsked checks a received header (raw: its bytes) against the
+// shard asked for: its checksum, and the job, rank and step it names.
+func isShardAsked(h *shm.Header, raw []byte, ps PeerShard) error {
+	if sum := shm.HeaderSum(raw); sum != ps.HeaderSum {
+		return fmt.Errorf("%w: header checksum %s, expected %s", shm.ErrCorrupt, sum, ps.HeaderSum)
+	}
+	if !h.Rewind || h.Meta.Job != ps.Job || h.Meta.Rank != ps.Rank || h.Meta.Step != ps.Step {
+		return fmt.Errorf("%w: received %s rank %d step %d", shm.ErrCorrupt, h.Meta.Job, h.Meta.Rank, h.Meta.Step)
+	}
+	return nil
 }
 
 // faultReceived is the fault point agent/replica-received: the first of a

@@ -74,6 +74,7 @@ func (a *Agent) Run(ctx context.Context, ready func(Addrs)) error {
 	}
 	defer a.peers.close()
 	go a.fillWarm()
+	go a.sweepPartials(ctx)
 	vctx, stopVerifier := context.WithCancel(ctx)
 	verifierDone := make(chan struct{})
 	go func() { a.runVerifier(vctx); close(verifierDone) }()

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/sdk"
@@ -145,6 +146,109 @@ func TestReshardAcrossNodes(t *testing.T) {
 	if err != nil || st.UsedBytes != 0 {
 		t.Fatalf("node-2's budget in use after the ranged reads: %d bytes (%v), want 0", st.GetUsedBytes(), err)
 	}
+	// A Fill that fetches nothing (the only holder is gone) keeps none of
+	// the budget it reserved.
+	resp, err = api.Open(ctxT(t), &agentpb.OpenRequest{Job: "rsx", Rank: 1, Step: 4, Ranged: true, Peer: true})
+	if err != nil || !resp.Partial {
+		t.Fatalf("a ranged open of a shard node-2 lacks: partial %t, %v", resp.GetPartial(), err)
+	}
+	before, _ := cl.clients[2].Status(ctxT(t))
+	cl.agents[1].Stop()
+	if _, err := api.Fill(ctxT(t), &agentpb.FillRequest{Lease: resp.Lease, Ranges: []*agentpb.ByteRange{ok}}); err == nil {
+		t.Fatal("a Fill from a holder that is gone succeeded")
+	}
+	if after, _ := cl.clients[2].Status(ctxT(t)); after.GetUsedBytes() != before.GetUsedBytes() {
+		t.Fatalf("a failed Fill left node-2's budget use at %d bytes, %d before it", after.GetUsedBytes(), before.GetUsedBytes())
+	}
+}
+
+// TestRangedReadOfALargeShard: a shard larger than the largest header
+// (100 MiB) is read in ranges too: new rank 1 of 2 on node-1 fetches the
+// one 1 MiB row it asks for of a 105 MiB tensor node-0 holds.
+func TestRangedReadOfALargeShard(t *testing.T) {
+	cl := newCluster(t, 2)
+	const rows, row = 105, 1 << 20
+	huge := make([]byte, rows*row)
+	for i := range huge {
+		huge[i] = byte(i>>20 + i)
+	}
+	s, err := cl.clients[0].Session("rsl", 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Save(ctxT(t), 1, []sdk.Tensor{{Name: "huge", DType: shm.U8, Shape: []int64{rows, row}, Data: huge}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	cl.waitLatest("rsl", 1)
+	s, err = cl.clients[1].Session("rsl", 1, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got := make([]byte, row)
+	res, err := s.RestoreInto(ctxT(t), sdk.Layout{Slices: []sdk.Slice{{Name: "huge", DType: shm.U8, Offsets: []int64{50, 0}, Lengths: []int64{1, row}, Data: got}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Fetched != row || !bytes.Equal(got, huge[50*row:51*row]) {
+		t.Fatalf("row 50 of a 105 MiB shard: %d bytes fetched (want %d), equal %t", res.Fetched, row, bytes.Equal(got, huge[50*row:51*row]))
+	}
+}
+
+// TestPartialLeaseExpires: a reader that opened a shard partially and
+// died without releasing does not hold the node's memory: once its lease
+// is past its TTL the partial file goes and its budget comes back.
+func TestPartialLeaseExpires(t *testing.T) {
+	cl := &cluster{t: t, dataDir: t.TempDir()}
+	cl.addr, cl.stop = startCoordinator(t, cl.dataDir, "127.0.0.1:0")
+	cl.dial()
+	for i := range 2 {
+		cl.addAgent(func(cfg *agent.Config) {
+			cfg.Node, cfg.LeaseTTL = fmt.Sprintf("node-%d", i), 500*time.Millisecond
+		})
+	}
+	cl.waitOrderStreams()
+	saveReshardModel(t, cl, "rse", 3) // ranks 0 and 2 on node-0, 1 and 3 on node-1
+	api := cl.clients[0].API()
+	open := func() uint64 {
+		resp, err := api.Open(ctxT(t), &agentpb.OpenRequest{Job: "rse", Rank: 1, Step: 3, Ranged: true, Peer: true})
+		if err != nil || !resp.Partial {
+			t.Fatalf("a ranged open of a shard node-0 lacks: partial %t, %v", resp.GetPartial(), err)
+		}
+		return resp.Lease
+	}
+	open() // never released
+	dir := filepath.Join(cl.agents[0].Config.ShmRoot, ".partial")
+	wait.ForNil(t, 20*time.Second, "the abandoned partial lease expired", func() error {
+		lease := open() // a ranged open releases what expired
+		if _, err := api.Release(ctxT(t), &agentpb.ReleaseRequest{Lease: lease}); err != nil {
+			return err
+		}
+		left, _ := os.ReadDir(dir)
+		st, err := cl.clients[0].Status(ctxT(t))
+		if err != nil {
+			return err
+		}
+		if len(left) != 0 || st.UsedBytes != node0Bytes(t, cl, "rse") {
+			return fmt.Errorf("%d partial files, %d bytes of budget in use", len(left), st.UsedBytes)
+		}
+		return nil
+	})
+}
+
+// node0Bytes is the bytes of the shards node-0 holds of job.
+func node0Bytes(t *testing.T, cl *cluster, job string) uint64 {
+	t.Helper()
+	shards, err := cl.clients[0].List(ctxT(t), job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, sh := range shards {
+		n += sh.SizeBytes
+	}
+	return n
 }
 
 // TestReshardRangeFallsBackFromACorruptByte: a byte flipped in node-0's
