@@ -30,6 +30,7 @@ from .segments import SegmentSocket
 DEFAULT_SOCKET = "/run/rewind/agent.sock"
 DEFAULT_TIMEOUT = 30.0  # seconds; covers sizing a cold multi-GiB segment
 RELEASE_TIMEOUT = 5.0
+FILL_TIMEOUT = 600.0  # seconds; a fill moves bytes between nodes
 MAX_FALLBACKS = 16  # corrupt shards skipped by restore(fallback=True)
 
 
@@ -355,30 +356,36 @@ class Client:
             raise
         return m, h
 
-    def open_shard(self, rank: int, step: int) -> OpenShard:
+    def open_shard(self, rank: int, step: int, *, ranged: bool = False) -> OpenShard:
         """Leases rank's shard of step (any rank of this client's job: an
         agent with a coordinator fetches it from a peer or a tier when its
         node lacks it) and maps it read-only, its header checked. Close
         the OpenShard (a context manager) to unmap it and end the lease.
-        Its tensors' checksums are not checked here: see OpenShard.verify."""
+        Its tensors' checksums are not checked here: see OpenShard.verify.
+        ranged: the caller reads parts of the shard only; where the node
+        lacks it and a peer holds it in memory, it is opened partially
+        (OpenShard.partial): the header is here, a range of the tensors'
+        bytes only once OpenShard.fill fetched it."""
         op = f"open step {step} of job {self.job} rank {rank}"
         # Another rank's shard is read as a peer: during a recovery that
         # does not count as that rank's restore (but as this rank's when
         # the step has no shard of this rank's number: a grown gang).
-        req = pb.OpenRequest(job=self.job, rank=rank, step=step, peer=rank != self.rank)
+        req = pb.OpenRequest(job=self.job, rank=rank, step=step, peer=rank != self.rank, ranged=ranged)
         if req.peer:
             req.reader_rank = self.rank
         resp = self._call(op, "Open", req)
         try:
             m, h = self._map(op, resp.shard, resp.lease)
         except CorruptError as e:
-            self._report(resp.shard, e)
+            if not resp.partial:
+                self._report(resp.shard, e)
             self._release(resp.lease)
             raise
         except BaseException:
             self._release(resp.lease)
             raise
-        return OpenShard(self, resp.shard, resp.lease, m, h, {lv.tensor: list(lv.hashes) for lv in resp.leaves})
+        return OpenShard(self, resp.shard, resp.lease, m, h, {lv.tensor: list(lv.hashes) for lv in resp.leaves},
+                         partial=resp.partial)
 
     def _report(self, sh, err: RewindError) -> None:
         req = pb.VerifyRequest(job=sh.job, rank=sh.rank, step=sh.step, detail=err.message)
@@ -393,11 +400,15 @@ class OpenShard:
     """A leased, mapped shard (Client.open_shard). shard: the agent's
     agent_pb2.Shard; header: its decoded header; mapping: the read-only
     mapping; leaves: each tensor's 1 MiB leaf hashes when the agent has
-    verified the shard (empty otherwise), for verify_range. Views of the
-    mapping must be gone before close."""
+    verified the shard (empty otherwise), for verify_range; partial: the
+    shard is another node's, its bytes readable once fill fetched them;
+    fetched: the bytes fill fetched. Views of the mapping must be gone
+    before close."""
 
-    def __init__(self, client: Client, sh, lease: int, m: Mapping, h: fmt.Header, leaves: dict | None = None):
+    def __init__(self, client: Client, sh, lease: int, m: Mapping, h: fmt.Header, leaves: dict | None = None,
+                 partial: bool = False):
         self.client, self.shard, self.lease, self.mapping, self.header = client, sh, lease, m, h
+        self.partial, self.fetched = partial, 0
         self.leaves: dict[str, list[int]] = leaves or {}
         self._verified: set[str] = set()
         self._leaves_ok: dict[str, set[int]] = {}
@@ -424,6 +435,28 @@ class OpenShard:
                               f"the shard has no tensor {name!r}")
         return t
 
+    def fill(self, ranges) -> int:
+        """Makes byte ranges ((offset within the shard, length) pairs) of a
+        partially open shard readable: the agent fetches the 1 MiB leaves
+        they touch from a peer's memory, each checked against its hash
+        (CorruptError when no peer has a good one). Nothing to do on a
+        shard opened whole. Returns the bytes fetched."""
+        ranges = [(int(o), int(n)) for o, n in ranges if n > 0]
+        if not self.partial or not ranges:
+            return 0
+        op = f"fetch {len(ranges)} ranges of job {self.shard.job} rank {self.shard.rank} step {self.shard.step}"
+        req = pb.FillRequest(lease=self.lease, ranges=[pb.ByteRange(offset=o, length=n) for o, n in ranges])
+        resp = self.client._call(op, "Fill", req, FILL_TIMEOUT)
+        self.fetched += resp.fetched_bytes
+        return resp.fetched_bytes
+
+    def tensor_range(self, name: str, lo: int = 0, hi: int | None = None) -> tuple[int, int]:
+        """Bytes [lo, hi) of tensor name (all of it by default) as an
+        (offset within the shard, length) pair, for fill."""
+        t = self._tensor(name)
+        hi = t.nbytes if hi is None else hi
+        return self.header.data_start + t.begin + lo, hi - lo
+
     def verify(self, names) -> None:
         """Checks the checksums of the named tensors (each once per open);
         a mismatch is reported to the agent, which never serves the shard
@@ -438,7 +471,8 @@ class OpenShard:
         try:
             shard.check_sums(sub, sums, op)
         except CorruptError as e:
-            self.client._report(self.shard, e)
+            if not self.partial:  # the agent checked what it fetched: this node holds no copy to mark
+                self.client._report(self.shard, e)
             raise
         self._verified.update(t.name for t in todo)
 
@@ -458,7 +492,8 @@ class OpenShard:
         if problem is not None:
             e = CorruptError(f"read job {self.shard.job} rank {self.shard.rank} step {self.shard.step}",
                              f"tensor {name!r}: {problem}")
-            self.client._report(self.shard, e)
+            if not self.partial:
+                self.client._report(self.shard, e)
             raise e
         return hashed
 

@@ -290,7 +290,7 @@ class Reader(_Base, StorageReader):
         world = 1
         r = 0
         while r < world:
-            with c.open_shard(r, step) as sh:
+            with c.open_shard(r, step, ranged=True) as sh:  # the header only: no bytes of a shard the node lacks move
                 if r == 0:
                     world = sh.header.meta.world_size
                 elif sh.header.meta.world_size != world:
@@ -342,11 +342,12 @@ class Reader(_Base, StorageReader):
         assert step is not None
         op = f"dcp load step {step} of job {c.job} rank {rank}"
         for attempt in range(2):  # a corrupt copy is reported; the agent serves another or none
-            with c.open_shard(rank, step) as sh:
+            with c.open_shard(rank, step, ranged=True) as sh:
                 if sh.shard.header_checksum != self._sums[rank]:
                     raise RewindError(op, "the shard changed between reading the metadata and the data "
                                       f"(header {sh.shard.header_checksum}, was {self._sums[rank]})")
                 try:
+                    sh.fill([self._item_range(sh, req) for req in reqs])  # another node's shard: what is read moves
                     for req in reqs:
                         self._check_item(sh, req)
                 except CorruptError:
@@ -356,6 +357,17 @@ class Reader(_Base, StorageReader):
                 for req in reqs:
                     self._read_item(sh, req, planner)
                 return
+
+    def _item_range(self, sh: OpenShard, req) -> tuple[int, int]:
+        """The bytes of the shard req reads, as _check_item checks them."""
+        st = self.storage_data[req.storage_index]
+        t = sh.header.tensor(st.name)
+        if t is None:
+            return 0, 0  # _check_item says so
+        if req.type == LoadItemType.BYTE_IO or t.nbytes == 0:
+            return sh.tensor_range(st.name)
+        es = t.nbytes // max(1, int(np.prod(t.shape, dtype=np.int64)))
+        return sh.tensor_range(st.name, *box_bytes(self._chunk_sizes[st], req.storage_offsets, req.lengths, es))
 
     def _check_item(self, sh: OpenShard, req) -> None:
         """Verifies what req reads of its stored piece: the leaves it

@@ -26,7 +26,7 @@ import torch
 
 from . import dtypes
 from ._pb.agent_pb2 import ShardState
-from .errors import BusyError, CorruptError, InvalidError, NotFoundError
+from .errors import BusyError, CorruptError, InvalidError, NotFoundError, RewindError
 
 
 @dataclass
@@ -52,14 +52,16 @@ class Layout:
 class Resharded:
     """What a restore with a layout read: the step, the world size it was
     saved at, objects_rank's objects document (UTF-8 JSON bytes, or None),
-    the bytes copied into the slices and the bytes hashed to verify the
-    pieces they came from."""
+    the bytes copied into the slices, the bytes hashed to verify the
+    pieces they came from, and the bytes fetched from other nodes' memory
+    for shards this node lacks (the leaves the slices touch)."""
 
     step: int
     saved_world_size: int
     objects: bytes | None
     bytes: int = 0
     verified: int = 0
+    fetched: int = 0
 
 
 @dataclass
@@ -98,10 +100,11 @@ def restore_into(c, layout: Layout, step: int | None) -> Resharded:
     outs = [_check(op, s) for s in layout.slices]
     shards: list = []
     try:
-        shards.append(c.open_shard(0, step))
+        # Read in parts: where the node lacks a shard, only the ranges read move.
+        shards.append(c.open_shard(0, step, ranged=True))
         n = shards[0].header.meta.world_size
         for r in range(1, n):
-            shards.append(c.open_shard(r, step))
+            shards.append(c.open_shard(r, step, ranged=True))
             if shards[r].header.meta.world_size != n:
                 raise CorruptError(op, f"rank {r} was saved at world size {shards[r].header.meta.world_size}, rank 0 at {n}")
         if not 0 <= layout.objects_rank < n:
@@ -109,6 +112,7 @@ def restore_into(c, layout: Layout, step: int | None) -> Resharded:
         objects = shards[layout.objects_rank].header.objects
         res = Resharded(step, n, objects.encode("utf-8") if objects is not None else None)
         _fill(op, shards, layout.slices, outs, res)
+        res.fetched = sum(sh.fetched for sh in shards)
         return res
     finally:
         for sh in shards:
@@ -208,7 +212,15 @@ def _verified(op: str, shards, copies: list[_Piece], lo, n, es: int, bad: set, r
             continue
         try:
             rel = [a - o for a, o in zip(lo, p.offsets)]
-            res.verified += shards[p.rank].verify_range(p.name, *box_bytes(p.shape, rel, n, es))
+            blo, bhi = box_bytes(p.shape, rel, n, es)
+            sh = shards[p.rank]
+            try:
+                sh.fill([sh.tensor_range(p.name, blo, bhi)])  # a partially open shard: fetch what is read
+            except RewindError as e:  # no peer served it, checked: the next copy
+                bad.add((p.rank, p.name))
+                problems.append(f"rank {p.rank}: {e.message}")
+                continue
+            res.verified += sh.verify_range(p.name, blo, bhi)
             return p
         except CorruptError as e:
             bad.add((p.rank, p.name))

@@ -167,20 +167,31 @@ def test_async_save_then_load(agent, tmp_path):
     check_loaded(gang("load", 3, agent, job, tmp_path), 3)
 
 
-@pytest.fixture
-def two_nodes(rewind_bin, start_agent, tmp_path):
-    """A coordinator and two agents, nodes a and b; the coordinator has
-    each committed step's shards replicated to the other node."""
+def cluster(rewind_bin, start_agent, tmp_path, *coord_flags: str):
+    """A coordinator (with coord_flags) and two agents, nodes a and b."""
     addr = f"127.0.0.1:{free_port()}"
     with open(tmp_path / "coordinator.log", "w") as log:
         coord = subprocess.Popen([rewind_bin, "coordinator", "--listen", addr, "--data", str(tmp_path / "coordinator"),
-                                  "--metrics", "", "--gossip", ""], stdout=log, stderr=subprocess.STDOUT)
+                                  "--metrics", "", "--gossip", "", *coord_flags], stdout=log, stderr=subprocess.STDOUT)
     try:
         yield [start_agent("--node", n, "--listen", f"127.0.0.1:{free_port()}", "--coordinator", addr, "--gossip", "")
                for n in ("a", "b")]
     finally:
         coord.kill()
         coord.wait()
+
+
+@pytest.fixture
+def two_nodes(rewind_bin, start_agent, tmp_path):
+    """A coordinator and two agents, nodes a and b; the coordinator has
+    each committed step's shards replicated to the other node."""
+    yield from cluster(rewind_bin, start_agent, tmp_path)
+
+
+@pytest.fixture
+def two_nodes_unreplicated(rewind_bin, start_agent, tmp_path):
+    """two_nodes with no replicas: each node holds its own ranks' shards."""
+    yield from cluster(rewind_bin, start_agent, tmp_path, "--replicas", "0")
 
 
 def save_on_two_nodes(a, b, job: str, out: Path) -> None:
@@ -231,6 +242,28 @@ def test_corrupt_piece_read_from_another_copy(two_nodes, tmp_path):
     with rewind.Client(socket=b.socket, job=job, rank=2, world_size=4) as c:
         with c.open_shard(2, 7) as again:  # b serves a good copy now
             again.verify(t.name for t in again.header.tensors)
+
+
+def test_load_across_nodes_moves_only_the_ranges_read(two_nodes_unreplicated, tmp_path):
+    """Saved at world size 4, ranks 0-1 on a and 2-3 on b, no replicas:
+    loaded at world size 2 on a alone, every value equals the full
+    tensors, and a holds no shard of ranks 2 and 3 afterwards (their
+    headers and the ranges read were fetched into partial opens, not the
+    shards whole) and no partial file."""
+    a, b = two_nodes_unreplicated
+    job = f"dcp-ranged-{os.getpid()}"
+    gang("save", 4, [a, a, b, b], job, tmp_path, "7")
+    with rewind.Client(socket=a.socket, job=job, rank=0, world_size=2) as c:
+        deadline = time.monotonic() + 60
+        while c.latest_consistent() != 7:
+            assert time.monotonic() < deadline, "step 7 never became consistent"
+            time.sleep(0.05)
+    check_loaded(gang("load", 2, a, job, tmp_path), 2)
+    with rewind.Client(socket=a.socket, job=job, rank=0, world_size=2) as c:
+        held = {s.rank for s in c.list() if s.step == 7}
+    assert held == {0, 1}, f"a holds ranks {held} after the load: shards of b were pulled whole"
+    partial = os.path.join(a.root, ".partial")
+    assert not os.path.exists(partial) or os.listdir(partial) == []
 
 
 def test_checkpoint_id():
