@@ -27,6 +27,13 @@ import (
 // socket and the keys its tokens are minted with.
 func isolated(t *testing.T) (string, jobtoken.Keys) {
 	t.Helper()
+	return isolatedAgent(t, false)
+}
+
+// isolatedAgent is isolated, with a private shared-memory root when
+// private (testcluster.AgentProcess.PrivateRoot).
+func isolatedAgent(t *testing.T, private bool) (string, jobtoken.Keys) {
+	t.Helper()
 	key := filepath.Join(t.TempDir(), "job.key")
 	if err := jobtoken.WriteFile(key); err != nil {
 		t.Fatal(err)
@@ -36,7 +43,7 @@ func isolated(t *testing.T) (string, jobtoken.Keys) {
 		t.Fatal(err)
 	}
 	cfg := testcluster.AgentConfig(t)
-	testcluster.SpawnAgent(t, testcluster.AgentProcess{Node: "iso", ShmRoot: cfg.ShmRoot, Socket: cfg.Socket, JobKey: key})
+	testcluster.SpawnAgent(t, testcluster.AgentProcess{Node: "iso", ShmRoot: cfg.ShmRoot, Socket: cfg.Socket, JobKey: key, PrivateRoot: private})
 	return cfg.Socket, keys
 }
 
@@ -213,17 +220,8 @@ func TestPrivateRootServedByDescriptor(t *testing.T) {
 	if why := testcluster.PrivateRootOK(); why != "" {
 		t.Skip(why)
 	}
-	key := filepath.Join(t.TempDir(), "job.key")
-	if err := jobtoken.WriteFile(key); err != nil {
-		t.Fatal(err)
-	}
-	keys, err := jobtoken.Load(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := testcluster.AgentConfig(t)
-	testcluster.SpawnAgent(t, testcluster.AgentProcess{Node: "private", ShmRoot: cfg.ShmRoot, Socket: cfg.Socket, JobKey: key, PrivateRoot: true})
-	c := testcluster.Dial(t, cfg.Socket, sdk.Options{JobToken: keys.Token("pr")})
+	socket, keys := isolatedAgent(t, true)
+	c := testcluster.Dial(t, socket, sdk.Options{JobToken: keys.Token("pr")})
 	gs := model(11)
 	saveSharded(t, c, "pr", 5, gs, 4)
 	shards, err := c.List(ctxT(t), "pr")
