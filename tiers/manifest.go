@@ -18,6 +18,7 @@ import (
 // Object names on a tier:
 //
 //	<job>/step-<step %020d>/rank-<rank %06d>.safetensors   a shard, the bytes it had in shared memory
+//	<job>/step-<step %020d>/rank-<rank %06d>.leaves        its leaf hashes, for ranged reads (leaves.go)
 //	<job>/step-<step %020d>/manifest.json                  written last: the copy exists once it does
 //
 // Zero-padded numbers keep a listing in step and rank order.
