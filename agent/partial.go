@@ -33,9 +33,10 @@ import (
 // Unwritten pages of a tmpfs file take no memory: the budget is charged
 // with the header and the leaves fetched, and freed with the lease.
 //
-// Where no peer holds the shard in memory (only a tier does) or none
-// answers with its header, the Open pulls the shard whole, as without
-// ranged.
+// A tier copy serves ranged reads too (partial_tier.go). Where no source
+// answers with the header and leaf hashes (only a tier copy pushed without
+// its hashes holds the shard, say), the Open pulls the shard whole, as
+// without ranged.
 
 // partialName is the directory under the shared-memory root that holds
 // partially open shards, one file per lease; emptied at start.
@@ -47,7 +48,7 @@ type partial struct {
 	path    string
 	h       *shm.Header
 	leaves  [][]uint64 // each tensor's leaf hashes, in header order, checked against its checksum
-	sources []Source   // peers holding the shard in memory, cheapest first
+	sources []Source   // peers holding the shard in memory and tiers read in ranges, cheapest first
 	expires time.Time  // guarded by the agent's mu
 
 	mu      sync.Mutex // serializes Fills
@@ -82,17 +83,15 @@ func (a *Agent) openRanged(ctx context.Context, job string, rank uint32, step in
 		return nil, nil, 0, false, fmt.Errorf("%w (and asking the coordinator where it is: %v)", err, rerr)
 	}
 	ps := PeerShard{Job: job, Rank: rank, WorldSize: src.WorldSize, Step: step, Size: int64(src.SizeBytes), HeaderSum: src.HeaderChecksum}
-	var peers []Source
+	var all []Source
 	for _, s := range src.Sources {
-		if s := (Source{Tier: s.Tier, Node: s.Node, Addr: s.Addr}); dials(s, a.cfg.Node) {
-			peers = append(peers, s)
-		}
+		all = append(all, Source{Tier: s.Tier, Node: s.Node, Addr: s.Addr})
 	}
 	var p *partial
-	if len(peers) > 0 {
-		p, err = a.openPartial(ctx, ps, peers)
+	if sources := a.rangedSources(all); len(sources) > 0 {
+		p, err = a.openPartial(ctx, ps, sources)
 		if err != nil {
-			a.log.Warn("no peer gave the header of a shard for a ranged read; fetching it whole", "job", job, "rank", rank, "step", step, "err", err)
+			a.log.Warn("no source gave the header of a shard for a ranged read; fetching it whole", "job", job, "rank", rank, "step", step, "err", err)
 		}
 	}
 	if p == nil {
@@ -111,18 +110,17 @@ func (a *Agent) openRanged(ctx context.Context, job string, rank uint32, step in
 }
 
 // openPartial fetches the shard's header and leaf hashes from the first
-// of peers that gives them, checked, and makes the sparse file.
-func (a *Agent) openPartial(ctx context.Context, ps PeerShard, peers []Source) (*partial, error) {
+// of sources (peers' memory, tiers) that gives them, checked, and makes
+// the sparse file.
+func (a *Agent) openPartial(ctx context.Context, ps PeerShard, sources []Source) (*partial, error) {
 	var errs []error
-	for i, src := range peers {
-		from := ps
-		from.Node, from.Addr = src.Node, src.Addr
-		raw, h, leaves, err := a.fetchHeader(ctx, from)
+	for i, src := range sources {
+		raw, h, leaves, err := a.headerFrom(ctx, ps, src)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", src.Node, err))
+			errs = append(errs, fmt.Errorf("%s: %w", src, err))
 			continue
 		}
-		p := &partial{ps: ps, h: h, leaves: leaves, sources: peers, next: i, have: make([][]bool, len(leaves))}
+		p := &partial{ps: ps, h: h, leaves: leaves, sources: sources, next: i, have: make([][]bool, len(leaves))}
 		for t, l := range leaves {
 			p.have[t] = make([]bool, len(l))
 		}
@@ -250,9 +248,9 @@ func (a *Agent) expirePartials() int {
 const maxFillRanges = 1 << 16
 
 // Fill fetches the leaves that byte ranges of a partial open touch and
-// are not here yet, from the peers holding the shard, each checked against
-// its hash before it is written. It returns the bytes fetched and the
-// node that served the last of them.
+// are not here yet, from the peers or tiers holding the shard, each
+// checked against its hash before it is written. It returns the bytes
+// fetched and the node (or tier) that served the last of them.
 func (a *Agent) Fill(ctx context.Context, id uint64, ranges [][2]int64) (int64, string, error) {
 	p := a.partialOf(id)
 	if p == nil {
@@ -300,9 +298,9 @@ func (a *Agent) Fill(ctx context.Context, id uint64, ranges [][2]int64) (int64, 
 		fetched += n
 		if err == nil {
 			p.next = (p.next + k) % len(p.sources)
-			return fetched, src.Node, nil
+			return fetched, servedBy(src), nil
 		}
-		errs = append(errs, fmt.Errorf("%s: %w", src.Node, err))
+		errs = append(errs, fmt.Errorf("%s: %w", src, err))
 		if ctx.Err() != nil {
 			break
 		}

@@ -155,9 +155,9 @@ func (a *Agent) fetchHeader(ctx context.Context, ps PeerShard) (raw []byte, _ *s
 	if _, err := io.ReadFull(r, lenb[:]); err != nil {
 		return nil, nil, nil, err
 	}
-	n := binary.LittleEndian.Uint64(lenb[:])
-	if n < 2 || n > shm.MaxHeaderBytes || n > uint64(size-8) {
-		return nil, nil, nil, fmt.Errorf("%w: header length %d for a %d-byte shard", shm.ErrCorrupt, n, size)
+	n, err := headerLen(lenb, size)
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	raw = make([]byte, 8+n) // the header only: the shard's bytes stay where they are
 	copy(raw, lenb[:])
@@ -196,6 +196,9 @@ func (a *Agent) fetchHeader(ctx context.Context, ps PeerShard) (raw []byte, _ *s
 // match is not written, the rest are, and the holder is told (refused):
 // the error wraps shm.ErrCorrupt. It returns the bytes written.
 func (a *Agent) fetchRuns(ctx context.Context, p *partial, src Source, runs []leafRun) (int64, error) {
+	if st := a.rangedStore(src); st != nil {
+		return a.fetchTierRuns(ctx, p, src, st, runs)
+	}
 	var written int64
 	for len(runs) > 0 {
 		batch := runs[:min(len(runs), maxRangesPerRequest)]

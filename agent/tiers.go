@@ -15,9 +15,10 @@ import (
 )
 
 // Push copies a committed shard to a tier straight from its segment: the
-// store reads the mapping (no copy into the Go heap). The shard is verified
-// before it leaves and pinned while it is read, so a save cannot reuse its
-// slot meanwhile. It returns the shard's manifest entry.
+// store reads the mapping (no copy into the Go heap), and its leaf hashes
+// beside it (tiers.LeavesName). The shard is verified before it leaves and
+// pinned while it is read, so a save cannot reuse its slot meanwhile. It
+// returns the shard's manifest entry.
 func (a *Agent) Push(ctx context.Context, st tiers.Store, job string, rank uint32, step int64) (tiers.ShardEntry, error) {
 	return a.push(ctx, st, job, rank, step, nil, nil)
 }
@@ -50,6 +51,13 @@ func (a *Agent) push(ctx context.Context, st tiers.Store, job string, rank uint3
 	}
 	if err := st.Put(ctx, tiers.ShardName(job, step, rank), src, sh.Size); err != nil {
 		return tiers.ShardEntry{}, fmt.Errorf("agent: push of job %s rank %d step %d to %s: %w", job, rank, step, st, err)
+	}
+	// The leaf hashes beside it serve ranged reads of the copy; without
+	// them it is read whole, so a failure here fails nothing.
+	if sh.Leaves != nil {
+		if err := tiers.PutLeaves(ctx, st, job, step, rank, sh.Leaves.hashes); err != nil {
+			a.log.Warn("the leaf hashes of a tier copy were not written: it will be read whole", "job", job, "rank", rank, "step", step, "tier", st.String(), "err", err)
+		}
 	}
 	if err := a.cfg.Faults.Check(ctx, faultinject.AgentTierUploaded); err != nil {
 		return tiers.ShardEntry{}, fmt.Errorf("agent: push of job %s rank %d step %d to %s: %w", job, rank, step, st, err)

@@ -244,8 +244,10 @@ func (t *transfers) do(ctx context.Context, st tiers.Store, o *coordpb.TransferO
 			return 0, err
 		}
 		for _, r := range x.Delete.Ranks {
-			if err := st.Delete(ctx, tiers.ShardName(o.Job, o.Step, r)); err != nil {
-				return 0, err
+			for _, name := range []string{tiers.ShardName(o.Job, o.Step, r), tiers.LeavesName(o.Job, o.Step, r)} {
+				if err := st.Delete(ctx, name); err != nil {
+					return 0, err
+				}
 			}
 		}
 		return 0, nil

@@ -176,9 +176,9 @@ func TestTierCopiesRediscoveredOnEmptyStore(t *testing.T) {
 	// the memory slots moved on) leaves the index at once, while the
 	// agents still delete its objects: the stores are waited for.
 	for tier, st := range map[string]tiers.Store{"nvme": tc.storeOf(1, "nvme"), "pfs": tc.storeOf(0, "pfs"), "s3": tc.storeOf(0, "s3")} {
-		perStep := ws + 1 // shards and the manifest
+		perStep := 2*ws + 1 // shards, their leaf hashes and the manifest
 		if tier == "nvme" {
-			perStep = ws/2 + 1 // node-1's ranks
+			perStep = 2*(ws/2) + 1 // node-1's ranks
 		}
 		waitOnStore(t, st, job, want[tier], perStep)
 	}

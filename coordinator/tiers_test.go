@@ -191,8 +191,9 @@ func onStore(t *testing.T, st tiers.Store, job string) ([]int64, []string) {
 }
 
 // waitOnStore waits until the manifests on st under job are those of the
-// steps want, and, with perStep above 0, st holds perStep objects (shards
-// and manifest) for each of them and nothing else under job. The index
+// steps want, and, with perStep above 0, st holds perStep objects (shards,
+// their leaf hashes and the manifest) for each of them and nothing else
+// under job. The index
 // drops a tier copy the moment retention (or an operator) removes it, and
 // with it a step that has no other copy, so ListSteps (waitTiers) stops
 // showing the copy, deleting, while its agent is still deleting its
@@ -229,9 +230,9 @@ func TestTiersPolicyRetentionAndEachTierAlone(t *testing.T) {
 	stores := map[string][]tiers.Store{"nvme": {tc.storeOf(0, "nvme"), tc.storeOf(1, "nvme")}, "pfs": {tc.storeOf(0, "pfs")}, "s3": {tc.storeOf(0, "s3")}}
 	for tier, sts := range stores {
 		for _, st := range sts {
-			perStep := ws + 1 // shards and the manifest
+			perStep := 2*ws + 1 // shards, their leaf hashes and the manifest
 			if tier == "nvme" {
-				perStep = ws/2 + 1
+				perStep = 2*(ws/2) + 1
 			}
 			waitOnStore(t, st, job, want[tier], perStep)
 		}

@@ -1,0 +1,125 @@
+package coordinator_test
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/internal/testcluster"
+	"rewind.dev/rewind/internal/wait"
+	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/tiers"
+)
+
+// loseMemory stops every agent of tc and starts new ones under the same
+// names with empty memory and the stores stores gives each node: the
+// cluster's clients then talk to them. It returns once the coordinator's
+// plan for job's step has no memory source left.
+func (tc *tierCluster) loseMemory(job string, step int64, stores func(node int) map[tiers.Name]tiers.Store) {
+	t := tc.t
+	t.Helper()
+	for _, a := range tc.agents {
+		a.Stop()
+	}
+	for i := range tc.agents {
+		cfg := testcluster.AgentConfig(t)
+		cfg.Node, cfg.CoordinatorAddr, cfg.Stores = fmt.Sprintf("node-%d", i), tc.addr, stores(i)
+		cfg.Logger = testcluster.Discard()
+		tc.agents[i] = startAgent(t, cfg)
+		tc.clients[i] = testcluster.Dial(t, cfg.Socket)
+	}
+	wait.ForNil(t, 10*time.Second, "a plan with no memory source after every node lost its memory", func() error {
+		plan, err := tc.api.PlanRestore(ctxT(t), &coordpb.PlanRestoreRequest{Job: job, Step: step, DryRun: true})
+		if err != nil {
+			return err
+		}
+		for _, r := range plan.Ranks {
+			for _, s := range r.Sources {
+				if s.Tier == "shm" {
+					return fmt.Errorf("rank %d still has a memory source on %s", r.Rank, s.Node)
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// TestReshardFromATier: a step saved by 4 ranks, copied to the object
+// store, restores at world size 8 after every node lost its memory: each
+// new rank's agent reads from the store only the shards' headers, their
+// leaf hashes and the 1 MiB leaves its slices touch (2 MiB of big and
+// bias's one leaf, of 16 MiB saved), and the tensor assembled from the
+// new ranks is the saved one bit for bit.
+func TestReshardFromATier(t *testing.T) {
+	tc := newTierCluster(t, 2, "s3:every=1,keep=2", nil)
+	big, bias := saveReshardModel(t, tc.cluster, "rst", 4)
+	tc.waitStarted("rst", 4, []string{"s3"})
+	if got := tc.waitTiers("rst"); len(got["s3"]) != 1 {
+		t.Fatalf("s3 copies: %v, want step 4", got)
+	}
+	s3 := tc.storeOf(0, "s3")
+	tc.loseMemory("rst", 4, func(int) map[tiers.Name]tiers.Store { return map[tiers.Name]tiers.Store{"s3": s3} })
+	gotBig := make([]byte, len(big))
+	for j := range 8 {
+		gotBias := make([]byte, len(bias))
+		res := restoreNewRank(t, tc.cluster, j%2, "rst", j, gotBig, gotBias)
+		if want := int64(2<<20 + len(bias)); res.Fetched != want {
+			t.Errorf("new rank %d: %d bytes fetched from the store, want %d (its rows' leaves and bias)", j, res.Fetched, want)
+		}
+		if !bytes.Equal(gotBias, bias) {
+			t.Fatalf("new rank %d: bias differs from the saved one", j)
+		}
+	}
+	if !bytes.Equal(gotBig, big) {
+		t.Fatal("the tensor assembled from the new ranks differs from the saved one")
+	}
+	for i, c := range tc.clients {
+		if shards, err := c.List(ctxT(t), "rst"); err != nil || len(shards) != 0 {
+			t.Fatalf("node-%d holds %d shards after ranged reads of the store (%v), want none", i, len(shards), err)
+		}
+	}
+}
+
+// TestReshardFromATierFallsBackFromACorruptByte: a byte of the parallel
+// filesystem's copy rots; the ranged read of the leaf that holds it is
+// refused and that leaf, and only what is still missing, is read from the
+// object store's copy: the restore at another world size is bit-exact.
+func TestReshardFromATierFallsBackFromACorruptByte(t *testing.T) {
+	tc := newTierCluster(t, 2, "pfs:every=1,keep=2;s3:every=1,keep=2", nil)
+	big, bias := saveReshardModel(t, tc.cluster, "rsc", 4)
+	tc.waitStarted("rsc", 4, []string{"pfs", "s3"})
+	if got := tc.waitTiers("rsc"); len(got["pfs"]) != 1 || len(got["s3"]) != 1 {
+		t.Fatalf("tier copies: %v, want step 4 on pfs and s3", got)
+	}
+	// Rank 1 holds rows 1024 to 2047 of big; new rank 2 of 8 reads rows
+	// 1024 to 1535, the first two leaves of rank 1's piece.
+	f, err := os.OpenFile(filepath.Join(tc.pfs, tiers.ShardName("rsc", 4, 1)), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := shm.Decode(f, statSize(t, f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	flip(t, f, h.DataStart+h.Tensor("big").Begin+1<<20+12345) // big's second leaf
+	f.Close()
+	stores := func(i int) map[tiers.Name]tiers.Store {
+		return map[tiers.Name]tiers.Store{"pfs": tc.storeOf(i, "pfs"), "s3": tc.storeOf(i, "s3")}
+	}
+	tc.loseMemory("rsc", 4, stores)
+	gotBig := make([]byte, len(big))
+	for j := range 8 {
+		gotBias := make([]byte, len(bias))
+		restoreNewRank(t, tc.cluster, j%2, "rsc", j, gotBig, gotBias)
+		if !bytes.Equal(gotBias, bias) {
+			t.Fatalf("new rank %d: bias differs from the saved one", j)
+		}
+	}
+	if !bytes.Equal(gotBig, big) {
+		t.Fatal("the tensor assembled from the new ranks differs from the saved one: a rotten leaf was used")
+	}
+}
