@@ -1398,8 +1398,9 @@ type OpenRequest struct {
 	ReaderRank *uint32 `protobuf:"varint,6,opt,name=reader_rank,json=readerRank,proto3,oneof" json:"reader_rank,omitempty"`
 	// ranged: the caller reads parts of the shard only (a restore at
 	// another world size). Where this node lacks it and a peer holds it in
-	// memory, the agent opens it partially: the header is here at once, the
-	// tensors' bytes only once Fill fetched them. Else as without.
+	// memory, or a tier copy with its leaf hashes does, the agent opens it
+	// partially: the header is here at once, the tensors' bytes only once
+	// Fill fetched them. Else as without.
 	Ranged        bool `protobuf:"varint,7,opt,name=ranged,proto3" json:"ranged,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1666,10 +1667,11 @@ func (x *FillRequest) GetRanges() []*ByteRange {
 
 type FillResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Bytes fetched from peers for this call: the 1 MiB leaves the ranges
-	// touch that were not here yet, each checked against its hash.
+	// Bytes fetched from peers or tiers for this call: the 1 MiB leaves the
+	// ranges touch that were not here yet, each checked against its hash.
 	FetchedBytes uint64 `protobuf:"varint,1,opt,name=fetched_bytes,json=fetchedBytes,proto3" json:"fetched_bytes,omitempty"`
-	// The node they came from (the last, where several served).
+	// The node they came from, or the tier ("nvme", "pfs", "s3"); the last,
+	// where several served.
 	Node          string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -58,8 +58,8 @@ type AgentClient interface {
 	// Release ends a lease taken by Open.
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 	// Fill fetches byte ranges of a partially open shard (OpenResponse.partial)
-	// from a peer's memory, each 1 MiB leaf they touch checked against its
-	// hash before it is readable.
+	// from a peer's memory or a tier copy, each 1 MiB leaf they touch checked
+	// against its hash before it is readable.
 	Fill(ctx context.Context, in *FillRequest, opts ...grpc.CallOption) (*FillResponse, error)
 	// Read streams a committed shard's bytes, verified as they are sent.
 	Read(ctx context.Context, in *ReadRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadChunk], error)
@@ -287,8 +287,8 @@ type AgentServer interface {
 	// Release ends a lease taken by Open.
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	// Fill fetches byte ranges of a partially open shard (OpenResponse.partial)
-	// from a peer's memory, each 1 MiB leaf they touch checked against its
-	// hash before it is readable.
+	// from a peer's memory or a tier copy, each 1 MiB leaf they touch checked
+	// against its hash before it is readable.
 	Fill(context.Context, *FillRequest) (*FillResponse, error)
 	// Read streams a committed shard's bytes, verified as they are sent.
 	Read(*ReadRequest, grpc.ServerStreamingServer[ReadChunk]) error

@@ -127,8 +127,8 @@ class AgentServicer(object):
 
     def Fill(self, request, context):
         """Fill fetches byte ranges of a partially open shard (OpenResponse.partial)
-        from a peer's memory, each 1 MiB leaf they touch checked against its
-        hash before it is readable.
+        from a peer's memory or a tier copy, each 1 MiB leaf they touch checked
+        against its hash before it is readable.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
