@@ -266,6 +266,49 @@ def test_load_across_nodes_moves_only_the_ranges_read(two_nodes_unreplicated, tm
     assert not os.path.exists(partial) or os.listdir(partial) == []
 
 
+@pytest.fixture
+def two_nodes_pfs(rewind_bin, start_agent, tmp_path):
+    """two_nodes_unreplicated with a shared parallel filesystem tier that
+    every step is copied to."""
+    addr = f"127.0.0.1:{free_port()}"
+    pfs = tmp_path / "pfs"
+    with open(tmp_path / "coordinator.log", "w") as log:
+        coord = subprocess.Popen([rewind_bin, "coordinator", "--listen", addr, "--data", str(tmp_path / "coordinator"),
+                                  "--metrics", "", "--gossip", "", "--replicas", "0",
+                                  "--policy", "pfs:every=1,keep=2"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield [start_agent("--node", n, "--listen", f"127.0.0.1:{free_port()}", "--coordinator", addr, "--gossip", "",
+                           "--tier", f"pfs=file://{pfs}") for n in ("a", "b")], pfs
+    finally:
+        coord.kill()
+        coord.wait()
+
+
+def test_load_from_a_tier_after_a_node_is_lost(two_nodes_pfs, tmp_path):
+    """Saved at world size 4, ranks 0-1 on a and 2-3 on b, no replicas,
+    each step copied to the parallel filesystem; b dies with its memory.
+    Loaded at world size 2 on a alone, every value equals the full
+    tensors, and a holds no shard of ranks 2 and 3 afterwards: their
+    headers and the ranges read came from the tier copy (checked against
+    the leaf hashes stored beside it), not the shards whole."""
+    (a, b), pfs = two_nodes_pfs
+    job = f"dcp-tier-{os.getpid()}"
+    gang("save", 4, [a, a, b, b], job, tmp_path, "7")
+    step = pfs / job / f"step-{7:020d}"
+    deadline = time.monotonic() + 60
+    while not (step / "manifest.json").exists():
+        assert time.monotonic() < deadline, f"step 7 never reached the tier: {list(pfs.rglob('*'))}"
+        time.sleep(0.05)
+    assert (step / f"rank-{2:06d}.leaves").exists()
+    b.close()  # the node and its shared memory are gone
+    check_loaded(gang("load", 2, a, job, tmp_path), 2)
+    with rewind.Client(socket=a.socket, job=job, rank=0, world_size=2) as c:
+        held = {s.rank for s in c.list() if s.step == 7}
+    assert held == {0, 1}, f"a holds ranks {held} after the load: shards on the tier were pulled whole"
+    partial = os.path.join(a.root, ".partial")
+    assert not os.path.exists(partial) or os.listdir(partial) == []
+
+
 def test_checkpoint_id():
     assert rewind.dcp.parse_checkpoint_id("rewind://job-1") == ("job-1", None)
     assert rewind.dcp.parse_checkpoint_id("rewind://job-1/step-300") == ("job-1", 300)
