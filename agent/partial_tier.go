@@ -2,9 +2,12 @@ package agent
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"fmt"
+	"sync"
+	"sync/atomic"
 
 	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
@@ -16,7 +19,8 @@ import (
 // from the tier copy and its leaf hashes from the object beside it
 // (tiers.LeavesName, written when the shard was pushed), checks both as
 // a peer's are checked, and Fill reads only the leaves the ranges touch,
-// a ranged read of up to tierReadLeaves leaves at a time. All copies of a
+// in ranged reads of up to tierReadLeaves leaves, tierReadWorkers at a
+// time. All copies of a
 // shard with one header checksum hold the same bytes, so a partial open
 // made from a peer's header also fills from a tier when its peers fail,
 // and the other way round.
@@ -89,6 +93,9 @@ func (a *Agent) tierHeader(ctx context.Context, ps PeerShard, st tiers.Store) (r
 		return nil, nil, nil, err
 	}
 	leaves, err := tiers.GetLeaves(ctx, st, ps.Job, ps.Step, ps.Rank, h)
+	if tiers.IsNotExist(err) {
+		return nil, nil, nil, fmt.Errorf("no leaf hashes beside the copy on %s (pushed without them): %w", st, err)
+	}
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -104,41 +111,100 @@ func headerLen(lenb [8]byte, size int64) (uint64, error) {
 	return n, nil
 }
 
+// tierReadWorkers is how many ranged reads of one Fill are in flight at
+// once: an object store serves each at a connection's rate.
+const tierReadWorkers = 4
+
+// tierChunk is leaves first.. of tensor t, bytes [lo, hi) of the shard:
+// one ranged read.
+type tierChunk struct {
+	t, first int
+	lo, hi   int64
+}
+
 // fetchTierRuns reads runs of leaves of p from its copy on st into p's
-// file, checking each leaf against its hash before it is written, as
-// fetchBatch does for a peer's. It returns the bytes written.
+// file, tierReadWorkers ranged reads at a time, checking each leaf against
+// its hash before it is written, as fetchBatch does for a peer's. A leaf
+// that does not match is not written (the error wraps shm.ErrCorrupt). It
+// returns the bytes written.
 func (a *Agent) fetchTierRuns(ctx context.Context, p *partial, src Source, st tiers.Store, runs []leafRun) (int64, error) {
-	name := tiers.ShardName(p.ps.Job, p.ps.Step, p.ps.Rank)
-	buf := make([]byte, tierReadLeaves*shm.LeafSize)
-	var written int64
-	var bad error
+	var chunks []tierChunk
+	var largest int64
 	for _, r := range runs {
 		for j := r.first; j <= r.last; j += tierReadLeaves {
 			lo := r.lo + int64(j-r.first)*shm.LeafSize
-			b := buf[:min(int64(len(buf)), r.hi-lo)]
-			if err := tiers.ReadRange(ctx, st, name, lo, b); err != nil {
-				return written, fmt.Errorf("%s: %w", src.Tier, err)
-			}
-			for k := 0; int64(k)*shm.LeafSize < int64(len(b)); k++ {
-				leaf := b[int64(k)*shm.LeafSize : min(int64(k+1)*shm.LeafSize, int64(len(b)))]
-				if !shm.LeafMatches(leaf, p.leaves[r.t][j+k]) {
-					if bad == nil {
-						bad = fmt.Errorf("%w: tensor %q leaf %d from %s does not match its hash", shm.ErrCorrupt, p.h.Tensors[r.t].Name, j+k, st)
-					}
-					continue
-				}
-				if _, err := p.f.WriteAt(leaf, lo+int64(k)*shm.LeafSize); err != nil {
-					return written, fmt.Errorf("agent: writing a partially open shard: %w", err)
-				}
-				p.have[r.t][j+k] = true
-				written += int64(len(leaf))
-			}
+			c := tierChunk{t: r.t, first: j, lo: lo, hi: min(lo+tierReadLeaves*shm.LeafSize, r.hi)}
+			chunks, largest = append(chunks, c), max(largest, c.hi-c.lo)
 		}
+	}
+	name := tiers.ShardName(p.ps.Job, p.ps.Step, p.ps.Rank)
+	var (
+		next    atomic.Int64
+		written atomic.Int64
+		mu      sync.Mutex
+		done    [][2]int // (tensor, leaf) written and checked
+		bad     error    // the first leaf that did not match
+		failed  error    // the first read or write that failed
+	)
+	var wg sync.WaitGroup
+	for range min(tierReadWorkers, len(chunks)) {
+		wg.Go(func() {
+			buf := make([]byte, largest)
+			for i := next.Add(1) - 1; i < int64(len(chunks)) && ctx.Err() == nil; i = next.Add(1) - 1 {
+				c := chunks[i]
+				ok, mismatch, err := a.readTierChunk(ctx, p, st, name, c, buf[:c.hi-c.lo])
+				mu.Lock()
+				for _, j := range ok {
+					done = append(done, [2]int{c.t, j})
+				}
+				bad = cmp.Or(bad, mismatch)
+				failed = cmp.Or(failed, err)
+				mu.Unlock()
+				for _, j := range ok {
+					written.Add(min(shm.LeafSize, c.hi-c.lo-int64(j-c.first)*shm.LeafSize))
+				}
+				if err != nil {
+					next.Store(int64(len(chunks))) // the others stop too
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, d := range done {
+		p.have[d[0]][d[1]] = true
+	}
+	if failed == nil {
+		failed = context.Cause(ctx)
+	}
+	if failed != nil {
+		return written.Load(), fmt.Errorf("%s: %w", src.Tier, failed)
 	}
 	if bad != nil {
 		a.log.Warn("a tier copy's leaf does not match its hash; reading it elsewhere", "job", p.ps.Job, "rank", p.ps.Rank, "step", p.ps.Step, "tier", src.Tier, "err", bad)
 	}
-	return written, bad
+	return written.Load(), bad
+}
+
+// readTierChunk reads chunk c of p's shard from st into b and writes each
+// of its leaves that matches its hash into p's file. It returns the leaves
+// written, the first that did not match, and a read or write error.
+func (a *Agent) readTierChunk(ctx context.Context, p *partial, st tiers.Store, name string, c tierChunk, b []byte) (ok []int, bad, _ error) {
+	if err := tiers.ReadRange(ctx, st, name, c.lo, b); err != nil {
+		return nil, nil, err
+	}
+	for k := 0; int64(k)*shm.LeafSize < int64(len(b)); k++ {
+		leaf := b[int64(k)*shm.LeafSize : min(int64(k+1)*shm.LeafSize, int64(len(b)))]
+		if !shm.LeafMatches(leaf, p.leaves[c.t][c.first+k]) {
+			bad = cmp.Or(bad, fmt.Errorf("%w: tensor %q leaf %d from %s does not match its hash", shm.ErrCorrupt, p.h.Tensors[c.t].Name, c.first+k, st))
+			continue
+		}
+		if _, err := p.f.WriteAt(leaf, c.lo+int64(k)*shm.LeafSize); err != nil {
+			return ok, bad, fmt.Errorf("agent: writing a partially open shard: %w", err)
+		}
+		ok = append(ok, c.first+k)
+	}
+	return ok, bad, nil
 }
 
 // servedBy names a source in a Fill's answer: the node for a peer's

@@ -11,6 +11,7 @@ import (
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/internal/testcluster"
 	"rewind.dev/rewind/internal/wait"
+	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/tiers"
 )
@@ -114,12 +115,82 @@ func TestReshardFromATierFallsBackFromACorruptByte(t *testing.T) {
 	gotBig := make([]byte, len(big))
 	for j := range 8 {
 		gotBias := make([]byte, len(bias))
-		restoreNewRank(t, tc.cluster, j%2, "rsc", j, gotBig, gotBias)
+		res := restoreNewRank(t, tc.cluster, j%2, "rsc", j, gotBig, gotBias)
+		if want := int64(2<<20 + len(bias)); res.Fetched != want {
+			t.Errorf("new rank %d: %d bytes fetched from the tiers, want %d (each leaf once, the rotten one from s3)", j, res.Fetched, want)
+		}
 		if !bytes.Equal(gotBias, bias) {
 			t.Fatalf("new rank %d: bias differs from the saved one", j)
 		}
 	}
 	if !bytes.Equal(gotBig, big) {
 		t.Fatal("the tensor assembled from the new ranks differs from the saved one: a rotten leaf was used")
+	}
+	for i, c := range tc.clients {
+		if shards, err := c.List(ctxT(t), "rsc"); err != nil || len(shards) != 0 {
+			t.Fatalf("node-%d holds %d shards after ranged reads of the tiers (%v), want none", i, len(shards), err)
+		}
+	}
+}
+
+// TestReshardFromATierCopyWithoutLeafHashes: a tier copy with no leaf
+// hashes beside it (pushed before they were written, or their write
+// failed) still restores at another world size: its shards are pulled
+// whole, checked against their checksums.
+func TestReshardFromATierCopyWithoutLeafHashes(t *testing.T) {
+	tc := newTierCluster(t, 2, "pfs:every=1,keep=2", nil)
+	big, bias := saveReshardModel(t, tc.cluster, "rsw", 4)
+	tc.waitStarted("rsw", 4, []string{"pfs"})
+	tc.waitTiers("rsw")
+	for r := range uint32(4) {
+		if err := os.Remove(filepath.Join(tc.pfs, tiers.LeavesName("rsw", 4, r))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tc.loseMemory("rsw", 4, func(i int) map[tiers.Name]tiers.Store { return map[tiers.Name]tiers.Store{"pfs": tc.storeOf(i, "pfs")} })
+	gotBig, gotBias := make([]byte, len(big)), make([]byte, len(bias))
+	res := restoreNewRank(t, tc.cluster, 0, "rsw", 3, gotBig, gotBias)
+	const rows = bigRows / 8
+	if res.Fetched != 0 || !bytes.Equal(gotBias, bias) || !bytes.Equal(gotBig[3*rows*bigCols:4*rows*bigCols], big[3*rows*bigCols:4*rows*bigCols]) {
+		t.Fatalf("new rank 3 from a tier copy without leaf hashes: %d bytes fetched in ranges (want 0: pulled whole), slices equal %t",
+			res.Fetched, bytes.Equal(gotBias, bias))
+	}
+}
+
+// TestRangedReadOfATierCopyInChunks: a slice of 24 MiB of a 40 MiB shard
+// on the object store is read in several ranged reads at once (8 leaves
+// each), every leaf once and checked.
+func TestRangedReadOfATierCopyInChunks(t *testing.T) {
+	tc := newTierCluster(t, 1, "s3:every=1,keep=2", nil)
+	const rows, row = 40, 1 << 20
+	huge := make([]byte, rows*row)
+	for i := range huge {
+		huge[i] = byte(i>>20 + i*3)
+	}
+	s, err := tc.clients[0].Session("rsk", 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Save(ctxT(t), 1, []sdk.Tensor{{Name: "huge", DType: shm.U8, Shape: []int64{rows, row}, Data: huge}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	tc.waitLatest("rsk", 1)
+	tc.waitStarted("rsk", 1, []string{"s3"})
+	tc.waitTiers("rsk")
+	s3 := tc.storeOf(0, "s3")
+	tc.loseMemory("rsk", 1, func(int) map[tiers.Name]tiers.Store { return map[tiers.Name]tiers.Store{"s3": s3} })
+	s, err = tc.clients[0].Session("rsk", 1, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got := make([]byte, 24*row)
+	res, err := s.RestoreInto(ctxT(t), sdk.Layout{Slices: []sdk.Slice{{Name: "huge", DType: shm.U8, Offsets: []int64{3, 0}, Lengths: []int64{24, row}, Data: got}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Fetched != 24*row || !bytes.Equal(got, huge[3*row:27*row]) {
+		t.Fatalf("rows 3 to 26 of a 40 MiB shard on s3: %d bytes fetched (want %d), equal %t", res.Fetched, 24*row, bytes.Equal(got, huge[3*row:27*row]))
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/minio/minio-go/v7"
 	"rewind.dev/rewind/shm"
 )
 
@@ -173,7 +174,9 @@ func (s *FileStore) ReadRange(ctx context.Context, name string, off int64, dst [
 }
 
 // ReadRange implements RangeReader: one ranged GET, retried as any
-// request is.
+// request is, except when the object is shorter than the range (a 416, or
+// a body announced shorter than asked): that is what the object is, not a
+// transient failure, and is answered at once.
 func (s *S3Store) ReadRange(ctx context.Context, name string, off int64, dst []byte) error {
 	key, err := s.key(name)
 	if err != nil {
@@ -182,29 +185,25 @@ func (s *S3Store) ReadRange(ctx context.Context, name string, off int64, dst []b
 	if len(dst) == 0 {
 		return nil
 	}
-	w := &offsetWriter{b: dst, base: off}
 	return s.retry(ctx, "get", name, key, func(ctx context.Context) error {
-		_, err := s.getRange(ctx, key, "", w, off, int64(len(dst)))
-		return err
+		var opts minio.GetObjectOptions
+		if err := opts.SetRange(off, off+int64(len(dst))-1); err != nil {
+			return &s3ShortObjectError{err}
+		}
+		rc, info, _, err := s.core.GetObject(ctx, s.bucket, key, opts)
+		if s3Code(err) == "InvalidRange" {
+			return &s3ShortObjectError{fmt.Errorf("%w: %d bytes at %d: past the end of the object", io.ErrUnexpectedEOF, len(dst), off)}
+		}
+		if err != nil {
+			return err
+		}
+		defer rc.Close()
+		if info.Size >= 0 && info.Size < int64(len(dst)) {
+			return &s3ShortObjectError{fmt.Errorf("%w: %d bytes at %d: the object has %d from there", io.ErrUnexpectedEOF, len(dst), off, info.Size)}
+		}
+		if _, err := io.ReadFull(rc, dst); err != nil {
+			return s3ShortRange(err, off) // the body was cut: retried
+		}
+		return nil
 	})
-}
-
-// offsetWriter is the memory for bytes [base, base+len(b)) of an object.
-type offsetWriter struct {
-	b    []byte
-	base int64
-}
-
-func (w *offsetWriter) WriteAt(p []byte, off int64) (int, error) {
-	if off < w.base || off-w.base+int64(len(p)) > int64(len(w.b)) {
-		return 0, &pastDestError{n: int64(len(p)), off: off - w.base, size: len(w.b)}
-	}
-	return copy(w.b[off-w.base:], p), nil
-}
-
-func (w *offsetWriter) SliceAt(off int64, n int) ([]byte, error) {
-	if off < w.base || n < 0 || off-w.base+int64(n) > int64(len(w.b)) {
-		return nil, &pastDestError{n: int64(n), off: off - w.base, size: len(w.b)}
-	}
-	return w.b[off-w.base : off-w.base+int64(n)], nil
 }

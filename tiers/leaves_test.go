@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 
 	"rewind.dev/rewind/shm"
@@ -88,7 +89,9 @@ func TestLeavesCheckedAgainstTheHeader(t *testing.T) {
 // range past the end is io.ErrUnexpectedEOF, a missing object not found.
 func TestReadRange(t *testing.T) {
 	ctx := context.Background()
-	s3, _ := newS3(t, func(c *S3Config) { c.MaxAttempts = 2 }) // a short range is not retried for long
+	s3, _ := newS3(t, nil)
+	var retried atomic.Int32
+	s3.WatchRetries(func(string, string, int, error) { retried.Add(1) })
 	fs, err := NewFileStore(filepath.Join(t.TempDir(), "pfs"), PFSOptions())
 	if err != nil {
 		t.Fatal(err)
@@ -104,8 +107,15 @@ func TestReadRange(t *testing.T) {
 				t.Errorf("%s: %d bytes at %d: %v, equal %t", st, r[1], r[0], err, bytes.Equal(got, obj[r[0]:r[0]+r[1]]))
 			}
 		}
-		if err := ReadRange(ctx, st, "j/step-1/x", int64(len(obj))-4, make([]byte, 8)); !errors.Is(err, io.ErrUnexpectedEOF) {
-			t.Errorf("%s: a range past the end: %v, want io.ErrUnexpectedEOF", st, err)
+		// A range past the end is what the object is: answered at once,
+		// never retried.
+		for _, off := range []int64{int64(len(obj)) - 4, int64(len(obj)) + 10} {
+			if err := ReadRange(ctx, st, "j/step-1/x", off, make([]byte, 8)); !errors.Is(err, io.ErrUnexpectedEOF) {
+				t.Errorf("%s: a range at %d past the end: %v, want io.ErrUnexpectedEOF", st, off, err)
+			}
+		}
+		if n := retried.Load(); n != 0 {
+			t.Errorf("%s: %d requests retried, want none", st, n)
 		}
 		if err := ReadRange(ctx, st, "j/step-1/missing", 0, make([]byte, 8)); !IsNotExist(err) {
 			t.Errorf("%s: a range of a missing object: %v, want not exist", st, err)

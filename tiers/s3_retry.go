@@ -55,6 +55,13 @@ type s3SourceError struct{ err error }
 func (e *s3SourceError) Error() string { return e.err.Error() }
 func (e *s3SourceError) Unwrap() error { return e.err }
 
+// s3ShortObjectError says an object is shorter than a range asked of it:
+// what the object is, never retried.
+type s3ShortObjectError struct{ err error }
+
+func (e *s3ShortObjectError) Error() string { return e.err.Error() }
+func (e *s3ShortObjectError) Unwrap() error { return e.err }
+
 // errS3Changed says the object was replaced while a Get read it.
 var errS3Changed = errors.New("object changed while it was read")
 
@@ -86,7 +93,8 @@ func s3Retryable(ctx context.Context, err error) bool {
 		return false
 	}
 	var src *s3SourceError
-	if errors.As(err, &src) {
+	var short *s3ShortObjectError
+	if errors.As(err, &src) || errors.As(err, &short) {
 		return false
 	}
 	var r minio.ErrorResponse
