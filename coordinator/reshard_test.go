@@ -84,6 +84,29 @@ func restoreNewRank(t *testing.T, cl *cluster, node int, job string, j int, big,
 	return res
 }
 
+// restoreRanged restores all 8 new ranks of job (rank j on the node
+// nodeOf(j) gives) on nodes that hold none of its shards: each must fetch
+// exactly its rows' two 1 MiB leaves of big and bias's one leaf, in
+// ranges, and the tensors assembled from them must be the saved ones;
+// from says where the ranges come from, for the messages.
+func restoreRanged(t *testing.T, cl *cluster, job string, nodeOf func(j int) int, big, bias []byte, from string) {
+	t.Helper()
+	gotBig := make([]byte, len(big))
+	for j := range 8 {
+		gotBias := make([]byte, len(bias))
+		res := restoreNewRank(t, cl, nodeOf(j), job, j, gotBig, gotBias)
+		if want := int64(2<<20 + len(bias)); res.Fetched != want {
+			t.Errorf("new rank %d: %d bytes fetched from %s, want %d (its rows' leaves and bias, each once)", j, res.Fetched, from, want)
+		}
+		if !bytes.Equal(gotBias, bias) {
+			t.Fatalf("new rank %d: bias differs from the saved one", j)
+		}
+	}
+	if !bytes.Equal(gotBig, big) {
+		t.Fatal("the tensor assembled from the new ranks differs from the saved one")
+	}
+}
+
 // TestReshardAcrossNodes: a step saved by 4 ranks on two nodes restores
 // at world size 8 on a third node that holds none of its shards: each new
 // rank's agent fetches from the peers exactly the 1 MiB leaves its slices
@@ -93,20 +116,7 @@ func restoreNewRank(t *testing.T, cl *cluster, node int, job string, j int, big,
 func TestReshardAcrossNodes(t *testing.T) {
 	cl := newCluster(t, 3)
 	big, bias := saveReshardModel(t, cl, "rsx", 4)
-	gotBig := make([]byte, len(big))
-	for j := range 8 {
-		gotBias := make([]byte, len(bias))
-		res := restoreNewRank(t, cl, 2, "rsx", j, gotBig, gotBias)
-		if want := int64(2<<20 + len(bias)); res.Fetched != want {
-			t.Errorf("new rank %d: %d bytes fetched from the peers, want %d (its rows' leaves and bias)", j, res.Fetched, want)
-		}
-		if !bytes.Equal(gotBias, bias) {
-			t.Fatalf("new rank %d: bias differs from the saved one", j)
-		}
-	}
-	if !bytes.Equal(gotBig, big) {
-		t.Fatal("the tensor assembled from the new ranks differs from the saved one")
-	}
+	restoreRanged(t, cl, "rsx", func(int) int { return 2 }, big, bias, "the peers")
 	shards, err := cl.clients[2].List(ctxT(t), "rsx")
 	if err != nil || len(shards) != 0 {
 		t.Fatalf("node-2 holds %d shards after ranged reads (%v), want none", len(shards), err)

@@ -64,23 +64,17 @@ func TestReshardFromATier(t *testing.T) {
 	}
 	s3 := tc.storeOf(0, "s3")
 	tc.loseMemory("rst", 4, func(int) map[tiers.Name]tiers.Store { return map[tiers.Name]tiers.Store{"s3": s3} })
-	gotBig := make([]byte, len(big))
-	for j := range 8 {
-		gotBias := make([]byte, len(bias))
-		res := restoreNewRank(t, tc.cluster, j%2, "rst", j, gotBig, gotBias)
-		if want := int64(2<<20 + len(bias)); res.Fetched != want {
-			t.Errorf("new rank %d: %d bytes fetched from the store, want %d (its rows' leaves and bias)", j, res.Fetched, want)
-		}
-		if !bytes.Equal(gotBias, bias) {
-			t.Fatalf("new rank %d: bias differs from the saved one", j)
-		}
-	}
-	if !bytes.Equal(gotBig, big) {
-		t.Fatal("the tensor assembled from the new ranks differs from the saved one")
-	}
+	restoreRanged(t, tc.cluster, "rst", func(j int) int { return j % 2 }, big, bias, "the object store")
+	tc.holdNone("rst")
+}
+
+// holdNone fails unless no node holds a shard of job: ranged reads leave
+// nothing behind.
+func (tc *tierCluster) holdNone(job string) {
+	tc.t.Helper()
 	for i, c := range tc.clients {
-		if shards, err := c.List(ctxT(t), "rst"); err != nil || len(shards) != 0 {
-			t.Fatalf("node-%d holds %d shards after ranged reads of the store (%v), want none", i, len(shards), err)
+		if shards, err := c.List(ctxT(tc.t), job); err != nil || len(shards) != 0 {
+			tc.t.Fatalf("node-%d holds %d shards of %s after ranged reads of the tiers (%v), want none", i, len(shards), job, err)
 		}
 	}
 }
@@ -112,25 +106,8 @@ func TestReshardFromATierFallsBackFromACorruptByte(t *testing.T) {
 		return map[tiers.Name]tiers.Store{"pfs": tc.storeOf(i, "pfs"), "s3": tc.storeOf(i, "s3")}
 	}
 	tc.loseMemory("rsc", 4, stores)
-	gotBig := make([]byte, len(big))
-	for j := range 8 {
-		gotBias := make([]byte, len(bias))
-		res := restoreNewRank(t, tc.cluster, j%2, "rsc", j, gotBig, gotBias)
-		if want := int64(2<<20 + len(bias)); res.Fetched != want {
-			t.Errorf("new rank %d: %d bytes fetched from the tiers, want %d (each leaf once, the rotten one from s3)", j, res.Fetched, want)
-		}
-		if !bytes.Equal(gotBias, bias) {
-			t.Fatalf("new rank %d: bias differs from the saved one", j)
-		}
-	}
-	if !bytes.Equal(gotBig, big) {
-		t.Fatal("the tensor assembled from the new ranks differs from the saved one: a rotten leaf was used")
-	}
-	for i, c := range tc.clients {
-		if shards, err := c.List(ctxT(t), "rsc"); err != nil || len(shards) != 0 {
-			t.Fatalf("node-%d holds %d shards after ranged reads of the tiers (%v), want none", i, len(shards), err)
-		}
-	}
+	restoreRanged(t, tc.cluster, "rsc", func(j int) int { return j % 2 }, big, bias, "the tiers (the rotten leaf from s3)")
+	tc.holdNone("rsc")
 }
 
 // TestReshardFromATierCopyWithoutLeafHashes: a tier copy with no leaf

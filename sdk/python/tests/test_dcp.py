@@ -244,6 +244,17 @@ def test_corrupt_piece_read_from_another_copy(two_nodes, tmp_path):
             again.verify(t.name for t in again.header.tensors)
 
 
+def assert_ranged(a, job: str, other: str) -> None:
+    """a, having loaded step 7 at world size 2, holds only its own ranks'
+    shards (0 and 1) and no partial file: what it read of ranks 2 and 3
+    came in ranges from other, not as whole shards."""
+    with rewind.Client(socket=a.socket, job=job, rank=0, world_size=2) as c:
+        held = {s.rank for s in c.list() if s.step == 7}
+    assert held == {0, 1}, f"a holds ranks {held} after the load: shards on {other} were pulled whole"
+    partial = os.path.join(a.root, ".partial")
+    assert not os.path.exists(partial) or os.listdir(partial) == []
+
+
 def test_load_across_nodes_moves_only_the_ranges_read(two_nodes_unreplicated, tmp_path):
     """Saved at world size 4, ranks 0-1 on a and 2-3 on b, no replicas:
     loaded at world size 2 on a alone, every value equals the full
@@ -259,11 +270,7 @@ def test_load_across_nodes_moves_only_the_ranges_read(two_nodes_unreplicated, tm
             assert time.monotonic() < deadline, "step 7 never became consistent"
             time.sleep(0.05)
     check_loaded(gang("load", 2, a, job, tmp_path), 2)
-    with rewind.Client(socket=a.socket, job=job, rank=0, world_size=2) as c:
-        held = {s.rank for s in c.list() if s.step == 7}
-    assert held == {0, 1}, f"a holds ranks {held} after the load: shards of b were pulled whole"
-    partial = os.path.join(a.root, ".partial")
-    assert not os.path.exists(partial) or os.listdir(partial) == []
+    assert_ranged(a, job, "b")
 
 
 @pytest.fixture
@@ -302,11 +309,7 @@ def test_load_from_a_tier_after_a_node_is_lost(two_nodes_pfs, tmp_path):
     assert (step / f"rank-{2:06d}.leaves").exists()
     b.close()  # the node and its shared memory are gone
     check_loaded(gang("load", 2, a, job, tmp_path), 2)
-    with rewind.Client(socket=a.socket, job=job, rank=0, world_size=2) as c:
-        held = {s.rank for s in c.list() if s.step == 7}
-    assert held == {0, 1}, f"a holds ranks {held} after the load: shards on the tier were pulled whole"
-    partial = os.path.join(a.root, ".partial")
-    assert not os.path.exists(partial) or os.listdir(partial) == []
+    assert_ranged(a, job, "the tier")
 
 
 def test_checkpoint_id():
