@@ -265,18 +265,29 @@ func (m *monoCluster) finish() {
 	m.h.mu.Unlock()
 	// The savers' last saves may have made a newer step consistent after
 	// the poller's last answer (and reused the slots of the one it
-	// named): the latest now must be no older, and whole on every rank.
-	resp, err := m.api.Latest(ctxT(t), &coordpb.LatestRequest{Job: monoJob})
-	if err != nil || resp.Step < last {
-		t.Fatalf("latest consistent step after the last kill: %v (%v), the last answered before was %d", resp.GetStep(), err, last)
-	}
-	last = resp.Step
-	for r, s := range m.sessions {
-		got, err := s.RestoreStep(ctxT(t), last)
-		if err != nil || string(got.Tensors[0].Data) != string(tinyState(r, last)[0].Data) {
-			t.Fatalf("rank %d restoring step %d, the latest consistent: %v", r, last, err)
+	// named), and their reports may still be on the way once the savers
+	// stopped, making one newer still: the latest must never be older,
+	// and, once no newer step comes, whole on every rank.
+	wait.ForNil(t, 10*time.Second, "the latest consistent step restorable on every rank", func() error {
+		resp, err := m.api.Latest(ctxT(t), &coordpb.LatestRequest{Job: monoJob})
+		if err != nil {
+			return err
 		}
-	}
+		if resp.Step < last {
+			t.Fatalf("latest consistent step after the last kill: %d, the last answered before was %d", resp.Step, last)
+		}
+		last = resp.Step
+		for r, s := range m.sessions {
+			got, err := s.RestoreStep(ctxT(t), last)
+			if err != nil {
+				return fmt.Errorf("rank %d restoring step %d, the latest consistent: %w", r, last, err)
+			}
+			if string(got.Tensors[0].Data) != string(tinyState(r, last)[0].Data) {
+				t.Fatalf("rank %d restored step %d with other bytes than it saved", r, last)
+			}
+		}
+		return nil
+	})
 	t.Logf("%d kills; the last coordinator answered step %d", m.h.generation(), last)
 }
 
