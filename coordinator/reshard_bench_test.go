@@ -64,19 +64,7 @@ func saveBench(b *testing.B, c *sdk.Client, rows, width int64) {
 	for i := range global {
 		global[i] = byte(i*13 + i>>20)
 	}
-	for r := range uint32(4) {
-		s, err := c.Session("bench", r, 4)
-		if err != nil {
-			b.Fatal(err)
-		}
-		off := int64(r) * rows / 4
-		ts := []sdk.Tensor{{Name: "w", DType: shm.U8, Shape: []int64{rows / 4, width}, Data: global[off*width : (off+rows/4)*width],
-			Chunk: &shm.Chunk{GlobalShape: []int64{rows, width}, Offsets: []int64{off, 0}}}}
-		if err := s.Save(b.Context(), 1, ts, nil); err != nil {
-			b.Fatal(err)
-		}
-		s.Close()
-	}
+	testcluster.SaveRowPieces(b, c, "bench", 1, global, rows, width, 4)
 }
 
 // benchRestores runs the two restores of step 1 of job "bench" (64 rows

@@ -3,6 +3,7 @@ package sdk_test
 import (
 	"testing"
 
+	"rewind.dev/rewind/internal/testcluster"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
 )
@@ -16,19 +17,7 @@ func BenchmarkReshardRestore(b *testing.B) {
 	c, _ := start(b, nil)
 	const rows, width = 64, 1 << 20
 	global := pattern(1, rows*width)
-	for r := range uint32(4) {
-		s, err := c.Session("bench", r, 4)
-		if err != nil {
-			b.Fatal(err)
-		}
-		off := int64(r) * rows / 4
-		ts := []sdk.Tensor{{Name: "w", DType: shm.U8, Shape: []int64{rows / 4, width}, Data: global[off*width : (off+rows/4)*width],
-			Chunk: &shm.Chunk{GlobalShape: []int64{rows, width}, Offsets: []int64{off, 0}}}}
-		if err := s.Save(b.Context(), 1, ts, nil); err != nil {
-			b.Fatal(err)
-		}
-		s.Close()
-	}
+	testcluster.SaveRowPieces(b, c, "bench", 1, global, rows, width, 4)
 	// The agent verifies each shard after its commit and keeps the leaf
 	// hashes, which a restore of part of a piece checks its reads against:
 	// measured once that is done, as a recovery after a save finds it.
