@@ -177,7 +177,7 @@ func (a *Agent) fetchHeader(ctx context.Context, ps PeerShard) (raw []byte, _ *s
 		if err := binary.Read(r, binary.LittleEndian, &n); err != nil {
 			return nil, nil, nil, err
 		}
-		if want := (t.Len() + shm.LeafSize - 1) / shm.LeafSize; int64(n) != want || !t.HasSum {
+		if want := shm.NumLeaves(t.Len()); int(n) != want || !t.HasSum {
 			return nil, nil, nil, fmt.Errorf("%w: tensor %q: %d leaf hashes for %d bytes (checksum in the header: %t)", shm.ErrCorrupt, t.Name, n, t.Len(), t.HasSum)
 		}
 		leaves[i] = make([]uint64, n)

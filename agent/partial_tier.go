@@ -20,10 +20,9 @@ import (
 // (tiers.LeavesName, written when the shard was pushed), checks both as
 // a peer's are checked, and Fill reads only the leaves the ranges touch,
 // in ranged reads of up to tierReadLeaves leaves, tierReadWorkers at a
-// time. All copies of a
-// shard with one header checksum hold the same bytes, so a partial open
-// made from a peer's header also fills from a tier when its peers fail,
-// and the other way round.
+// time. All copies of a shard with one header checksum hold the same
+// bytes, so a partial open made from a peer's header also fills from a
+// tier when its peers fail, and the other way round.
 
 // tierReadLeaves is how many leaves one ranged read of a tier asks for.
 const tierReadLeaves = 8
@@ -139,12 +138,11 @@ func (a *Agent) fetchTierRuns(ctx context.Context, p *partial, src Source, st ti
 	}
 	name := tiers.ShardName(p.ps.Job, p.ps.Step, p.ps.Rank)
 	var (
-		next    atomic.Int64
-		written atomic.Int64
-		mu      sync.Mutex
-		done    [][2]int // (tensor, leaf) written and checked
-		bad     error    // the first leaf that did not match
-		failed  error    // the first read or write that failed
+		next   atomic.Int64
+		mu     sync.Mutex
+		done   [][2]int // (tensor, leaf) written and checked
+		bad    error    // the first leaf that did not match
+		failed error    // the first read or write that failed
 	)
 	var wg sync.WaitGroup
 	for range min(tierReadWorkers, len(chunks)) {
@@ -160,9 +158,6 @@ func (a *Agent) fetchTierRuns(ctx context.Context, p *partial, src Source, st ti
 				bad = cmp.Or(bad, mismatch)
 				failed = cmp.Or(failed, err)
 				mu.Unlock()
-				for _, j := range ok {
-					written.Add(min(shm.LeafSize, c.hi-c.lo-int64(j-c.first)*shm.LeafSize))
-				}
 				if err != nil {
 					next.Store(int64(len(chunks))) // the others stop too
 					return
@@ -171,19 +166,21 @@ func (a *Agent) fetchTierRuns(ctx context.Context, p *partial, src Source, st ti
 		})
 	}
 	wg.Wait()
+	var written int64
 	for _, d := range done {
 		p.have[d[0]][d[1]] = true
+		written += min(shm.LeafSize, p.h.Tensors[d[0]].Len()-int64(d[1])*shm.LeafSize)
 	}
 	if failed == nil {
 		failed = context.Cause(ctx)
 	}
 	if failed != nil {
-		return written.Load(), fmt.Errorf("%s: %w", src.Tier, failed)
+		return written, fmt.Errorf("%s: %w", src.Tier, failed)
 	}
 	if bad != nil {
 		a.log.Warn("a tier copy's leaf does not match its hash; reading it elsewhere", "job", p.ps.Job, "rank", p.ps.Rank, "step", p.ps.Step, "tier", src.Tier, "err", bad)
 	}
-	return written.Load(), bad
+	return written, bad
 }
 
 // readTierChunk reads chunk c of p's shard from st into b and writes each

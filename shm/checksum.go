@@ -27,7 +27,7 @@ const LeafSize = 1 << 20
 
 // Sum returns the checksum of b, sequentially.
 func Sum(b []byte) uint64 {
-	n := numLeaves(int64(len(b)))
+	n := NumLeaves(int64(len(b)))
 	leaves := make([]uint64, n)
 	for i := range leaves {
 		leaves[i] = xxh3.Hash(leaf(b, i))
@@ -38,7 +38,8 @@ func Sum(b []byte) uint64 {
 // FormatSum renders a checksum as it appears in a shard header.
 func FormatSum(s uint64) string { return fmt.Sprintf("%016x", s) }
 
-func numLeaves(n int64) int { return int((n + LeafSize - 1) / LeafSize) }
+// NumLeaves is how many leaves hash n bytes: the last may be short.
+func NumLeaves(n int64) int { return int((n + LeafSize - 1) / LeafSize) }
 
 func leaf(b []byte, i int) []byte {
 	lo := i * LeafSize
@@ -159,7 +160,7 @@ func sumLeaves(sizes []int64, workers int, hash func(w, i, j int) uint64) [][]ui
 	leaves := make([][]uint64, len(sizes))
 	var total int64
 	for i, n := range sizes {
-		leaves[i] = make([]uint64, numLeaves(n))
+		leaves[i] = make([]uint64, NumLeaves(n))
 		starts[i+1] = starts[i] + len(leaves[i])
 		total += n
 	}
@@ -224,7 +225,7 @@ func LeafMatches(b []byte, h uint64) bool { return xxh3.Hash(b) == h }
 // piece cost each leaf one hash. It returns the bytes hashed, or an error
 // wrapping ErrCorrupt.
 func VerifyRange(b []byte, lo, hi int64, leaves []uint64, sum uint64, done map[int]bool) (int64, error) {
-	if len(leaves) != numLeaves(int64(len(b))) {
+	if len(leaves) != NumLeaves(int64(len(b))) {
 		return 0, corruptf("%d leaf hashes for %d bytes", len(leaves), len(b))
 	}
 	if rootOf(leaves) != sum {
@@ -264,7 +265,7 @@ func VerifyCopyRange(dst, b []byte, lo, hi int64, leaves []uint64, sum uint64, d
 	if int64(len(dst)) != hi-lo || lo < 0 || hi > int64(len(b)) || lo > hi {
 		panic(fmt.Sprintf("shm: copy of bytes %d to %d of %d into %d", lo, hi, len(b), len(dst)))
 	}
-	if len(leaves) != numLeaves(int64(len(b))) {
+	if len(leaves) != NumLeaves(int64(len(b))) {
 		return 0, corruptf("%d leaf hashes for %d bytes", len(leaves), len(b))
 	}
 	if rootOf(leaves) != sum {

@@ -24,7 +24,7 @@ type StreamCheck struct {
 func (h *Header) NewStreamCheck(b []byte) *StreamCheck {
 	s := &StreamCheck{h: h, b: b, leaves: make([][]uint64, len(h.Tensors))}
 	for i, t := range h.Tensors {
-		s.leaves[i] = make([]uint64, 0, numLeaves(t.Len()))
+		s.leaves[i] = make([]uint64, 0, NumLeaves(t.Len()))
 	}
 	return s
 }

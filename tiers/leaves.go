@@ -73,12 +73,12 @@ func DecodeLeaves(b []byte, h *shm.Header) ([][]uint64, error) {
 	b = b[4:]
 	out := make([][]uint64, len(h.Tensors))
 	for i, t := range h.Tensors {
-		want := (t.Len() + shm.LeafSize - 1) / shm.LeafSize
-		if len(b) < 4 || int64(binary.LittleEndian.Uint32(b)) != want {
+		want := shm.NumLeaves(t.Len())
+		if len(b) < 4 || int(binary.LittleEndian.Uint32(b)) != want {
 			return nil, bad("tensor %q: not %d leaf hashes", t.Name, want)
 		}
 		b = b[4:]
-		if int64(len(b)) < 8*want {
+		if len(b) < 8*want {
 			return nil, bad("tensor %q: %d bytes for %d leaf hashes", t.Name, len(b), want)
 		}
 		out[i] = make([]uint64, want)
@@ -112,23 +112,20 @@ func GetLeaves(ctx context.Context, st Store, job string, step int64, rank uint3
 	}
 	limit := int64(len(leavesMagic) + 4)
 	for _, t := range h.Tensors {
-		limit += 4 + 8*((t.Len()+shm.LeafSize-1)/shm.LeafSize)
+		limit += 4 + 8*int64(shm.NumLeaves(t.Len()))
 	}
 	if size != limit {
 		return nil, fmt.Errorf("%w: tiers: %s: %s is %d bytes, its shard's tensors make %d", shm.ErrCorrupt, st, name, size, limit)
 	}
 	b := make([]byte, size)
-	if n, err := st.Get(ctx, name, &memWriter{b: b}); err != nil || n != size {
-		return nil, fmt.Errorf("tiers: %s: reading %s (%d of %d bytes): %w", st, name, n, size, errors.Join(err, errShortObject(n, size)))
+	n, err := st.Get(ctx, name, &memWriter{b: b})
+	if err == nil && n != size {
+		err = fmt.Errorf("%w: the object changed size while it was read", shm.ErrCorrupt)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("tiers: %s: reading %s (%d of %d bytes): %w", st, name, n, size, err)
 	}
 	return DecodeLeaves(b, h)
-}
-
-func errShortObject(n, size int64) error {
-	if n == size {
-		return nil
-	}
-	return fmt.Errorf("%w: the object changed size while it was read", shm.ErrCorrupt)
 }
 
 // RangeReader is a Store that reads part of an object.
