@@ -2,8 +2,6 @@ package coordinator_test
 
 import (
 	"fmt"
-	"io"
-	"log/slog"
 	"slices"
 	"testing"
 	"time"
@@ -27,12 +25,7 @@ import (
 //
 //	go test -run '^$' -bench ReshardFromATier -benchtime 5x -count 5 ./coordinator
 func BenchmarkReshardFromATier(b *testing.B) {
-	srv := miniotest.Start(b)
-	scfg := tiers.DefaultS3Config()
-	scfg.URL, scfg.Endpoint = "s3://"+srv.Bucket+"/rewind", srv.URL()
-	scfg.AccessKey, scfg.SecretKey = tiers.Secret(srv.AccessKey), tiers.Secret(srv.SecretKey)
-	scfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	st, err := tiers.NewS3Store(scfg)
+	st, err := s3StoreOn(miniotest.Start(b), nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -52,12 +52,9 @@ func newTierCluster(t *testing.T, nodes int, policy string, mod func(node int, c
 		case "pfs":
 			st, err = tiers.NewFileStore(tc.pfs, tiers.PFSOptions())
 		case "s3":
-			cfg := tiers.DefaultS3Config()
-			cfg.URL, cfg.Endpoint = "s3://"+tc.minio.Bucket+"/rewind", tc.minio.URL()
-			cfg.AccessKey, cfg.SecretKey = tiers.Secret(tc.minio.AccessKey), tiers.Secret(tc.minio.SecretKey)
-			cfg.PartSize, cfg.RetryBase, cfg.RetryMax, cfg.MaxAttempts = 5<<20, 50*time.Millisecond, 200*time.Millisecond, 3
-			cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-			st, err = tiers.NewS3Store(cfg)
+			st, err = s3StoreOn(tc.minio, func(cfg *tiers.S3Config) {
+				cfg.PartSize, cfg.RetryBase, cfg.RetryMax, cfg.MaxAttempts = 5<<20, 50*time.Millisecond, 200*time.Millisecond, 3
+			})
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -78,6 +75,19 @@ func newTierCluster(t *testing.T, nodes int, policy string, mod func(node int, c
 	}
 	tc.waitOrderStreams()
 	return tc
+}
+
+// s3StoreOn is a store on srv's bucket under "rewind/", its settings the
+// defaults changed by edit, logging nowhere.
+func s3StoreOn(srv *miniotest.Server, edit func(*tiers.S3Config)) (*tiers.S3Store, error) {
+	cfg := tiers.DefaultS3Config()
+	cfg.URL, cfg.Endpoint = "s3://"+srv.Bucket+"/rewind", srv.URL()
+	cfg.AccessKey, cfg.SecretKey = tiers.Secret(srv.AccessKey), tiers.Secret(srv.SecretKey)
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if edit != nil {
+		edit(&cfg)
+	}
+	return tiers.NewS3Store(cfg)
 }
 
 // saveByPolicy saves steps 1 to steps of every rank of job (world size
