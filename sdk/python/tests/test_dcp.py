@@ -167,15 +167,16 @@ def test_async_save_then_load(agent, tmp_path):
     check_loaded(gang("load", 3, agent, job, tmp_path), 3)
 
 
-def cluster(rewind_bin, start_agent, tmp_path, *coord_flags: str):
-    """A coordinator (with coord_flags) and two agents, nodes a and b."""
+def cluster(rewind_bin, start_agent, tmp_path, *coord_flags: str, agent_flags: tuple[str, ...] = ()):
+    """A coordinator (with coord_flags) and two agents (with agent_flags),
+    nodes a and b."""
     addr = f"127.0.0.1:{free_port()}"
     with open(tmp_path / "coordinator.log", "w") as log:
         coord = subprocess.Popen([rewind_bin, "coordinator", "--listen", addr, "--data", str(tmp_path / "coordinator"),
                                   "--metrics", "", "--gossip", "", *coord_flags], stdout=log, stderr=subprocess.STDOUT)
     try:
-        yield [start_agent("--node", n, "--listen", f"127.0.0.1:{free_port()}", "--coordinator", addr, "--gossip", "")
-               for n in ("a", "b")]
+        yield [start_agent("--node", n, "--listen", f"127.0.0.1:{free_port()}", "--coordinator", addr, "--gossip", "",
+                           *agent_flags) for n in ("a", "b")]
     finally:
         coord.kill()
         coord.wait()
@@ -277,18 +278,10 @@ def test_load_across_nodes_moves_only_the_ranges_read(two_nodes_unreplicated, tm
 def two_nodes_pfs(rewind_bin, start_agent, tmp_path):
     """two_nodes_unreplicated with a shared parallel filesystem tier that
     every step is copied to."""
-    addr = f"127.0.0.1:{free_port()}"
     pfs = tmp_path / "pfs"
-    with open(tmp_path / "coordinator.log", "w") as log:
-        coord = subprocess.Popen([rewind_bin, "coordinator", "--listen", addr, "--data", str(tmp_path / "coordinator"),
-                                  "--metrics", "", "--gossip", "", "--replicas", "0",
-                                  "--policy", "pfs:every=1,keep=2"], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        yield [start_agent("--node", n, "--listen", f"127.0.0.1:{free_port()}", "--coordinator", addr, "--gossip", "",
-                           "--tier", f"pfs=file://{pfs}") for n in ("a", "b")], pfs
-    finally:
-        coord.kill()
-        coord.wait()
+    for agents in cluster(rewind_bin, start_agent, tmp_path, "--replicas", "0", "--policy", "pfs:every=1,keep=2",
+                          agent_flags=("--tier", f"pfs=file://{pfs}")):
+        yield agents, pfs
 
 
 def test_load_from_a_tier_after_a_node_is_lost(two_nodes_pfs, tmp_path):
