@@ -16,13 +16,13 @@ import (
 // A tensor's checksum is XXH3-64 (seed 0) of the concatenation of the
 // little-endian XXH3-64 hashes of its bytes cut into LeafSize pieces (the
 // last may be shorter; an empty tensor has no leaves). Leaves make the sum
-// computable by several threads and in the same pass as a copy: each leaf is
-// hashed right after it is copied, while it is still in cache.
+// computable by several threads and in the same pass as a copy: copyHash
+// hashes each leaf from the registers that copy it.
 const ChecksumAlgo = "xxh3-64-tree-1MiB"
 
-// LeafSize is the leaf size of the checksum tree. One MiB is large enough
-// that copy() streams with non-temporal stores and small enough that the
-// leaf is still in cache when it is hashed.
+// LeafSize is the leaf size of the checksum tree: large enough that a
+// leaf's copy streams past the caches, small enough to spread one tensor
+// over several workers.
 const LeafSize = 1 << 20
 
 // Sum returns the checksum of b, sequentially.
@@ -88,7 +88,7 @@ func CopyAndSum(copies []Copy, workers int) []uint64 {
 		c := copies[i]
 		src := leaf(c.Src, j)
 		if c.Dst != nil {
-			copy(leaf(c.Dst, j), src)
+			return copyHash(leaf(c.Dst, j), src)
 		}
 		return xxh3.Hash(src)
 	}))
@@ -258,8 +258,9 @@ func VerifyRange(b []byte, lo, hi int64, leaves []uint64, sum uint64, done map[i
 
 // VerifyCopyRange is VerifyRange that also copies bytes [lo, hi) of b to
 // dst (hi-lo bytes) in the same pass, leaf by leaf over workers
-// goroutines (0: DefaultWorkers): each leaf is copied, then hashed while
-// it is in cache, unless done says it was checked before. On an error
+// goroutines (0: DefaultWorkers): a whole leaf is copied and hashed in one
+// pass (copyHash), part of one copied and the leaf hashed, unless done
+// says it was checked before. On an error
 // dst holds part of the range, to be written again from another copy.
 func VerifyCopyRange(dst, b []byte, lo, hi int64, leaves []uint64, sum uint64, done map[int]bool, workers int) (int64, error) {
 	if int64(len(dst)) != hi-lo || lo < 0 || hi > int64(len(b)) || lo > hi {
@@ -279,6 +280,10 @@ func VerifyCopyRange(dst, b []byte, lo, hi int64, leaves []uint64, sum uint64, d
 		j := first + k
 		l := leaf(b, j)
 		from, to := max(lo, int64(j)*LeafSize), min(hi, int64(j)*LeafSize+int64(len(l)))
+		whole := to-from == int64(len(l))
+		if whole && !done[j] {
+			return copyHash(dst[from-lo:to-lo], l)
+		}
 		copy(dst[from-lo:to-lo], b[from:to])
 		if done[j] {
 			return leaves[j]
