@@ -63,6 +63,10 @@ var Rules = map[string]Rule{
 	coordpb.Coordinator_PlanRestore_FullMethodName:  {Roles: readers, Check: planRestore},
 	coordpb.Coordinator_RankSources_FullMethodName: {Roles: []Role{RoleNode, RoleOperator, RoleCoordinator},
 		Check: self(func(r *coordpb.RankSourcesRequest) []string { return []string{r.Node} })},
+	// A node reports the tier copies its own reads found corrupt; the
+	// coordinator verifies each before it believes it.
+	coordpb.Coordinator_SuspectTierCopy_FullMethodName: {Roles: nodeOnly,
+		Check: self(func(r *coordpb.SuspectTierCopyRequest) []string { return []string{r.Node} })},
 	coordpb.Coordinator_DeleteStep_FullMethodName: {Roles: operators},
 	coordpb.Coordinator_Transfers_FullMethodName: {Roles: nodeOnly,
 		Check: self(func(r *coordpb.TransfersRequest) []string { return []string{r.Node} })},

@@ -4242,6 +4242,150 @@ func (x *RankSourcesResponse) GetSources() []*RankSource {
 	return nil
 }
 
+type SuspectTierCopyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The calling node.
+	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Job  string `protobuf:"bytes,2,opt,name=job,proto3" json:"job,omitempty"`
+	Step int64  `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`
+	Rank uint32 `protobuf:"varint,4,opt,name=rank,proto3" json:"rank,omitempty"`
+	// The durable tier of the copy (a node-local tier: the caller's own).
+	Tier string `protobuf:"bytes,5,opt,name=tier,proto3" json:"tier,omitempty"`
+	// The header checksum the read expected (RankSourcesResponse's).
+	HeaderChecksum string `protobuf:"bytes,6,opt,name=header_checksum,json=headerChecksum,proto3" json:"header_checksum,omitempty"`
+	// What did not match.
+	Problem       string `protobuf:"bytes,7,opt,name=problem,proto3" json:"problem,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SuspectTierCopyRequest) Reset() {
+	*x = SuspectTierCopyRequest{}
+	mi := &file_coordinator_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SuspectTierCopyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SuspectTierCopyRequest) ProtoMessage() {}
+
+func (x *SuspectTierCopyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SuspectTierCopyRequest.ProtoReflect.Descriptor instead.
+func (*SuspectTierCopyRequest) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *SuspectTierCopyRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *SuspectTierCopyRequest) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *SuspectTierCopyRequest) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *SuspectTierCopyRequest) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *SuspectTierCopyRequest) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
+func (x *SuspectTierCopyRequest) GetHeaderChecksum() string {
+	if x != nil {
+		return x.HeaderChecksum
+	}
+	return ""
+}
+
+func (x *SuspectTierCopyRequest) GetProblem() string {
+	if x != nil {
+		return x.Problem
+	}
+	return ""
+}
+
+type SuspectTierCopyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The shard is to be verified. False when there is nothing to check:
+	// no such durable copy, one already marked corrupt, already being
+	// checked or verified whole a short while ago, or too many checks
+	// pending.
+	Checking      bool `protobuf:"varint,1,opt,name=checking,proto3" json:"checking,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SuspectTierCopyResponse) Reset() {
+	*x = SuspectTierCopyResponse{}
+	mi := &file_coordinator_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SuspectTierCopyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SuspectTierCopyResponse) ProtoMessage() {}
+
+func (x *SuspectTierCopyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SuspectTierCopyResponse.ProtoReflect.Descriptor instead.
+func (*SuspectTierCopyResponse) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *SuspectTierCopyResponse) GetChecking() bool {
+	if x != nil {
+		return x.Checking
+	}
+	return false
+}
+
 type AuditRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only entries naming this job (empty: all).
@@ -4258,7 +4402,7 @@ type AuditRequest struct {
 
 func (x *AuditRequest) Reset() {
 	*x = AuditRequest{}
-	mi := &file_coordinator_proto_msgTypes[54]
+	mi := &file_coordinator_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4270,7 +4414,7 @@ func (x *AuditRequest) String() string {
 func (*AuditRequest) ProtoMessage() {}
 
 func (x *AuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[54]
+	mi := &file_coordinator_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4283,7 +4427,7 @@ func (x *AuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditRequest.ProtoReflect.Descriptor instead.
 func (*AuditRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{54}
+	return file_coordinator_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *AuditRequest) GetJob() string {
@@ -4340,7 +4484,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_coordinator_proto_msgTypes[55]
+	mi := &file_coordinator_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4352,7 +4496,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[55]
+	mi := &file_coordinator_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4365,7 +4509,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{55}
+	return file_coordinator_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *AuditEntry) GetAtUnixNano() int64 {
@@ -4442,7 +4586,7 @@ type AuditResponse struct {
 
 func (x *AuditResponse) Reset() {
 	*x = AuditResponse{}
-	mi := &file_coordinator_proto_msgTypes[56]
+	mi := &file_coordinator_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4454,7 +4598,7 @@ func (x *AuditResponse) String() string {
 func (*AuditResponse) ProtoMessage() {}
 
 func (x *AuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[56]
+	mi := &file_coordinator_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4467,7 +4611,7 @@ func (x *AuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditResponse.ProtoReflect.Descriptor instead.
 func (*AuditResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{56}
+	return file_coordinator_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *AuditResponse) GetEntries() []*AuditEntry {
@@ -4494,7 +4638,7 @@ type NodesRequest struct {
 
 func (x *NodesRequest) Reset() {
 	*x = NodesRequest{}
-	mi := &file_coordinator_proto_msgTypes[57]
+	mi := &file_coordinator_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4506,7 +4650,7 @@ func (x *NodesRequest) String() string {
 func (*NodesRequest) ProtoMessage() {}
 
 func (x *NodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[57]
+	mi := &file_coordinator_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4519,7 +4663,7 @@ func (x *NodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesRequest.ProtoReflect.Descriptor instead.
 func (*NodesRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{57}
+	return file_coordinator_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *NodesRequest) GetNames() []string {
@@ -4540,7 +4684,7 @@ type NodesResponse struct {
 
 func (x *NodesResponse) Reset() {
 	*x = NodesResponse{}
-	mi := &file_coordinator_proto_msgTypes[58]
+	mi := &file_coordinator_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4552,7 +4696,7 @@ func (x *NodesResponse) String() string {
 func (*NodesResponse) ProtoMessage() {}
 
 func (x *NodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[58]
+	mi := &file_coordinator_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4565,7 +4709,7 @@ func (x *NodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesResponse.ProtoReflect.Descriptor instead.
 func (*NodesResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{58}
+	return file_coordinator_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *NodesResponse) GetNodes() []*Node {
@@ -4591,7 +4735,7 @@ type EnrollRequest struct {
 
 func (x *EnrollRequest) Reset() {
 	*x = EnrollRequest{}
-	mi := &file_coordinator_proto_msgTypes[59]
+	mi := &file_coordinator_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4603,7 +4747,7 @@ func (x *EnrollRequest) String() string {
 func (*EnrollRequest) ProtoMessage() {}
 
 func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[59]
+	mi := &file_coordinator_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4616,7 +4760,7 @@ func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollRequest.ProtoReflect.Descriptor instead.
 func (*EnrollRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{59}
+	return file_coordinator_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *EnrollRequest) GetCsr() []byte {
@@ -4656,7 +4800,7 @@ type EnrollResponse struct {
 
 func (x *EnrollResponse) Reset() {
 	*x = EnrollResponse{}
-	mi := &file_coordinator_proto_msgTypes[60]
+	mi := &file_coordinator_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4668,7 +4812,7 @@ func (x *EnrollResponse) String() string {
 func (*EnrollResponse) ProtoMessage() {}
 
 func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[60]
+	mi := &file_coordinator_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4681,7 +4825,7 @@ func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollResponse.ProtoReflect.Descriptor instead.
 func (*EnrollResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{60}
+	return file_coordinator_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *EnrollResponse) GetCertificate() []byte {
@@ -5047,7 +5191,17 @@ const file_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"size_bytes\x18\x02 \x01(\x04R\tsizeBytes\x12'\n" +
 	"\x0fheader_checksum\x18\x03 \x01(\tR\x0eheaderChecksum\x12;\n" +
-	"\asources\x18\x04 \x03(\v2!.rewind.coordinator.v1.RankSourceR\asources\"p\n" +
+	"\asources\x18\x04 \x03(\v2!.rewind.coordinator.v1.RankSourceR\asources\"\xbd\x01\n" +
+	"\x16SuspectTierCopyRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x10\n" +
+	"\x03job\x18\x02 \x01(\tR\x03job\x12\x12\n" +
+	"\x04step\x18\x03 \x01(\x03R\x04step\x12\x12\n" +
+	"\x04rank\x18\x04 \x01(\rR\x04rank\x12\x12\n" +
+	"\x04tier\x18\x05 \x01(\tR\x04tier\x12'\n" +
+	"\x0fheader_checksum\x18\x06 \x01(\tR\x0eheaderChecksum\x12\x18\n" +
+	"\aproblem\x18\a \x01(\tR\aproblem\"5\n" +
+	"\x17SuspectTierCopyResponse\x12\x1a\n" +
+	"\bchecking\x18\x01 \x01(\bR\bchecking\"p\n" +
 	"\fAuditRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12&\n" +
 	"\x0fsince_unix_nano\x18\x02 \x01(\x03R\rsinceUnixNano\x12\x10\n" +
@@ -5110,7 +5264,7 @@ const file_coordinator_proto_rawDesc = "" +
 	"\fJobEventKind\x12\x1e\n" +
 	"\x1aJOB_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15JOB_EVENT_KIND_REGANG\x10\x01\x12\x19\n" +
-	"\x15JOB_EVENT_KIND_FAILED\x10\x022\xde\x0e\n" +
+	"\x15JOB_EVENT_KIND_FAILED\x10\x022\xd0\x0f\n" +
 	"\vCoordinator\x12[\n" +
 	"\bRegister\x12&.rewind.coordinator.v1.RegisterRequest\x1a'.rewind.coordinator.v1.RegisterResponse\x12d\n" +
 	"\vRegisterJob\x12).rewind.coordinator.v1.RegisterJobRequest\x1a*.rewind.coordinator.v1.RegisterJobResponse\x12U\n" +
@@ -5123,7 +5277,8 @@ const file_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"VerifyStep\x12\".rewind.coordinator.v1.StepRequest\x1a).rewind.coordinator.v1.VerifyStepResponse\x12d\n" +
 	"\vPlanRestore\x12).rewind.coordinator.v1.PlanRestoreRequest\x1a*.rewind.coordinator.v1.PlanRestoreResponse\x12d\n" +
-	"\vRankSources\x12).rewind.coordinator.v1.RankSourcesRequest\x1a*.rewind.coordinator.v1.RankSourcesResponse\x12a\n" +
+	"\vRankSources\x12).rewind.coordinator.v1.RankSourcesRequest\x1a*.rewind.coordinator.v1.RankSourcesResponse\x12p\n" +
+	"\x0fSuspectTierCopy\x12-.rewind.coordinator.v1.SuspectTierCopyRequest\x1a..rewind.coordinator.v1.SuspectTierCopyResponse\x12a\n" +
 	"\n" +
 	"DeleteStep\x12(.rewind.coordinator.v1.DeleteStepRequest\x1a).rewind.coordinator.v1.DeleteStepResponse\x12\\\n" +
 	"\tTransfers\x12'.rewind.coordinator.v1.TransfersRequest\x1a$.rewind.coordinator.v1.TransferOrder0\x01\x12a\n" +
@@ -5150,79 +5305,81 @@ func file_coordinator_proto_rawDescGZIP() []byte {
 }
 
 var file_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
+var file_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
 var file_coordinator_proto_goTypes = []any{
-	(CopyState)(0),              // 0: rewind.coordinator.v1.CopyState
-	(StepState)(0),              // 1: rewind.coordinator.v1.StepState
-	(TierCopyState)(0),          // 2: rewind.coordinator.v1.TierCopyState
-	(OrderKind)(0),              // 3: rewind.coordinator.v1.OrderKind
-	(JobEventKind)(0),           // 4: rewind.coordinator.v1.JobEventKind
-	(*Node)(nil),                // 5: rewind.coordinator.v1.Node
-	(*ShardRecord)(nil),         // 6: rewind.coordinator.v1.ShardRecord
-	(*RegisterRequest)(nil),     // 7: rewind.coordinator.v1.RegisterRequest
-	(*Pin)(nil),                 // 8: rewind.coordinator.v1.Pin
-	(*RegisterResponse)(nil),    // 9: rewind.coordinator.v1.RegisterResponse
-	(*RegisterJobRequest)(nil),  // 10: rewind.coordinator.v1.RegisterJobRequest
-	(*RegisterJobResponse)(nil), // 11: rewind.coordinator.v1.RegisterJobResponse
-	(*ReportRequest)(nil),       // 12: rewind.coordinator.v1.ReportRequest
-	(*ReportResponse)(nil),      // 13: rewind.coordinator.v1.ReportResponse
-	(*LatestRequest)(nil),       // 14: rewind.coordinator.v1.LatestRequest
-	(*LatestResponse)(nil),      // 15: rewind.coordinator.v1.LatestResponse
-	(*ListJobsRequest)(nil),     // 16: rewind.coordinator.v1.ListJobsRequest
-	(*Job)(nil),                 // 17: rewind.coordinator.v1.Job
-	(*ListJobsResponse)(nil),    // 18: rewind.coordinator.v1.ListJobsResponse
-	(*ListStepsRequest)(nil),    // 19: rewind.coordinator.v1.ListStepsRequest
-	(*Copy)(nil),                // 20: rewind.coordinator.v1.Copy
-	(*Step)(nil),                // 21: rewind.coordinator.v1.Step
-	(*UnrestorableStep)(nil),    // 22: rewind.coordinator.v1.UnrestorableStep
-	(*RankFailure)(nil),         // 23: rewind.coordinator.v1.RankFailure
-	(*CopyFailure)(nil),         // 24: rewind.coordinator.v1.CopyFailure
-	(*TierCopy)(nil),            // 25: rewind.coordinator.v1.TierCopy
-	(*ListStepsResponse)(nil),   // 26: rewind.coordinator.v1.ListStepsResponse
-	(*StepRequest)(nil),         // 27: rewind.coordinator.v1.StepRequest
-	(*InspectStepResponse)(nil), // 28: rewind.coordinator.v1.InspectStepResponse
-	(*CopyCheck)(nil),           // 29: rewind.coordinator.v1.CopyCheck
-	(*VerifyStepResponse)(nil),  // 30: rewind.coordinator.v1.VerifyStepResponse
-	(*PlanRestoreRequest)(nil),  // 31: rewind.coordinator.v1.PlanRestoreRequest
-	(*RankPlan)(nil),            // 32: rewind.coordinator.v1.RankPlan
-	(*PlanRestoreResponse)(nil), // 33: rewind.coordinator.v1.PlanRestoreResponse
-	(*DeleteStepRequest)(nil),   // 34: rewind.coordinator.v1.DeleteStepRequest
-	(*DeleteStepResponse)(nil),  // 35: rewind.coordinator.v1.DeleteStepResponse
-	(*TransfersRequest)(nil),    // 36: rewind.coordinator.v1.TransfersRequest
-	(*ShardEntry)(nil),          // 37: rewind.coordinator.v1.ShardEntry
-	(*TransferOrder)(nil),       // 38: rewind.coordinator.v1.TransferOrder
-	(*PushOrder)(nil),           // 39: rewind.coordinator.v1.PushOrder
-	(*ManifestOrder)(nil),       // 40: rewind.coordinator.v1.ManifestOrder
-	(*DeleteOrder)(nil),         // 41: rewind.coordinator.v1.DeleteOrder
-	(*ReplicateOrder)(nil),      // 42: rewind.coordinator.v1.ReplicateOrder
-	(*AbortOrder)(nil),          // 43: rewind.coordinator.v1.AbortOrder
-	(*ResumeOrder)(nil),         // 44: rewind.coordinator.v1.ResumeOrder
-	(*TierEvent)(nil),           // 45: rewind.coordinator.v1.TierEvent
-	(*TierHealth)(nil),          // 46: rewind.coordinator.v1.TierHealth
-	(*TierReportRequest)(nil),   // 47: rewind.coordinator.v1.TierReportRequest
-	(*TierReportResponse)(nil),  // 48: rewind.coordinator.v1.TierReportResponse
-	(*TierStatusRequest)(nil),   // 49: rewind.coordinator.v1.TierStatusRequest
-	(*NodeTiers)(nil),           // 50: rewind.coordinator.v1.NodeTiers
-	(*TierStatusResponse)(nil),  // 51: rewind.coordinator.v1.TierStatusResponse
-	(*NodeDownRequest)(nil),     // 52: rewind.coordinator.v1.NodeDownRequest
-	(*NodeDownResponse)(nil),    // 53: rewind.coordinator.v1.NodeDownResponse
-	(*WatchJobRequest)(nil),     // 54: rewind.coordinator.v1.WatchJobRequest
-	(*JobEvent)(nil),            // 55: rewind.coordinator.v1.JobEvent
-	(*RankSourcesRequest)(nil),  // 56: rewind.coordinator.v1.RankSourcesRequest
-	(*RankSource)(nil),          // 57: rewind.coordinator.v1.RankSource
-	(*RankSourcesResponse)(nil), // 58: rewind.coordinator.v1.RankSourcesResponse
-	(*AuditRequest)(nil),        // 59: rewind.coordinator.v1.AuditRequest
-	(*AuditEntry)(nil),          // 60: rewind.coordinator.v1.AuditEntry
-	(*AuditResponse)(nil),       // 61: rewind.coordinator.v1.AuditResponse
-	(*NodesRequest)(nil),        // 62: rewind.coordinator.v1.NodesRequest
-	(*NodesResponse)(nil),       // 63: rewind.coordinator.v1.NodesResponse
-	(*EnrollRequest)(nil),       // 64: rewind.coordinator.v1.EnrollRequest
-	(*EnrollResponse)(nil),      // 65: rewind.coordinator.v1.EnrollResponse
-	nil,                         // 66: rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
-	nil,                         // 67: rewind.coordinator.v1.Job.PlacementEntry
-	nil,                         // 68: rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
-	nil,                         // 69: rewind.coordinator.v1.JobEvent.PlacementEntry
-	nil,                         // 70: rewind.coordinator.v1.JobEvent.SourcesEntry
+	(CopyState)(0),                  // 0: rewind.coordinator.v1.CopyState
+	(StepState)(0),                  // 1: rewind.coordinator.v1.StepState
+	(TierCopyState)(0),              // 2: rewind.coordinator.v1.TierCopyState
+	(OrderKind)(0),                  // 3: rewind.coordinator.v1.OrderKind
+	(JobEventKind)(0),               // 4: rewind.coordinator.v1.JobEventKind
+	(*Node)(nil),                    // 5: rewind.coordinator.v1.Node
+	(*ShardRecord)(nil),             // 6: rewind.coordinator.v1.ShardRecord
+	(*RegisterRequest)(nil),         // 7: rewind.coordinator.v1.RegisterRequest
+	(*Pin)(nil),                     // 8: rewind.coordinator.v1.Pin
+	(*RegisterResponse)(nil),        // 9: rewind.coordinator.v1.RegisterResponse
+	(*RegisterJobRequest)(nil),      // 10: rewind.coordinator.v1.RegisterJobRequest
+	(*RegisterJobResponse)(nil),     // 11: rewind.coordinator.v1.RegisterJobResponse
+	(*ReportRequest)(nil),           // 12: rewind.coordinator.v1.ReportRequest
+	(*ReportResponse)(nil),          // 13: rewind.coordinator.v1.ReportResponse
+	(*LatestRequest)(nil),           // 14: rewind.coordinator.v1.LatestRequest
+	(*LatestResponse)(nil),          // 15: rewind.coordinator.v1.LatestResponse
+	(*ListJobsRequest)(nil),         // 16: rewind.coordinator.v1.ListJobsRequest
+	(*Job)(nil),                     // 17: rewind.coordinator.v1.Job
+	(*ListJobsResponse)(nil),        // 18: rewind.coordinator.v1.ListJobsResponse
+	(*ListStepsRequest)(nil),        // 19: rewind.coordinator.v1.ListStepsRequest
+	(*Copy)(nil),                    // 20: rewind.coordinator.v1.Copy
+	(*Step)(nil),                    // 21: rewind.coordinator.v1.Step
+	(*UnrestorableStep)(nil),        // 22: rewind.coordinator.v1.UnrestorableStep
+	(*RankFailure)(nil),             // 23: rewind.coordinator.v1.RankFailure
+	(*CopyFailure)(nil),             // 24: rewind.coordinator.v1.CopyFailure
+	(*TierCopy)(nil),                // 25: rewind.coordinator.v1.TierCopy
+	(*ListStepsResponse)(nil),       // 26: rewind.coordinator.v1.ListStepsResponse
+	(*StepRequest)(nil),             // 27: rewind.coordinator.v1.StepRequest
+	(*InspectStepResponse)(nil),     // 28: rewind.coordinator.v1.InspectStepResponse
+	(*CopyCheck)(nil),               // 29: rewind.coordinator.v1.CopyCheck
+	(*VerifyStepResponse)(nil),      // 30: rewind.coordinator.v1.VerifyStepResponse
+	(*PlanRestoreRequest)(nil),      // 31: rewind.coordinator.v1.PlanRestoreRequest
+	(*RankPlan)(nil),                // 32: rewind.coordinator.v1.RankPlan
+	(*PlanRestoreResponse)(nil),     // 33: rewind.coordinator.v1.PlanRestoreResponse
+	(*DeleteStepRequest)(nil),       // 34: rewind.coordinator.v1.DeleteStepRequest
+	(*DeleteStepResponse)(nil),      // 35: rewind.coordinator.v1.DeleteStepResponse
+	(*TransfersRequest)(nil),        // 36: rewind.coordinator.v1.TransfersRequest
+	(*ShardEntry)(nil),              // 37: rewind.coordinator.v1.ShardEntry
+	(*TransferOrder)(nil),           // 38: rewind.coordinator.v1.TransferOrder
+	(*PushOrder)(nil),               // 39: rewind.coordinator.v1.PushOrder
+	(*ManifestOrder)(nil),           // 40: rewind.coordinator.v1.ManifestOrder
+	(*DeleteOrder)(nil),             // 41: rewind.coordinator.v1.DeleteOrder
+	(*ReplicateOrder)(nil),          // 42: rewind.coordinator.v1.ReplicateOrder
+	(*AbortOrder)(nil),              // 43: rewind.coordinator.v1.AbortOrder
+	(*ResumeOrder)(nil),             // 44: rewind.coordinator.v1.ResumeOrder
+	(*TierEvent)(nil),               // 45: rewind.coordinator.v1.TierEvent
+	(*TierHealth)(nil),              // 46: rewind.coordinator.v1.TierHealth
+	(*TierReportRequest)(nil),       // 47: rewind.coordinator.v1.TierReportRequest
+	(*TierReportResponse)(nil),      // 48: rewind.coordinator.v1.TierReportResponse
+	(*TierStatusRequest)(nil),       // 49: rewind.coordinator.v1.TierStatusRequest
+	(*NodeTiers)(nil),               // 50: rewind.coordinator.v1.NodeTiers
+	(*TierStatusResponse)(nil),      // 51: rewind.coordinator.v1.TierStatusResponse
+	(*NodeDownRequest)(nil),         // 52: rewind.coordinator.v1.NodeDownRequest
+	(*NodeDownResponse)(nil),        // 53: rewind.coordinator.v1.NodeDownResponse
+	(*WatchJobRequest)(nil),         // 54: rewind.coordinator.v1.WatchJobRequest
+	(*JobEvent)(nil),                // 55: rewind.coordinator.v1.JobEvent
+	(*RankSourcesRequest)(nil),      // 56: rewind.coordinator.v1.RankSourcesRequest
+	(*RankSource)(nil),              // 57: rewind.coordinator.v1.RankSource
+	(*RankSourcesResponse)(nil),     // 58: rewind.coordinator.v1.RankSourcesResponse
+	(*SuspectTierCopyRequest)(nil),  // 59: rewind.coordinator.v1.SuspectTierCopyRequest
+	(*SuspectTierCopyResponse)(nil), // 60: rewind.coordinator.v1.SuspectTierCopyResponse
+	(*AuditRequest)(nil),            // 61: rewind.coordinator.v1.AuditRequest
+	(*AuditEntry)(nil),              // 62: rewind.coordinator.v1.AuditEntry
+	(*AuditResponse)(nil),           // 63: rewind.coordinator.v1.AuditResponse
+	(*NodesRequest)(nil),            // 64: rewind.coordinator.v1.NodesRequest
+	(*NodesResponse)(nil),           // 65: rewind.coordinator.v1.NodesResponse
+	(*EnrollRequest)(nil),           // 66: rewind.coordinator.v1.EnrollRequest
+	(*EnrollResponse)(nil),          // 67: rewind.coordinator.v1.EnrollResponse
+	nil,                             // 68: rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
+	nil,                             // 69: rewind.coordinator.v1.Job.PlacementEntry
+	nil,                             // 70: rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
+	nil,                             // 71: rewind.coordinator.v1.JobEvent.PlacementEntry
+	nil,                             // 72: rewind.coordinator.v1.JobEvent.SourcesEntry
 }
 var file_coordinator_proto_depIdxs = []int32{
 	0,  // 0: rewind.coordinator.v1.ShardRecord.state:type_name -> rewind.coordinator.v1.CopyState
@@ -5230,11 +5387,11 @@ var file_coordinator_proto_depIdxs = []int32{
 	6,  // 2: rewind.coordinator.v1.RegisterRequest.inventory:type_name -> rewind.coordinator.v1.ShardRecord
 	8,  // 3: rewind.coordinator.v1.RegisterRequest.pins:type_name -> rewind.coordinator.v1.Pin
 	8,  // 4: rewind.coordinator.v1.RegisterResponse.pins:type_name -> rewind.coordinator.v1.Pin
-	66, // 5: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
+	68, // 5: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
 	6,  // 6: rewind.coordinator.v1.ReportRequest.shards:type_name -> rewind.coordinator.v1.ShardRecord
 	8,  // 7: rewind.coordinator.v1.ReportResponse.pins:type_name -> rewind.coordinator.v1.Pin
 	8,  // 8: rewind.coordinator.v1.ReportResponse.consistent:type_name -> rewind.coordinator.v1.Pin
-	67, // 9: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
+	69, // 9: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
 	17, // 10: rewind.coordinator.v1.ListJobsResponse.jobs:type_name -> rewind.coordinator.v1.Job
 	0,  // 11: rewind.coordinator.v1.Copy.state:type_name -> rewind.coordinator.v1.CopyState
 	1,  // 12: rewind.coordinator.v1.Step.state:type_name -> rewind.coordinator.v1.StepState
@@ -5251,7 +5408,7 @@ var file_coordinator_proto_depIdxs = []int32{
 	20, // 23: rewind.coordinator.v1.RankPlan.sources:type_name -> rewind.coordinator.v1.Copy
 	32, // 24: rewind.coordinator.v1.PlanRestoreResponse.ranks:type_name -> rewind.coordinator.v1.RankPlan
 	22, // 25: rewind.coordinator.v1.PlanRestoreResponse.skipped:type_name -> rewind.coordinator.v1.UnrestorableStep
-	68, // 26: rewind.coordinator.v1.TransfersRequest.broken_gangs:type_name -> rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
+	70, // 26: rewind.coordinator.v1.TransfersRequest.broken_gangs:type_name -> rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
 	39, // 27: rewind.coordinator.v1.TransferOrder.push:type_name -> rewind.coordinator.v1.PushOrder
 	40, // 28: rewind.coordinator.v1.TransferOrder.manifest:type_name -> rewind.coordinator.v1.ManifestOrder
 	41, // 29: rewind.coordinator.v1.TransferOrder.delete:type_name -> rewind.coordinator.v1.DeleteOrder
@@ -5265,11 +5422,11 @@ var file_coordinator_proto_depIdxs = []int32{
 	46, // 37: rewind.coordinator.v1.NodeTiers.tiers:type_name -> rewind.coordinator.v1.TierHealth
 	50, // 38: rewind.coordinator.v1.TierStatusResponse.nodes:type_name -> rewind.coordinator.v1.NodeTiers
 	4,  // 39: rewind.coordinator.v1.JobEvent.kind:type_name -> rewind.coordinator.v1.JobEventKind
-	69, // 40: rewind.coordinator.v1.JobEvent.placement:type_name -> rewind.coordinator.v1.JobEvent.PlacementEntry
-	70, // 41: rewind.coordinator.v1.JobEvent.sources:type_name -> rewind.coordinator.v1.JobEvent.SourcesEntry
+	71, // 40: rewind.coordinator.v1.JobEvent.placement:type_name -> rewind.coordinator.v1.JobEvent.PlacementEntry
+	72, // 41: rewind.coordinator.v1.JobEvent.sources:type_name -> rewind.coordinator.v1.JobEvent.SourcesEntry
 	22, // 42: rewind.coordinator.v1.JobEvent.skipped:type_name -> rewind.coordinator.v1.UnrestorableStep
 	57, // 43: rewind.coordinator.v1.RankSourcesResponse.sources:type_name -> rewind.coordinator.v1.RankSource
-	60, // 44: rewind.coordinator.v1.AuditResponse.entries:type_name -> rewind.coordinator.v1.AuditEntry
+	62, // 44: rewind.coordinator.v1.AuditResponse.entries:type_name -> rewind.coordinator.v1.AuditEntry
 	5,  // 45: rewind.coordinator.v1.NodesResponse.nodes:type_name -> rewind.coordinator.v1.Node
 	7,  // 46: rewind.coordinator.v1.Coordinator.Register:input_type -> rewind.coordinator.v1.RegisterRequest
 	10, // 47: rewind.coordinator.v1.Coordinator.RegisterJob:input_type -> rewind.coordinator.v1.RegisterJobRequest
@@ -5282,37 +5439,39 @@ var file_coordinator_proto_depIdxs = []int32{
 	27, // 54: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
 	31, // 55: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
 	56, // 56: rewind.coordinator.v1.Coordinator.RankSources:input_type -> rewind.coordinator.v1.RankSourcesRequest
-	34, // 57: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
-	36, // 58: rewind.coordinator.v1.Coordinator.Transfers:input_type -> rewind.coordinator.v1.TransfersRequest
-	47, // 59: rewind.coordinator.v1.Coordinator.TierReport:input_type -> rewind.coordinator.v1.TierReportRequest
-	49, // 60: rewind.coordinator.v1.Coordinator.TierStatus:input_type -> rewind.coordinator.v1.TierStatusRequest
-	52, // 61: rewind.coordinator.v1.Coordinator.NodeDown:input_type -> rewind.coordinator.v1.NodeDownRequest
-	54, // 62: rewind.coordinator.v1.Coordinator.WatchJob:input_type -> rewind.coordinator.v1.WatchJobRequest
-	59, // 63: rewind.coordinator.v1.Coordinator.Audit:input_type -> rewind.coordinator.v1.AuditRequest
-	62, // 64: rewind.coordinator.v1.Coordinator.Nodes:input_type -> rewind.coordinator.v1.NodesRequest
-	64, // 65: rewind.coordinator.v1.Coordinator.Enroll:input_type -> rewind.coordinator.v1.EnrollRequest
-	9,  // 66: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
-	11, // 67: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
-	13, // 68: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
-	13, // 69: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
-	15, // 70: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
-	18, // 71: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
-	26, // 72: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
-	28, // 73: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
-	30, // 74: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
-	33, // 75: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
-	58, // 76: rewind.coordinator.v1.Coordinator.RankSources:output_type -> rewind.coordinator.v1.RankSourcesResponse
-	35, // 77: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
-	38, // 78: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
-	48, // 79: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
-	51, // 80: rewind.coordinator.v1.Coordinator.TierStatus:output_type -> rewind.coordinator.v1.TierStatusResponse
-	53, // 81: rewind.coordinator.v1.Coordinator.NodeDown:output_type -> rewind.coordinator.v1.NodeDownResponse
-	55, // 82: rewind.coordinator.v1.Coordinator.WatchJob:output_type -> rewind.coordinator.v1.JobEvent
-	61, // 83: rewind.coordinator.v1.Coordinator.Audit:output_type -> rewind.coordinator.v1.AuditResponse
-	63, // 84: rewind.coordinator.v1.Coordinator.Nodes:output_type -> rewind.coordinator.v1.NodesResponse
-	65, // 85: rewind.coordinator.v1.Coordinator.Enroll:output_type -> rewind.coordinator.v1.EnrollResponse
-	66, // [66:86] is the sub-list for method output_type
-	46, // [46:66] is the sub-list for method input_type
+	59, // 57: rewind.coordinator.v1.Coordinator.SuspectTierCopy:input_type -> rewind.coordinator.v1.SuspectTierCopyRequest
+	34, // 58: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
+	36, // 59: rewind.coordinator.v1.Coordinator.Transfers:input_type -> rewind.coordinator.v1.TransfersRequest
+	47, // 60: rewind.coordinator.v1.Coordinator.TierReport:input_type -> rewind.coordinator.v1.TierReportRequest
+	49, // 61: rewind.coordinator.v1.Coordinator.TierStatus:input_type -> rewind.coordinator.v1.TierStatusRequest
+	52, // 62: rewind.coordinator.v1.Coordinator.NodeDown:input_type -> rewind.coordinator.v1.NodeDownRequest
+	54, // 63: rewind.coordinator.v1.Coordinator.WatchJob:input_type -> rewind.coordinator.v1.WatchJobRequest
+	61, // 64: rewind.coordinator.v1.Coordinator.Audit:input_type -> rewind.coordinator.v1.AuditRequest
+	64, // 65: rewind.coordinator.v1.Coordinator.Nodes:input_type -> rewind.coordinator.v1.NodesRequest
+	66, // 66: rewind.coordinator.v1.Coordinator.Enroll:input_type -> rewind.coordinator.v1.EnrollRequest
+	9,  // 67: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
+	11, // 68: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
+	13, // 69: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
+	13, // 70: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
+	15, // 71: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
+	18, // 72: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
+	26, // 73: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
+	28, // 74: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
+	30, // 75: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
+	33, // 76: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
+	58, // 77: rewind.coordinator.v1.Coordinator.RankSources:output_type -> rewind.coordinator.v1.RankSourcesResponse
+	60, // 78: rewind.coordinator.v1.Coordinator.SuspectTierCopy:output_type -> rewind.coordinator.v1.SuspectTierCopyResponse
+	35, // 79: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
+	38, // 80: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
+	48, // 81: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
+	51, // 82: rewind.coordinator.v1.Coordinator.TierStatus:output_type -> rewind.coordinator.v1.TierStatusResponse
+	53, // 83: rewind.coordinator.v1.Coordinator.NodeDown:output_type -> rewind.coordinator.v1.NodeDownResponse
+	55, // 84: rewind.coordinator.v1.Coordinator.WatchJob:output_type -> rewind.coordinator.v1.JobEvent
+	63, // 85: rewind.coordinator.v1.Coordinator.Audit:output_type -> rewind.coordinator.v1.AuditResponse
+	65, // 86: rewind.coordinator.v1.Coordinator.Nodes:output_type -> rewind.coordinator.v1.NodesResponse
+	67, // 87: rewind.coordinator.v1.Coordinator.Enroll:output_type -> rewind.coordinator.v1.EnrollResponse
+	67, // [67:88] is the sub-list for method output_type
+	46, // [46:67] is the sub-list for method input_type
 	46, // [46:46] is the sub-list for extension type_name
 	46, // [46:46] is the sub-list for extension extendee
 	0,  // [0:46] is the sub-list for field type_name
@@ -5332,14 +5491,14 @@ func file_coordinator_proto_init() {
 		(*TransferOrder_Abort)(nil),
 		(*TransferOrder_Resume)(nil),
 	}
-	file_coordinator_proto_msgTypes[55].OneofWrappers = []any{}
+	file_coordinator_proto_msgTypes[57].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_coordinator_proto_rawDesc), len(file_coordinator_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   66,
+			NumMessages:   68,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

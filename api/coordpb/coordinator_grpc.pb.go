@@ -22,26 +22,27 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Coordinator_Register_FullMethodName     = "/rewind.coordinator.v1.Coordinator/Register"
-	Coordinator_RegisterJob_FullMethodName  = "/rewind.coordinator.v1.Coordinator/RegisterJob"
-	Coordinator_Report_FullMethodName       = "/rewind.coordinator.v1.Coordinator/Report"
-	Coordinator_ReportStream_FullMethodName = "/rewind.coordinator.v1.Coordinator/ReportStream"
-	Coordinator_Latest_FullMethodName       = "/rewind.coordinator.v1.Coordinator/Latest"
-	Coordinator_ListJobs_FullMethodName     = "/rewind.coordinator.v1.Coordinator/ListJobs"
-	Coordinator_ListSteps_FullMethodName    = "/rewind.coordinator.v1.Coordinator/ListSteps"
-	Coordinator_InspectStep_FullMethodName  = "/rewind.coordinator.v1.Coordinator/InspectStep"
-	Coordinator_VerifyStep_FullMethodName   = "/rewind.coordinator.v1.Coordinator/VerifyStep"
-	Coordinator_PlanRestore_FullMethodName  = "/rewind.coordinator.v1.Coordinator/PlanRestore"
-	Coordinator_RankSources_FullMethodName  = "/rewind.coordinator.v1.Coordinator/RankSources"
-	Coordinator_DeleteStep_FullMethodName   = "/rewind.coordinator.v1.Coordinator/DeleteStep"
-	Coordinator_Transfers_FullMethodName    = "/rewind.coordinator.v1.Coordinator/Transfers"
-	Coordinator_TierReport_FullMethodName   = "/rewind.coordinator.v1.Coordinator/TierReport"
-	Coordinator_TierStatus_FullMethodName   = "/rewind.coordinator.v1.Coordinator/TierStatus"
-	Coordinator_NodeDown_FullMethodName     = "/rewind.coordinator.v1.Coordinator/NodeDown"
-	Coordinator_WatchJob_FullMethodName     = "/rewind.coordinator.v1.Coordinator/WatchJob"
-	Coordinator_Audit_FullMethodName        = "/rewind.coordinator.v1.Coordinator/Audit"
-	Coordinator_Nodes_FullMethodName        = "/rewind.coordinator.v1.Coordinator/Nodes"
-	Coordinator_Enroll_FullMethodName       = "/rewind.coordinator.v1.Coordinator/Enroll"
+	Coordinator_Register_FullMethodName        = "/rewind.coordinator.v1.Coordinator/Register"
+	Coordinator_RegisterJob_FullMethodName     = "/rewind.coordinator.v1.Coordinator/RegisterJob"
+	Coordinator_Report_FullMethodName          = "/rewind.coordinator.v1.Coordinator/Report"
+	Coordinator_ReportStream_FullMethodName    = "/rewind.coordinator.v1.Coordinator/ReportStream"
+	Coordinator_Latest_FullMethodName          = "/rewind.coordinator.v1.Coordinator/Latest"
+	Coordinator_ListJobs_FullMethodName        = "/rewind.coordinator.v1.Coordinator/ListJobs"
+	Coordinator_ListSteps_FullMethodName       = "/rewind.coordinator.v1.Coordinator/ListSteps"
+	Coordinator_InspectStep_FullMethodName     = "/rewind.coordinator.v1.Coordinator/InspectStep"
+	Coordinator_VerifyStep_FullMethodName      = "/rewind.coordinator.v1.Coordinator/VerifyStep"
+	Coordinator_PlanRestore_FullMethodName     = "/rewind.coordinator.v1.Coordinator/PlanRestore"
+	Coordinator_RankSources_FullMethodName     = "/rewind.coordinator.v1.Coordinator/RankSources"
+	Coordinator_SuspectTierCopy_FullMethodName = "/rewind.coordinator.v1.Coordinator/SuspectTierCopy"
+	Coordinator_DeleteStep_FullMethodName      = "/rewind.coordinator.v1.Coordinator/DeleteStep"
+	Coordinator_Transfers_FullMethodName       = "/rewind.coordinator.v1.Coordinator/Transfers"
+	Coordinator_TierReport_FullMethodName      = "/rewind.coordinator.v1.Coordinator/TierReport"
+	Coordinator_TierStatus_FullMethodName      = "/rewind.coordinator.v1.Coordinator/TierStatus"
+	Coordinator_NodeDown_FullMethodName        = "/rewind.coordinator.v1.Coordinator/NodeDown"
+	Coordinator_WatchJob_FullMethodName        = "/rewind.coordinator.v1.Coordinator/WatchJob"
+	Coordinator_Audit_FullMethodName           = "/rewind.coordinator.v1.Coordinator/Audit"
+	Coordinator_Nodes_FullMethodName           = "/rewind.coordinator.v1.Coordinator/Nodes"
+	Coordinator_Enroll_FullMethodName          = "/rewind.coordinator.v1.Coordinator/Enroll"
 )
 
 // CoordinatorClient is the client API for Coordinator service.
@@ -78,6 +79,13 @@ type CoordinatorClient interface {
 	// before a restore placed its shard, or on a node none chose), and
 	// fetches the shard itself.
 	RankSources(ctx context.Context, in *RankSourcesRequest, opts ...grpc.CallOption) (*RankSourcesResponse, error)
+	// SuspectTierCopy tells the coordinator that a read of a durable tier
+	// copy by the calling node (a ranged read's header or leaves, an
+	// on-demand pull) found one rank's shard corrupt. The coordinator does
+	// not take the node's word for it: it has an agent with the tier read
+	// the shard back and verify it, as VerifyStep does, in the background,
+	// and marks the copy corrupt only when that verify fails.
+	SuspectTierCopy(ctx context.Context, in *SuspectTierCopyRequest, opts ...grpc.CallOption) (*SuspectTierCopyResponse, error)
 	// DeleteStep removes a step's copies; the latest consistent step only
 	// with force.
 	DeleteStep(ctx context.Context, in *DeleteStepRequest, opts ...grpc.CallOption) (*DeleteStepResponse, error)
@@ -235,6 +243,16 @@ func (c *coordinatorClient) RankSources(ctx context.Context, in *RankSourcesRequ
 	return out, nil
 }
 
+func (c *coordinatorClient) SuspectTierCopy(ctx context.Context, in *SuspectTierCopyRequest, opts ...grpc.CallOption) (*SuspectTierCopyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SuspectTierCopyResponse)
+	err := c.cc.Invoke(ctx, Coordinator_SuspectTierCopy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *coordinatorClient) DeleteStep(ctx context.Context, in *DeleteStepRequest, opts ...grpc.CallOption) (*DeleteStepResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DeleteStepResponse)
@@ -377,6 +395,13 @@ type CoordinatorServer interface {
 	// before a restore placed its shard, or on a node none chose), and
 	// fetches the shard itself.
 	RankSources(context.Context, *RankSourcesRequest) (*RankSourcesResponse, error)
+	// SuspectTierCopy tells the coordinator that a read of a durable tier
+	// copy by the calling node (a ranged read's header or leaves, an
+	// on-demand pull) found one rank's shard corrupt. The coordinator does
+	// not take the node's word for it: it has an agent with the tier read
+	// the shard back and verify it, as VerifyStep does, in the background,
+	// and marks the copy corrupt only when that verify fails.
+	SuspectTierCopy(context.Context, *SuspectTierCopyRequest) (*SuspectTierCopyResponse, error)
 	// DeleteStep removes a step's copies; the latest consistent step only
 	// with force.
 	DeleteStep(context.Context, *DeleteStepRequest) (*DeleteStepResponse, error)
@@ -453,6 +478,9 @@ func (UnimplementedCoordinatorServer) PlanRestore(context.Context, *PlanRestoreR
 }
 func (UnimplementedCoordinatorServer) RankSources(context.Context, *RankSourcesRequest) (*RankSourcesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RankSources not implemented")
+}
+func (UnimplementedCoordinatorServer) SuspectTierCopy(context.Context, *SuspectTierCopyRequest) (*SuspectTierCopyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SuspectTierCopy not implemented")
 }
 func (UnimplementedCoordinatorServer) DeleteStep(context.Context, *DeleteStepRequest) (*DeleteStepResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteStep not implemented")
@@ -689,6 +717,24 @@ func _Coordinator_RankSources_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Coordinator_SuspectTierCopy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SuspectTierCopyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorServer).SuspectTierCopy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Coordinator_SuspectTierCopy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorServer).SuspectTierCopy(ctx, req.(*SuspectTierCopyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Coordinator_DeleteStep_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(DeleteStepRequest)
 	if err := dec(in); err != nil {
@@ -883,6 +929,10 @@ var Coordinator_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RankSources",
 			Handler:    _Coordinator_RankSources_Handler,
+		},
+		{
+			MethodName: "SuspectTierCopy",
+			Handler:    _Coordinator_SuspectTierCopy_Handler,
 		},
 		{
 			MethodName: "DeleteStep",
