@@ -21,7 +21,8 @@ import (
 // auditRules are the coordinator's calls that change state and are
 // recorded whenever they are served: agents' registrations, jobs'
 // registrations by operators and the controller (policies, replicas,
-// world sizes), deletions, restores, nodes declared down. The commit path (Report, ReportStream, TierReport,
+// world sizes), deletions, restores, nodes declared down, tier copies
+// nodes report corrupt. The commit path (Report, ReportStream, TierReport,
 // Transfers: thousands of calls a step at scale, each a node reporting
 // for itself) is not; its effect is the index. Every refused call is
 // recorded, whatever its method (transport.Audit).
@@ -47,6 +48,12 @@ var auditRules = map[string]transport.AuditRule{
 	},
 	coordpb.Coordinator_DeleteStep_FullMethodName: transport.Audited(func(req any) string {
 		return transport.Words("force", req.(*coordpb.DeleteStepRequest).Force)
+	}),
+	// A node's report may take a tier copy out of restore plans (once
+	// verified): one call per copy and shard a node's reads found corrupt.
+	coordpb.Coordinator_SuspectTierCopy_FullMethodName: transport.Audited(func(req any) string {
+		r := req.(*coordpb.SuspectTierCopyRequest)
+		return transport.Words("rank", r.Rank, "tier", r.Tier)
 	}),
 	coordpb.Coordinator_NodeDown_FullMethodName: transport.Audited(func(req any) string {
 		return transport.Words("reason", req.(*coordpb.NodeDownRequest).Reason)

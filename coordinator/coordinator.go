@@ -61,6 +61,7 @@ type Coordinator struct {
 	replication *replication  // replicas in peers' memory (replicate.go)
 	gangs       *gangs        // gang orders (gang.go)
 	elastic     elasticJobs   // jobs' minimum world sizes (elastic.go)
+	suspects    *suspects     // tier copies nodes report corrupt, being checked (tiersuspect.go)
 
 	// qmu guards queue, the reports waiting to be applied (group.go).
 	qmu   sync.Mutex
@@ -109,6 +110,7 @@ func New(cfg Config) (*Coordinator, error) {
 	}
 	tm := c.registerTierMetrics(cfg.Registry)
 	c.streams, c.tiers, c.replication, c.gangs = newOrderStreams(), newTiering(c, tm), newReplication(c, tm), newGangs(c)
+	c.suspects = newSuspects()
 	copies, policies, replicas, err := store.loadTiering()
 	if err != nil {
 		store.Close()

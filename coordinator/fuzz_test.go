@@ -49,6 +49,7 @@ var fuzzCalls = []fuzzCall{
 	unary("PlanRestore", func() *coordpb.PlanRestoreRequest { return &coordpb.PlanRestoreRequest{} }, (*server).PlanRestore),
 	unary("DeleteStep", func() *coordpb.DeleteStepRequest { return &coordpb.DeleteStepRequest{} }, (*server).DeleteStep),
 	unary("RankSources", func() *coordpb.RankSourcesRequest { return &coordpb.RankSourcesRequest{} }, (*server).RankSources),
+	unary("SuspectTierCopy", func() *coordpb.SuspectTierCopyRequest { return &coordpb.SuspectTierCopyRequest{} }, (*server).SuspectTierCopy),
 	unary("TierReport", func() *coordpb.TierReportRequest { return &coordpb.TierReportRequest{} }, (*server).TierReport),
 	unary("TierStatus", func() *coordpb.TierStatusRequest { return &coordpb.TierStatusRequest{} }, (*server).TierStatus),
 	unary("NodeDown", func() *coordpb.NodeDownRequest { return &coordpb.NodeDownRequest{} }, (*server).NodeDown),
@@ -85,10 +86,12 @@ func FuzzCoordinatorRequests(f *testing.F) {
 		"DeleteStep":  &coordpb.DeleteStepRequest{Job: "keep", Step: 1},
 		"RankSources": &coordpb.RankSourcesRequest{Job: "keep", Step: 2, Rank: 1, Node: "n1"},
 		"TierReport":  &coordpb.TierReportRequest{Node: "n1"},
-		"TierStatus":  &coordpb.TierStatusRequest{},
-		"NodeDown":    &coordpb.NodeDownRequest{Node: "n9", Reason: "fuzz"},
-		"Audit":       &coordpb.AuditRequest{Job: "keep", Limit: 5},
-		"Nodes":       &coordpb.NodesRequest{Names: []string{"n1", "n9"}},
+		"SuspectTierCopy": &coordpb.SuspectTierCopyRequest{Node: "n1", Job: "keep", Step: 2, Rank: 1, Tier: "pfs",
+			HeaderChecksum: "00", Problem: "fuzz"},
+		"TierStatus": &coordpb.TierStatusRequest{},
+		"NodeDown":   &coordpb.NodeDownRequest{Node: "n9", Reason: "fuzz"},
+		"Audit":      &coordpb.AuditRequest{Job: "keep", Limit: 5},
+		"Nodes":      &coordpb.NodesRequest{Names: []string{"n1", "n9"}},
 	}
 	for i, c := range fuzzCalls {
 		b, err := proto.Marshal(seeds[c.name])

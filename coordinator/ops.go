@@ -158,13 +158,8 @@ func (c *Coordinator) VerifyStep(ctx context.Context, job string, step int64) (*
 		}
 		answered := false
 		if err == nil {
-			err = c.agentCall(ctx, node, func(ctx context.Context, a agentpb.AgentClient) error {
-				v, err := a.Verify(ctx, &agentpb.VerifyRequest{Job: job, Rank: cp.Rank, Step: step, Tier: tier})
-				if err == nil {
-					check.Ok, check.Problem, answered = v.Ok, v.Problem, true
-				}
-				return err
-			})
+			check.Ok, check.Problem, err = c.verifyShard(ctx, node, job, step, cp.Rank, tier)
+			answered = err == nil
 		}
 		if err != nil {
 			check.Problem = err.Error()

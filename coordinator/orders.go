@@ -198,11 +198,14 @@ func (q *orderStreams) has(node, tier string) bool {
 
 // withTier returns the first connected node, in name order, whose agent
 // can write tier; "" if none.
-func (q *orderStreams) withTier(tier string) string {
+func (q *orderStreams) withTier(tier string) string { return q.withTierBut(tier, "") }
+
+// withTierBut is withTier passing over node but.
+func (q *orderStreams) withTierBut(tier, but string) string {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, n := range slices.Sorted(maps.Keys(q.subs)) {
-		if slices.Contains(q.subs[n].tiers, tier) {
+		if n != but && slices.Contains(q.subs[n].tiers, tier) {
 			return n
 		}
 	}

@@ -310,6 +310,14 @@ func (s *server) RankSources(ctx context.Context, req *coordpb.RankSourcesReques
 	return resp, nil
 }
 
+func (s *server) SuspectTierCopy(ctx context.Context, req *coordpb.SuspectTierCopyRequest) (*coordpb.SuspectTierCopyResponse, error) {
+	checking, err := s.c.SuspectTierCopy(req)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &coordpb.SuspectTierCopyResponse{Checking: checking}, nil
+}
+
 // proto returns the state as the coordinator's API shows it.
 func (s StepState) proto() coordpb.StepState {
 	switch s {

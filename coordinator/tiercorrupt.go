@@ -8,7 +8,8 @@ import (
 )
 
 // A durable tier copy one of whose shards failed its checksum (on a
-// restore's fetch, or rewind verify) keeps its record, with the rank and
+// restore's fetch, rewind verify, or the check of a node's report:
+// tiersuspect.go) keeps its record, with the rank and
 // why (tierCopy.Corrupt): it shows as corrupt, the shard leaves restore
 // plans (the index keeps it among the step's bad copies), and retention
 // removes the copy at its next pass over the tier. A verify that finds the
@@ -30,10 +31,7 @@ func (t *tiering) markCorrupt(job string, step int64, rank uint32, tier, why str
 	if tc.Corrupt == nil {
 		tc.Corrupt = map[uint32]string{}
 	}
-	why = strings.Join(strings.Fields(why), " ")
-	if len(why) > maxFailureText {
-		why = why[:maxFailureText] + "…"
-	}
+	why = oneLine(why)
 	tc.Corrupt[rank] = why
 	t.persist(tc)
 	if _, err := t.c.apply(func(ch *Changes) error { return t.c.state.Apply(rec, ch) }); err != nil {

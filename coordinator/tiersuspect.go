@@ -1,0 +1,215 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"rewind.dev/rewind/api/agentpb"
+	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/tiers"
+)
+
+// A durable tier copy that an agent's own read found corrupt (a ranged
+// read's header, leaf hashes or leaf; an on-demand pull) is reported with
+// SuspectTierCopy. The coordinator does not take the node's word for it:
+// a broken or hostile node (docs/design/20261127_threat_model.md) must not
+// be able to take good copies out of every restore plan by saying so. It
+// checks the shard itself, as rewind verify does: an agent with the tier,
+// another node than the reporter where one is connected, reads the shard
+// back and verifies it and its leaf hashes (agent VerifyTier), and only a
+// verify that finds it corrupt marks the copy (tiercorrupt.go). A verify
+// that cannot read the copy (the object gone, the store down) marks
+// nothing, nor does a report that names no durable copy of the header
+// checksum the index holds.
+//
+// The checks are bounded: one per shard at a time, at most
+// maxSuspectsPending waiting or running and suspectWorkers running, in
+// the background (Close waits for them); a shard verified whole is not
+// checked again for suspectRecheck, whoever reports it.
+
+const (
+	// maxSuspectsPending bounds the checks waiting or running: each may
+	// read a whole shard back.
+	maxSuspectsPending = 64
+	// suspectWorkers is how many checks read shards back at once: they
+	// share the tiers with the transfers.
+	suspectWorkers = 2
+	// suspectRecheck is how long a shard verified whole after a report
+	// is not checked again: a node that keeps reporting a good copy costs
+	// one read of it per period, not one per report.
+	suspectRecheck = 10 * time.Minute
+	// maxSuspectsWhole bounds the shards remembered as verified whole.
+	maxSuspectsWhole = 4096
+)
+
+// suspectKey is one rank's shard of a tier copy.
+type suspectKey struct {
+	job  string
+	step int64
+	rank uint32
+	tier string
+}
+
+// suspects are the shards reported corrupt being checked, and those
+// verified whole lately. Safe for concurrent use.
+type suspects struct {
+	sem chan struct{} // a check running holds one
+
+	mu      sync.Mutex
+	pending map[suspectKey]bool      // waiting or running
+	whole   map[suspectKey]time.Time // verified whole, when
+}
+
+func newSuspects() *suspects {
+	return &suspects{sem: make(chan struct{}, suspectWorkers), pending: map[suspectKey]bool{}, whole: map[suspectKey]time.Time{}}
+}
+
+// begin reports whether a check of k is to start now, and if so records
+// it as pending.
+func (s *suspects) begin(k suspectKey, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if at, ok := s.whole[k]; ok && now.Sub(at) < suspectRecheck || s.pending[k] || len(s.pending) >= maxSuspectsPending {
+		return false
+	}
+	s.pending[k] = true
+	return true
+}
+
+// end records that the check of k is over; whole says it verified whole.
+func (s *suspects) end(k suspectKey, whole bool, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.pending, k)
+	if !whole {
+		return
+	}
+	if len(s.whole) >= maxSuspectsWhole {
+		for o, at := range s.whole {
+			if now.Sub(at) >= suspectRecheck || len(s.whole) >= maxSuspectsWhole {
+				delete(s.whole, o)
+			}
+		}
+	}
+	s.whole[k] = now
+}
+
+// SuspectTierCopy starts, in the background, a check of the tier copy
+// shard that node reports corrupt, as the package comment says. It
+// reports whether a check started.
+func (c *Coordinator) SuspectTierCopy(req *coordpb.SuspectTierCopyRequest) (bool, error) {
+	if err := shm.ValidateNode(req.Node); err != nil {
+		return false, fmt.Errorf("%w: coordinator: tier copy reported corrupt: %w", ErrInvalid, err)
+	}
+	if err := shm.ValidateJob(req.Job); err != nil {
+		return false, fmt.Errorf("%w: coordinator: tier copy reported corrupt: %w", ErrInvalid, err)
+	}
+	if !tiers.Name(req.Tier).Valid() {
+		return false, fmt.Errorf("%w: coordinator: tier copy reported corrupt on %q, not a durable tier (%v)", ErrInvalid, req.Tier, tiers.Names())
+	}
+	k := suspectKey{req.Job, req.Step, req.Rank, req.Tier}
+	copyNode := c.tiers.suspectable(k, req.Node, req.HeaderChecksum)
+	if copyNode == "" || !c.suspects.begin(k, c.cfg.Clock.Now()) {
+		return false, nil
+	}
+	c.mu.Lock()
+	if c.closing {
+		c.mu.Unlock()
+		c.suspects.end(k, false, c.cfg.Clock.Now())
+		return false, nil
+	}
+	c.bg.Add(1)
+	c.mu.Unlock()
+	c.log.Warn("a node reports a tier copy's shard corrupt: verifying it", "job", req.Job, "step", req.Step, "rank", req.Rank,
+		"tier", req.Tier, "node", req.Node, "problem", oneLine(req.Problem))
+	go func() {
+		defer c.bg.Done()
+		c.suspects.end(k, c.checkSuspect(c.bgCtx, k, copyNode, req.Node), c.cfg.Clock.Now())
+	}()
+	return true, nil
+}
+
+// checkSuspect verifies the shard k of a copy on copyNode (sharedNode for
+// a shared tier) that reporter found corrupt, and marks the copy corrupt
+// if the verify fails. It reports whether the shard verified whole.
+func (c *Coordinator) checkSuspect(ctx context.Context, k suspectKey, copyNode, reporter string) bool {
+	select {
+	case c.suspects.sem <- struct{}{}:
+	case <-ctx.Done():
+		return false
+	}
+	defer func() { <-c.suspects.sem }()
+	node := copyNode
+	if node == sharedNode {
+		if node = c.streams.withTierBut(k.tier, reporter); node == "" {
+			var err error
+			if node, err = c.tiers.reader(ctx, k.tier, sharedNode); err != nil {
+				c.log.Warn("a tier copy reported corrupt could not be checked: not marked", "job", k.job, "step", k.step, "rank", k.rank, "tier", k.tier, "err", err)
+				return false
+			}
+		}
+	}
+	ok, problem, err := c.verifyShard(ctx, node, k.job, k.step, k.rank, k.tier)
+	switch {
+	case err != nil:
+		c.log.Warn("a tier copy reported corrupt could not be checked: not marked", "job", k.job, "step", k.step, "rank", k.rank, "tier", k.tier,
+			"verifier", node, "err", err)
+	case !ok:
+		c.tiers.markCorrupt(k.job, k.step, k.rank, k.tier, fmt.Sprintf("%s (reported by node %s, verified by node %s)", problem, reporter, node))
+	default:
+		c.log.Info("a tier copy reported corrupt verified whole: still a restore source", "job", k.job, "step", k.step, "rank", k.rank, "tier", k.tier,
+			"reporter", reporter, "verifier", node)
+	}
+	return err == nil && ok
+}
+
+// verifyShard has node's agent verify rank's shard of job's step: its
+// copy in the node's memory (tier ""), or the copy on tier, read back. ok
+// false with a problem: a checksum failed; an error: the verify did not
+// answer (the copy unreadable, the agent unreachable).
+func (c *Coordinator) verifyShard(ctx context.Context, node, job string, step int64, rank uint32, tier string) (ok bool, problem string, _ error) {
+	err := c.agentCall(ctx, node, func(ctx context.Context, a agentpb.AgentClient) error {
+		v, err := a.Verify(ctx, &agentpb.VerifyRequest{Job: job, Rank: rank, Step: step, Tier: tier})
+		if err == nil {
+			ok, problem = v.Ok, v.Problem
+		}
+		return err
+	})
+	return ok, problem, err
+}
+
+// suspectable returns the node of the durable copy of k on its tier
+// (sharedNode on a shared tier) when k is a shard of it that is not
+// marked corrupt, has header checksum sum (when given), and, on a
+// node-local tier, is on node; otherwise "".
+func (t *tiering) suspectable(k suspectKey, node, sum string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tc := t.copies[tierKey{k.job, k.step, k.tier}]
+	if t.closed || tc == nil || tc.State != tcDurable || tc.Corrupt[k.rank] != "" {
+		return ""
+	}
+	at := tc.copyNode(k.rank)
+	if at == "" || at != sharedNode && at != node {
+		return ""
+	}
+	for _, s := range tc.Shards {
+		if s.Rank == k.rank && (sum == "" || s.HeaderChecksum == sum) {
+			return at
+		}
+	}
+	return ""
+}
+
+// oneLine is s on one line, at most maxFailureText bytes.
+func oneLine(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > maxFailureText {
+		s = s[:maxFailureText] + "…"
+	}
+	return s
+}
