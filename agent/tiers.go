@@ -242,8 +242,10 @@ func (a *Agent) fetchFrom(ctx context.Context, tier tiers.Name, job string, rank
 
 // VerifyTier reads rank's shard of step back from one of the agent's tiers
 // and checks it against the manifest and its own checksums, into memory
-// mapped for the purpose (not the Go heap; shards are large). It returns
-// the bytes checked; a mismatch is an error wrapping shm.ErrCorrupt.
+// mapped for the purpose (not the Go heap; shards are large), and the leaf
+// hashes beside it, when there are, against its header: ranged reads
+// trust them. It returns the bytes checked; a mismatch is an error
+// wrapping shm.ErrCorrupt.
 func (a *Agent) VerifyTier(ctx context.Context, tier tiers.Name, job string, rank uint32, step int64) (int64, error) {
 	st := a.cfg.Stores[tier]
 	if st == nil {
@@ -265,10 +267,29 @@ func (a *Agent) VerifyTier(ctx context.Context, tier tiers.Name, job string, ran
 		return 0, fmt.Errorf("agent: mapping %d bytes to verify a tier copy: %w", size, err)
 	}
 	defer unix.Munmap(buf)
-	if err := tiers.GetShard(ctx, st, m, rank, buf, a.cfg.VerifyWorkers); err != nil {
+	err = tiers.GetShard(ctx, st, m, rank, buf, a.cfg.VerifyWorkers)
+	if err == nil {
+		err = checkTierLeaves(ctx, st, m, rank, buf)
+	}
+	if err != nil {
 		return 0, fmt.Errorf("agent: %s copy of job %s rank %d step %d: %w", tier, job, rank, step, err)
 	}
 	return size, nil
+}
+
+// checkTierLeaves checks the leaf hashes beside a tier copy of rank's
+// shard, whose bytes b have been verified, against its header. A copy
+// without them is whole: it is read whole.
+func checkTierLeaves(ctx context.Context, st tiers.Store, m *tiers.Manifest, rank uint32, b []byte) error {
+	h, err := shm.DecodeBytes(b)
+	if err != nil {
+		return err
+	}
+	_, err = tiers.GetLeaves(ctx, st, m.Job, m.Step, rank, h)
+	if tiers.IsNotExist(err) {
+		return nil
+	}
+	return err
 }
 
 // tierNames converts the tier names of a request, which the wire carries
