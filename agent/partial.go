@@ -118,6 +118,7 @@ func (a *Agent) openPartial(ctx context.Context, ps PeerShard, sources []Source)
 		raw, h, leaves, err := a.headerFrom(ctx, ps, src)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", src, err))
+			a.suspectTier(ps, src, err)
 			continue
 		}
 		p := &partial{ps: ps, h: h, leaves: leaves, sources: sources, next: i, have: make([][]bool, len(leaves))}

@@ -179,6 +179,7 @@ func (a *Agent) fetchTierRuns(ctx context.Context, p *partial, src Source, st ti
 	}
 	if bad != nil {
 		a.log.Warn("a tier copy's leaf does not match its hash; reading it elsewhere", "job", p.ps.Job, "rank", p.ps.Rank, "step", p.ps.Step, "tier", src.Tier, "err", bad)
+		a.suspectTier(p.ps, src, bad)
 	}
 	return written, bad
 }

@@ -358,6 +358,7 @@ func (a *Agent) FetchFrom(ctx context.Context, ps PeerShard, sources []Source) (
 			a.log.Warn("restore source failed; trying the next", "job", ps.Job, "rank", ps.Rank, "step", ps.Step, "source", src.String(), "pass", pass+1,
 				"ms", time.Since(t0).Milliseconds(), "err", err)
 			res.Failed = append(res.Failed, FetchAttempt{Tier: src.String(), Err: err})
+			a.suspectTier(ps, src, err)
 			if ctx.Err() != nil {
 				break
 			}

@@ -37,6 +37,9 @@ type reporter struct {
 	pins       map[string]pin     // job -> latest consistent step
 	asked      uint64             // sequence of the last request that can answer pins
 	registered map[rankKey]uint32 // ranks whose job registration was queued, by world size
+
+	suspectMu sync.Mutex
+	suspects  suspects // corrupt tier copies to report (tiersuspect.go)
 }
 
 // pin is a job's pins as an answer told them. Answers can arrive out of
@@ -102,7 +105,7 @@ func newReporter(a *Agent, addr string) (*reporter, error) {
 		return nil, fmt.Errorf("agent: coordinator address %q: %w", addr, err)
 	}
 	return &reporter{a: a, addr: addr, conn: conn, c: coordpb.NewCoordinatorClient(conn),
-		wake: make(chan struct{}, 1), pins: map[string]pin{}, registered: map[rankKey]uint32{}}, nil
+		wake: make(chan struct{}, 1), pins: map[string]pin{}, registered: map[rankKey]uint32{}, suspects: newSuspects()}, nil
 }
 
 // refreshPin asks the coordinator for a job's pins now, for a save that

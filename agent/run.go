@@ -81,9 +81,10 @@ func (a *Agent) Run(ctx context.Context, ready func(Addrs)) error {
 	defer func() { stopVerifier(); <-verifierDone }()
 	if a.rep != nil {
 		rctx, stopRep := context.WithCancel(ctx)
-		repDone := make(chan struct{})
+		repDone, suspectsDone := make(chan struct{}), make(chan struct{})
 		go func() { a.rep.run(rctx); close(repDone) }()
-		defer func() { stopRep(); <-repDone }()
+		go func() { a.rep.sendSuspects(rctx); close(suspectsDone) }()
+		defer func() { stopRep(); <-repDone; <-suspectsDone }()
 	}
 	if a.tr != nil {
 		tctx, stopTr := context.WithCancel(ctx)
