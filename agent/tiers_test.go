@@ -160,3 +160,55 @@ func TestPullOfACorruptTierCopyCommitsNothing(t *testing.T) {
 		t.Fatalf("after a failed pull the latest is %v (%v), want step 6", got, err)
 	}
 }
+
+// TestVerifyTierChecksTheLeafHashes: the verify of a tier copy reads the
+// leaf hashes beside it too, which ranged reads trust: hashes that do not
+// make the header's checksums are corruption; a copy without them is
+// whole (it is read whole).
+func TestVerifyTierChecksTheLeafHashes(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "pfs")
+	st, err := tiers.NewFileStore(dir, tiers.PFSOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testcluster.AgentConfig(t)
+	cfg.Stores = map[tiers.Name]tiers.Store{tiers.PFS: st}
+	r := testcluster.StartAgent(t, cfg)
+	ctx := context.Background()
+	s, _ := testcluster.Dial(t, cfg.Socket).Session("lv", 0, 1)
+	defer s.Close()
+	if err := s.Save(ctx, 5, stateOf(0, 5), nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Agent.Verify("lv", 0, 5, ""); err != nil { // what makes the leaf hashes pushed beside it
+		t.Fatal(err)
+	}
+	e, err := r.Agent.Push(ctx, st, "lv", 0, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tiers.WriteManifest(ctx, st, &tiers.Manifest{Job: "lv", Step: 5, WorldSize: 1, Shards: []tiers.ShardEntry{e}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Agent.VerifyTier(ctx, tiers.PFS, "lv", 0, 5); err != nil {
+		t.Fatalf("verify of a whole copy: %v", err)
+	}
+	path := filepath.Join(dir, filepath.FromSlash(tiers.LeavesName("lv", 5, 0)))
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)-1] ^= 0x40
+	if err := os.WriteFile(path, b, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Agent.VerifyTier(ctx, tiers.PFS, "lv", 0, 5); !errors.Is(err, shm.ErrCorrupt) {
+		t.Fatalf("verify of a copy whose leaf hashes were changed: %v, want ErrCorrupt", err)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Agent.VerifyTier(ctx, tiers.PFS, "lv", 0, 5); err != nil {
+		t.Fatalf("verify of a copy without leaf hashes: %v", err)
+	}
+}
