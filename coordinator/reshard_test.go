@@ -63,6 +63,19 @@ func saveReshardModel(t *testing.T, cl *cluster, job string, step int64) (big, b
 // and bias) on node's agent.
 func restoreNewRank(t *testing.T, cl *cluster, node int, job string, j int, big, bias []byte) *sdk.Resharded {
 	t.Helper()
+	res, err := tryRestoreNewRank(t, cl, node, job, j, big, bias)
+	if err != nil {
+		t.Fatalf("new rank %d of 8 on node-%d: %v", j, node, err)
+	}
+	if res.SavedWorldSize != 4 || string(res.Objects) != `{"rank":0}` {
+		t.Fatalf("new rank %d: %+v", j, res)
+	}
+	return res
+}
+
+// tryRestoreNewRank is restoreNewRank, returning its error.
+func tryRestoreNewRank(t *testing.T, cl *cluster, node int, job string, j int, big, bias []byte) (*sdk.Resharded, error) {
+	t.Helper()
 	const rows = bigRows / 8
 	s, err := cl.clients[node].Session(job, uint32(j), 8)
 	if err != nil {
@@ -74,14 +87,7 @@ func restoreNewRank(t *testing.T, cl *cluster, node int, job string, j int, big,
 		{Name: "big", DType: shm.U8, Offsets: []int64{off, 0}, Lengths: []int64{rows, bigCols}, Data: big[off*bigCols : (off+rows)*bigCols]},
 		{Name: "bias", DType: shm.F32, Offsets: []int64{0}, Lengths: []int64{biasLen}, Data: bias},
 	}}
-	res, err := s.RestoreInto(ctxT(t), l)
-	if err != nil {
-		t.Fatalf("new rank %d of 8 on node-%d: %v", j, node, err)
-	}
-	if res.SavedWorldSize != 4 || string(res.Objects) != `{"rank":0}` {
-		t.Fatalf("new rank %d: %+v", j, res)
-	}
-	return res
+	return s.RestoreInto(ctxT(t), l)
 }
 
 // restoreRanged restores all 8 new ranks of job (rank j on the node

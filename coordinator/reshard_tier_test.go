@@ -83,31 +83,41 @@ func (tc *tierCluster) holdNone(job string) {
 // filesystem's copy rots; the ranged read of the leaf that holds it is
 // refused and that leaf, and only what is still missing, is read from the
 // object store's copy: the restore at another world size is bit-exact.
+// The agent that read it reports the copy, the coordinator verifies the
+// shard on the tier and marks it corrupt: no later plan offers it.
 func TestReshardFromATierFallsBackFromACorruptByte(t *testing.T) {
-	tc := newTierCluster(t, 2, "pfs:every=1,keep=2;s3:every=1,keep=2", nil)
+	tc := newPFSAndS3Cluster(t)
 	big, bias := saveReshardModel(t, tc.cluster, "rsc", 4)
-	tc.waitStarted("rsc", 4, []string{"pfs", "s3"})
-	if got := tc.waitTiers("rsc"); len(got["pfs"]) != 1 || len(got["s3"]) != 1 {
-		t.Fatalf("tier copies: %v, want step 4 on pfs and s3", got)
-	}
+	tc.waitPFSAndS3("rsc")
 	// Rank 1 holds rows 1024 to 2047 of big; new rank 2 of 8 reads rows
 	// 1024 to 1535, the first two leaves of rank 1's piece.
-	f, err := os.OpenFile(filepath.Join(tc.pfs, tiers.ShardName("rsc", 4, 1)), os.O_RDWR, 0)
+	tc.rotBig("rsc", 4, 1, 1<<20+12345) // big's second leaf
+	tc.loseMemory("rsc", 4, tc.pfsAndS3)
+	restoreRanged(t, tc.cluster, "rsc", func(j int) int { return j % 2 }, big, bias, "the tiers (the rotten leaf from s3)")
+	tc.holdNone("rsc")
+	tc.waitMarkedCorrupt("rsc", 4, 1, "pfs")
+}
+
+// rotBig inverts a byte of rank's shard of job's step on the parallel
+// filesystem: the one at off in the data of tensor big.
+func (tc *tierCluster) rotBig(job string, step int64, rank uint32, off int64) {
+	t := tc.t
+	t.Helper()
+	f, err := os.OpenFile(filepath.Join(tc.pfs, tiers.ShardName(job, step, rank)), os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer f.Close()
 	h, err := shm.Decode(f, statSize(t, f))
 	if err != nil {
 		t.Fatal(err)
 	}
-	flip(t, f, h.DataStart+h.Tensor("big").Begin+1<<20+12345) // big's second leaf
-	f.Close()
-	stores := func(i int) map[tiers.Name]tiers.Store {
-		return map[tiers.Name]tiers.Store{"pfs": tc.storeOf(i, "pfs"), "s3": tc.storeOf(i, "s3")}
-	}
-	tc.loseMemory("rsc", 4, stores)
-	restoreRanged(t, tc.cluster, "rsc", func(j int) int { return j % 2 }, big, bias, "the tiers (the rotten leaf from s3)")
-	tc.holdNone("rsc")
+	flip(t, f, h.DataStart+h.Tensor("big").Begin+off)
+}
+
+// pfsAndS3 gives node i the parallel filesystem and the object store.
+func (tc *tierCluster) pfsAndS3(i int) map[tiers.Name]tiers.Store {
+	return map[tiers.Name]tiers.Store{"pfs": tc.storeOf(i, "pfs"), "s3": tc.storeOf(i, "s3")}
 }
 
 // TestReshardFromATierCopyWithoutLeafHashes: a tier copy with no leaf
