@@ -24,8 +24,8 @@ func TestSaveBenchRuns(t *testing.T) {
 			t.Fatalf("table lacks %q:\n%s", want, b.String())
 		}
 	}
-	if rs[0].MemcpyParallel <= 0 {
-		t.Fatalf("no same-thread memcpy reference: %+v", rs[0])
+	if r := rs[0]; r.MemcpyParallel <= 0 || r.WarmToMemcpy <= 0 || r.WarmToMemcpyParallel <= 0 {
+		t.Fatalf("no memcpy reference or ratio beside the warm saves: %+v", r)
 	}
 }
 

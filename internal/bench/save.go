@@ -42,6 +42,9 @@ type SaveResult struct {
 	SaveWarm       float64 // save into a segment reused from earlier steps
 	WarmSeconds    float64 // median blocking time of a warm save
 	ColdSeconds    float64
+	// Medians of each warm save's bandwidth over the memcpy's measured
+	// right before it (one thread, Workers threads).
+	WarmToMemcpy, WarmToMemcpyParallel float64
 }
 
 // Save runs the save benchmark: Save's blocking time for each size, warm
@@ -99,78 +102,110 @@ func saveOne(ctx context.Context, dial func(job string) (*sdk.Client, error), cf
 	for i := range tensors {
 		tensors[i] = sdk.Tensor{Name: fmt.Sprintf("layer.%03d.weight", i), DType: shm.F32, Shape: []int64{int64(per / 4)}, Data: src[uint64(i)*per : uint64(i+1)*per]}
 	}
-	total := per * uint64(cfg.Tensors)
+	total := float64(per * uint64(cfg.Tensors))
+
+	// Cold: every run a new job, so new segments are sized and mapped.
+	var cold []float64
+	for run := range cfg.Runs {
+		d, err := saveCold(ctx, dial, fmt.Sprintf("bench-cold-%d-%d", size>>20, run), tensors)
+		if err != nil {
+			return res, err
+		}
+		cold = append(cold, d)
+	}
+	res.ColdSeconds = med(cold)
+	res.SaveCold = total / res.ColdSeconds
 
 	// memcpy into pre-faulted memory, one thread and Workers threads.
 	dst, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
 	if err != nil {
 		return res, fmt.Errorf("bench: mapping %s for memcpy: %w", units.Bytes(size), err)
 	}
+	defer unix.Munmap(dst)
 	copy(dst, src) // fault in every page
-	res.Memcpy = float64(size) / median(cfg.Runs, func() { copy(dst, src) })
-	res.MemcpyParallel = float64(size) / median(cfg.Runs, func() { parallelCopy(dst, src, cfg.Workers) })
-	unix.Munmap(dst)
-
-	// Cold: every run a new job, so new segments are sized and mapped.
-	var cold []float64
-	for run := range cfg.Runs {
-		job := fmt.Sprintf("bench-cold-%d-%d", size>>20, run)
-		c, err := dial(job)
-		if err != nil {
-			return res, err
-		}
-		s, err := c.Session(job, 0, 1)
-		if err != nil {
-			c.Close()
-			return res, err
-		}
-		t0 := time.Now()
-		if err := s.Save(ctx, 1, tensors, map[string]int{"step": 1}); err != nil {
-			return res, err
-		}
-		cold = append(cold, time.Since(t0).Seconds())
-		s.Close()
-		err = cleanup(ctx, c, job)
-		c.Close()
-		if err != nil {
-			return res, err
-		}
-	}
-	res.ColdSeconds = med(cold)
-	res.SaveCold = float64(total) / res.ColdSeconds
-
-	// Warm: one session saving step after step; the first two saves size
-	// and map the two slots, the rest reuse them.
-	job := fmt.Sprintf("bench-warm-%d", size>>20)
-	c, err := dial(job)
+	w, err := saveWarm(ctx, dial, fmt.Sprintf("bench-warm-%d", size>>20), tensors, cfg.Runs, func() (one, par float64) {
+		return float64(size) / timed(func() { copy(dst, src) }), float64(size) / timed(func() { parallelCopy(dst, src, cfg.Workers) })
+	})
 	if err != nil {
 		return res, err
+	}
+	res.WarmSeconds = med(w.save)
+	res.SaveWarm = total / res.WarmSeconds
+	res.Memcpy, res.MemcpyParallel = med(w.one), med(w.par)
+	res.WarmToMemcpy, res.WarmToMemcpyParallel = med(w.toOne), med(w.toPar)
+	return res, nil
+}
+
+// saveCold times one save of a new job: its segments are sized and mapped.
+func saveCold(ctx context.Context, dial func(job string) (*sdk.Client, error), job string, tensors []sdk.Tensor) (float64, error) {
+	c, err := dial(job)
+	if err != nil {
+		return 0, err
 	}
 	defer c.Close()
 	s, err := c.Session(job, 0, 1)
 	if err != nil {
-		return res, err
+		return 0, err
+	}
+	t0 := time.Now()
+	if err := s.Save(ctx, 1, tensors, map[string]int{"step": 1}); err != nil {
+		return 0, err
+	}
+	d := time.Since(t0).Seconds()
+	s.Close()
+	return d, cleanup(ctx, c, job)
+}
+
+// warmTimes is each warm save's time in seconds, the memcpy bandwidths
+// (one thread, the save's workers) measured just before it, and each
+// pair's ratio of bandwidths.
+type warmTimes struct {
+	save, one, par, toOne, toPar []float64
+}
+
+// saveWarm times runs warm saves of one session saving step after step
+// (the first two saves size and map the two slots, the rest reuse them),
+// each right after memcpy gives the copy limit of the moment: on a
+// shared machine the memory bandwidth varies from one second to the
+// next, so each save is compared with the memcpy beside it.
+func saveWarm(ctx context.Context, dial func(job string) (*sdk.Client, error), job string, tensors []sdk.Tensor, runs int, memcpy func() (one, par float64)) (warmTimes, error) {
+	var w warmTimes
+	c, err := dial(job)
+	if err != nil {
+		return w, err
+	}
+	defer c.Close()
+	s, err := c.Session(job, 0, 1)
+	if err != nil {
+		return w, err
 	}
 	defer s.Close()
-	var warm []float64
-	for step := range int64(cfg.Runs + 2) {
+	for step := range int64(runs + 2) {
 		if err := waitVerified(ctx, c, job); err != nil { // the agent's background check runs between steps, as between training steps
-			return res, err
+			return w, err
+		}
+		var one, par float64
+		if step >= 2 {
+			one, par = memcpy()
 		}
 		t0 := time.Now()
 		if err := s.Save(ctx, step, tensors, map[string]int64{"step": step}); err != nil {
-			return res, err
+			return w, err
 		}
 		if step >= 2 {
-			warm = append(warm, time.Since(t0).Seconds())
+			d := time.Since(t0).Seconds()
 			if s.LastSave().Cold {
-				return res, fmt.Errorf("bench: save of step %d was cold", step)
+				return w, fmt.Errorf("bench: save of step %d was cold", step)
 			}
+			w.save, w.one, w.par = append(w.save, d), append(w.one, one), append(w.par, par)
+			var bytes float64
+			for _, t := range tensors {
+				bytes += float64(len(t.Data))
+			}
+			w.toOne, w.toPar = append(w.toOne, bytes/d/one), append(w.toPar, bytes/d/par)
 		}
 	}
-	res.WarmSeconds = med(warm)
-	res.SaveWarm = float64(total) / res.WarmSeconds
-	return res, cleanup(ctx, c, job)
+	return w, cleanup(ctx, c, job)
 }
 
 func cleanup(ctx context.Context, c *sdk.Client, job string) error {
@@ -225,15 +260,11 @@ func parallelCopy(dst, src []byte, workers int) {
 	wg.Wait()
 }
 
-// median runs f runs times and returns the median duration in seconds.
-func median(runs int, f func()) float64 {
-	var d []float64
-	for range runs {
-		t0 := time.Now()
-		f()
-		d = append(d, time.Since(t0).Seconds())
-	}
-	return med(d)
+// timed returns how long f takes, in seconds.
+func timed(f func()) float64 {
+	t0 := time.Now()
+	f()
+	return time.Since(t0).Seconds()
 }
 
 func sortedCopy(d []float64) []float64 {
@@ -256,9 +287,9 @@ func PrintSave(w io.Writer, rs []SaveResult, workers int) {
 	fmt.Fprintf(w, "%-7s %12s %14s %12s %12s %12s %12s %11s %16s\n", "size", "memcpy", fmt.Sprintf("memcpy x%d", workers), "save cold", "save warm", "warm blocks", "cold blocks", "warm/memcpy", same)
 	for _, r := range rs {
 		fmt.Fprintf(w, "%-7s %12s %14s %12s %12s %12s %12s %11.2f %16.2f\n", units.Bytes(r.Size), gbps(r.Memcpy), gbps(r.MemcpyParallel),
-			gbps(r.SaveCold), gbps(r.SaveWarm), secs(r.WarmSeconds), secs(r.ColdSeconds), r.SaveWarm/r.Memcpy, r.SaveWarm/r.MemcpyParallel)
+			gbps(r.SaveCold), gbps(r.SaveWarm), secs(r.WarmSeconds), secs(r.ColdSeconds), r.WarmToMemcpy, r.WarmToMemcpyParallel)
 	}
-	fmt.Fprintf(w, "warm/memcpy: against one thread; %s: against a memcpy with as many threads as Save's copy workers (%d), the same-thread reference\n", same, workers)
+	fmt.Fprintf(w, "warm/memcpy: against one thread; %s: against a memcpy with as many threads as Save's copy workers (%d), the same-thread reference; each ratio the median over the warm saves of one save against the memcpy run right before it\n", same, workers)
 }
 
 func gbps(b float64) string { return fmt.Sprintf("%.1f GB/s", b/1e9) }
