@@ -16,8 +16,7 @@ import (
 // A tensor's checksum is XXH3-64 (seed 0) of the concatenation of the
 // little-endian XXH3-64 hashes of its bytes cut into LeafSize pieces (the
 // last may be shorter; an empty tensor has no leaves). Leaves make the sum
-// computable by several threads and in the same pass as a copy: copyHash
-// hashes each leaf from the registers that copy it.
+// computable by several threads and in the same pass as a copy (copyHash).
 const ChecksumAlgo = "xxh3-64-tree-1MiB"
 
 // LeafSize is the leaf size of the checksum tree: large enough that a

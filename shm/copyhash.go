@@ -2,26 +2,31 @@ package shm
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math/bits"
 	"unsafe"
 
 	"github.com/zeebo/xxh3"
 )
 
-// copyHash copies src into dst (of the same length) and returns the
-// XXH3-64 of src. Where the machine has a fused kernel
-// (copyhash_amd64.s) and dst is aligned for its streaming stores, the
-// bytes are read once: each 64-byte stripe is loaded, written to dst with
-// a non-temporal store and folded into the hash from the same registers,
-// so the hash costs no second pass over the leaf. Elsewhere it is a copy,
-// then a hash of the source while it is still in cache.
+// copyHash copies src into dst (of the same length, not overlapping it)
+// and returns the XXH3-64 of src. Where the machine has a fused kernel
+// (copyhash_amd64.s), src is at least fusedMin bytes and dst is aligned
+// for the kernel's streaming stores, the bytes are read once: each
+// 64-byte stripe is loaded, written to dst with a non-temporal store and
+// folded into the hash from the same registers, so the hash costs no
+// second pass. Elsewhere it is a copy, then a hash of the source while it
+// is still in cache.
 func copyHash(dst, src []byte) uint64 {
 	n := len(src)
-	if !fusedCopyHash || n <= xxh3Mid || uintptr(unsafe.Pointer(unsafe.SliceData(dst)))%32 != 0 {
+	if len(dst) != n {
+		panic(fmt.Sprintf("shm: copy of %d bytes into %d", n, len(dst)))
+	}
+	if !fusedCopyHash || n < fusedMin || uintptr(unsafe.Pointer(unsafe.SliceData(dst)))%32 != 0 {
 		copy(dst, src)
 		return xxh3.Hash(src)
 	}
-	_ = dst[n-1]
+	raceAccess(dst, src)
 	acc := xxh3Init
 	blocks := (n - 1) / xxh3Block
 	accumCopyBlocks(&acc, dst, src, blocks)
@@ -29,6 +34,12 @@ func copyHash(dst, src []byte) uint64 {
 	copy(dst[done:], src[done:])
 	return xxh3Finish(&acc, src, done)
 }
+
+// fusedMin is the smallest piece copyHash copies with the kernel: its
+// stores bypass the caches, as Go's copy does from 1 MiB, so a small
+// piece (a small tensor, a tensor's short last leaf) that its reader may
+// touch soon stays in cache.
+const fusedMin = 256 << 10
 
 // XXH3-64 (seed 0, the default secret) of inputs longer than xxh3Mid
 // bytes, as the XXH3 specification defines it: eight 64-bit lanes
