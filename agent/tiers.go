@@ -242,10 +242,10 @@ func (a *Agent) fetchFrom(ctx context.Context, tier tiers.Name, job string, rank
 
 // VerifyTier reads rank's shard of step back from one of the agent's tiers
 // and checks it against the manifest and its own checksums, into memory
-// mapped for the purpose (not the Go heap; shards are large), and the leaf
-// hashes beside it, when there are, against its header: ranged reads
-// trust them. It returns the bytes checked; a mismatch is an error
-// wrapping shm.ErrCorrupt.
+// mapped for the purpose (not the Go heap; shards are large). It returns
+// the bytes checked; a mismatch of the shard is an error wrapping
+// shm.ErrCorrupt. The leaf hashes beside a shard that verified whole are
+// checked too (fixTierLeaves), and fail nothing.
 func (a *Agent) VerifyTier(ctx context.Context, tier tiers.Name, job string, rank uint32, step int64) (int64, error) {
 	st := a.cfg.Stores[tier]
 	if st == nil {
@@ -267,29 +267,51 @@ func (a *Agent) VerifyTier(ctx context.Context, tier tiers.Name, job string, ran
 		return 0, fmt.Errorf("agent: mapping %d bytes to verify a tier copy: %w", size, err)
 	}
 	defer unix.Munmap(buf)
-	err = tiers.GetShard(ctx, st, m, rank, buf, a.cfg.VerifyWorkers)
-	if err == nil {
-		err = checkTierLeaves(ctx, st, m, rank, buf)
-	}
-	if err != nil {
+	if err := tiers.GetShard(ctx, st, m, rank, buf, a.cfg.VerifyWorkers); err != nil {
 		return 0, fmt.Errorf("agent: %s copy of job %s rank %d step %d: %w", tier, job, rank, step, err)
 	}
+	a.fixTierLeaves(ctx, st, m, rank, buf)
 	return size, nil
 }
 
-// checkTierLeaves checks the leaf hashes beside a tier copy of rank's
-// shard, whose bytes b have been verified, against its header. A copy
-// without them is whole: it is read whole.
-func checkTierLeaves(ctx context.Context, st tiers.Store, m *tiers.Manifest, rank uint32, b []byte) error {
+// fixTierLeaves checks the leaf hashes beside a tier copy of rank's
+// shard, whose bytes b have verified whole, against its header: ranged
+// reads trust them. An object that does not decode, or whose hashes do
+// not make the header's checksums, is no fault of the shard: it is
+// written again from b, and the copy stays a restore source. A copy
+// without one is whole as well (it is read whole). Nothing here fails
+// the verify; what goes wrong is logged.
+func (a *Agent) fixTierLeaves(ctx context.Context, st tiers.Store, m *tiers.Manifest, rank uint32, b []byte) {
+	log := a.log.With("job", m.Job, "rank", rank, "step", m.Step, "tier", st.String())
 	h, err := shm.DecodeBytes(b)
-	if err != nil {
-		return err
+	if err == nil {
+		_, err = tiers.GetLeaves(ctx, st, m.Job, m.Step, rank, h)
 	}
-	_, err = tiers.GetLeaves(ctx, st, m.Job, m.Step, rank, h)
-	if tiers.IsNotExist(err) {
-		return nil
+	switch {
+	case err == nil || tiers.IsNotExist(err):
+		return
+	case !isCorrupt(err):
+		log.Warn("the leaf hashes beside a tier copy that verified whole could not be read", "err", err)
+		return
 	}
-	return err
+	leaves, ferr := h.VerifyAtLeaves(tiers.BytesReaderAt(b), a.cfg.VerifyWorkers)
+	if ferr == nil {
+		ferr = tiers.PutLeaves(ctx, st, m.Job, m.Step, rank, leaves)
+	}
+	if ferr == nil {
+		// A deletion of the copy deletes its manifest first, then the
+		// shards and leaves: with the manifest gone the leaves just
+		// written may have missed it, and go too.
+		if _, serr := st.Size(ctx, tiers.ManifestName(m.Job, m.Step)); tiers.IsNotExist(serr) {
+			ferr = st.Delete(ctx, tiers.LeavesName(m.Job, m.Step, rank))
+		}
+	}
+	if ferr != nil {
+		log.Warn("the leaf hashes beside a tier copy that verified whole are corrupt, and were not written again: ranged reads of it fall back",
+			"problem", err, "err", ferr)
+		return
+	}
+	log.Warn("the leaf hashes beside a tier copy that verified whole were corrupt: written again from the shard", "problem", err)
 }
 
 // tierNames converts the tier names of a request, which the wire carries

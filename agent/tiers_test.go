@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -161,11 +162,13 @@ func TestPullOfACorruptTierCopyCommitsNothing(t *testing.T) {
 	}
 }
 
-// TestVerifyTierChecksTheLeafHashes: the verify of a tier copy reads the
-// leaf hashes beside it too, which ranged reads trust: hashes that do not
-// make the header's checksums are corruption; a copy without them is
-// whole (it is read whole).
-func TestVerifyTierChecksTheLeafHashes(t *testing.T) {
+// TestVerifyTierMendsTheLeafHashes: the verify of a tier copy reads the
+// leaf hashes beside it too, which ranged reads trust. Hashes that do not
+// make the header's checksums fail no verify of a shard that is whole
+// (the copy stays a restore source): they are written again from the
+// shard. A copy without them is whole (it is read whole); a rotten shard
+// is corrupt whatever its hashes.
+func TestVerifyTierMendsTheLeafHashes(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "pfs")
 	st, err := tiers.NewFileStore(dir, tiers.PFSOptions())
 	if err != nil {
@@ -194,21 +197,41 @@ func TestVerifyTierChecksTheLeafHashes(t *testing.T) {
 		t.Fatalf("verify of a whole copy: %v", err)
 	}
 	path := filepath.Join(dir, filepath.FromSlash(tiers.LeavesName("lv", 5, 0)))
-	b, err := os.ReadFile(path)
+	good, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b[len(b)-1] ^= 0x40
-	if err := os.WriteFile(path, b, 0o640); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := r.Agent.VerifyTier(ctx, tiers.PFS, "lv", 0, 5); !errors.Is(err, shm.ErrCorrupt) {
-		t.Fatalf("verify of a copy whose leaf hashes were changed: %v, want ErrCorrupt", err)
+	for name, bad := range map[string][]byte{
+		"a hash changed": append(append([]byte(nil), good[:len(good)-1]...), good[len(good)-1]^0x40),
+		"no magic":       append([]byte("XXXXXXXX"), good[8:]...),
+		"cut short":      good[:len(good)-3],
+	} {
+		if err := os.WriteFile(path, bad, 0o640); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Agent.VerifyTier(ctx, tiers.PFS, "lv", 0, 5); err != nil {
+			t.Fatalf("%s: verify of a whole copy whose leaf hashes are bad: %v, want whole", name, err)
+		}
+		if b, err := os.ReadFile(path); err != nil || !bytes.Equal(b, good) {
+			t.Fatalf("%s: leaf hashes after the verify: %d bytes, %v; want them written again", name, len(b), err)
+		}
 	}
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := r.Agent.VerifyTier(ctx, tiers.PFS, "lv", 0, 5); err != nil {
 		t.Fatalf("verify of a copy without leaf hashes: %v", err)
+	}
+	shard := filepath.Join(dir, filepath.FromSlash(tiers.ShardName("lv", 5, 0)))
+	b, err := os.ReadFile(shard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)-1] ^= 0x40
+	if err := os.WriteFile(shard, b, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Agent.VerifyTier(ctx, tiers.PFS, "lv", 0, 5); !errors.Is(err, shm.ErrCorrupt) {
+		t.Fatalf("verify of a rotten shard: %v, want ErrCorrupt", err)
 	}
 }
