@@ -22,7 +22,9 @@ import (
 // sent one at a time by one goroutine from a queue of maxSuspectQueue. A
 // report the queue has no room for, or that the coordinator does not
 // take, is forgotten, so the next read that finds the copy corrupt
-// reports it again. A read never waits for a report.
+// reports it again. A read never waits for a report. Only this node's
+// own copies on a node-local tier are reported: another node's, read
+// through that node, is that node's to report.
 
 // maxSuspectQueue bounds the reports waiting to be sent.
 const maxSuspectQueue = 64
@@ -61,7 +63,8 @@ func newSuspects() suspects {
 // durable tier this node read (package comment).
 func (a *Agent) suspectTier(ps PeerShard, src Source, err error) {
 	r := a.rep
-	if r == nil || !isCorrupt(err) || !tiers.Name(src.Tier).Valid() {
+	tier := tiers.Name(src.Tier)
+	if r == nil || !isCorrupt(err) || !tier.Valid() || tier.NodeLocal() && src.Node != a.cfg.Node {
 		return
 	}
 	k := suspectKey{rankKey{ps.Job, ps.Rank}, ps.Step, src.Tier}
