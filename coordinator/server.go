@@ -311,11 +311,11 @@ func (s *server) RankSources(ctx context.Context, req *coordpb.RankSourcesReques
 }
 
 func (s *server) SuspectTierCopy(ctx context.Context, req *coordpb.SuspectTierCopyRequest) (*coordpb.SuspectTierCopyResponse, error) {
-	checking, err := s.c.SuspectTierCopy(req)
+	answer, err := s.c.SuspectTierCopy(req)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &coordpb.SuspectTierCopyResponse{Checking: checking}, nil
+	return &coordpb.SuspectTierCopyResponse{Answer: answer}, nil
 }
 
 // proto returns the state as the coordinator's API shows it.

@@ -20,21 +20,28 @@ import (
 // be able to take good copies out of every restore plan by saying so. It
 // checks the shard itself, as rewind verify does: an agent with the tier,
 // another node than the reporter where one is connected, reads the shard
-// back and verifies it and its leaf hashes (agent VerifyTier), and only a
-// verify that finds it corrupt marks the copy (tiercorrupt.go). A verify
-// that cannot read the copy (the object gone, the store down) marks
-// nothing, nor does a report that names no durable copy of the header
-// checksum the index holds.
+// back and verifies it (agent VerifyTier), and only a verify that finds
+// it corrupt marks the copy (tiercorrupt.go). A verify that cannot read
+// the copy (the object gone, the store down) marks nothing, nor does a
+// report that names no durable copy of the header checksum the index
+// holds.
 //
 // The checks are bounded: one per shard at a time, at most
-// maxSuspectsPending waiting or running and suspectWorkers running, in
-// the background (Close waits for them); a shard verified whole is not
-// checked again for suspectRecheck, whoever reports it.
+// maxSuspectsPending waiting or running (maxSuspectsPerNode of them from
+// one reporter, so that one node cannot crowd out the others' reports) and
+// suspectWorkers running, in the background (Close waits for them); a
+// shard verified whole is not checked again for suspectRecheck, whoever
+// reports it.
 
 const (
 	// maxSuspectsPending bounds the checks waiting or running: each may
 	// read a whole shard back.
 	maxSuspectsPending = 64
+	// maxSuspectsPerNode bounds the checks waiting or running that one
+	// node reported: a node's reads report a corrupt copy once, so a
+	// node with more pending is broken, hostile, or finds a whole step
+	// rotten (checked a few at a time all the same).
+	maxSuspectsPerNode = 4
 	// suspectWorkers is how many checks read shards back at once: they
 	// share the tiers with the transfers.
 	suspectWorkers = 2
@@ -60,31 +67,45 @@ type suspects struct {
 	sem chan struct{} // a check running holds one
 
 	mu      sync.Mutex
-	pending map[suspectKey]bool      // waiting or running
+	pending map[suspectKey]string    // waiting or running: the reporter
+	byNode  map[string]int           // pending checks by reporter
 	whole   map[suspectKey]time.Time // verified whole, when
 }
 
 func newSuspects() *suspects {
-	return &suspects{sem: make(chan struct{}, suspectWorkers), pending: map[suspectKey]bool{}, whole: map[suspectKey]time.Time{}}
+	return &suspects{sem: make(chan struct{}, suspectWorkers), pending: map[suspectKey]string{}, byNode: map[string]int{},
+		whole: map[suspectKey]time.Time{}}
 }
 
-// begin reports whether a check of k is to start now, and if so records
-// it as pending.
-func (s *suspects) begin(k suspectKey, now time.Time) bool {
+// begin returns the answer to reporter's report of k, and whether a check
+// of k is to start now; if so it records it as pending.
+func (s *suspects) begin(k suspectKey, reporter string, now time.Time) (coordpb.SuspectAnswer, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if at, ok := s.whole[k]; ok && now.Sub(at) < suspectRecheck || s.pending[k] || len(s.pending) >= maxSuspectsPending {
-		return false
+	if _, ok := s.pending[k]; ok {
+		return coordpb.SuspectAnswer_SUSPECT_ANSWER_CHECKING, false
 	}
-	s.pending[k] = true
-	return true
+	if at, ok := s.whole[k]; ok && now.Sub(at) < suspectRecheck {
+		return coordpb.SuspectAnswer_SUSPECT_ANSWER_VERIFIED_RECENTLY, false
+	}
+	if len(s.pending) >= maxSuspectsPending || s.byNode[reporter] >= maxSuspectsPerNode {
+		return coordpb.SuspectAnswer_SUSPECT_ANSWER_BUSY, false
+	}
+	s.pending[k] = reporter
+	s.byNode[reporter]++
+	return coordpb.SuspectAnswer_SUSPECT_ANSWER_CHECKING, true
 }
 
 // end records that the check of k is over; whole says it verified whole.
 func (s *suspects) end(k suspectKey, whole bool, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.pending, k)
+	if reporter, ok := s.pending[k]; ok {
+		delete(s.pending, k)
+		if s.byNode[reporter]--; s.byNode[reporter] <= 0 {
+			delete(s.byNode, reporter)
+		}
+	}
 	if !whole {
 		return
 	}
@@ -100,27 +121,31 @@ func (s *suspects) end(k suspectKey, whole bool, now time.Time) {
 
 // SuspectTierCopy starts, in the background, a check of the tier copy
 // shard that node reports corrupt, as the package comment says. It
-// reports whether a check started.
-func (c *Coordinator) SuspectTierCopy(req *coordpb.SuspectTierCopyRequest) (bool, error) {
+// returns what it does with the report.
+func (c *Coordinator) SuspectTierCopy(req *coordpb.SuspectTierCopyRequest) (coordpb.SuspectAnswer, error) {
 	if err := shm.ValidateNode(req.Node); err != nil {
-		return false, fmt.Errorf("%w: coordinator: tier copy reported corrupt: %w", ErrInvalid, err)
+		return 0, fmt.Errorf("%w: coordinator: tier copy reported corrupt: %w", ErrInvalid, err)
 	}
 	if err := shm.ValidateJob(req.Job); err != nil {
-		return false, fmt.Errorf("%w: coordinator: tier copy reported corrupt: %w", ErrInvalid, err)
+		return 0, fmt.Errorf("%w: coordinator: tier copy reported corrupt: %w", ErrInvalid, err)
 	}
 	if !tiers.Name(req.Tier).Valid() {
-		return false, fmt.Errorf("%w: coordinator: tier copy reported corrupt on %q, not a durable tier (%v)", ErrInvalid, req.Tier, tiers.Names())
+		return 0, fmt.Errorf("%w: coordinator: tier copy reported corrupt on %q, not a durable tier (%v)", ErrInvalid, req.Tier, tiers.Names())
 	}
 	k := suspectKey{req.Job, req.Step, req.Rank, req.Tier}
-	copyNode := c.tiers.suspectable(k, req.Node, req.HeaderChecksum)
-	if copyNode == "" || !c.suspects.begin(k, c.cfg.Clock.Now()) {
-		return false, nil
+	copyNode, answer := c.tiers.suspectable(k, req.Node, req.HeaderChecksum)
+	if copyNode == "" {
+		return answer, nil
+	}
+	answer, start := c.suspects.begin(k, req.Node, c.cfg.Clock.Now())
+	if !start {
+		return answer, nil
 	}
 	c.mu.Lock()
 	if c.closing {
 		c.mu.Unlock()
 		c.suspects.end(k, false, c.cfg.Clock.Now())
-		return false, nil
+		return coordpb.SuspectAnswer_SUSPECT_ANSWER_BUSY, nil
 	}
 	c.bg.Add(1)
 	c.mu.Unlock()
@@ -130,12 +155,12 @@ func (c *Coordinator) SuspectTierCopy(req *coordpb.SuspectTierCopyRequest) (bool
 		defer c.bg.Done()
 		c.suspects.end(k, c.checkSuspect(c.bgCtx, k, copyNode, req.Node), c.cfg.Clock.Now())
 	}()
-	return true, nil
+	return answer, nil
 }
 
 // checkSuspect verifies the shard k of a copy on copyNode (sharedNode for
-// a shared tier) that reporter found corrupt, and marks the copy corrupt
-// if the verify fails. It reports whether the shard verified whole.
+// a shared tier) that reporter found corrupt, and settles the report
+// (settleSuspect). It reports whether the shard verified whole.
 func (c *Coordinator) checkSuspect(ctx context.Context, k suspectKey, copyNode, reporter string) bool {
 	select {
 	case c.suspects.sem <- struct{}{}:
@@ -154,15 +179,23 @@ func (c *Coordinator) checkSuspect(ctx context.Context, k suspectKey, copyNode, 
 		}
 	}
 	ok, problem, err := c.verifyShard(ctx, node, k.job, k.step, k.rank, k.tier)
+	return c.settleSuspect(k, reporter, node, ok, problem, err)
+}
+
+// settleSuspect acts on verifier's verify of the shard k that reporter
+// found corrupt: ok, or problem, or err when it did not answer. It marks
+// the copy corrupt when the verify failed, and reports whether the shard
+// verified whole.
+func (c *Coordinator) settleSuspect(k suspectKey, reporter, verifier string, ok bool, problem string, err error) bool {
 	switch {
 	case err != nil:
 		c.log.Warn("a tier copy reported corrupt could not be checked: not marked", "job", k.job, "step", k.step, "rank", k.rank, "tier", k.tier,
-			"verifier", node, "err", err)
-	case !ok:
-		c.tiers.markCorrupt(k.job, k.step, k.rank, k.tier, fmt.Sprintf("%s (reported by node %s, verified by node %s)", problem, reporter, node))
-	default:
+			"reporter", reporter, "verifier", verifier, "err", err)
+	case ok:
 		c.log.Info("a tier copy reported corrupt verified whole: still a restore source", "job", k.job, "step", k.step, "rank", k.rank, "tier", k.tier,
-			"reporter", reporter, "verifier", node)
+			"reporter", reporter, "verifier", verifier)
+	default:
+		c.tiers.markCorrupt(k.job, k.step, k.rank, k.tier, fmt.Sprintf("%s (reported by node %s, verified by node %s)", problem, reporter, verifier))
 	}
 	return err == nil && ok
 }
@@ -185,24 +218,29 @@ func (c *Coordinator) verifyShard(ctx context.Context, node, job string, step in
 // suspectable returns the node of the durable copy of k on its tier
 // (sharedNode on a shared tier) when k is a shard of it that is not
 // marked corrupt, has header checksum sum (when given), and, on a
-// node-local tier, is on node; otherwise "".
-func (t *tiering) suspectable(k suspectKey, node, sum string) string {
+// node-local tier, is on node; otherwise "" and the answer to the report:
+// no such copy, or one already marked corrupt.
+func (t *tiering) suspectable(k suspectKey, node, sum string) (string, coordpb.SuspectAnswer) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	none := coordpb.SuspectAnswer_SUSPECT_ANSWER_NO_SUCH_COPY
 	tc := t.copies[tierKey{k.job, k.step, k.tier}]
-	if t.closed || tc == nil || tc.State != tcDurable || tc.Corrupt[k.rank] != "" {
-		return ""
+	if t.closed || tc == nil || tc.State != tcDurable {
+		return "", none
 	}
 	at := tc.copyNode(k.rank)
 	if at == "" || at != sharedNode && at != node {
-		return ""
+		return "", none
 	}
 	for _, s := range tc.Shards {
 		if s.Rank == k.rank && (sum == "" || s.HeaderChecksum == sum) {
-			return at
+			if tc.Corrupt[k.rank] != "" {
+				return "", coordpb.SuspectAnswer_SUSPECT_ANSWER_ALREADY_CORRUPT
+			}
+			return at, coordpb.SuspectAnswer_SUSPECT_ANSWER_CHECKING
 		}
 	}
-	return ""
+	return "", none
 }
 
 // oneLine is s on one line, at most maxFailureText bytes.

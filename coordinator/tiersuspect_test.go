@@ -134,7 +134,7 @@ func TestAMissingOrUnreachableTierCopyIsNotMarkedCorrupt(t *testing.T) {
 	}
 	for _, tier := range []string{"pfs", "s3"} {
 		resp, err := report("node-1", tier)
-		if err != nil || !resp.Checking {
+		if err != nil || resp.Answer != coordpb.SuspectAnswer_SUSPECT_ANSWER_CHECKING {
 			t.Fatalf("a report of rank 1's copy on %s: %v %v, want it checked", tier, resp, err)
 		}
 		wait.ForNil(t, 30*time.Second, "the check of rank 1's copy on "+tier, func() error {

@@ -316,6 +316,79 @@ func (JobEventKind) EnumDescriptor() ([]byte, []int) {
 	return file_coordinator_proto_rawDescGZIP(), []int{4}
 }
 
+// SuspectAnswer is what the coordinator does with a node's report of a
+// corrupt tier copy.
+type SuspectAnswer int32
+
+const (
+	SuspectAnswer_SUSPECT_ANSWER_UNSPECIFIED SuspectAnswer = 0
+	// The shard is being verified, by an agent other than the reporter
+	// (started now, or by an earlier report).
+	SuspectAnswer_SUSPECT_ANSWER_CHECKING SuspectAnswer = 1
+	// The copy's shard is marked corrupt already.
+	SuspectAnswer_SUSPECT_ANSWER_ALREADY_CORRUPT SuspectAnswer = 2
+	// The shard verified whole a short while ago: not checked again yet.
+	SuspectAnswer_SUSPECT_ANSWER_VERIFIED_RECENTLY SuspectAnswer = 3
+	// Too many checks are pending (the reporter's, or all): report again
+	// later.
+	SuspectAnswer_SUSPECT_ANSWER_BUSY SuspectAnswer = 4
+	// The coordinator knows no durable copy of the shard with that header
+	// checksum on the tier (not yet, or no longer): report again later.
+	SuspectAnswer_SUSPECT_ANSWER_NO_SUCH_COPY SuspectAnswer = 5
+	// A copy on the reporter's own node-local tier, which no other node
+	// can read to check: not marked on the reporter's word.
+	SuspectAnswer_SUSPECT_ANSWER_NODE_LOCAL SuspectAnswer = 6
+)
+
+// Enum value maps for SuspectAnswer.
+var (
+	SuspectAnswer_name = map[int32]string{
+		0: "SUSPECT_ANSWER_UNSPECIFIED",
+		1: "SUSPECT_ANSWER_CHECKING",
+		2: "SUSPECT_ANSWER_ALREADY_CORRUPT",
+		3: "SUSPECT_ANSWER_VERIFIED_RECENTLY",
+		4: "SUSPECT_ANSWER_BUSY",
+		5: "SUSPECT_ANSWER_NO_SUCH_COPY",
+		6: "SUSPECT_ANSWER_NODE_LOCAL",
+	}
+	SuspectAnswer_value = map[string]int32{
+		"SUSPECT_ANSWER_UNSPECIFIED":       0,
+		"SUSPECT_ANSWER_CHECKING":          1,
+		"SUSPECT_ANSWER_ALREADY_CORRUPT":   2,
+		"SUSPECT_ANSWER_VERIFIED_RECENTLY": 3,
+		"SUSPECT_ANSWER_BUSY":              4,
+		"SUSPECT_ANSWER_NO_SUCH_COPY":      5,
+		"SUSPECT_ANSWER_NODE_LOCAL":        6,
+	}
+)
+
+func (x SuspectAnswer) Enum() *SuspectAnswer {
+	p := new(SuspectAnswer)
+	*p = x
+	return p
+}
+
+func (x SuspectAnswer) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (SuspectAnswer) Descriptor() protoreflect.EnumDescriptor {
+	return file_coordinator_proto_enumTypes[5].Descriptor()
+}
+
+func (SuspectAnswer) Type() protoreflect.EnumType {
+	return &file_coordinator_proto_enumTypes[5]
+}
+
+func (x SuspectAnswer) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use SuspectAnswer.Descriptor instead.
+func (SuspectAnswer) EnumDescriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{5}
+}
+
 type Node struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -4339,12 +4412,8 @@ func (x *SuspectTierCopyRequest) GetProblem() string {
 }
 
 type SuspectTierCopyResponse struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// The shard is to be verified. False when there is nothing to check:
-	// no such durable copy, one already marked corrupt, already being
-	// checked or verified whole a short while ago, or too many checks
-	// pending.
-	Checking      bool `protobuf:"varint,1,opt,name=checking,proto3" json:"checking,omitempty"`
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Answer        SuspectAnswer          `protobuf:"varint,2,opt,name=answer,proto3,enum=rewind.coordinator.v1.SuspectAnswer" json:"answer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4379,11 +4448,11 @@ func (*SuspectTierCopyResponse) Descriptor() ([]byte, []int) {
 	return file_coordinator_proto_rawDescGZIP(), []int{55}
 }
 
-func (x *SuspectTierCopyResponse) GetChecking() bool {
+func (x *SuspectTierCopyResponse) GetAnswer() SuspectAnswer {
 	if x != nil {
-		return x.Checking
+		return x.Answer
 	}
-	return false
+	return SuspectAnswer_SUSPECT_ANSWER_UNSPECIFIED
 }
 
 type AuditRequest struct {
@@ -5199,9 +5268,9 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x04rank\x18\x04 \x01(\rR\x04rank\x12\x12\n" +
 	"\x04tier\x18\x05 \x01(\tR\x04tier\x12'\n" +
 	"\x0fheader_checksum\x18\x06 \x01(\tR\x0eheaderChecksum\x12\x18\n" +
-	"\aproblem\x18\a \x01(\tR\aproblem\"5\n" +
-	"\x17SuspectTierCopyResponse\x12\x1a\n" +
-	"\bchecking\x18\x01 \x01(\bR\bchecking\"p\n" +
+	"\aproblem\x18\a \x01(\tR\aproblem\"]\n" +
+	"\x17SuspectTierCopyResponse\x12<\n" +
+	"\x06answer\x18\x02 \x01(\x0e2$.rewind.coordinator.v1.SuspectAnswerR\x06answerJ\x04\b\x01\x10\x02\"p\n" +
 	"\fAuditRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12&\n" +
 	"\x0fsince_unix_nano\x18\x02 \x01(\x03R\rsinceUnixNano\x12\x10\n" +
@@ -5264,7 +5333,15 @@ const file_coordinator_proto_rawDesc = "" +
 	"\fJobEventKind\x12\x1e\n" +
 	"\x1aJOB_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15JOB_EVENT_KIND_REGANG\x10\x01\x12\x19\n" +
-	"\x15JOB_EVENT_KIND_FAILED\x10\x022\xd0\x0f\n" +
+	"\x15JOB_EVENT_KIND_FAILED\x10\x02*\xef\x01\n" +
+	"\rSuspectAnswer\x12\x1e\n" +
+	"\x1aSUSPECT_ANSWER_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17SUSPECT_ANSWER_CHECKING\x10\x01\x12\"\n" +
+	"\x1eSUSPECT_ANSWER_ALREADY_CORRUPT\x10\x02\x12$\n" +
+	" SUSPECT_ANSWER_VERIFIED_RECENTLY\x10\x03\x12\x17\n" +
+	"\x13SUSPECT_ANSWER_BUSY\x10\x04\x12\x1f\n" +
+	"\x1bSUSPECT_ANSWER_NO_SUCH_COPY\x10\x05\x12\x1d\n" +
+	"\x19SUSPECT_ANSWER_NODE_LOCAL\x10\x062\xd0\x0f\n" +
 	"\vCoordinator\x12[\n" +
 	"\bRegister\x12&.rewind.coordinator.v1.RegisterRequest\x1a'.rewind.coordinator.v1.RegisterResponse\x12d\n" +
 	"\vRegisterJob\x12).rewind.coordinator.v1.RegisterJobRequest\x1a*.rewind.coordinator.v1.RegisterJobResponse\x12U\n" +
@@ -5304,7 +5381,7 @@ func file_coordinator_proto_rawDescGZIP() []byte {
 	return file_coordinator_proto_rawDescData
 }
 
-var file_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
 var file_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
 var file_coordinator_proto_goTypes = []any{
 	(CopyState)(0),                  // 0: rewind.coordinator.v1.CopyState
@@ -5312,169 +5389,171 @@ var file_coordinator_proto_goTypes = []any{
 	(TierCopyState)(0),              // 2: rewind.coordinator.v1.TierCopyState
 	(OrderKind)(0),                  // 3: rewind.coordinator.v1.OrderKind
 	(JobEventKind)(0),               // 4: rewind.coordinator.v1.JobEventKind
-	(*Node)(nil),                    // 5: rewind.coordinator.v1.Node
-	(*ShardRecord)(nil),             // 6: rewind.coordinator.v1.ShardRecord
-	(*RegisterRequest)(nil),         // 7: rewind.coordinator.v1.RegisterRequest
-	(*Pin)(nil),                     // 8: rewind.coordinator.v1.Pin
-	(*RegisterResponse)(nil),        // 9: rewind.coordinator.v1.RegisterResponse
-	(*RegisterJobRequest)(nil),      // 10: rewind.coordinator.v1.RegisterJobRequest
-	(*RegisterJobResponse)(nil),     // 11: rewind.coordinator.v1.RegisterJobResponse
-	(*ReportRequest)(nil),           // 12: rewind.coordinator.v1.ReportRequest
-	(*ReportResponse)(nil),          // 13: rewind.coordinator.v1.ReportResponse
-	(*LatestRequest)(nil),           // 14: rewind.coordinator.v1.LatestRequest
-	(*LatestResponse)(nil),          // 15: rewind.coordinator.v1.LatestResponse
-	(*ListJobsRequest)(nil),         // 16: rewind.coordinator.v1.ListJobsRequest
-	(*Job)(nil),                     // 17: rewind.coordinator.v1.Job
-	(*ListJobsResponse)(nil),        // 18: rewind.coordinator.v1.ListJobsResponse
-	(*ListStepsRequest)(nil),        // 19: rewind.coordinator.v1.ListStepsRequest
-	(*Copy)(nil),                    // 20: rewind.coordinator.v1.Copy
-	(*Step)(nil),                    // 21: rewind.coordinator.v1.Step
-	(*UnrestorableStep)(nil),        // 22: rewind.coordinator.v1.UnrestorableStep
-	(*RankFailure)(nil),             // 23: rewind.coordinator.v1.RankFailure
-	(*CopyFailure)(nil),             // 24: rewind.coordinator.v1.CopyFailure
-	(*TierCopy)(nil),                // 25: rewind.coordinator.v1.TierCopy
-	(*ListStepsResponse)(nil),       // 26: rewind.coordinator.v1.ListStepsResponse
-	(*StepRequest)(nil),             // 27: rewind.coordinator.v1.StepRequest
-	(*InspectStepResponse)(nil),     // 28: rewind.coordinator.v1.InspectStepResponse
-	(*CopyCheck)(nil),               // 29: rewind.coordinator.v1.CopyCheck
-	(*VerifyStepResponse)(nil),      // 30: rewind.coordinator.v1.VerifyStepResponse
-	(*PlanRestoreRequest)(nil),      // 31: rewind.coordinator.v1.PlanRestoreRequest
-	(*RankPlan)(nil),                // 32: rewind.coordinator.v1.RankPlan
-	(*PlanRestoreResponse)(nil),     // 33: rewind.coordinator.v1.PlanRestoreResponse
-	(*DeleteStepRequest)(nil),       // 34: rewind.coordinator.v1.DeleteStepRequest
-	(*DeleteStepResponse)(nil),      // 35: rewind.coordinator.v1.DeleteStepResponse
-	(*TransfersRequest)(nil),        // 36: rewind.coordinator.v1.TransfersRequest
-	(*ShardEntry)(nil),              // 37: rewind.coordinator.v1.ShardEntry
-	(*TransferOrder)(nil),           // 38: rewind.coordinator.v1.TransferOrder
-	(*PushOrder)(nil),               // 39: rewind.coordinator.v1.PushOrder
-	(*ManifestOrder)(nil),           // 40: rewind.coordinator.v1.ManifestOrder
-	(*DeleteOrder)(nil),             // 41: rewind.coordinator.v1.DeleteOrder
-	(*ReplicateOrder)(nil),          // 42: rewind.coordinator.v1.ReplicateOrder
-	(*AbortOrder)(nil),              // 43: rewind.coordinator.v1.AbortOrder
-	(*ResumeOrder)(nil),             // 44: rewind.coordinator.v1.ResumeOrder
-	(*TierEvent)(nil),               // 45: rewind.coordinator.v1.TierEvent
-	(*TierHealth)(nil),              // 46: rewind.coordinator.v1.TierHealth
-	(*TierReportRequest)(nil),       // 47: rewind.coordinator.v1.TierReportRequest
-	(*TierReportResponse)(nil),      // 48: rewind.coordinator.v1.TierReportResponse
-	(*TierStatusRequest)(nil),       // 49: rewind.coordinator.v1.TierStatusRequest
-	(*NodeTiers)(nil),               // 50: rewind.coordinator.v1.NodeTiers
-	(*TierStatusResponse)(nil),      // 51: rewind.coordinator.v1.TierStatusResponse
-	(*NodeDownRequest)(nil),         // 52: rewind.coordinator.v1.NodeDownRequest
-	(*NodeDownResponse)(nil),        // 53: rewind.coordinator.v1.NodeDownResponse
-	(*WatchJobRequest)(nil),         // 54: rewind.coordinator.v1.WatchJobRequest
-	(*JobEvent)(nil),                // 55: rewind.coordinator.v1.JobEvent
-	(*RankSourcesRequest)(nil),      // 56: rewind.coordinator.v1.RankSourcesRequest
-	(*RankSource)(nil),              // 57: rewind.coordinator.v1.RankSource
-	(*RankSourcesResponse)(nil),     // 58: rewind.coordinator.v1.RankSourcesResponse
-	(*SuspectTierCopyRequest)(nil),  // 59: rewind.coordinator.v1.SuspectTierCopyRequest
-	(*SuspectTierCopyResponse)(nil), // 60: rewind.coordinator.v1.SuspectTierCopyResponse
-	(*AuditRequest)(nil),            // 61: rewind.coordinator.v1.AuditRequest
-	(*AuditEntry)(nil),              // 62: rewind.coordinator.v1.AuditEntry
-	(*AuditResponse)(nil),           // 63: rewind.coordinator.v1.AuditResponse
-	(*NodesRequest)(nil),            // 64: rewind.coordinator.v1.NodesRequest
-	(*NodesResponse)(nil),           // 65: rewind.coordinator.v1.NodesResponse
-	(*EnrollRequest)(nil),           // 66: rewind.coordinator.v1.EnrollRequest
-	(*EnrollResponse)(nil),          // 67: rewind.coordinator.v1.EnrollResponse
-	nil,                             // 68: rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
-	nil,                             // 69: rewind.coordinator.v1.Job.PlacementEntry
-	nil,                             // 70: rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
-	nil,                             // 71: rewind.coordinator.v1.JobEvent.PlacementEntry
-	nil,                             // 72: rewind.coordinator.v1.JobEvent.SourcesEntry
+	(SuspectAnswer)(0),              // 5: rewind.coordinator.v1.SuspectAnswer
+	(*Node)(nil),                    // 6: rewind.coordinator.v1.Node
+	(*ShardRecord)(nil),             // 7: rewind.coordinator.v1.ShardRecord
+	(*RegisterRequest)(nil),         // 8: rewind.coordinator.v1.RegisterRequest
+	(*Pin)(nil),                     // 9: rewind.coordinator.v1.Pin
+	(*RegisterResponse)(nil),        // 10: rewind.coordinator.v1.RegisterResponse
+	(*RegisterJobRequest)(nil),      // 11: rewind.coordinator.v1.RegisterJobRequest
+	(*RegisterJobResponse)(nil),     // 12: rewind.coordinator.v1.RegisterJobResponse
+	(*ReportRequest)(nil),           // 13: rewind.coordinator.v1.ReportRequest
+	(*ReportResponse)(nil),          // 14: rewind.coordinator.v1.ReportResponse
+	(*LatestRequest)(nil),           // 15: rewind.coordinator.v1.LatestRequest
+	(*LatestResponse)(nil),          // 16: rewind.coordinator.v1.LatestResponse
+	(*ListJobsRequest)(nil),         // 17: rewind.coordinator.v1.ListJobsRequest
+	(*Job)(nil),                     // 18: rewind.coordinator.v1.Job
+	(*ListJobsResponse)(nil),        // 19: rewind.coordinator.v1.ListJobsResponse
+	(*ListStepsRequest)(nil),        // 20: rewind.coordinator.v1.ListStepsRequest
+	(*Copy)(nil),                    // 21: rewind.coordinator.v1.Copy
+	(*Step)(nil),                    // 22: rewind.coordinator.v1.Step
+	(*UnrestorableStep)(nil),        // 23: rewind.coordinator.v1.UnrestorableStep
+	(*RankFailure)(nil),             // 24: rewind.coordinator.v1.RankFailure
+	(*CopyFailure)(nil),             // 25: rewind.coordinator.v1.CopyFailure
+	(*TierCopy)(nil),                // 26: rewind.coordinator.v1.TierCopy
+	(*ListStepsResponse)(nil),       // 27: rewind.coordinator.v1.ListStepsResponse
+	(*StepRequest)(nil),             // 28: rewind.coordinator.v1.StepRequest
+	(*InspectStepResponse)(nil),     // 29: rewind.coordinator.v1.InspectStepResponse
+	(*CopyCheck)(nil),               // 30: rewind.coordinator.v1.CopyCheck
+	(*VerifyStepResponse)(nil),      // 31: rewind.coordinator.v1.VerifyStepResponse
+	(*PlanRestoreRequest)(nil),      // 32: rewind.coordinator.v1.PlanRestoreRequest
+	(*RankPlan)(nil),                // 33: rewind.coordinator.v1.RankPlan
+	(*PlanRestoreResponse)(nil),     // 34: rewind.coordinator.v1.PlanRestoreResponse
+	(*DeleteStepRequest)(nil),       // 35: rewind.coordinator.v1.DeleteStepRequest
+	(*DeleteStepResponse)(nil),      // 36: rewind.coordinator.v1.DeleteStepResponse
+	(*TransfersRequest)(nil),        // 37: rewind.coordinator.v1.TransfersRequest
+	(*ShardEntry)(nil),              // 38: rewind.coordinator.v1.ShardEntry
+	(*TransferOrder)(nil),           // 39: rewind.coordinator.v1.TransferOrder
+	(*PushOrder)(nil),               // 40: rewind.coordinator.v1.PushOrder
+	(*ManifestOrder)(nil),           // 41: rewind.coordinator.v1.ManifestOrder
+	(*DeleteOrder)(nil),             // 42: rewind.coordinator.v1.DeleteOrder
+	(*ReplicateOrder)(nil),          // 43: rewind.coordinator.v1.ReplicateOrder
+	(*AbortOrder)(nil),              // 44: rewind.coordinator.v1.AbortOrder
+	(*ResumeOrder)(nil),             // 45: rewind.coordinator.v1.ResumeOrder
+	(*TierEvent)(nil),               // 46: rewind.coordinator.v1.TierEvent
+	(*TierHealth)(nil),              // 47: rewind.coordinator.v1.TierHealth
+	(*TierReportRequest)(nil),       // 48: rewind.coordinator.v1.TierReportRequest
+	(*TierReportResponse)(nil),      // 49: rewind.coordinator.v1.TierReportResponse
+	(*TierStatusRequest)(nil),       // 50: rewind.coordinator.v1.TierStatusRequest
+	(*NodeTiers)(nil),               // 51: rewind.coordinator.v1.NodeTiers
+	(*TierStatusResponse)(nil),      // 52: rewind.coordinator.v1.TierStatusResponse
+	(*NodeDownRequest)(nil),         // 53: rewind.coordinator.v1.NodeDownRequest
+	(*NodeDownResponse)(nil),        // 54: rewind.coordinator.v1.NodeDownResponse
+	(*WatchJobRequest)(nil),         // 55: rewind.coordinator.v1.WatchJobRequest
+	(*JobEvent)(nil),                // 56: rewind.coordinator.v1.JobEvent
+	(*RankSourcesRequest)(nil),      // 57: rewind.coordinator.v1.RankSourcesRequest
+	(*RankSource)(nil),              // 58: rewind.coordinator.v1.RankSource
+	(*RankSourcesResponse)(nil),     // 59: rewind.coordinator.v1.RankSourcesResponse
+	(*SuspectTierCopyRequest)(nil),  // 60: rewind.coordinator.v1.SuspectTierCopyRequest
+	(*SuspectTierCopyResponse)(nil), // 61: rewind.coordinator.v1.SuspectTierCopyResponse
+	(*AuditRequest)(nil),            // 62: rewind.coordinator.v1.AuditRequest
+	(*AuditEntry)(nil),              // 63: rewind.coordinator.v1.AuditEntry
+	(*AuditResponse)(nil),           // 64: rewind.coordinator.v1.AuditResponse
+	(*NodesRequest)(nil),            // 65: rewind.coordinator.v1.NodesRequest
+	(*NodesResponse)(nil),           // 66: rewind.coordinator.v1.NodesResponse
+	(*EnrollRequest)(nil),           // 67: rewind.coordinator.v1.EnrollRequest
+	(*EnrollResponse)(nil),          // 68: rewind.coordinator.v1.EnrollResponse
+	nil,                             // 69: rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
+	nil,                             // 70: rewind.coordinator.v1.Job.PlacementEntry
+	nil,                             // 71: rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
+	nil,                             // 72: rewind.coordinator.v1.JobEvent.PlacementEntry
+	nil,                             // 73: rewind.coordinator.v1.JobEvent.SourcesEntry
 }
 var file_coordinator_proto_depIdxs = []int32{
 	0,  // 0: rewind.coordinator.v1.ShardRecord.state:type_name -> rewind.coordinator.v1.CopyState
-	5,  // 1: rewind.coordinator.v1.RegisterRequest.node:type_name -> rewind.coordinator.v1.Node
-	6,  // 2: rewind.coordinator.v1.RegisterRequest.inventory:type_name -> rewind.coordinator.v1.ShardRecord
-	8,  // 3: rewind.coordinator.v1.RegisterRequest.pins:type_name -> rewind.coordinator.v1.Pin
-	8,  // 4: rewind.coordinator.v1.RegisterResponse.pins:type_name -> rewind.coordinator.v1.Pin
-	68, // 5: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
-	6,  // 6: rewind.coordinator.v1.ReportRequest.shards:type_name -> rewind.coordinator.v1.ShardRecord
-	8,  // 7: rewind.coordinator.v1.ReportResponse.pins:type_name -> rewind.coordinator.v1.Pin
-	8,  // 8: rewind.coordinator.v1.ReportResponse.consistent:type_name -> rewind.coordinator.v1.Pin
-	69, // 9: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
-	17, // 10: rewind.coordinator.v1.ListJobsResponse.jobs:type_name -> rewind.coordinator.v1.Job
+	6,  // 1: rewind.coordinator.v1.RegisterRequest.node:type_name -> rewind.coordinator.v1.Node
+	7,  // 2: rewind.coordinator.v1.RegisterRequest.inventory:type_name -> rewind.coordinator.v1.ShardRecord
+	9,  // 3: rewind.coordinator.v1.RegisterRequest.pins:type_name -> rewind.coordinator.v1.Pin
+	9,  // 4: rewind.coordinator.v1.RegisterResponse.pins:type_name -> rewind.coordinator.v1.Pin
+	69, // 5: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
+	7,  // 6: rewind.coordinator.v1.ReportRequest.shards:type_name -> rewind.coordinator.v1.ShardRecord
+	9,  // 7: rewind.coordinator.v1.ReportResponse.pins:type_name -> rewind.coordinator.v1.Pin
+	9,  // 8: rewind.coordinator.v1.ReportResponse.consistent:type_name -> rewind.coordinator.v1.Pin
+	70, // 9: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
+	18, // 10: rewind.coordinator.v1.ListJobsResponse.jobs:type_name -> rewind.coordinator.v1.Job
 	0,  // 11: rewind.coordinator.v1.Copy.state:type_name -> rewind.coordinator.v1.CopyState
 	1,  // 12: rewind.coordinator.v1.Step.state:type_name -> rewind.coordinator.v1.StepState
-	20, // 13: rewind.coordinator.v1.Step.copies:type_name -> rewind.coordinator.v1.Copy
-	25, // 14: rewind.coordinator.v1.Step.tiers:type_name -> rewind.coordinator.v1.TierCopy
-	22, // 15: rewind.coordinator.v1.Step.unrestorable:type_name -> rewind.coordinator.v1.UnrestorableStep
-	23, // 16: rewind.coordinator.v1.UnrestorableStep.ranks:type_name -> rewind.coordinator.v1.RankFailure
-	24, // 17: rewind.coordinator.v1.RankFailure.copies:type_name -> rewind.coordinator.v1.CopyFailure
+	21, // 13: rewind.coordinator.v1.Step.copies:type_name -> rewind.coordinator.v1.Copy
+	26, // 14: rewind.coordinator.v1.Step.tiers:type_name -> rewind.coordinator.v1.TierCopy
+	23, // 15: rewind.coordinator.v1.Step.unrestorable:type_name -> rewind.coordinator.v1.UnrestorableStep
+	24, // 16: rewind.coordinator.v1.UnrestorableStep.ranks:type_name -> rewind.coordinator.v1.RankFailure
+	25, // 17: rewind.coordinator.v1.RankFailure.copies:type_name -> rewind.coordinator.v1.CopyFailure
 	2,  // 18: rewind.coordinator.v1.TierCopy.state:type_name -> rewind.coordinator.v1.TierCopyState
-	21, // 19: rewind.coordinator.v1.ListStepsResponse.steps:type_name -> rewind.coordinator.v1.Step
-	21, // 20: rewind.coordinator.v1.InspectStepResponse.step:type_name -> rewind.coordinator.v1.Step
-	20, // 21: rewind.coordinator.v1.CopyCheck.copy:type_name -> rewind.coordinator.v1.Copy
-	29, // 22: rewind.coordinator.v1.VerifyStepResponse.checks:type_name -> rewind.coordinator.v1.CopyCheck
-	20, // 23: rewind.coordinator.v1.RankPlan.sources:type_name -> rewind.coordinator.v1.Copy
-	32, // 24: rewind.coordinator.v1.PlanRestoreResponse.ranks:type_name -> rewind.coordinator.v1.RankPlan
-	22, // 25: rewind.coordinator.v1.PlanRestoreResponse.skipped:type_name -> rewind.coordinator.v1.UnrestorableStep
-	70, // 26: rewind.coordinator.v1.TransfersRequest.broken_gangs:type_name -> rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
-	39, // 27: rewind.coordinator.v1.TransferOrder.push:type_name -> rewind.coordinator.v1.PushOrder
-	40, // 28: rewind.coordinator.v1.TransferOrder.manifest:type_name -> rewind.coordinator.v1.ManifestOrder
-	41, // 29: rewind.coordinator.v1.TransferOrder.delete:type_name -> rewind.coordinator.v1.DeleteOrder
-	42, // 30: rewind.coordinator.v1.TransferOrder.replicate:type_name -> rewind.coordinator.v1.ReplicateOrder
-	43, // 31: rewind.coordinator.v1.TransferOrder.abort:type_name -> rewind.coordinator.v1.AbortOrder
-	44, // 32: rewind.coordinator.v1.TransferOrder.resume:type_name -> rewind.coordinator.v1.ResumeOrder
-	37, // 33: rewind.coordinator.v1.ManifestOrder.shards:type_name -> rewind.coordinator.v1.ShardEntry
+	22, // 19: rewind.coordinator.v1.ListStepsResponse.steps:type_name -> rewind.coordinator.v1.Step
+	22, // 20: rewind.coordinator.v1.InspectStepResponse.step:type_name -> rewind.coordinator.v1.Step
+	21, // 21: rewind.coordinator.v1.CopyCheck.copy:type_name -> rewind.coordinator.v1.Copy
+	30, // 22: rewind.coordinator.v1.VerifyStepResponse.checks:type_name -> rewind.coordinator.v1.CopyCheck
+	21, // 23: rewind.coordinator.v1.RankPlan.sources:type_name -> rewind.coordinator.v1.Copy
+	33, // 24: rewind.coordinator.v1.PlanRestoreResponse.ranks:type_name -> rewind.coordinator.v1.RankPlan
+	23, // 25: rewind.coordinator.v1.PlanRestoreResponse.skipped:type_name -> rewind.coordinator.v1.UnrestorableStep
+	71, // 26: rewind.coordinator.v1.TransfersRequest.broken_gangs:type_name -> rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
+	40, // 27: rewind.coordinator.v1.TransferOrder.push:type_name -> rewind.coordinator.v1.PushOrder
+	41, // 28: rewind.coordinator.v1.TransferOrder.manifest:type_name -> rewind.coordinator.v1.ManifestOrder
+	42, // 29: rewind.coordinator.v1.TransferOrder.delete:type_name -> rewind.coordinator.v1.DeleteOrder
+	43, // 30: rewind.coordinator.v1.TransferOrder.replicate:type_name -> rewind.coordinator.v1.ReplicateOrder
+	44, // 31: rewind.coordinator.v1.TransferOrder.abort:type_name -> rewind.coordinator.v1.AbortOrder
+	45, // 32: rewind.coordinator.v1.TransferOrder.resume:type_name -> rewind.coordinator.v1.ResumeOrder
+	38, // 33: rewind.coordinator.v1.ManifestOrder.shards:type_name -> rewind.coordinator.v1.ShardEntry
 	3,  // 34: rewind.coordinator.v1.TierEvent.kind:type_name -> rewind.coordinator.v1.OrderKind
-	45, // 35: rewind.coordinator.v1.TierReportRequest.events:type_name -> rewind.coordinator.v1.TierEvent
-	46, // 36: rewind.coordinator.v1.TierReportRequest.health:type_name -> rewind.coordinator.v1.TierHealth
-	46, // 37: rewind.coordinator.v1.NodeTiers.tiers:type_name -> rewind.coordinator.v1.TierHealth
-	50, // 38: rewind.coordinator.v1.TierStatusResponse.nodes:type_name -> rewind.coordinator.v1.NodeTiers
+	46, // 35: rewind.coordinator.v1.TierReportRequest.events:type_name -> rewind.coordinator.v1.TierEvent
+	47, // 36: rewind.coordinator.v1.TierReportRequest.health:type_name -> rewind.coordinator.v1.TierHealth
+	47, // 37: rewind.coordinator.v1.NodeTiers.tiers:type_name -> rewind.coordinator.v1.TierHealth
+	51, // 38: rewind.coordinator.v1.TierStatusResponse.nodes:type_name -> rewind.coordinator.v1.NodeTiers
 	4,  // 39: rewind.coordinator.v1.JobEvent.kind:type_name -> rewind.coordinator.v1.JobEventKind
-	71, // 40: rewind.coordinator.v1.JobEvent.placement:type_name -> rewind.coordinator.v1.JobEvent.PlacementEntry
-	72, // 41: rewind.coordinator.v1.JobEvent.sources:type_name -> rewind.coordinator.v1.JobEvent.SourcesEntry
-	22, // 42: rewind.coordinator.v1.JobEvent.skipped:type_name -> rewind.coordinator.v1.UnrestorableStep
-	57, // 43: rewind.coordinator.v1.RankSourcesResponse.sources:type_name -> rewind.coordinator.v1.RankSource
-	62, // 44: rewind.coordinator.v1.AuditResponse.entries:type_name -> rewind.coordinator.v1.AuditEntry
-	5,  // 45: rewind.coordinator.v1.NodesResponse.nodes:type_name -> rewind.coordinator.v1.Node
-	7,  // 46: rewind.coordinator.v1.Coordinator.Register:input_type -> rewind.coordinator.v1.RegisterRequest
-	10, // 47: rewind.coordinator.v1.Coordinator.RegisterJob:input_type -> rewind.coordinator.v1.RegisterJobRequest
-	12, // 48: rewind.coordinator.v1.Coordinator.Report:input_type -> rewind.coordinator.v1.ReportRequest
-	12, // 49: rewind.coordinator.v1.Coordinator.ReportStream:input_type -> rewind.coordinator.v1.ReportRequest
-	14, // 50: rewind.coordinator.v1.Coordinator.Latest:input_type -> rewind.coordinator.v1.LatestRequest
-	16, // 51: rewind.coordinator.v1.Coordinator.ListJobs:input_type -> rewind.coordinator.v1.ListJobsRequest
-	19, // 52: rewind.coordinator.v1.Coordinator.ListSteps:input_type -> rewind.coordinator.v1.ListStepsRequest
-	27, // 53: rewind.coordinator.v1.Coordinator.InspectStep:input_type -> rewind.coordinator.v1.StepRequest
-	27, // 54: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
-	31, // 55: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
-	56, // 56: rewind.coordinator.v1.Coordinator.RankSources:input_type -> rewind.coordinator.v1.RankSourcesRequest
-	59, // 57: rewind.coordinator.v1.Coordinator.SuspectTierCopy:input_type -> rewind.coordinator.v1.SuspectTierCopyRequest
-	34, // 58: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
-	36, // 59: rewind.coordinator.v1.Coordinator.Transfers:input_type -> rewind.coordinator.v1.TransfersRequest
-	47, // 60: rewind.coordinator.v1.Coordinator.TierReport:input_type -> rewind.coordinator.v1.TierReportRequest
-	49, // 61: rewind.coordinator.v1.Coordinator.TierStatus:input_type -> rewind.coordinator.v1.TierStatusRequest
-	52, // 62: rewind.coordinator.v1.Coordinator.NodeDown:input_type -> rewind.coordinator.v1.NodeDownRequest
-	54, // 63: rewind.coordinator.v1.Coordinator.WatchJob:input_type -> rewind.coordinator.v1.WatchJobRequest
-	61, // 64: rewind.coordinator.v1.Coordinator.Audit:input_type -> rewind.coordinator.v1.AuditRequest
-	64, // 65: rewind.coordinator.v1.Coordinator.Nodes:input_type -> rewind.coordinator.v1.NodesRequest
-	66, // 66: rewind.coordinator.v1.Coordinator.Enroll:input_type -> rewind.coordinator.v1.EnrollRequest
-	9,  // 67: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
-	11, // 68: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
-	13, // 69: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
-	13, // 70: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
-	15, // 71: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
-	18, // 72: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
-	26, // 73: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
-	28, // 74: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
-	30, // 75: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
-	33, // 76: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
-	58, // 77: rewind.coordinator.v1.Coordinator.RankSources:output_type -> rewind.coordinator.v1.RankSourcesResponse
-	60, // 78: rewind.coordinator.v1.Coordinator.SuspectTierCopy:output_type -> rewind.coordinator.v1.SuspectTierCopyResponse
-	35, // 79: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
-	38, // 80: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
-	48, // 81: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
-	51, // 82: rewind.coordinator.v1.Coordinator.TierStatus:output_type -> rewind.coordinator.v1.TierStatusResponse
-	53, // 83: rewind.coordinator.v1.Coordinator.NodeDown:output_type -> rewind.coordinator.v1.NodeDownResponse
-	55, // 84: rewind.coordinator.v1.Coordinator.WatchJob:output_type -> rewind.coordinator.v1.JobEvent
-	63, // 85: rewind.coordinator.v1.Coordinator.Audit:output_type -> rewind.coordinator.v1.AuditResponse
-	65, // 86: rewind.coordinator.v1.Coordinator.Nodes:output_type -> rewind.coordinator.v1.NodesResponse
-	67, // 87: rewind.coordinator.v1.Coordinator.Enroll:output_type -> rewind.coordinator.v1.EnrollResponse
-	67, // [67:88] is the sub-list for method output_type
-	46, // [46:67] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	72, // 40: rewind.coordinator.v1.JobEvent.placement:type_name -> rewind.coordinator.v1.JobEvent.PlacementEntry
+	73, // 41: rewind.coordinator.v1.JobEvent.sources:type_name -> rewind.coordinator.v1.JobEvent.SourcesEntry
+	23, // 42: rewind.coordinator.v1.JobEvent.skipped:type_name -> rewind.coordinator.v1.UnrestorableStep
+	58, // 43: rewind.coordinator.v1.RankSourcesResponse.sources:type_name -> rewind.coordinator.v1.RankSource
+	5,  // 44: rewind.coordinator.v1.SuspectTierCopyResponse.answer:type_name -> rewind.coordinator.v1.SuspectAnswer
+	63, // 45: rewind.coordinator.v1.AuditResponse.entries:type_name -> rewind.coordinator.v1.AuditEntry
+	6,  // 46: rewind.coordinator.v1.NodesResponse.nodes:type_name -> rewind.coordinator.v1.Node
+	8,  // 47: rewind.coordinator.v1.Coordinator.Register:input_type -> rewind.coordinator.v1.RegisterRequest
+	11, // 48: rewind.coordinator.v1.Coordinator.RegisterJob:input_type -> rewind.coordinator.v1.RegisterJobRequest
+	13, // 49: rewind.coordinator.v1.Coordinator.Report:input_type -> rewind.coordinator.v1.ReportRequest
+	13, // 50: rewind.coordinator.v1.Coordinator.ReportStream:input_type -> rewind.coordinator.v1.ReportRequest
+	15, // 51: rewind.coordinator.v1.Coordinator.Latest:input_type -> rewind.coordinator.v1.LatestRequest
+	17, // 52: rewind.coordinator.v1.Coordinator.ListJobs:input_type -> rewind.coordinator.v1.ListJobsRequest
+	20, // 53: rewind.coordinator.v1.Coordinator.ListSteps:input_type -> rewind.coordinator.v1.ListStepsRequest
+	28, // 54: rewind.coordinator.v1.Coordinator.InspectStep:input_type -> rewind.coordinator.v1.StepRequest
+	28, // 55: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
+	32, // 56: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
+	57, // 57: rewind.coordinator.v1.Coordinator.RankSources:input_type -> rewind.coordinator.v1.RankSourcesRequest
+	60, // 58: rewind.coordinator.v1.Coordinator.SuspectTierCopy:input_type -> rewind.coordinator.v1.SuspectTierCopyRequest
+	35, // 59: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
+	37, // 60: rewind.coordinator.v1.Coordinator.Transfers:input_type -> rewind.coordinator.v1.TransfersRequest
+	48, // 61: rewind.coordinator.v1.Coordinator.TierReport:input_type -> rewind.coordinator.v1.TierReportRequest
+	50, // 62: rewind.coordinator.v1.Coordinator.TierStatus:input_type -> rewind.coordinator.v1.TierStatusRequest
+	53, // 63: rewind.coordinator.v1.Coordinator.NodeDown:input_type -> rewind.coordinator.v1.NodeDownRequest
+	55, // 64: rewind.coordinator.v1.Coordinator.WatchJob:input_type -> rewind.coordinator.v1.WatchJobRequest
+	62, // 65: rewind.coordinator.v1.Coordinator.Audit:input_type -> rewind.coordinator.v1.AuditRequest
+	65, // 66: rewind.coordinator.v1.Coordinator.Nodes:input_type -> rewind.coordinator.v1.NodesRequest
+	67, // 67: rewind.coordinator.v1.Coordinator.Enroll:input_type -> rewind.coordinator.v1.EnrollRequest
+	10, // 68: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
+	12, // 69: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
+	14, // 70: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
+	14, // 71: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
+	16, // 72: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
+	19, // 73: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
+	27, // 74: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
+	29, // 75: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
+	31, // 76: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
+	34, // 77: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
+	59, // 78: rewind.coordinator.v1.Coordinator.RankSources:output_type -> rewind.coordinator.v1.RankSourcesResponse
+	61, // 79: rewind.coordinator.v1.Coordinator.SuspectTierCopy:output_type -> rewind.coordinator.v1.SuspectTierCopyResponse
+	36, // 80: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
+	39, // 81: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
+	49, // 82: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
+	52, // 83: rewind.coordinator.v1.Coordinator.TierStatus:output_type -> rewind.coordinator.v1.TierStatusResponse
+	54, // 84: rewind.coordinator.v1.Coordinator.NodeDown:output_type -> rewind.coordinator.v1.NodeDownResponse
+	56, // 85: rewind.coordinator.v1.Coordinator.WatchJob:output_type -> rewind.coordinator.v1.JobEvent
+	64, // 86: rewind.coordinator.v1.Coordinator.Audit:output_type -> rewind.coordinator.v1.AuditResponse
+	66, // 87: rewind.coordinator.v1.Coordinator.Nodes:output_type -> rewind.coordinator.v1.NodesResponse
+	68, // 88: rewind.coordinator.v1.Coordinator.Enroll:output_type -> rewind.coordinator.v1.EnrollResponse
+	68, // [68:89] is the sub-list for method output_type
+	47, // [47:68] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_coordinator_proto_init() }
@@ -5497,7 +5576,7 @@ func file_coordinator_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_coordinator_proto_rawDesc), len(file_coordinator_proto_rawDesc)),
-			NumEnums:      5,
+			NumEnums:      6,
 			NumMessages:   68,
 			NumExtensions: 0,
 			NumServices:   1,

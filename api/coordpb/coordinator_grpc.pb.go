@@ -82,9 +82,10 @@ type CoordinatorClient interface {
 	// SuspectTierCopy tells the coordinator that a read of a durable tier
 	// copy by the calling node (a ranged read's header or leaves, an
 	// on-demand pull) found one rank's shard corrupt. The coordinator does
-	// not take the node's word for it: it has an agent with the tier read
-	// the shard back and verify it, as VerifyStep does, in the background,
-	// and marks the copy corrupt only when that verify fails.
+	// not take the node's word for it: it has an agent with the tier other
+	// than the caller read the shard back and verify it, as VerifyStep
+	// does, in the background, and marks the copy corrupt only when that
+	// verify fails (SuspectAnswer says what it does).
 	SuspectTierCopy(ctx context.Context, in *SuspectTierCopyRequest, opts ...grpc.CallOption) (*SuspectTierCopyResponse, error)
 	// DeleteStep removes a step's copies; the latest consistent step only
 	// with force.
@@ -398,9 +399,10 @@ type CoordinatorServer interface {
 	// SuspectTierCopy tells the coordinator that a read of a durable tier
 	// copy by the calling node (a ranged read's header or leaves, an
 	// on-demand pull) found one rank's shard corrupt. The coordinator does
-	// not take the node's word for it: it has an agent with the tier read
-	// the shard back and verify it, as VerifyStep does, in the background,
-	// and marks the copy corrupt only when that verify fails.
+	// not take the node's word for it: it has an agent with the tier other
+	// than the caller read the shard back and verify it, as VerifyStep
+	// does, in the background, and marks the copy corrupt only when that
+	// verify fails (SuspectAnswer says what it does).
 	SuspectTierCopy(context.Context, *SuspectTierCopyRequest) (*SuspectTierCopyResponse, error)
 	// DeleteStep removes a step's copies; the latest consistent step only
 	// with force.

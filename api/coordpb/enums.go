@@ -25,6 +25,9 @@ func (s TierCopyState) Label() string { return label(s.String(), "TIER_COPY_STAT
 // Label returns the kind as people read it: "regang".
 func (k JobEventKind) Label() string { return label(k.String(), "JOB_EVENT_KIND_") }
 
+// Label returns the answer as logs name it: "busy".
+func (a SuspectAnswer) Label() string { return label(a.String(), "SUSPECT_ANSWER_") }
+
 // MarshalText writes the kind's label.
 func (k OrderKind) MarshalText() ([]byte, error) { return []byte(k.Label()), nil }
 
@@ -39,6 +42,9 @@ func (s TierCopyState) MarshalText() ([]byte, error) { return []byte(s.Label()),
 
 // MarshalText writes the kind's label.
 func (k JobEventKind) MarshalText() ([]byte, error) { return []byte(k.Label()), nil }
+
+// MarshalText writes the answer's label.
+func (a SuspectAnswer) MarshalText() ([]byte, error) { return []byte(a.Label()), nil }
 
 // UnmarshalText reads a kind's label.
 func (k *OrderKind) UnmarshalText(b []byte) error {
@@ -63,6 +69,11 @@ func (s *TierCopyState) UnmarshalText(b []byte) error {
 // UnmarshalText reads a kind's label.
 func (k *JobEventKind) UnmarshalText(b []byte) error {
 	return unlabel(b, "JOB_EVENT_KIND_", JobEventKind_value, (*int32)(k))
+}
+
+// UnmarshalText reads an answer's label.
+func (a *SuspectAnswer) UnmarshalText(b []byte) error {
+	return unlabel(b, "SUSPECT_ANSWER_", SuspectAnswer_value, (*int32)(a))
 }
 
 func label(name, prefix string) string { return strings.ToLower(strings.TrimPrefix(name, prefix)) }

@@ -43,6 +43,10 @@ func TestLabels(t *testing.T) {
 		var got JobEventKind
 		check(JobEventKind(n), &got, func() bool { return got == JobEventKind(n) })
 	}
+	for n := range SuspectAnswer_name {
+		var got SuspectAnswer
+		check(SuspectAnswer(n), &got, func() bool { return got == SuspectAnswer(n) })
+	}
 	if l := OrderKind_ORDER_KIND_PUSH.Label(); l != "push" {
 		t.Fatalf("push's label is %q", l)
 	}
