@@ -305,16 +305,25 @@ func (t *tiering) index(tc *tierCopy, state CopyState) error {
 // none connected (agents reconnecting after a coordinator restart), it
 // waits up to readerWait, then says so.
 func (t *tiering) reader(ctx context.Context, tier, node string) (string, error) {
+	return t.readerBut(ctx, tier, node, "")
+}
+
+// readerBut is reader passing over node but on a shared tier.
+func (t *tiering) readerBut(ctx context.Context, tier, node, but string) (string, error) {
 	if node != sharedNode {
 		return node, nil
 	}
 	deadline := time.Now().Add(readerWait)
 	for {
-		if n := t.c.streams.withTier(tier); n != "" {
+		if n := t.c.streams.withTierBut(tier, but); n != "" {
 			return n, nil
 		}
 		if time.Now().After(deadline) {
-			return "", fmt.Errorf("coordinator: no connected agent has tier %s to read the copy back (agents reconnect within seconds of a coordinator restart: try again)", tier)
+			who := "no connected agent"
+			if but != "" {
+				who += " but node " + but
+			}
+			return "", fmt.Errorf("coordinator: %s has tier %s to read the copy back (agents reconnect within seconds of a coordinator restart: try again)", who, tier)
 		}
 		if err := clock.Sleep(ctx, 100*time.Millisecond); err != nil {
 			return "", err

@@ -18,13 +18,24 @@ import (
 // SuspectTierCopy. The coordinator does not take the node's word for it:
 // a broken or hostile node (docs/design/20261127_threat_model.md) must not
 // be able to take good copies out of every restore plan by saying so. It
-// checks the shard itself, as rewind verify does: an agent with the tier,
-// another node than the reporter where one is connected, reads the shard
-// back and verifies it (agent VerifyTier), and only a verify that finds
-// it corrupt marks the copy (tiercorrupt.go). A verify that cannot read
-// the copy (the object gone, the store down) marks nothing, nor does a
-// report that names no durable copy of the header checksum the index
-// holds.
+// checks the shard itself, as rewind verify does: a connected agent with
+// the tier other than the reporter (never the reporter: its Verify would
+// be its word again) reads the shard back and verifies it (agent
+// VerifyTier), and only a verify that finds the shard corrupt marks the
+// copy (tiercorrupt.go), and only while this replica leads. With no other
+// agent with the tier connected within readerWait, the check gives up and
+// marks nothing; nor does a verify that cannot read the copy (the object
+// gone, the store down), nor a report that names no durable copy of the
+// header checksum the index holds.
+//
+// A copy on a node-local tier is readable by its own node alone, so a
+// report of it (only its own node's is taken) cannot be checked by
+// another: it is not marked on the reporter's word (SUSPECT_ANSWER_NODE_LOCAL),
+// since one corrupt shard takes the whole step's copy on that tier, every
+// node's, out at retention's next pass (tierevents.go retain). A node
+// that lies about its own NVMe loses only what it holds anyway; a read of
+// a truly corrupt one fails its checksums and falls back to the next
+// source, and a restore's fetch or rewind verify marks it.
 //
 // The checks are bounded: one per shard at a time, at most
 // maxSuspectsPending waiting or running (maxSuspectsPerNode of them from
@@ -137,6 +148,11 @@ func (c *Coordinator) SuspectTierCopy(req *coordpb.SuspectTierCopyRequest) (coor
 	if copyNode == "" {
 		return answer, nil
 	}
+	if copyNode != sharedNode { // the reporter's own node-local copy
+		c.log.Warn("a node reports its own node-local tier copy's shard corrupt: no other node can read it to check, not marked",
+			"job", req.Job, "step", req.Step, "rank", req.Rank, "tier", req.Tier, "node", req.Node, "problem", oneLine(req.Problem))
+		return coordpb.SuspectAnswer_SUSPECT_ANSWER_NODE_LOCAL, nil
+	}
 	answer, start := c.suspects.begin(k, req.Node, c.cfg.Clock.Now())
 	if !start {
 		return answer, nil
@@ -153,30 +169,26 @@ func (c *Coordinator) SuspectTierCopy(req *coordpb.SuspectTierCopyRequest) (coor
 		"tier", req.Tier, "node", req.Node, "problem", oneLine(req.Problem))
 	go func() {
 		defer c.bg.Done()
-		c.suspects.end(k, c.checkSuspect(c.bgCtx, k, copyNode, req.Node), c.cfg.Clock.Now())
+		c.suspects.end(k, c.checkSuspect(c.bgCtx, k, req.Node), c.cfg.Clock.Now())
 	}()
 	return answer, nil
 }
 
-// checkSuspect verifies the shard k of a copy on copyNode (sharedNode for
-// a shared tier) that reporter found corrupt, and settles the report
+// checkSuspect has an agent other than reporter verify the shard k of a
+// shared tier's copy that reporter found corrupt, and settles the report
 // (settleSuspect). It reports whether the shard verified whole.
-func (c *Coordinator) checkSuspect(ctx context.Context, k suspectKey, copyNode, reporter string) bool {
+func (c *Coordinator) checkSuspect(ctx context.Context, k suspectKey, reporter string) bool {
 	select {
 	case c.suspects.sem <- struct{}{}:
 	case <-ctx.Done():
 		return false
 	}
 	defer func() { <-c.suspects.sem }()
-	node := copyNode
-	if node == sharedNode {
-		if node = c.streams.withTierBut(k.tier, reporter); node == "" {
-			var err error
-			if node, err = c.tiers.reader(ctx, k.tier, sharedNode); err != nil {
-				c.log.Warn("a tier copy reported corrupt could not be checked: not marked", "job", k.job, "step", k.step, "rank", k.rank, "tier", k.tier, "err", err)
-				return false
-			}
-		}
+	node, err := c.tiers.readerBut(ctx, k.tier, sharedNode, reporter)
+	if err != nil {
+		c.log.Warn("a tier copy reported corrupt could not be checked: not marked", "job", k.job, "step", k.step, "rank", k.rank, "tier", k.tier,
+			"reporter", reporter, "err", err)
+		return false
 	}
 	ok, problem, err := c.verifyShard(ctx, node, k.job, k.step, k.rank, k.tier)
 	return c.settleSuspect(k, reporter, node, ok, problem, err)
@@ -184,8 +196,8 @@ func (c *Coordinator) checkSuspect(ctx context.Context, k suspectKey, copyNode, 
 
 // settleSuspect acts on verifier's verify of the shard k that reporter
 // found corrupt: ok, or problem, or err when it did not answer. It marks
-// the copy corrupt when the verify failed, and reports whether the shard
-// verified whole.
+// the copy corrupt when the verify failed and this replica leads, and
+// reports whether the shard verified whole.
 func (c *Coordinator) settleSuspect(k suspectKey, reporter, verifier string, ok bool, problem string, err error) bool {
 	switch {
 	case err != nil:
@@ -194,6 +206,9 @@ func (c *Coordinator) settleSuspect(k suspectKey, reporter, verifier string, ok 
 	case ok:
 		c.log.Info("a tier copy reported corrupt verified whole: still a restore source", "job", k.job, "step", k.step, "rank", k.rank, "tier", k.tier,
 			"reporter", reporter, "verifier", verifier)
+	case !c.leading():
+		c.log.Warn("a tier copy reported corrupt failed its verify, but this replica no longer leads: not marked", "job", k.job, "step", k.step,
+			"rank", k.rank, "tier", k.tier, "reporter", reporter, "verifier", verifier)
 	default:
 		c.tiers.markCorrupt(k.job, k.step, k.rank, k.tier, fmt.Sprintf("%s (reported by node %s, verified by node %s)", problem, reporter, verifier))
 	}

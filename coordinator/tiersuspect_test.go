@@ -160,3 +160,61 @@ func TestAMissingOrUnreachableTierCopyIsNotMarkedCorrupt(t *testing.T) {
 			reported(0, "pfs"), reported(1, "pfs"), reported(1, "s3"), reported(0, "s3"))
 	}
 }
+
+// reportAs returns a function that sends node's report of rank's copy of
+// job's step on tier, over a connection with node's identity.
+func (tc *tierCluster) reportAs(node, job string, step int64) func(rank uint32, tier string) coordpb.SuspectAnswer {
+	t := tc.t
+	c := testcluster.DialCoordinatorAs(t, tc.addr, transport.Identity{Role: transport.RoleNode, Name: node})
+	return func(rank uint32, tier string) coordpb.SuspectAnswer {
+		t.Helper()
+		resp, err := c.SuspectTierCopy(ctxT(t), &coordpb.SuspectTierCopyRequest{Node: node, Job: job, Step: step, Rank: rank, Tier: tier, Problem: "said so"})
+		if err != nil {
+			t.Fatalf("%s's report of rank %d on %s: %v", node, rank, tier, err)
+		}
+		return resp.Answer
+	}
+}
+
+// waitCommitted waits for the coordinator's log to have every one of
+// logged, then fails unless rank's copy of job's step on tier is still
+// committed.
+func (tc *tierCluster) waitCommitted(logs *testcluster.Logs, job string, step int64, rank uint32, tier string, logged ...string) {
+	t := tc.t
+	t.Helper()
+	wait.For(t, 30*time.Second, fmt.Sprintf("the coordinator to log %q", logged), func() bool { return logs.Has(logged...) })
+	if s, err := tc.copyState(job, step, rank, tier); err != nil || s != coordpb.CopyState_COPY_STATE_COMMITTED {
+		t.Fatalf("rank %d's copy on %s: %v %v, want committed", rank, tier, s.Label(), err)
+	}
+}
+
+// TestTheReporterNeverVerifiesItsOwnReport: with node-0 gone, node-1 is
+// the only node with the shared tiers; its report of rank 0's copy on the
+// object store (whole, but a broken or hostile node would answer its own
+// verify as it pleases) is not checked by itself: the check waits for
+// another node, gives up, and marks nothing.
+func TestTheReporterNeverVerifiesItsOwnReport(t *testing.T) {
+	var logs testcluster.Logs
+	tc := newPFSAndS3Cluster(t, func(c *coordinator.Config) { c.Logger = logs.Logger(slog.LevelInfo) })
+	saveReshardModel(t, tc.cluster, "rso", 4)
+	tc.waitPFSAndS3("rso")
+	tc.agents[0].Stop()
+	wait.ForNil(t, 10*time.Second, "node-0's order stream closed", func() error {
+		st, err := tc.api.TierStatus(ctxT(t), &coordpb.TierStatusRequest{})
+		if err == nil && (len(st.Nodes) != 1 || st.Nodes[0].Node != "node-1") {
+			err = fmt.Errorf("connected: %v", st.Nodes)
+		}
+		return err
+	})
+	report := tc.reportAs("node-1", "rso", 4)
+	if a := report(0, "s3"); a != coordpb.SuspectAnswer_SUSPECT_ANSWER_CHECKING {
+		t.Fatalf("a report of rank 0's copy on s3: %s, want checking", a.Label())
+	}
+	tc.waitCommitted(&logs, "rso", 4, 0, "s3", "could not be checked: not marked", "rank=0", "tier=s3", "reporter=node-1", "but node node-1")
+	if logs.Has("verifier=node-1") {
+		t.Fatalf("node-1 verified its own report:\n%s", logs.String())
+	}
+	if a := report(0, "s3"); a != coordpb.SuspectAnswer_SUSPECT_ANSWER_CHECKING {
+		t.Fatalf("a report of rank 0's copy on s3 after a check that could not verify it: %s, want checking (not verified whole)", a.Label())
+	}
+}
