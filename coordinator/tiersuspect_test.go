@@ -1,10 +1,12 @@
 package coordinator_test
 
 import (
+	"bytes"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -186,6 +188,61 @@ func (tc *tierCluster) waitCommitted(logs *testcluster.Logs, job string, step in
 	if s, err := tc.copyState(job, step, rank, tier); err != nil || s != coordpb.CopyState_COPY_STATE_COMMITTED {
 		t.Fatalf("rank %d's copy on %s: %v %v, want committed", rank, tier, s.Label(), err)
 	}
+}
+
+// TestAReportOfAGoodTierCopyChangesNothing: node-1 reports rank 0's copy
+// on the object store corrupt, which it is not: node-0, not the
+// reporter, verifies it whole, the copy stays committed, and a second
+// report within the recheck period is not checked again. Rank 1's leaf
+// hashes on the parallel filesystem are rotten, its shard whole: a
+// report of it, then rewind verify, leave the copy committed and the leaf
+// hashes written again.
+func TestAReportOfAGoodTierCopyChangesNothing(t *testing.T) {
+	var logs testcluster.Logs
+	tc := newPFSAndS3Cluster(t, func(c *coordinator.Config) { c.Logger = logs.Logger(slog.LevelInfo) })
+	saveReshardModel(t, tc.cluster, "rsg", 4)
+	tc.waitPFSAndS3("rsg")
+	report := tc.reportAs("node-1", "rsg", 4)
+	if a := report(0, "s3"); a != coordpb.SuspectAnswer_SUSPECT_ANSWER_CHECKING {
+		t.Fatalf("a report of rank 0's copy on s3: %s, want checking", a.Label())
+	}
+	tc.waitCommitted(&logs, "rsg", 4, 0, "s3", "verified whole", "rank=0", "tier=s3", "reporter=node-1", "verifier=node-0")
+	if a := report(0, "s3"); a != coordpb.SuspectAnswer_SUSPECT_ANSWER_VERIFIED_RECENTLY {
+		t.Fatalf("a second report of rank 0's copy on s3: %s, want verified_recently", a.Label())
+	}
+
+	leaves := filepath.Join(tc.pfs, filepath.FromSlash(tiers.LeavesName("rsg", 4, 1)))
+	good, err := os.ReadFile(leaves)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rot := func() {
+		t.Helper()
+		b := slices.Clone(good)
+		b[len(b)-1] ^= 0x40
+		if err := os.WriteFile(leaves, b, 0o640); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mended := func(after string) {
+		t.Helper()
+		if b, err := os.ReadFile(leaves); err != nil || !bytes.Equal(b, good) {
+			t.Fatalf("rank 1's leaf hashes on pfs after %s: %d bytes, %v; want them written again", after, len(b), err)
+		}
+	}
+	rot()
+	if a := report(1, "pfs"); a != coordpb.SuspectAnswer_SUSPECT_ANSWER_CHECKING {
+		t.Fatalf("a report of rank 1's copy on pfs: %s, want checking", a.Label())
+	}
+	tc.waitCommitted(&logs, "rsg", 4, 1, "pfs", "verified whole", "rank=1", "tier=pfs", "reporter=node-1", "verifier=node-0")
+	mended("a report")
+	rot()
+	v, err := tc.api.VerifyStep(ctxT(t), &coordpb.StepRequest{Job: "rsg", Step: 4})
+	if err != nil || !v.Ok {
+		t.Fatalf("rewind verify with rank 1's leaf hashes rotten on pfs: %v %v, want ok", v, err)
+	}
+	tc.waitCommitted(&logs, "rsg", 4, 1, "pfs")
+	mended("rewind verify")
 }
 
 // TestTheReporterNeverVerifiesItsOwnReport: with node-0 gone, node-1 is
