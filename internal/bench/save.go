@@ -132,7 +132,11 @@ func saveOne(ctx context.Context, dial func(job string) (*sdk.Client, error), cf
 	res.WarmSeconds = med(w.save)
 	res.SaveWarm = total / res.WarmSeconds
 	res.Memcpy, res.MemcpyParallel = med(w.one), med(w.par)
-	res.WarmToMemcpy, res.WarmToMemcpyParallel = med(w.toOne), med(w.toPar)
+	toOne, toPar := make([]float64, len(w.save)), make([]float64, len(w.save))
+	for i, d := range w.save {
+		toOne[i], toPar[i] = total/d/w.one[i], total/d/w.par[i]
+	}
+	res.WarmToMemcpy, res.WarmToMemcpyParallel = med(toOne), med(toPar)
 	return res, nil
 }
 
@@ -156,11 +160,10 @@ func saveCold(ctx context.Context, dial func(job string) (*sdk.Client, error), j
 	return d, cleanup(ctx, c, job)
 }
 
-// warmTimes is each warm save's time in seconds, the memcpy bandwidths
-// (one thread, the save's workers) measured just before it, and each
-// pair's ratio of bandwidths.
+// warmTimes is each warm save's time in seconds and the memcpy
+// bandwidths (one thread, the save's workers) measured just before it.
 type warmTimes struct {
-	save, one, par, toOne, toPar []float64
+	save, one, par []float64
 }
 
 // saveWarm times runs warm saves of one session saving step after step
@@ -198,11 +201,6 @@ func saveWarm(ctx context.Context, dial func(job string) (*sdk.Client, error), j
 				return w, fmt.Errorf("bench: save of step %d was cold", step)
 			}
 			w.save, w.one, w.par = append(w.save, d), append(w.one, one), append(w.par, par)
-			var bytes float64
-			for _, t := range tensors {
-				bytes += float64(len(t.Data))
-			}
-			w.toOne, w.toPar = append(w.toOne, bytes/d/one), append(w.toPar, bytes/d/par)
 		}
 	}
 	return w, cleanup(ctx, c, job)
