@@ -126,7 +126,7 @@ func (t *tiering) stepDeleted(job string, step int64) {
 // no copy to the tier starts: its policy counts from the copies the tier
 // holds, retention counts them, and a new copy does not share its name
 // with one being deleted. The caller holds t.mu.
-func (t *tiering) listed(job string, step int64, tier string, holder map[uint32]string) bool {
+func (t *tiering) listed(job string, step int64, tier string, nodes []string) bool {
 	if tc := t.copies[tierKey{job, step, tier}]; tc != nil && tc.State == tcDeleting {
 		return false
 	}
@@ -134,7 +134,7 @@ func (t *tiering) listed(job string, step int64, tier string, holder map[uint32]
 	if !tiers.Name(tier).NodeLocal() {
 		return settled(tier)
 	}
-	for _, node := range holder {
+	for _, node := range nodes {
 		if !settled(listingKey(tier, node)) {
 			return false
 		}

@@ -158,15 +158,42 @@ func (t *tiering) scan() {
 		return
 	}
 	now := t.c.cfg.Clock.Now()
-	type due struct {
-		job    string
-		step   int64
-		holder map[uint32]string
-		shards []tiers.ShardEntry
-		ws     uint32
+	for _, d := range t.dueSteps(now) {
+		for _, tp := range t.policy(d.job).Tiers {
+			tier := string(tp.Tier)
+			if !t.due(d.job, tp, d.step, now) || !t.reachable(d.job, tier, d.nodes) || !t.listed(d.job, d.step, tier, d.nodes) {
+				continue
+			}
+			holder, shards, ok := t.holdersOf(d.job, d.step)
+			if !ok {
+				break // the step changed meanwhile: the next scan sees it
+			}
+			t.start(&tierCopy{Job: d.job, Step: d.step, Tier: tier, State: tcCopying, WorldSize: d.ws,
+				Holders: holder, Done: map[uint32]uint64{}, Failed: map[uint32]string{}, Shards: shards, Manifests: map[string]bool{},
+				Deletes: map[string]bool{}, Started: now})
+		}
 	}
-	var todo []due
+}
+
+// dueStep is a job's latest consistent step that some tier may take now,
+// with the nodes holding its shards in memory.
+type dueStep struct {
+	job   string
+	step  int64
+	ws    uint32
+	nodes []string // each holding node, once per run of ranks it holds
+}
+
+// dueSteps lists the latest consistent steps that a tier policy makes due
+// and whose every rank is in some node's memory (a step only on tiers
+// already is not copied again). It runs on every scan, under the index
+// lock, so it keeps what it builds to one entry per run of a node's ranks:
+// the holders and the manifest are made only for a copy that starts. The
+// caller holds t.mu.
+func (t *tiering) dueSteps(now time.Time) []dueStep {
+	var out []dueStep
 	t.c.mu.Lock()
+	defer t.c.mu.Unlock()
 	for id, j := range t.c.state.Jobs {
 		if j.Latest < 0 || !t.anyDue(id, j.Latest, now) || t.inFlight(id) {
 			continue
@@ -175,32 +202,59 @@ func (t *tiering) scan() {
 		if st == nil || st.State != Consistent {
 			continue
 		}
-		d := due{job: id, step: j.Latest, holder: map[uint32]string{}, ws: st.WorldSize}
+		d := dueStep{job: id, step: j.Latest, ws: st.WorldSize}
+		whole := true
 		for r := range st.WorldSize {
-			for _, cp := range st.Copies[r] {
-				if cp.Tier == "shm" && cp.State == CopyCommitted {
-					d.holder[r] = cp.Node
-					d.shards = append(d.shards, tiers.ShardEntry{Rank: r, Size: int64(cp.Size), HeaderChecksum: cp.Sum})
-					break
-				}
+			cp := memoryCopy(st, r)
+			if cp == nil {
+				whole = false
+				break
+			}
+			if n := len(d.nodes); n == 0 || d.nodes[n-1] != cp.Node {
+				d.nodes = append(d.nodes, cp.Node)
 			}
 		}
-		if len(d.holder) == int(st.WorldSize) { // else: only on tiers already
-			todo = append(todo, d)
+		if whole {
+			out = append(out, d)
 		}
 	}
-	t.c.mu.Unlock()
-	for _, d := range todo {
-		for _, tp := range t.policy(d.job).Tiers {
-			tier := string(tp.Tier)
-			if !t.due(d.job, tp, d.step, now) || !t.reachable(d.job, tier, d.holder) || !t.listed(d.job, d.step, tier, d.holder) {
-				continue
-			}
-			t.start(&tierCopy{Job: d.job, Step: d.step, Tier: tier, State: tcCopying, WorldSize: d.ws,
-				Holders: d.holder, Done: map[uint32]uint64{}, Failed: map[uint32]string{}, Shards: d.shards, Manifests: map[string]bool{},
-				Deletes: map[string]bool{}, Started: now})
+	return out
+}
+
+// memoryCopy returns the first committed copy of rank's shard in a node's
+// memory, or nil.
+func memoryCopy(st *Step, rank uint32) *Copy {
+	for _, cp := range st.Copies[rank] {
+		if cp.Tier == "shm" && cp.State == CopyCommitted {
+			return cp
 		}
 	}
+	return nil
+}
+
+// holdersOf returns, for a tier copy of step of job that starts now, the
+// node pushing each rank's shard and the manifest's entries; false when
+// the step is no longer consistent with every rank in memory. The caller
+// holds t.mu.
+func (t *tiering) holdersOf(job string, step int64) (map[uint32]string, []tiers.ShardEntry, bool) {
+	t.c.mu.Lock()
+	defer t.c.mu.Unlock()
+	j := t.c.state.Jobs[job]
+	if j == nil || j.Steps[step] == nil || j.Steps[step].State != Consistent {
+		return nil, nil, false
+	}
+	st := j.Steps[step]
+	holder := make(map[uint32]string, st.WorldSize)
+	shards := make([]tiers.ShardEntry, 0, st.WorldSize)
+	for r := range st.WorldSize {
+		cp := memoryCopy(st, r)
+		if cp == nil {
+			return nil, nil, false
+		}
+		holder[r] = cp.Node
+		shards = append(shards, tiers.ShardEntry{Rank: r, Size: int64(cp.Size), HeaderChecksum: cp.Sum})
+	}
+	return holder, shards, true
 }
 
 // due reports whether step of job goes to tp's tier now. A step is
@@ -226,8 +280,8 @@ func (t *tiering) anyDue(job string, step int64, now time.Time) bool {
 }
 
 // reachable reports whether every node holding a shard can write tier.
-func (t *tiering) reachable(job, tier string, holder map[uint32]string) bool {
-	for _, node := range holder {
+func (t *tiering) reachable(job, tier string, nodes []string) bool {
+	for _, node := range nodes {
 		names, connected := t.c.streams.tiersOf(node)
 		if !slices.Contains(names, tier) {
 			k := job + "/" + tier
