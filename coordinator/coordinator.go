@@ -66,6 +66,9 @@ type Coordinator struct {
 	// qmu guards queue, the reports waiting to be applied (group.go).
 	qmu   sync.Mutex
 	queue []*pendingReport
+	// groupCopies is the copy list applyGroup reuses, under mu: a burst of
+	// reports then makes no garbage of it.
+	groupCopies []CopyKey
 }
 
 type metrics struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/faultinject"
@@ -93,7 +94,11 @@ func (c *Coordinator) applyGroup(group []*pendingReport) {
 	for _, p := range group {
 		n += len(p.recs)
 	}
-	ch.Copies = make([]CopyKey, 0, n)
+	ch.Copies = slices.Grow(c.groupCopies[:0], n)
+	defer func() { // kept for the next group, holding nothing
+		clear(ch.Copies)
+		c.groupCopies = ch.Copies[:0]
+	}()
 	counts := map[reportCount]int{}
 	for _, p := range group {
 		from, refused, fenced := len(ch.Consistent), 0, 0

@@ -7,6 +7,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -127,7 +128,9 @@ func (s *server) RegisterJob(ctx context.Context, req *coordpb.RegisterJobReques
 
 func (s *server) Report(ctx context.Context, req *coordpb.ReportRequest) (*coordpb.ReportResponse, error) {
 	start := time.Now()
-	res, err := s.c.report(req.Node, recordsOf(req.Shards))
+	recs := reportRecords.get(req.Shards)
+	res, err := s.c.report(req.Node, *recs)
+	reportRecords.put(recs) // nothing holds them once the report is answered
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -164,12 +167,45 @@ func (s *server) ReportStream(stream coordpb.Coordinator_ReportStreamServer) err
 }
 
 func recordsOf(shards []*coordpb.ShardRecord) []Record {
-	out := make([]Record, len(shards))
-	for i, r := range shards {
-		out[i] = Record{Job: r.Job, Step: r.Step, Rank: r.Rank, WorldSize: r.WorldSize, Node: r.Node,
-			Size: r.SizeBytes, Sum: r.HeaderChecksum, State: copyStateOf(r.State), Epoch: r.Epoch}
+	return appendRecords(make([]Record, 0, len(shards)), shards)
+}
+
+func appendRecords(out []Record, shards []*coordpb.ShardRecord) []Record {
+	for _, r := range shards {
+		out = append(out, Record{Job: r.Job, Step: r.Step, Rank: r.Rank, WorldSize: r.WorldSize, Node: r.Node,
+			Size: r.SizeBytes, Sum: r.HeaderChecksum, State: copyStateOf(r.State), Epoch: r.Epoch})
 	}
 	return out
+}
+
+// recordPool reuses the record slices of reports: every agent reports
+// every step, and a slice made for each report was a fifth of what the
+// coordinator allocated under a burst (each allocation brings the next
+// collection nearer).
+type recordPool struct{ p sync.Pool }
+
+var reportRecords recordPool
+
+// maxPooledRecords bounds the slices kept: an inventory-sized report
+// is not worth keeping.
+const maxPooledRecords = 1024
+
+func (rp *recordPool) get(shards []*coordpb.ShardRecord) *[]Record {
+	recs, _ := rp.p.Get().(*[]Record)
+	if recs == nil {
+		recs = new([]Record)
+	}
+	*recs = appendRecords((*recs)[:0], shards)
+	return recs
+}
+
+func (rp *recordPool) put(recs *[]Record) {
+	if cap(*recs) > maxPooledRecords {
+		return
+	}
+	clear(*recs) // holds no request's strings
+	*recs = (*recs)[:0]
+	rp.p.Put(recs)
 }
 
 func (s *server) Latest(ctx context.Context, req *coordpb.LatestRequest) (*coordpb.LatestResponse, error) {
