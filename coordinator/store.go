@@ -61,11 +61,15 @@ func OpenStore(dir string, log *slog.Logger) (*Store, error) {
 	db, err := pebble.Open(dir, &pebble.Options{
 		Logger: pebbleLogger{log},
 		// Copies churn: each is written when a rank commits and deleted
-		// when its slot is reused a few steps later. A memtable that holds
-		// many steps lets most of them be written and deleted before a
-		// flush, which then keeps only the deletion (the default 4 MiB
-		// flushes about every three steps of an 8,192-rank job).
-		MemTableSize: 64 << 20,
+		// when its slot is reused a few steps later; a memtable that
+		// holds a few steps lets most of them be written and deleted
+		// before a flush, which then keeps only the deletion. Inserts
+		// are most of a commit's time under the index lock, and their
+		// cost grows with the memtable: each walks a skiplist that
+		// outgrows the CPU caches. 8 MiB holds about five steps of an
+		// 8,192-rank job and inserts at half the cost of 64 MiB's
+		// (docs/performance.md); the default 4 MiB flushes every three.
+		MemTableSize: 8 << 20,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: opening store %s: %w", dir, err)
