@@ -19,6 +19,9 @@ func runBench(ctx context.Context, args []string) error {
 	if len(args) > 0 && args[0] == "coordinator" {
 		return benchCoordinator(ctx, args[1:])
 	}
+	if len(args) > 0 && args[0] == "coordinator-agents" {
+		return benchCoordAgents(ctx, args[1:])
+	}
 	if len(args) > 0 && args[0] == "tiers" {
 		return benchTiers(ctx, args[1:])
 	}
@@ -67,8 +70,10 @@ func benchCoordinator(ctx context.Context, args []string) error {
 	steps := fs.Int("steps", 30, "measured steps per job size")
 	spread := fs.Duration("spread", 0, "window over which each step's reports are sent at random offsets (0: all at once, the worst case)")
 	dir := fs.String("data-dir", os.TempDir(), "parent of the coordinator's temporary pebble store (a real disk: its syncs are measured)")
-	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (coordinator and simulated agents) to this file")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the coordinator's process (with --agents-in-process, the simulated agents' too) to this file")
+	memprofile := fs.String("memprofile", "", "write the coordinator process's allocations (go tool pprof -sample_index=alloc_space) to this file at the end")
 	useTLS := fs.Bool("tls", false, "mutual TLS between the simulated agents and the coordinator, as in production")
+	inProcess := fs.Bool("agents-in-process", false, "run the simulated agents in the coordinator's process (their garbage collections then stall it)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -84,6 +89,13 @@ func benchCoordinator(ctx context.Context, args []string) error {
 		defer pprof.StopCPUProfile()
 	}
 	cfg := bench.CoordConfig{RanksPerNode: *perNode, Steps: *steps, DataDir: *dir, Spread: *spread, TLS: *useTLS}
+	if !*inProcess {
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		cfg.AgentsCommand = []string{self, "bench", "coordinator-agents"}
+	}
 	for _, s := range strings.Split(*ranks, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 1 {
@@ -95,11 +107,41 @@ func benchCoordinator(ctx context.Context, args []string) error {
 	if cfg.TLS {
 		transportName = "mutual TLS"
 	}
-	fmt.Printf("rewind-dev bench coordinator: simulated agents (%d ranks each) report every step at once over loopback gRPC (%s) to a coordinator with a pebble store in %s\n", cfg.RanksPerNode, transportName, cfg.DataDir)
+	where := "in a process of their own"
+	if *inProcess {
+		where = "in the coordinator's process"
+	}
+	fmt.Printf("rewind-dev bench coordinator: simulated agents (%d ranks each, %s) report every step at once over loopback gRPC (%s) to a coordinator with a pebble store in %s\n", cfg.RanksPerNode, where, transportName, cfg.DataDir)
 	fmt.Println("latency: from the sending of a step's last report (the last rank's commit) to the answer that the step is consistent (synced)")
+	if *memprofile != "" {
+		runtime.MemProfileRate = 64 << 10
+	}
 	rs, err := bench.Coordinator(ctx, cfg)
 	bench.PrintCoordinator(os.Stdout, rs)
+	if *memprofile != "" {
+		if perr := writeHeapProfile(*memprofile); err == nil {
+			err = perr
+		}
+	}
 	return err
+}
+
+// writeHeapProfile writes the heap profile, allocations included, to path.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// benchCoordAgents is the simulated agents' process of bench coordinator.
+func benchCoordAgents(ctx context.Context, args []string) error {
+	return bench.CoordAgentsMain(ctx, args, os.Stdout)
 }
 
 func benchRecovery(ctx context.Context, args []string) error {

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"rewind.dev/rewind/internal/testcluster"
 )
 
 // The benchmarks' own code must work; their figures come from `make bench`.
@@ -35,9 +37,44 @@ func TestCoordinatorBenchRuns(t *testing.T) {
 		if err != nil {
 			t.Fatalf("tls %v: %v", tls, err)
 		}
-		if len(rs) != 1 || rs[0].Agents != 8 || rs[0].P99 <= 0 || rs[0].CommitsPerSec <= 0 {
+		if len(rs) != 1 || rs[0].Agents != 8 || rs[0].P99 <= 0 || rs[0].CommitsPerSec <= 0 || rs[0].AllocPerStep <= 0 {
 			t.Fatalf("tls %v: results %+v", tls, rs)
 		}
+	}
+}
+
+// The default: the simulated agents in a process of their own, with TLS,
+// their steps read back; every step is accounted to the collections or
+// the others, and the table says so.
+func TestCoordinatorBenchAgentsApart(t *testing.T) {
+	rs, err := Coordinator(context.Background(), CoordConfig{Ranks: []int{64}, RanksPerNode: 8, Steps: 4, DataDir: t.TempDir(), TLS: true,
+		AgentsCommand: testcluster.RoleCommand("coordinator-agents")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rs[0]
+	if r.Agents != 8 || r.P99 <= 0 || r.CommitsPerSec <= 0 || r.AllocPerStep <= 0 {
+		t.Fatalf("results %+v", r)
+	}
+	if r.GCSteps > 0 && r.GCStepP50 <= 0 || r.GCSteps < 4 && r.QuietP50 <= 0 {
+		t.Fatalf("steps not split between collections and the others: %+v", r)
+	}
+	var b strings.Builder
+	PrintCoordinator(&b, rs)
+	for _, want := range []string{"alloc/step", "steps w/ GC", "others p99"} {
+		if !strings.Contains(b.String(), want) {
+			t.Fatalf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
+// A simulated agents' process that fails is an error that says so, not a
+// result of no steps.
+func TestCoordinatorBenchAgentsFailing(t *testing.T) {
+	_, err := Coordinator(context.Background(), CoordConfig{Ranks: []int{16}, RanksPerNode: 8, Steps: 2, DataDir: t.TempDir(),
+		AgentsCommand: []string{"false"}})
+	if err == nil || !strings.Contains(err.Error(), "simulated agents") {
+		t.Fatalf("err %v", err)
 	}
 }
 

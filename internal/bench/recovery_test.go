@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -11,8 +12,18 @@ import (
 )
 
 // The recovery benchmark runs agents as processes of the rewind binary,
-// built once per test binary and removed when the tests end.
-func TestMain(m *testing.M) { testcluster.Main(m, nil) }
+// built once per test binary and removed when the tests end; the
+// coordinator benchmark runs its simulated agents as this binary in the
+// role coordinator-agents.
+func TestMain(m *testing.M) {
+	testcluster.Main(m, map[string]testcluster.Role{"coordinator-agents": func() int {
+		if err := CoordAgentsMain(context.Background(), os.Args[1:], os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		return 0
+	}})
+}
 
 // The recovery benchmark's plumbing: a small state, one run; the event
 // arrives and every figure is positive. Its figures come from `make bench`.

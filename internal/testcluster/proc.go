@@ -79,6 +79,13 @@ type Proc struct {
 	posted chan struct{} // a token when lines or eof changed
 }
 
+// RoleCommand is the command line that starts the test binary in role
+// (a role of Main's), for code that starts its own processes; arguments
+// appended to it reach the role in os.Args.
+func RoleCommand(role string) []string {
+	return []string{"env", envRole + "=" + role, os.Args[0]}
+}
+
 // Spawn starts the test binary in role, with env added to its
 // environment; the test binary's TestMain must call Main.
 func Spawn(t testing.TB, role string, env ...string) *Proc {
