@@ -349,9 +349,7 @@ func (s *State) Apply(rec Record, ch *Changes) error {
 func (s *State) commit(j *Job, rec Record, ch *Changes) {
 	st := j.Steps[rec.Step]
 	if st == nil {
-		// Sized for the whole step: a map grown rank by rank leaves
-		// garbage for every doubling.
-		st = &Step{Job: j.ID, Step: rec.Step, WorldSize: rec.WorldSize, State: Partial, Copies: make(map[uint32][]*Copy, rec.WorldSize)}
+		st = &Step{Job: j.ID, Step: rec.Step, WorldSize: rec.WorldSize, State: Partial, Copies: map[uint32][]*Copy{}}
 		j.Steps[rec.Step] = st
 		ch.Steps = append(ch.Steps, st)
 		ch.Dropped = slices.DeleteFunc(ch.Dropped, func(k StepKey) bool { return k == StepKey{j.ID, rec.Step} })

@@ -164,9 +164,14 @@ func (t *tiering) scan() {
 			if !t.due(d.job, tp, d.step, now) || !t.reachable(d.job, tier, d.nodes) || !t.listed(d.job, d.step, tier, d.nodes) {
 				continue
 			}
-			holder, shards, ok := t.holdersOf(d.job, d.step)
+			holder, shards, nodes, ok := t.holdersOf(d)
 			if !ok {
 				break // the step changed meanwhile: the next scan sees it
+			}
+			// The index lock was let go since dueSteps: a rank's copy may
+			// have moved to a node not checked yet.
+			if !slices.Equal(nodes, d.nodes) && (!t.reachable(d.job, tier, nodes) || !t.listed(d.job, d.step, tier, nodes)) {
+				continue
 			}
 			t.start(&tierCopy{Job: d.job, Step: d.step, Tier: tier, State: tcCopying, WorldSize: d.ws,
 				Holders: holder, Done: map[uint32]uint64{}, Failed: map[uint32]string{}, Shards: shards, Manifests: map[string]bool{},
@@ -232,29 +237,37 @@ func memoryCopy(st *Step, rank uint32) *Copy {
 	return nil
 }
 
-// holdersOf returns, for a tier copy of step of job that starts now, the
-// node pushing each rank's shard and the manifest's entries; false when
-// the step is no longer consistent with every rank in memory. The caller
+// holdersOf returns, for a tier copy of d's step that starts now, the
+// node pushing each rank's shard, the manifest's entries and the holding
+// nodes as dueSteps lists them; false when the step is no longer
+// consistent at d's world size with every rank in memory. The caller
 // holds t.mu.
-func (t *tiering) holdersOf(job string, step int64) (map[uint32]string, []tiers.ShardEntry, bool) {
+func (t *tiering) holdersOf(d dueStep) (map[uint32]string, []tiers.ShardEntry, []string, bool) {
 	t.c.mu.Lock()
 	defer t.c.mu.Unlock()
-	j := t.c.state.Jobs[job]
-	if j == nil || j.Steps[step] == nil || j.Steps[step].State != Consistent {
-		return nil, nil, false
+	j := t.c.state.Jobs[d.job]
+	if j == nil {
+		return nil, nil, nil, false
 	}
-	st := j.Steps[step]
+	st := j.Steps[d.step]
+	if st == nil || st.State != Consistent || st.WorldSize != d.ws {
+		return nil, nil, nil, false
+	}
 	holder := make(map[uint32]string, st.WorldSize)
 	shards := make([]tiers.ShardEntry, 0, st.WorldSize)
+	var nodes []string
 	for r := range st.WorldSize {
 		cp := memoryCopy(st, r)
 		if cp == nil {
-			return nil, nil, false
+			return nil, nil, nil, false
 		}
 		holder[r] = cp.Node
 		shards = append(shards, tiers.ShardEntry{Rank: r, Size: int64(cp.Size), HeaderChecksum: cp.Sum})
+		if n := len(nodes); n == 0 || nodes[n-1] != cp.Node {
+			nodes = append(nodes, cp.Node)
+		}
 	}
-	return holder, shards, true
+	return holder, shards, nodes, true
 }
 
 // due reports whether step of job goes to tp's tier now. A step is
