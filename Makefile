@@ -19,7 +19,7 @@ STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(BIN)/staticcheck
 STATICCHECK_STAMP := $(BIN)/.staticcheck-$(STATICCHECK_VERSION)
 
-.PHONY: all build demo demo-elastic test test-prep packages test-go lint verify stress staticcheck bench goodput generate tools clean fuzz help prometheus
+.PHONY: all build demo demo-elastic test test-prep packages test-go lint verify stress staticcheck bench goodput host-pack generate tools clean fuzz help prometheus
 
 include sdk/python/python.mk
 include tiers/tiers.mk
@@ -171,6 +171,13 @@ bench: build minio
 	$(BIN)/rewind-dev bench recovery --size 1GiB --runs 9
 	$(BIN)/rewind-dev bench coordinator --ranks 8192 --steps 200 --tls
 	$(BIN)/rewind-dev bench peer --size 1GiB --runs 9
+
+## host-pack: static binaries, stripped and gzipped, in bin/host/, for internal/bench/hostcheck.sh on a host without Go.
+host-pack:
+	mkdir -p $(BIN)/host
+	$(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/host/ ./cmd/rewind ./cmd/rewind-dev
+	gzip -9f $(BIN)/host/rewind $(BIN)/host/rewind-dev
+	@ls -l $(BIN)/host
 
 # make fuzz: each fuzz target for FUZZTIME (go test -fuzz runs one target
 # at a time); a failing input is written under the package's

@@ -19,6 +19,9 @@ load the last rewind step with rewind.dcp.Reader at the same world size
 and at world size - 1 (resharding: every rank reads pieces of several
 saved ranks). Medians over --runs; a table for docs/performance.md.
 
+With --device cuda each rank holds its pieces on its own GPU (NCCL), and
+every writer's save includes the copies to host memory.
+
 Needs torch 2.x (make bench-dcp runs it in the trixie root).
 """
 
@@ -53,11 +56,15 @@ def worker(args) -> None:
     sys.path.insert(0, SDK)
     import rewind.dcp
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank, world_size=args.world)
-    mesh = init_device_mesh("cpu", (args.world,))
+    backend = "gloo"
+    if args.device == "cuda":  # one GPU per rank, NCCL between them
+        torch.cuda.set_device(args.rank % torch.cuda.device_count())
+        backend = "nccl"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank, world_size=args.world)
+    mesh = init_device_mesh(args.device, (args.world,))
     rows = args.mib * (1 << 20) // 4 // COLS // TENSORS
     g = torch.Generator().manual_seed(1)
-    sd = {f"layer{i}.weight": distribute_tensor(torch.randn(rows, COLS, generator=g), mesh, [Shard(0)])
+    sd = {f"layer{i}.weight": distribute_tensor(torch.randn(rows, COLS, generator=g).to(args.device), mesh, [Shard(0)])
           for i in range(TENSORS)}
     sd["step"] = 0
     times: dict[str, list[float]] = {}
@@ -136,7 +143,7 @@ def gang(args, action: str, world: int, env: dict, out: str) -> dict:
     port = free_port()
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", action, "--rank", str(r), "--world", str(world),
                                "--port", str(port), "--mib", str(args.mib), "--runs", str(args.runs), "--out", out,
-                               "--shm-dir", args.shm_dir, "--disk-dir", args.disk_dir], env=env)
+                               "--shm-dir", args.shm_dir, "--disk-dir", args.disk_dir, "--device", args.device], env=env)
              for r in range(world)]
     codes = [p.wait() for p in procs]
     if any(codes):
@@ -172,6 +179,8 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=256, help="global state in MiB")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--disk-dir", default="/var/tmp")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where the state lives: cuda puts each rank on its own GPU (NCCL; --world at most the GPUs)")
     ap.add_argument("--worker", dest="action")
     ap.add_argument("--rank", type=int)
     ap.add_argument("--port", type=int)
@@ -181,6 +190,12 @@ def main() -> None:
     if args.action:
         worker(args)
         return
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available() or torch.cuda.device_count() < args.world:
+            raise SystemExit(f"bench_dcp: --device cuda needs {args.world} GPUs (one per rank); "
+                             f"this machine has {torch.cuda.device_count() if torch.cuda.is_available() else 0}")
     root = tempfile.mkdtemp(prefix="rewind-bench-dcp-", dir="/dev/shm")
     args.shm_dir = os.path.join(root, "fs")
     args.disk_dir = tempfile.mkdtemp(prefix="rewind-bench-dcp-", dir=args.disk_dir)
@@ -203,7 +218,7 @@ def main() -> None:
 def report(args, saves: dict, load_same: dict, load_other: dict | None) -> None:
     gb = args.mib * (1 << 20) / 1e9
     med = {k: statistics.median(v) for k, v in saves.items()}
-    print(f"dcp.save of {args.mib} MiB (8 Shard(0) float32 DTensors) at world size {args.world}, "
+    print(f"dcp.save of {args.mib} MiB (8 Shard(0) float32 DTensors, on {args.device}) at world size {args.world}, "
           f"medians of {args.runs} (load average {os.getloadavg()[0]:.1f}):")
     print("| writer | save | GB/s | rewind faster by |")
     print("| --- | --- | --- | --- |")

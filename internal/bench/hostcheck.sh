@@ -1,0 +1,69 @@
+#!/bin/sh
+# The figures the 2-vCPU development machine cannot give, in one bounded
+# run on a bigger host, a GPU one where there is one: the coordinator's
+# commit latency at 8,192 ranks (plaintext and mutual TLS, alternating),
+# Save against memcpy on many cores, the CUDA and DCP tests of the Python
+# SDK, and dcp.save from GPU state against FileSystemWriter.
+#
+#   make host-pack                       # here: static binaries, gzipped, in bin/host/
+#   sh internal/bench/hostcheck.sh OUT   # there, in the repository root
+#
+# The host needs no Go: the binaries come from bin/host/. It needs
+# python3 with torch (2.x for DCP), grpcio, protobuf, numpy, xxhash and
+# pytest for the Python parts, which are skipped without them. Each part
+# has a time limit; everything it prints goes to OUT/hostcheck.log, the
+# host's description to OUT/host.txt. HOSTCHECK_PARTS picks parts
+# (default: all of coord save python dcp).
+set -u
+out=${1:?usage: hostcheck.sh OUTDIR}
+mkdir -p "$out"
+log=$out/hostcheck.log
+bin=$(mktemp -d)
+trap 'rm -rf "$bin"' EXIT
+for b in rewind rewind-dev; do
+	gzip -dc "bin/host/$b.gz" >"$bin/$b" || { echo "hostcheck: no bin/host/$b.gz: run make host-pack first" >&2; exit 2; }
+	chmod +x "$bin/$b"
+done
+py=${PYTHON:-python3}
+{
+	echo "cores: $(nproc)"; uptime; uname -srm
+	grep -m1 'model name' /proc/cpuinfo
+	free -g | head -2; df -h /dev/shm /var/tmp
+	command -v nvidia-smi >/dev/null && nvidia-smi -L
+	$py -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' 2>&1
+} >"$out/host.txt" 2>&1
+cat "$out/host.txt"
+
+# part NAME SECONDS COMMAND...: runs COMMAND under a time limit, appends
+# its output to the log and prints its end.
+part() {
+	name=$1 limit=$2
+	shift 2
+	echo "== $name (limit ${limit}s, load $(cut -d' ' -f1 /proc/loadavg))" | tee -a "$log"
+	start=$(date +%s)
+	timeout "$limit" "$@" >"$out/part.txt" 2>&1
+	rc=$?
+	cat "$out/part.txt" >>"$log"
+	echo "== $name: exit $rc after $(($(date +%s) - start))s" | tee -a "$log"
+	tail -n 15 "$out/part.txt"
+	rm -f "$out/part.txt"
+}
+has() { case " ${HOSTCHECK_PARTS:-coord save python dcp} " in *" $1 "*) return 0 ;; esac; return 1; }
+
+if has coord; then
+	for i in 1 2; do
+		part "coordinator, plaintext, run $i" 150 "$bin/rewind-dev" bench coordinator --ranks 8192 --steps 200
+		part "coordinator, mutual TLS, run $i" 150 "$bin/rewind-dev" bench coordinator --ranks 8192 --steps 200 --tls
+	done
+fi
+if has save; then
+	part "save against memcpy" 240 "$bin/rewind-dev" bench save --sizes 1GiB,4GiB --runs 3
+fi
+if has python && $py -c 'import torch, grpc, numpy, google.protobuf, pytest, xxhash' 2>/dev/null; then
+	part "python SDK: CUDA and DCP tests" 300 env REWIND_BIN="$bin/rewind" PYTHONUNBUFFERED=1 USE_LIBUV=0 \
+		$py -m pytest -q -p no:cacheprovider sdk/python/tests/test_cuda.py sdk/python/tests/test_dcp.py
+fi
+if has dcp && $py -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+	part "dcp.save from GPU state" 300 env PYTHONUNBUFFERED=1 USE_LIBUV=0 \
+		$py sdk/python/bench_dcp.py --rewind-bin "$bin/rewind" --device cuda --world 1 --mib 4096 --runs 5
+fi
