@@ -114,6 +114,28 @@ func TestPinHoldsOneCopyOfItsStep(t *testing.T) {
 	}
 }
 
+// TestAnOlderNewestSlotIsNotHeld: the newest slot by commit order can
+// hold an older step than the job's consistent one: a replica of step 2
+// made after the rank saved step 3 (a node lost, its copies made again
+// elsewhere). It is no checkpoint a restore would take, and the save of
+// step 4 takes it; before, it was held as the rank's latest and the save
+// failed "slot not available" (found by TestElasticRecoveryShrinks under
+// load).
+func TestAnOlderNewestSlotIsNotHeld(t *testing.T) {
+	r := rankWith(3, 2) // step 2 committed last
+	if got := r.pick(4096, 2, pinSet{consistent: 3, protected: 3}, false); got == nil || got.Step != 2 {
+		t.Fatalf("pick = %+v, want the slot of step 2, older than the consistent step 3", got)
+	}
+	// Still held while it is the newest step there is: no coordinator,
+	// or the consistent step not newer.
+	if got := rankWith(3, 2).pick(4096, 2, noPins, false); got == nil || got.Step != 3 {
+		t.Fatalf("without a coordinator pick = %+v, want the slot of step 3 (2 is the latest)", got)
+	}
+	if got := rankWith(1, 2).pick(4096, 2, pinSet{consistent: 1, protected: 1}, false); got != nil {
+		t.Fatalf("pick = %+v, want none: 1 pinned, 2 the latest", got)
+	}
+}
+
 // TestNewerThanConsistentKept: a rank holds steps 10 (the consistent step
 // it was told), 11 and 12 (its latest) in three slots. Step 11 may be
 // consistent already, answered so to someone, while this agent's answer

@@ -161,8 +161,12 @@ func (r *rankState) keptSteps(pins pinSet, replica bool) int {
 // that is not the latest, then a new slot beside those being read.
 func (r *rankState) pick(size int64, max int, pins pinSet, replica bool) *slot {
 	latest := r.latest()
-	if replica {
-		latest = nil // see pickSlot
+	if replica || latest != nil && latest.Step < pins.consistent {
+		// A replica: see pickSlot. A newest slot older than the job's
+		// consistent step (a replica of an older step written after
+		// the rank's own save, as a node's loss makes) holds nothing a
+		// restore would take: the consistent step is newer, and pinned.
+		latest = nil
 	}
 	// A pin holds one copy of its step: the newest. A rank restarted in
 	// place before its step became consistent resumes the step before and
