@@ -25,6 +25,10 @@ import (
 // its group's are not held back without end by a long burst.
 const maxGroup = 256
 
+// maxKeptCopies bounds the copy list a leader keeps for the next group:
+// a group of 8,192 ranks' commits and deletions fits.
+const maxKeptCopies = 1 << 15
+
 // pendingReport is one agent report waiting in the queue.
 type pendingReport struct {
 	node string
@@ -95,9 +99,12 @@ func (c *Coordinator) applyGroup(group []*pendingReport) {
 		n += len(p.recs)
 	}
 	ch.Copies = slices.Grow(c.groupCopies[:0], n)
-	defer func() { // kept for the next group, holding nothing
+	defer func() { // kept for the next group, holding nothing, unless a rare burst made it large
 		clear(ch.Copies)
-		c.groupCopies = ch.Copies[:0]
+		c.groupCopies = nil
+		if cap(ch.Copies) <= maxKeptCopies {
+			c.groupCopies = ch.Copies[:0]
+		}
 	}()
 	counts := map[reportCount]int{}
 	for _, p := range group {
