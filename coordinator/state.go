@@ -174,11 +174,18 @@ type State struct {
 	// nodeJobs is the set of jobs placed on or holding copies on each
 	// node: the jobs whose pins the node's agent needs.
 	nodeJobs map[string]map[string]bool
+	// noted is the node and job noteNode saw last: a report's records
+	// are one node's, mostly of one job. nodeJobs only grows.
+	noted [2]string
 	// limits bound what registrations and reports may add (limits.go).
 	limits Limits
 }
 
 func (s *State) noteNode(node, job string) {
+	if s.noted == [2]string{node, job} {
+		return
+	}
+	s.noted = [2]string{node, job}
 	m := s.nodeJobs[node]
 	if m == nil {
 		m = map[string]bool{}
@@ -364,16 +371,17 @@ func (s *State) commit(j *Job, rec Record, ch *Changes) {
 	j.noteEpoch(st, rec, ch)
 	tier := rec.tier()
 	s.noteNode(rec.Node, j.ID)
-	for _, c := range st.Copies[rec.Rank] {
+	cs := st.Copies[rec.Rank] // looked up once: the map holds a rank per entry
+	for _, c := range cs {
 		if c.Node == rec.Node && c.Tier == tier && c.Sum == rec.Sum {
 			return // a duplicate report
 		}
 	}
-	was := survives(st.Copies[rec.Rank])
-	others := slices.DeleteFunc(st.Copies[rec.Rank], func(c *Copy) bool { return c.Node == rec.Node && c.Tier == tier })
+	was := survives(cs)
 	c := &Copy{Rank: rec.Rank, Node: rec.Node, Tier: tier, Size: rec.Size, Sum: rec.Sum, State: CopyCommitted}
-	st.Copies[rec.Rank] = append(others, c)
-	st.noteSafe(was, survives(st.Copies[rec.Rank]))
+	cs = append(slices.DeleteFunc(cs, func(c *Copy) bool { return c.Node == rec.Node && c.Tier == tier }), c)
+	st.Copies[rec.Rank] = cs
+	st.noteSafe(was, survives(cs))
 	ch.Copies = append(ch.Copies, CopyKey{Job: j.ID, Step: rec.Step, Rank: rec.Rank, Node: rec.Node, Tier: tier, Copy: c})
 	// A copy found corrupt here before is replaced (its key now holds the
 	// good one), and a new copy of a rank that made the step unrestorable
@@ -453,20 +461,21 @@ func (s *State) remove(j *Job, rec Record, ch *Changes) {
 	if rec.State == CopyDeleted && st.dropBad(rec.Rank, match) {
 		ch.Copies = append(ch.Copies, key)
 	}
-	was := survives(st.Copies[rec.Rank])
+	cs := st.Copies[rec.Rank] // never an entry for a rank without copies
+	was := survives(cs)
 	var gone []*Copy
-	if cs, ok := st.Copies[rec.Rank]; ok { // never an entry for a rank without copies
-		st.Copies[rec.Rank] = slices.DeleteFunc(cs, func(c *Copy) bool {
-			if match(c) {
-				gone = append(gone, c)
-			}
-			return match(c)
-		})
-	}
+	cs = slices.DeleteFunc(cs, func(c *Copy) bool {
+		if match(c) {
+			gone = append(gone, c)
+		}
+		return match(c)
+	})
 	if len(gone) > 0 {
-		st.noteSafe(was, survives(st.Copies[rec.Rank]))
-		if len(st.Copies[rec.Rank]) == 0 {
+		st.noteSafe(was, survives(cs))
+		if len(cs) == 0 {
 			delete(st.Copies, rec.Rank)
+		} else {
+			st.Copies[rec.Rank] = cs
 		}
 		if rec.State == CopyCorrupt {
 			key.Copy = st.addBad(gone[len(gone)-1])
