@@ -276,3 +276,27 @@ func TestStepsLostAndResumedAfter(t *testing.T) {
 		t.Fatalf("resumed after %v, want [1.6s]", got)
 	}
 }
+
+// The read-back of the newest durable step counts the copies found whole,
+// leaves out those on nodes a fault hit and copies in memory gone since,
+// and names the first copy on the tier that failed: the check fails on
+// it unless retention retired the step meanwhile (verifyNewest).
+func TestVerifiedCopies(t *testing.T) {
+	cp := func(rank uint32, node, tier string) *coordpb.Copy {
+		return &coordpb.Copy{Rank: rank, Node: node, Tier: tier, SizeBytes: 100}
+	}
+	resp := &coordpb.VerifyStepResponse{Checks: []*coordpb.CopyCheck{
+		{Copy: cp(0, "node1", "s3"), Ok: true},
+		{Copy: cp(1, "node3", "s3"), Problem: "unreadable"}, // on a node the fault hit
+		{Copy: cp(1, "node2", "shm"), Problem: "slot reused"},
+		{Copy: cp(2, "node2", "s3"), Ok: true},
+	}}
+	n, bytes, bad := verifiedCopies(resp, "s3", map[string]bool{"node3": true})
+	if n != 2 || bytes != 200 || bad != "" {
+		t.Fatalf("verifiedCopies = %d, %d, %q; want 2 copies, 200 bytes, none bad", n, bytes, bad)
+	}
+	resp.Checks = append(resp.Checks, &coordpb.CopyCheck{Copy: cp(3, "node1", "s3"), Problem: "not found"})
+	if _, _, bad := verifiedCopies(resp, "s3", nil); !strings.Contains(bad, "rank 1 on s3: unreadable") {
+		t.Fatalf("bad = %q, want the first copy on s3 that failed, named", bad)
+	}
+}

@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -131,9 +132,13 @@ func (s *session) verifyNewest(ctx context.Context, tier string) Check {
 	}
 	// The job trains on meanwhile, and retention deletes a tier's older
 	// copies as newer ones land: the step is taken from a fresh snapshot,
-	// and taken again if it was retired before the read-back began.
+	// and taken again if it was retired before the read-back began, or
+	// while it ran (a copy on tier then fails the read, and a snapshot
+	// taken after shows the step durable there no more). A copy missing
+	// from a step still durable on tier fails the check.
 	var step int64
-	var resp *coordpb.VerifyStepResponse
+	var n int
+	var bytes uint64
 	for attempt := 1; ; attempt++ {
 		snap, err := s.snapshot(ctx)
 		if err != nil {
@@ -144,18 +149,34 @@ func (s *session) verifyNewest(ctx context.Context, tier string) Check {
 			return c
 		}
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		resp, err = s.c.API.VerifyStep(cctx, &coordpb.StepRequest{Job: s.cfg.Job, Step: step})
+		resp, err := s.c.API.VerifyStep(cctx, &coordpb.StepRequest{Job: s.cfg.Job, Step: step})
 		cancel()
-		if err == nil {
+		if err != nil {
+			if status.Code(err) != codes.NotFound || attempt == 3 {
+				c.Detail = fmt.Sprintf("step %d: %v", step, err)
+				return c
+			}
+			continue
+		}
+		var bad string
+		n, bytes, bad = verifiedCopies(resp, tier, hit)
+		if bad == "" {
 			break
 		}
-		if status.Code(err) != codes.NotFound || attempt == 3 {
-			c.Detail = fmt.Sprintf("step %d: %v", step, err)
+		if attempt == 3 || !s.retired(ctx, tier, step) {
+			c.Detail = fmt.Sprintf("step %d: %s", step, bad)
 			return c
 		}
 	}
-	var n int
-	var bytes uint64
+	s.verified += bytes
+	c.OK = n > 0
+	c.Detail = fmt.Sprintf("step %d: %d copies (%s) verified", step, n, bytesCell(bytes))
+	return c
+}
+
+// verifiedCopies counts the copies a VerifyStep found whole (leaving out
+// those on nodes hit), and names the first copy on tier that was not.
+func verifiedCopies(resp *coordpb.VerifyStepResponse, tier string, hit map[string]bool) (n int, bytes uint64, bad string) {
 	for _, ch := range resp.Checks {
 		if ch.Copy == nil || hit[ch.Copy.Node] {
 			continue
@@ -165,14 +186,17 @@ func (s *session) verifyNewest(ctx context.Context, tier string) Check {
 			n++
 			bytes += ch.Copy.SizeBytes
 		case ch.Copy.Tier == tier:
-			c.Detail = fmt.Sprintf("step %d: rank %d on %s: %s", step, ch.Copy.Rank, tier, ch.Problem)
-			return c
+			return n, bytes, fmt.Sprintf("rank %d on %s: %s", ch.Copy.Rank, tier, ch.Problem)
 		}
 		// A copy in memory or on NVMe may be gone by now: the job trains
 		// on, and slots and retention recycle them.
 	}
-	s.verified += bytes
-	c.OK = n > 0
-	c.Detail = fmt.Sprintf("step %d: %d copies (%s) verified", step, n, bytesCell(bytes))
-	return c
+	return n, bytes, ""
+}
+
+// retired reports whether a fresh snapshot shows step durable on tier no
+// more (retention deleting it); false when none can be taken.
+func (s *session) retired(ctx context.Context, tier string, step int64) bool {
+	snap, err := s.snapshot(ctx)
+	return err == nil && !slices.Contains(snap.Durable(tier), step)
 }
