@@ -16,18 +16,8 @@ import (
 // which cannot write nvme (no stream) and whose nvme was never listed, and
 // A's copy goes. The copy that starts must not order B to push.
 func TestATierCopyPushesOnlyFromCheckedNodes(t *testing.T) {
-	c := newTestCoordinator(t, filepath.Join(t.TempDir(), "store"))
-	defer c.Close()
+	c := nvmeEveryStep(t)
 	tr := c.tiers
-	p, err := tiers.ParsePolicy("nvme:every=1,keep=3")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.streams.open("A", []string{"nvme"})
-	tr.mu.Lock()
-	tr.policies["j"] = p
-	tr.rd.done[listingKey("nvme", "A")] = true
-	tr.mu.Unlock()
 	if _, err := c.apply(func(ch *Changes) error {
 		_, err := c.state.RegisterJob("j", 1, nil, ch)
 		return err
@@ -42,18 +32,10 @@ func TestATierCopyPushesOnlyFromCheckedNodes(t *testing.T) {
 	}
 	commit("A", CopyCommitted)
 
-	c.streams.mu.Lock() // the scan stops in reachable, after dueSteps
-	done := make(chan struct{})
-	go func() { defer close(done); tr.scan() }()
-	for tr.mu.TryLock() {
-		tr.mu.Unlock()
-		time.Sleep(time.Millisecond)
-	}
-	time.Sleep(200 * time.Millisecond) // dueSteps is done: the scan waits for the streams' lock
-	commit("B", CopyCommitted)         // a replica on B
-	commit("A", CopyDeleted)           // A's copy goes: only B holds rank 0
-	c.streams.mu.Unlock()
-	<-done
+	scanPaused(c, func() {
+		commit("B", CopyCommitted) // a replica on B
+		commit("A", CopyDeleted)   // A's copy goes: only B holds rank 0
+	})
 
 	c.mu.Lock()
 	st := c.state.Jobs["j"].Steps[1]
@@ -81,18 +63,8 @@ func TestATierCopyPushesOnlyFromCheckedNodes(t *testing.T) {
 // and manifest's. The step is dropped and saved again at another world
 // size while the scan waits between dueSteps and holdersOf.
 func TestATierCopyKeepsItsStepsWorldSize(t *testing.T) {
-	c := newTestCoordinator(t, filepath.Join(t.TempDir(), "store"))
-	defer c.Close()
+	c := nvmeEveryStep(t)
 	tr := c.tiers
-	p, err := tiers.ParsePolicy("nvme:every=1,keep=3")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.streams.open("A", []string{"nvme"})
-	tr.mu.Lock()
-	tr.policies["j"] = p
-	tr.rd.done[listingKey("nvme", "A")] = true
-	tr.mu.Unlock()
 	register := func(ws uint32) {
 		t.Helper()
 		if _, err := c.apply(func(ch *Changes) error {
@@ -111,20 +83,12 @@ func TestATierCopyKeepsItsStepsWorldSize(t *testing.T) {
 	register(1)
 	report(1, 0, CopyCommitted)
 
-	c.streams.mu.Lock()
-	done := make(chan struct{})
-	go func() { defer close(done); tr.scan() }()
-	for tr.mu.TryLock() {
-		tr.mu.Unlock()
-		time.Sleep(time.Millisecond)
-	}
-	time.Sleep(200 * time.Millisecond)
-	report(1, 0, CopyDeleted) // the step leaves the index
-	register(2)               // an elastic restart at world size 2
-	report(2, 0, CopyCommitted)
-	report(2, 1, CopyCommitted) // step 1 again, consistent at world size 2
-	c.streams.mu.Unlock()
-	<-done
+	scanPaused(c, func() {
+		report(1, 0, CopyDeleted) // the step leaves the index
+		register(2)               // an elastic restart at world size 2
+		report(2, 0, CopyCommitted)
+		report(2, 1, CopyCommitted) // step 1 again, consistent at world size 2
+	})
 
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
@@ -135,4 +99,39 @@ func TestATierCopyKeepsItsStepsWorldSize(t *testing.T) {
 	if int(tc.WorldSize) != len(tc.Holders) || int(tc.WorldSize) != len(tc.Shards) {
 		t.Fatalf("tier copy of world size %d with %d holders %v and %d manifest shards", tc.WorldSize, len(tc.Holders), tc.Holders, len(tc.Shards))
 	}
+}
+
+// nvmeEveryStep returns a coordinator whose job j goes to nvme at every
+// step, node A connected with nvme and its nvme listed.
+func nvmeEveryStep(t *testing.T) *Coordinator {
+	t.Helper()
+	c := newTestCoordinator(t, filepath.Join(t.TempDir(), "store"))
+	t.Cleanup(func() { c.Close() })
+	p, err := tiers.ParsePolicy("nvme:every=1,keep=3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.streams.open("A", []string{"nvme"})
+	c.tiers.mu.Lock()
+	defer c.tiers.mu.Unlock()
+	c.tiers.policies["j"] = p
+	c.tiers.rd.done[listingKey("nvme", "A")] = true
+	return c
+}
+
+// scanPaused runs a tier scan that stops in reachable, after dueSteps
+// (it waits for the order streams' lock), runs meanwhile, then lets the
+// scan finish.
+func scanPaused(c *Coordinator, meanwhile func()) {
+	c.streams.mu.Lock()
+	done := make(chan struct{})
+	go func() { defer close(done); c.tiers.scan() }()
+	for c.tiers.mu.TryLock() { // until the scan holds it
+		c.tiers.mu.Unlock()
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond) // dueSteps is done: the scan waits for the streams' lock
+	meanwhile()
+	c.streams.mu.Unlock()
+	<-done
 }
