@@ -170,7 +170,7 @@ func (m *jobMetrics) snapshot() []jobSnap {
 	newest := map[string]map[string]int64{} // job -> tier -> newest durable step
 	c.tiers.mu.Lock()
 	for _, tc := range c.tiers.copies {
-		if tc.State != tcDurable {
+		if tc.State != tcDurable || tc.partial() {
 			continue
 		}
 		if newest[tc.Job] == nil {

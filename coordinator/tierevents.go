@@ -216,7 +216,8 @@ func (t *tiering) pendingOrders(tc *tierCopy) int {
 // retain removes the tier's copies of job that the policy no longer keeps:
 // never the latest consistent step, never the tier's newest copy. A copy
 // with a shard found corrupt is not counted among those kept, and goes
-// unless its step is the latest consistent one.
+// unless its step is the latest consistent one; a copy rediscovered in
+// part is neither kept nor counted until it is whole.
 func (t *tiering) retain(job, tier string) {
 	keep := -1
 	for _, tp := range t.policy(job).Tiers {
@@ -231,6 +232,7 @@ func (t *tiering) retain(job, tier string) {
 			continue
 		}
 		switch {
+		case tc.partial(): // neither kept nor counted until every rank's shard is found
 		case tc.State == tcDurable && len(tc.Corrupt) > 0: // not kept, not counted as kept
 			corrupt = append(corrupt, tc)
 		case tc.State == tcDurable:

@@ -80,6 +80,15 @@ type tierCopy struct {
 	Rediscovered bool `json:"rediscovered,omitempty"`
 }
 
+// partial reports whether a copy rebuilt from manifests (rediscover.go)
+// lacks some ranks' shards still: a node-local copy grows with each
+// node's listing, and a node that holds some never came back. It is no
+// durable copy of the step until then: shown as copying, not counted by
+// retention or as a tier's recovery point.
+func (tc *tierCopy) partial() bool {
+	return tc.Rediscovered && tc.State == tcDurable && len(tc.Done) < int(tc.WorldSize)
+}
+
 type tierKey struct {
 	job  string
 	step int64
@@ -93,6 +102,10 @@ func (tc *tierCopy) proto() *coordpb.TierCopy {
 		StartedUnixNano: tc.Started.UnixNano()}
 	if tc.State == tcDurable && len(tc.Corrupt) > 0 {
 		p.State, p.Error = coordpb.TierCopyState_TIER_COPY_STATE_CORRUPT, tc.corruptText()
+	}
+	if tc.partial() {
+		p.State = coordpb.TierCopyState_TIER_COPY_STATE_COPYING
+		p.Error = fmt.Sprintf("rediscovered: %d of %d ranks' shards found so far; the listings of the nodes holding the others are awaited", len(tc.Done), tc.WorldSize)
 	}
 	for _, n := range tc.Done {
 		p.BytesDone += n
