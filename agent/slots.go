@@ -252,11 +252,26 @@ func (a *Agent) pickSlot(ctx context.Context, r *lockedRank, size int64, replica
 		max++
 	}
 	pinDeadline := a.cfg.Clock.Now().Add(a.cfg.PinWait)
+	refreshed := false
 	for {
 		a.expireLeases(r)
 		a.expireStaged(r)
 		pins := a.rep.pinned(r.job)
 		s := a.pickPinned(r, size, max, pins, replica)
+		if s != nil && !replica && !refreshed && s == r.latest() {
+			// The rank's newest slot, free only because the pins name a
+			// newer consistent step (rankState.pick). The coordinator can
+			// take that step back when copies are lost, and its answer
+			// saying so may be on its way: ask it first.
+			refreshed = true
+			r.mu.Unlock()
+			a.metrics.pinRefreshes.Inc()
+			fresh := a.rep.refreshPin(ctx, r.job)
+			r.mu.Lock()
+			if fresh != pins {
+				continue
+			}
+		}
 		if s == nil && r.pick(size, max, noPins, replica) != nil {
 			// Only the job's pins hold the slot back. In synchronous
 			// training the other ranks have committed the next step
