@@ -56,3 +56,40 @@ func TestAPartlyRediscoveredCopyIsNotDurable(t *testing.T) {
 		}
 	}
 }
+
+// TestAPartlyRediscoveredCopyGoesWhenOlderThanTheKept: a copy found on one
+// node of three whose other nodes never come back is deleted once the
+// policy's count of whole copies newer than it is kept, as any old copy
+// is; else it stayed on that node's disk, and in the index, for good.
+func TestAPartlyRediscoveredCopyGoesWhenOlderThanTheKept(t *testing.T) {
+	c := newTestCoordinator(t, filepath.Join(t.TempDir(), "store"))
+	tr := c.tiers
+	p, err := tiers.ParsePolicy("nvme:every=1,keep=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.mu.Lock()
+	tr.policies["k"] = p
+	tr.mu.Unlock()
+	merge := func(node string, step int64, rank uint32) {
+		t.Helper()
+		if s := tr.mergePage(node, []*agentpb.TierManifest{listed("nvme", "k", step, 3, []uint32{rank}, nil)}); s.failed != nil {
+			t.Fatal(s.failed)
+		}
+	}
+	merge("node-0", 1, 0) // nodes 1 and 2 never list step 1
+	merge("node-0", 6, 0) // nor step 6, newer than the oldest whole copy kept
+	for _, step := range []int64{3, 4, 5} {
+		for r, node := range []string{"node-0", "node-1", "node-2"} {
+			merge(node, step, uint32(r))
+		}
+	}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.retain("k", "nvme")
+	for step, want := range map[int64]tierCopyState{1: tcDeleting, 3: tcDeleting, 4: tcDurable, 5: tcDurable, 6: tcDurable} {
+		if got := tr.copies[tierKey{"k", step, "nvme"}].State; got != want {
+			t.Errorf("after retention (keep=2) step %d on nvme is %s, want %s", step, got, want)
+		}
+	}
+}

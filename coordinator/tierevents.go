@@ -217,7 +217,8 @@ func (t *tiering) pendingOrders(tc *tierCopy) int {
 // never the latest consistent step, never the tier's newest copy. A copy
 // with a shard found corrupt is not counted among those kept, and goes
 // unless its step is the latest consistent one; a copy rediscovered in
-// part is neither kept nor counted until it is whole.
+// part is not counted until it is whole, and goes once it is older than
+// every whole copy kept.
 func (t *tiering) retain(job, tier string) {
 	keep := -1
 	for _, tp := range t.policy(job).Tiers {
@@ -226,13 +227,14 @@ func (t *tiering) retain(job, tier string) {
 		}
 	}
 	var durable []int64
-	var deleting, corrupt []*tierCopy
+	var deleting, corrupt, partial []*tierCopy
 	for _, tc := range t.copies {
 		if tc.Job != job || tc.Tier != tier {
 			continue
 		}
 		switch {
-		case tc.partial(): // neither kept nor counted until every rank's shard is found
+		case tc.partial(): // not counted until every rank's shard is found
+			partial = append(partial, tc)
 		case tc.State == tcDurable && len(tc.Corrupt) > 0: // not kept, not counted as kept
 			corrupt = append(corrupt, tc)
 		case tc.State == tcDurable:
@@ -252,8 +254,18 @@ func (t *tiering) retain(job, tier string) {
 	}
 	t.c.mu.Unlock()
 	var drop []*tierCopy
-	for _, step := range tiers.Retain(durable, keep, latest) {
+	gone := tiers.Retain(durable, keep, latest)
+	for _, step := range gone {
 		drop = append(drop, t.copies[tierKey{job, step, tier}])
+	}
+	// A copy found in part (its other nodes never listed) goes once the
+	// policy's count of whole copies newer than it is kept.
+	if kept := slices.DeleteFunc(durable, func(s int64) bool { return slices.Contains(gone, s) }); len(kept) >= keep && len(kept) > 0 {
+		for _, tc := range partial {
+			if tc.Step < kept[0] && tc.Step != latest {
+				drop = append(drop, tc)
+			}
+		}
 	}
 	for _, tc := range corrupt {
 		if tc.Step != latest { // its good shards may be what keeps the latest step restorable
