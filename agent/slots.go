@@ -264,11 +264,7 @@ func (a *Agent) pickSlot(ctx context.Context, r *lockedRank, size int64, replica
 			// take that step back when copies are lost, and its answer
 			// saying so may be on its way: ask it first.
 			refreshed = true
-			r.mu.Unlock()
-			a.metrics.pinRefreshes.Inc()
-			fresh := a.rep.refreshPin(ctx, r.job)
-			r.mu.Lock()
-			if fresh != pins {
+			if a.refreshPins(ctx, r) != pins {
 				continue
 			}
 		}
@@ -277,11 +273,7 @@ func (a *Agent) pickSlot(ctx context.Context, r *lockedRank, size int64, replica
 			// training the other ranks have committed the next step
 			// already and their reports are on the way: ask the
 			// coordinator until the pins move or PinWait runs out.
-			r.mu.Unlock()
-			a.metrics.pinRefreshes.Inc()
-			fresh := a.rep.refreshPin(ctx, r.job)
-			r.mu.Lock()
-			if fresh != pins {
+			if a.refreshPins(ctx, r) != pins {
 				continue
 			}
 			s = a.abandonedLatest(ctx, r, pins)
@@ -309,6 +301,15 @@ func (a *Agent) pickSlot(ctx context.Context, r *lockedRank, size int64, replica
 			return nil, fmt.Errorf("agent: waiting for a verification of job %s rank %d: %w", r.job, r.rank, ctx.Err())
 		}
 	}
+}
+
+// refreshPins asks the coordinator for the job's pins, with r.mu let go
+// meanwhile; the caller holds r.mu.
+func (a *Agent) refreshPins(ctx context.Context, r *lockedRank) pinSet {
+	r.mu.Unlock()
+	defer r.mu.Lock()
+	a.metrics.pinRefreshes.Inc()
+	return a.rep.refreshPin(ctx, r.job)
 }
 
 // pickPinned is r.pick under the job's pins, with the extra slot of a split
