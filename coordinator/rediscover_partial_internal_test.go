@@ -18,21 +18,7 @@ import (
 // newest whole copies (found by the chaos suite's coordinator-kill-loop:
 // "step 94 on nvme is durable with 2 of 3 ranks").
 func TestAPartlyRediscoveredCopyIsNotDurable(t *testing.T) {
-	c := newTestCoordinator(t, filepath.Join(t.TempDir(), "store"))
-	tr := c.tiers
-	p, err := tiers.ParsePolicy("nvme:every=1,keep=2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr.mu.Lock()
-	tr.policies["k"] = p
-	tr.mu.Unlock()
-	merge := func(node string, step int64, rank uint32) {
-		t.Helper()
-		if s := tr.mergePage(node, []*agentpb.TierManifest{listed("nvme", "k", step, 3, []uint32{rank}, nil)}); s.failed != nil {
-			t.Fatal(s.failed)
-		}
-	}
+	tr, merge := nvmeKeepTwo(t)
 	for _, step := range []int64{3, 4, 5} {
 		for r, node := range []string{"node-0", "node-1", "node-2"} {
 			merge(node, step, uint32(r))
@@ -62,21 +48,7 @@ func TestAPartlyRediscoveredCopyIsNotDurable(t *testing.T) {
 // policy's count of whole copies newer than it is kept, as any old copy
 // is; else it stayed on that node's disk, and in the index, for good.
 func TestAPartlyRediscoveredCopyGoesWhenOlderThanTheKept(t *testing.T) {
-	c := newTestCoordinator(t, filepath.Join(t.TempDir(), "store"))
-	tr := c.tiers
-	p, err := tiers.ParsePolicy("nvme:every=1,keep=2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr.mu.Lock()
-	tr.policies["k"] = p
-	tr.mu.Unlock()
-	merge := func(node string, step int64, rank uint32) {
-		t.Helper()
-		if s := tr.mergePage(node, []*agentpb.TierManifest{listed("nvme", "k", step, 3, []uint32{rank}, nil)}); s.failed != nil {
-			t.Fatal(s.failed)
-		}
-	}
+	tr, merge := nvmeKeepTwo(t)
 	merge("node-0", 1, 0) // nodes 1 and 2 never list step 1
 	merge("node-0", 6, 0) // nor step 6, newer than the oldest whole copy kept
 	for _, step := range []int64{3, 4, 5} {
@@ -90,6 +62,28 @@ func TestAPartlyRediscoveredCopyGoesWhenOlderThanTheKept(t *testing.T) {
 	for step, want := range map[int64]tierCopyState{1: tcDeleting, 3: tcDeleting, 4: tcDurable, 5: tcDurable, 6: tcDurable} {
 		if got := tr.copies[tierKey{"k", step, "nvme"}].State; got != want {
 			t.Errorf("after retention (keep=2) step %d on nvme is %s, want %s", step, got, want)
+		}
+	}
+}
+
+// nvmeKeepTwo returns the tiering of a coordinator whose job k keeps two
+// copies on NVMe, and a merge of one node's manifest of one rank of a
+// step of k at world size 3, as that node's listing brings it.
+func nvmeKeepTwo(t *testing.T) (*tiering, func(node string, step int64, rank uint32)) {
+	t.Helper()
+	c := newTestCoordinator(t, filepath.Join(t.TempDir(), "store"))
+	tr := c.tiers
+	p, err := tiers.ParsePolicy("nvme:every=1,keep=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.mu.Lock()
+	tr.policies["k"] = p
+	tr.mu.Unlock()
+	return tr, func(node string, step int64, rank uint32) {
+		t.Helper()
+		if s := tr.mergePage(node, []*agentpb.TierManifest{listed("nvme", "k", step, 3, []uint32{rank}, nil)}); s.failed != nil {
+			t.Fatal(s.failed)
 		}
 	}
 }
