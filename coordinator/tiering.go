@@ -136,6 +136,10 @@ type tiering struct {
 	skipped  map[string]bool         // job/tier warned about a missing tier
 
 	rd *rediscovery // tier copies rebuilt from the tiers' manifests (rediscover.go)
+
+	// dueListed, when set (by tests), is called by a scan once it has
+	// listed the due steps and let go of the index lock.
+	dueListed func()
 }
 
 func newTiering(c *Coordinator, m *tierMetrics) *tiering {
@@ -171,7 +175,11 @@ func (t *tiering) scan() {
 		return
 	}
 	now := t.c.cfg.Clock.Now()
-	for _, d := range t.dueSteps(now) {
+	due := t.dueSteps(now)
+	if t.dueListed != nil {
+		t.dueListed()
+	}
+	for _, d := range due {
 		for _, tp := range t.policy(d.job).Tiers {
 			tier := string(tp.Tier)
 			if !t.due(d.job, tp, d.step, now) || !t.reachable(d.job, tier, d.nodes) || !t.listed(d.job, d.step, tier, d.nodes) {

@@ -2,8 +2,8 @@ package coordinator
 
 import (
 	"path/filepath"
+	"sync"
 	"testing"
-	"time"
 
 	"rewind.dev/rewind/tiers"
 )
@@ -11,10 +11,9 @@ import (
 // TestATierCopyPushesOnlyFromCheckedNodes: the nodes a tier copy orders to push
 // are the nodes the scan checked could write the tier (reachable) and had
 // their tier listed (listed). Here the step's only rank is in node A's
-// memory when the scan lists the due steps; while the scan waits (on the
-// order streams' lock, in reachable), a replica of the rank commits on B,
-// which cannot write nvme (no stream) and whose nvme was never listed, and
-// A's copy goes. The copy that starts must not order B to push.
+// memory when the scan lists the due steps; while the scan waits after
+// listing them, a replica of the rank commits on B, which cannot write
+// nvme (no stream) and whose nvme was never listed, and A's copy goes. The copy that starts must not order B to push.
 func TestATierCopyPushesOnlyFromCheckedNodes(t *testing.T) {
 	c := nvmeEveryStep(t)
 	tr := c.tiers
@@ -119,19 +118,22 @@ func nvmeEveryStep(t *testing.T) *Coordinator {
 	return c
 }
 
-// scanPaused runs a tier scan that stops in reachable, after dueSteps
-// (it waits for the order streams' lock), runs meanwhile, then lets the
-// scan finish.
+// scanPaused runs a tier scan that stops once it has listed the due
+// steps (dueSteps), runs meanwhile, then lets the scan finish.
 func scanPaused(c *Coordinator, meanwhile func()) {
-	c.streams.mu.Lock()
+	listed, resume := make(chan struct{}), make(chan struct{})
+	var once sync.Once // the coordinator's own scans may come first
+	setHook := func(f func()) {
+		c.tiers.mu.Lock()
+		defer c.tiers.mu.Unlock()
+		c.tiers.dueListed = f
+	}
+	setHook(func() { once.Do(func() { close(listed) }); <-resume })
+	defer setHook(nil)
 	done := make(chan struct{})
 	go func() { defer close(done); c.tiers.scan() }()
-	for c.tiers.mu.TryLock() { // until the scan holds it
-		c.tiers.mu.Unlock()
-		time.Sleep(time.Millisecond)
-	}
-	time.Sleep(200 * time.Millisecond) // dueSteps is done: the scan waits for the streams' lock
+	<-listed
 	meanwhile()
-	c.streams.mu.Unlock()
+	close(resume)
 	<-done
 }
