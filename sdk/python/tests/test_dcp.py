@@ -37,7 +37,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def gang(action: str, world: int, agents, job: str, out: Path, *extra: str, device: str = "cpu") -> list[dict]:
+def gang(action: str, world: int, agents, job: str, out: Path, *extra: str, device: str = "cpu",
+         worker: Path = WORKER) -> list[dict]:
     """Runs world ranks of the worker and returns what each wrote. agents:
     the agent of every rank, or a list of them (rank r uses agents[r]).
     device: where the ranks' state lives (cuda: NCCL, one GPU a rank)."""
@@ -51,7 +52,7 @@ def gang(action: str, world: int, agents, job: str, out: Path, *extra: str, devi
     for r in range(world):
         sock = (agents[r] if isinstance(agents, list) else agents).socket
         with open(logs[r], "w") as log:
-            procs.append(subprocess.Popen([sys.executable, str(WORKER), action, str(r), str(world), str(port), str(out),
+            procs.append(subprocess.Popen([sys.executable, str(worker), action, str(r), str(world), str(port), str(out),
                                            *extra], stdout=log, stderr=subprocess.STDOUT,
                                           env=dict(env, REWIND_SOCKET=sock)))
     codes = []

@@ -1,0 +1,103 @@
+"""rewind.dcp with what DCP hands a storage layer beyond a model and its
+optimizer: non-contiguous, 0-d and empty tensors, every common dtype,
+DTensors sharded on either dimension with empty pieces, HSDP replicas,
+pickled non-tensor state, ranks that write nothing; loaded at other world
+sizes, in part, from an older step, by checkpoint_id (dcp_cases_worker.py).
+
+Needs torch 2.x (make test-python-dcp runs it in a Debian trixie root)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch.distributed.checkpoint.metadata", reason="needs torch 2.x")
+try:
+    import rewind.dcp  # noqa: F401
+except ImportError as e:
+    pytest.skip(f"rewind.dcp: {e}", allow_module_level=True)
+
+import rewind  # noqa: E402
+from test_dcp import gang  # noqa: E402
+
+WORKER = Path(__file__).with_name("dcp_cases_worker.py")
+
+
+def run(action: str, world: int, agent, job: str, out: Path, case: str, *flags: str) -> list[dict]:
+    return gang(action, world, agent, job, out, case, *flags, worker=WORKER)
+
+
+def check(results: list[dict], step: int, saved_world: int) -> None:
+    for res in results:
+        assert res["mismatch"] == [], res
+        assert (res["loaded_step"], res["saved_world_size"]) == (step, saved_world), res
+
+
+@pytest.fixture(scope="module")
+def odd_saved(agent, tmp_path_factory):
+    """The odd state saved at world size 4, step 3."""
+    out = tmp_path_factory.mktemp("dcp-cases")
+    job = f"dcp-odd-{os.getpid()}"
+    run("save", 4, agent, job, out, "odd", "--step", "3")
+    return job, out
+
+
+@pytest.mark.parametrize("world", [4, 3, 2])
+def test_odd_state_loads_at_world_size(odd_saved, agent, world):
+    """Every value of the odd state, saved at world size 4, loads equal at
+    4, 3 and 2."""
+    job, out = odd_saved
+    check(run("load", world, agent, job, out, "odd"), 3, 4)
+
+
+def test_odd_state_saved_at_2_loads_at_4(agent, tmp_path):
+    """Saved at world size 2 (async), loaded at 4 (HSDP on a 2-D mesh):
+    a rank holds pieces of several saved ones, and some none."""
+    job = f"dcp-odd2-{os.getpid()}"
+    run("save", 2, agent, job, tmp_path, "odd", "--step", "5", "--async")
+    check(run("load", 4, agent, job, tmp_path, "odd"), 5, 2)
+
+
+def test_ranks_that_write_nothing(agent, tmp_path):
+    """A lone replicated tensor goes to one rank of four: the other three
+    commit shards with no items, and the step loads at 4 and 3."""
+    job = f"dcp-tiny-{os.getpid()}"
+    run("save", 4, agent, job, tmp_path, "tiny", "--step", "2")
+    check(run("load", 4, agent, job, tmp_path, "tiny"), 2, 4)
+    check(run("load", 3, agent, job, tmp_path, "tiny"), 2, 4)
+
+
+def test_older_step_subset_and_checkpoint_id(agent, tmp_path):
+    """Two saves in a row (by checkpoint_id rewind://JOB/step-N, then by
+    Writer(step=)): the newer loads by default and by rewind://JOB, the
+    older by Reader(step=) and by its checkpoint_id, and a state dict with
+    only some of the saved keys loads those."""
+    job = f"dcp-steps-{os.getpid()}"
+    run("save", 2, agent, job, tmp_path, "odd", "--step", "4", "--id")
+    run("save", 2, agent, job, tmp_path, "odd", "--step", "6")
+    check(run("load", 2, agent, job, tmp_path, "odd"), 6, 2)
+    check(run("load", 2, agent, job, tmp_path, "odd", "--id"), 6, 2)
+    check(run("load", 2, agent, job, tmp_path, "odd", "--step", "4"), 4, 2)
+    check(run("load", 3, agent, job, tmp_path, "odd", "--step", "4", "--id"), 4, 2)
+    res = run("load", 3, agent, job, tmp_path, "odd", "--step", "4", "--keys", "dt/shard1_uneven,objs/step,dense/bf16")
+    check(res, 4, 2)
+    assert res[0]["keys"] == ["dense/bf16", "dt/shard1_uneven", "objs/step"]
+
+
+def test_one_process_without_a_process_group(agent, job):
+    """dcp.save and dcp.load in one process, torch.distributed not
+    initialized (a notebook, a single-GPU script): the writer saves rank 0
+    of 1, the reader loads it back."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    sd = {"w": torch.arange(6.0).reshape(2, 3).t(), "n": 5, "b": torch.tensor(True)}
+    dcp.save(sd, storage_writer=rewind.dcp.Writer(step=1, job=job, socket=agent.socket))
+    got = {"w": torch.zeros(3, 2), "n": 0, "b": torch.tensor(False)}
+    reader = rewind.dcp.Reader(job=job, socket=agent.socket)
+    dcp.load(got, storage_reader=reader)
+    assert reader.loaded_step == 1 and got["n"] == 5 and bool(got["b"])
+    assert torch.equal(got["w"], sd["w"])
+
