@@ -26,7 +26,8 @@ against its checksum first.
 
 A checkpoint_id of the form rewind://JOB, rewind://JOB/step-N or
 rewind://JOB/N names the job (and the step); validate_checkpoint_id accepts
-exactly those.
+exactly those. Without a step it means the step the Writer or Reader was
+made with (a Reader's None: the latest), whatever ids it was given before.
 """
 
 from __future__ import annotations
@@ -158,13 +159,13 @@ class _Base:
         if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
             raise InvalidError("dcp", f"step must be a non-negative integer, is {step!r}")
         self.step, self.job, self.socket, self.timeout = step, job, socket, timeout
+        self._given_step = step  # what a checkpoint_id without a step leaves: not an earlier id's step
         self.checkpoint_id: str | None = None
 
     def reset(self, checkpoint_id=None) -> None:
         if checkpoint_id is not None:
             self.job, step = parse_checkpoint_id(checkpoint_id)
-            if step is not None:
-                self.step = step
+            self.step = self._given_step if step is None else step
             self.checkpoint_id = os.fspath(checkpoint_id)
 
     @classmethod

@@ -101,3 +101,38 @@ def test_one_process_without_a_process_group(agent, job):
     assert reader.loaded_step == 1 and got["n"] == 5 and bool(got["b"])
     assert torch.equal(got["w"], sd["w"])
 
+
+
+def test_reused_reader_follows_each_checkpoint_id(agent, job):
+    """One Reader for several loads, as DCP's reset(checkpoint_id) allows:
+    rewind://JOB/step-1 loads step 1, then rewind://JOB loads the latest
+    (2), not step 1 again."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    w = rewind.dcp.Writer(socket=agent.socket)
+    for step in (1, 2):
+        dcp.save({"x": torch.full((2,), float(step))}, checkpoint_id=f"rewind://{job}/step-{step}", storage_writer=w)
+    r = rewind.dcp.Reader(socket=agent.socket)
+    for cid, want in ((f"rewind://{job}/step-1", 1), (f"rewind://{job}", 2), (f"rewind://{job}/1", 1)):
+        got = {"x": torch.zeros(2)}
+        dcp.load(got, checkpoint_id=cid, storage_reader=r)
+        assert (r.loaded_step, got["x"].tolist()) == (want, [float(want)] * 2), cid
+
+
+def test_reused_writer_refuses_an_id_without_a_step(agent, job):
+    """A Writer reused for rewind://JOB/step-1 and then given rewind://JOB
+    (no step) refuses the save, as a new Writer does, rather than saving
+    step 1 again over what it holds."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    w = rewind.dcp.Writer(socket=agent.socket)
+    dcp.save({"x": torch.ones(2)}, checkpoint_id=f"rewind://{job}/step-1", storage_writer=w)
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+    with pytest.raises(CheckpointException, match="no step"):
+        dcp.save({"x": torch.zeros(2)}, checkpoint_id=f"rewind://{job}", storage_writer=w)
+    got = {"x": torch.full((2,), 7.0)}
+    dcp.load(got, checkpoint_id=f"rewind://{job}/step-1", storage_reader=rewind.dcp.Reader(socket=agent.socket))
+    assert got["x"].tolist() == [1.0, 1.0]
