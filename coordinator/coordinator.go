@@ -37,6 +37,7 @@ type Coordinator struct {
 	// dead (not an operator): one that answers a direct ping is back.
 	detectedDown map[string]bool
 	stalled      map[string]stalledRecovery // jobs whose recovery waits for a node (retry.go)
+	retrying     map[string]*failedRecovery // jobs whose recovery failed, tried again (retry.go)
 	dropping     map[droppedKey]bool        // dropped ranks' copies being deleted (dropranks.go)
 	// bg counts the background work Close waits for (dropranks.go),
 	// started under mu while closing is false; bgCtx ends at Close.

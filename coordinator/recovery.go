@@ -166,8 +166,13 @@ func (c *Coordinator) recoverJob(ctx context.Context, job, node, reason string, 
 	defer lock.Unlock()
 	ev := &coordpb.JobEvent{Job: job, Kind: coordpb.JobEventKind_JOB_EVENT_KIND_REGANG, Reason: fmt.Sprintf("node %s down: %s", node, reason), Node: node,
 		DetectedUnixNano: detected.UnixNano(), Sources: map[string]uint32{}}
-	if err := c.waitRebuilt(ctx, job); err != nil {
+	// A try that fails after its plan is made again (retry.go).
+	fail := func(err error) {
 		c.failRegang(ev, err)
+		c.retryFailed(job, node, reason, detected, err)
+	}
+	if err := c.waitRebuilt(ctx, job); err != nil {
+		fail(err)
 		return
 	}
 	placement, err := c.replace(job)
@@ -197,7 +202,7 @@ func (c *Coordinator) recoverJob(ctx context.Context, job, node, reason string, 
 	aborted := plan.Step
 	// The fence is stored before any agent hears of the new gang.
 	if _, err := c.raiseEpoch(ctx, job, aborted); err != nil {
-		c.failRegang(ev, err)
+		fail(err)
 		return
 	}
 	c.gangOrders(job, coordpb.OrderKind_ORDER_KIND_ABORT, aborted, ev.Reason)
@@ -213,10 +218,12 @@ func (c *Coordinator) recoverJob(ctx context.Context, job, node, reason string, 
 		return nil
 	})
 	if err != nil {
-		c.failRegang(ev, err)
+		fail(err)
 		return
 	}
-	c.regang(ctx, plan, stage, aborted, target, ev)
+	if !c.regang(ctx, plan, stage, aborted, target, ev) {
+		c.retryFailed(job, node, reason, detected, errors.New(ev.Error))
+	}
 }
 
 // failRegang tells the job's watchers that its re-gang failed, and why.

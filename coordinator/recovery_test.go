@@ -193,6 +193,47 @@ func TestGangBrokenWhileRecovering(t *testing.T) {
 	}
 }
 
+// TestARecoveryWhoseRestoreNodeDiesIsTriedAgain: the spare that a
+// recovery places the lost rank on dies during the restore, unknown to
+// the coordinator when it planned. That try fails, and the spare's own
+// death starts no recovery (it runs none of the job's ranks): the
+// recovery is tried again, planned afresh, and the job comes back whole
+// on the node left.
+func TestARecoveryWhoseRestoreNodeDiesIsTriedAgain(t *testing.T) {
+	const job, ws = "retried", 2
+	cl := rackCluster(t, 2) // every shard in every node's memory
+	cl.saveStep(job, ws, 1, 0, 1)
+	cl.waitLatest(job, 1)
+	waitReplicas(t, cl, job, 1, ws, 3)
+	cl.agents[2].Stop() // the spare dies, not yet declared
+	events := cl.watch(job)
+	cl.agents[1].Stop()
+	if _, err := cl.api.NodeDown(ctxT(t), &coordpb.NodeDownRequest{Node: "node-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if ev := nextEvent(t, events); ev.Ok || !strings.Contains(ev.Error, "rank 1") {
+		t.Fatalf("recovery onto the dead spare: %v, want a failure restoring rank 1", ev)
+	}
+	resp, err := cl.api.NodeDown(ctxT(t), &coordpb.NodeDownRequest{Node: "node-2"})
+	if err != nil || len(resp.Jobs) != 0 {
+		t.Fatalf("node-2 down: %v %v, want no job of its own", resp, err)
+	}
+	var ev *coordpb.JobEvent
+	for ev == nil || !ev.Ok { // tries onto node-2 before its death was declared fail too
+		ev = nextEvent(t, events)
+	}
+	if ev.Step != 1 || ev.Placement[0] != "node-0" || ev.Placement[1] != "node-0" || !strings.Contains(ev.Reason, "retry") {
+		t.Fatalf("recovery tried again: %v, want step 1 on node-0 alone, its reason saying it is a retry", ev)
+	}
+	for rank := range uint32(ws) {
+		s, _ := cl.clients[0].Session(job, rank, ws)
+		got, err := s.RestoreStep(ctxT(t), 1)
+		if err != nil || !bytes.Equal(got.Tensors[0].Data, rankData(1, rank)) {
+			t.Fatalf("rank %d on node-0 after the retried recovery: %v", rank, err)
+		}
+	}
+}
+
 func waitReplicas(t *testing.T, cl *cluster, job string, step int64, ws uint32, copies int) {
 	t.Helper()
 	// 20 s: replication runs beside everything else on a 2-core CI machine.

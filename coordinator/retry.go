@@ -7,6 +7,8 @@ import (
 	"maps"
 	"slices"
 	"time"
+
+	"rewind.dev/rewind/internal/clock"
 )
 
 // Stalled recoveries: a job whose re-gang failed because no live node
@@ -38,6 +40,7 @@ func (c *Coordinator) stall(job, node, reason string, detected time.Time, err er
 		c.stalled = map[string]stalledRecovery{}
 	}
 	c.stalled[job] = stalledRecovery{node: node, reason: reason, detected: detected}
+	delete(c.retrying, job)
 	c.log.Warn("job recovery stalled until a node comes back", "job", job, "node", node, "err", err)
 }
 
@@ -46,6 +49,7 @@ func (c *Coordinator) unstall(job string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.stalled, job)
+	delete(c.retrying, job)
 }
 
 // retryStalled starts one more recovery of every stalled job, as node
@@ -61,4 +65,75 @@ func (c *Coordinator) retryStalled(node string) {
 		reason := fmt.Sprintf("%s; retried as node %s came back", s.reason, node)
 		go c.recoverJob(context.Background(), job, s.node, reason, s.detected)
 	}
+}
+
+// A recovery can also fail after its plan: a rank's restore fails because
+// the node restoring it, or the only node holding the copy it reads, died
+// after the plan was made and before its death was declared. Nothing else
+// would start the job's recovery again: the node that died may run none
+// of the job's ranks (a spare taking a rank, a replica's holder), so its
+// death starts no recovery, and the job's live ranks, told their gang is
+// broken, would wait for good. Such a recovery is tried again after a
+// backoff (1 s, doubling, at most 30 s), planned afresh from the nodes
+// alive then, up to maxRecoveryRetries times in a row; after that the job
+// stalls, as one with no live node to run on, until a node comes back or
+// an operator restores it.
+const (
+	maxRecoveryRetries = 8
+	firstRetryAfter    = time.Second
+	maxRetryAfter      = 30 * time.Second
+)
+
+// failedRecovery is a job's recovery to try again.
+type failedRecovery struct {
+	node, reason string    // the first failed try's
+	detected     time.Time // when that node's death was declared
+	attempts     int       // failed tries in a row
+}
+
+// retryFailed schedules one more try of job's recovery, which failed
+// after its plan (err), or stalls the job after maxRecoveryRetries such
+// failures in a row.
+func (c *Coordinator) retryFailed(job, node, reason string, detected time.Time, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closing {
+		return
+	}
+	f := &failedRecovery{node: node, reason: reason, detected: detected, attempts: 1}
+	if prev := c.retrying[job]; prev != nil {
+		f.node, f.reason, f.detected, f.attempts = prev.node, prev.reason, prev.detected, prev.attempts+1
+	}
+	if f.attempts > maxRecoveryRetries {
+		delete(c.retrying, job)
+		if c.stalled == nil {
+			c.stalled = map[string]stalledRecovery{}
+		}
+		c.stalled[job] = stalledRecovery{node: f.node, reason: f.reason, detected: f.detected}
+		c.log.Error("job recovery failed every try; it waits for a node to come back or an operator's restore",
+			"job", job, "tries", f.attempts, "err", err)
+		return
+	}
+	if c.retrying == nil {
+		c.retrying = map[string]*failedRecovery{}
+	}
+	c.retrying[job] = f
+	delete(c.stalled, job) // the tries take its place; the last one failing stalls it again
+	after := min(firstRetryAfter<<(f.attempts-1), maxRetryAfter)
+	c.log.Warn("job recovery failed; trying it again", "job", job, "retry", f.attempts, "of", maxRecoveryRetries, "after", after, "err", err)
+	c.bg.Add(1)
+	go func() {
+		defer c.bg.Done()
+		if clock.Sleep(c.bgCtx, after) != nil {
+			return
+		}
+		c.mu.Lock()
+		current := c.retrying[job] == f // no recovery succeeded or failed anew since
+		c.mu.Unlock()
+		if !current || !c.leading() {
+			return
+		}
+		reason := fmt.Sprintf("%s; retry %d of %d after a failed recovery", f.reason, f.attempts, maxRecoveryRetries)
+		c.recoverJob(c.bgCtx, job, f.node, reason, f.detected)
+	}()
 }
