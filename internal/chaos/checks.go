@@ -32,6 +32,10 @@ type Fault struct {
 	Before  *Snapshot
 	Delayed bool
 	Healed  time.Time // when it was undone; zero if never
+	// Joint: the node was lost during the recovery from the lost fault
+	// before it; one recovery, the job's last, answers both, and the
+	// tries that the second loss made fail are tried again.
+	Joint bool
 }
 
 // Evidence is everything the checks judge, gathered during a scenario.
@@ -53,10 +57,14 @@ type Evidence struct {
 	Corrupted []int64
 }
 
-// lostBefore returns the nodes lost by fault i and every fault before it.
+// lostBefore returns the nodes lost by fault i, every fault before it
+// and the faults joint with it.
 func (e *Evidence) lostBefore(i int) map[string]bool {
 	down := map[string]bool{}
-	for _, f := range e.Faults[:i+1] {
+	for k, f := range e.Faults {
+		if k > i && !f.Joint {
+			break
+		}
 		if f.Lost && f.Node != "" {
 			down[f.Node] = true
 		}
@@ -64,15 +72,34 @@ func (e *Evidence) lostBefore(i int) map[string]bool {
 	return down
 }
 
-// lostFaults returns the indexes of the faults that lose a node.
+// lostFaults returns the indexes of the faults that lose a node and call
+// for a recovery of their own (not Joint).
 func (e *Evidence) lostFaults() []int {
 	var out []int
 	for i, f := range e.Faults {
-		if f.Lost {
+		if f.Lost && !f.Joint {
 			out = append(out, i)
 		}
 	}
 	return out
+}
+
+// jointLoss reports whether a node was lost during a recovery (Joint).
+func (e *Evidence) jointLoss() bool {
+	return slices.ContainsFunc(e.Faults, func(f Fault) bool { return f.Joint })
+}
+
+// recoveryOf returns the recovery that answered the k-th lost fault (of
+// lostFaults), nil if none came: the k-th, or the job's last for the last
+// lost fault when nodes were lost jointly with it.
+func (e *Evidence) recoveryOf(k int) *coordpb.JobEvent {
+	if k >= len(e.Recoveries) {
+		return nil
+	}
+	if lost := e.lostFaults(); k == len(lost)-1 && e.jointLoss() {
+		return e.Recoveries[len(e.Recoveries)-1]
+	}
+	return e.Recoveries[k]
 }
 
 // checkResumed: every lost node was followed by a recovery, after which
@@ -83,7 +110,11 @@ func checkResumed(e *Evidence) Check {
 	c := Check{Name: "the job resumed and trained on"}
 	lost := e.lostFaults()
 	var problems []string
-	if len(e.Failed) > 0 {
+	switch {
+	case len(e.Failed) > 0 && e.jointLoss() && len(e.Recoveries) > 0:
+		// Tries that a node lost during them made fail, tried again: the
+		// last recovery's resumption and the progress below judge it.
+	case len(e.Failed) > 0:
 		problems = append(problems, fmt.Sprintf("recovery failed: %s", e.Failed[0].Error))
 	}
 	if len(e.Recoveries) < len(lost) {
@@ -91,10 +122,10 @@ func checkResumed(e *Evidence) Check {
 	}
 	evs := events(e.Lines)
 	for k, i := range lost {
-		if k >= len(e.Recoveries) {
+		ev := e.recoveryOf(k)
+		if ev == nil {
 			break
 		}
-		ev := e.Recoveries[k]
 		for r := range e.WorldSize {
 			if !slices.ContainsFunc(evs, func(l Line) bool {
 				return l.Rank == int(r) && l.Event.Kind == demo.KindResumed && l.Event.Step == ev.Step && l.At.After(e.Faults[i].At)
@@ -254,18 +285,19 @@ func checkNewestRestorable(e *Evidence) Check {
 	}
 	var parts, bad []string
 	for k, i := range lost {
-		if k >= len(e.Recoveries) {
+		ev := e.recoveryOf(k)
+		if ev == nil {
 			bad = append(bad, fmt.Sprintf("no recovery after %s", e.Faults[i].What))
 			continue
 		}
 		want := e.Faults[i].Before.NewestRestorable(e.lostBefore(i))
-		got := e.Recoveries[k].Step
+		got := ev.Step
 		parts = append(parts, fmt.Sprintf("step %d (newest restorable before %s: %d)", got, e.Faults[i].What, want))
 		excused := func(u *coordpb.UnrestorableStep) bool {
 			return u.Step == want && (copyFailed(u) || e.Faults[i].Delayed)
 		}
-		if got < want && slices.ContainsFunc(e.Recoveries[k].Skipped, excused) {
-			parts[len(parts)-1] += fmt.Sprintf(", which it reported unrestorable, as %d other steps", len(e.Recoveries[k].Skipped)-1)
+		if got < want && slices.ContainsFunc(ev.Skipped, excused) {
+			parts[len(parts)-1] += fmt.Sprintf(", which it reported unrestorable, as %d other steps", len(ev.Skipped)-1)
 			continue
 		}
 		if got < want {
@@ -325,7 +357,8 @@ func stepsLost(e *Evidence) []int64 {
 	var out []int64
 	evs := events(e.Lines)
 	for k, i := range e.lostFaults() {
-		if k >= len(e.Recoveries) {
+		ev := e.recoveryOf(k)
+		if ev == nil {
 			break
 		}
 		top := int64(-1)
@@ -334,24 +367,25 @@ func stepsLost(e *Evidence) []int64 {
 				top = max(top, l.Event.Step)
 			}
 		}
-		out = append(out, max(0, top-e.Recoveries[k].Step))
+		out = append(out, max(0, top-ev.Step))
 	}
 	return out
 }
 
 // resumedAfter returns, per lost node, the time from the fault until the
-// last rank resumed.
+// last rank resumed its recovery's step.
 func resumedAfter(e *Evidence) []time.Duration {
 	var out []time.Duration
 	evs := events(e.Lines)
 	for k, i := range e.lostFaults() {
-		if k >= len(e.Recoveries) {
+		ev := e.recoveryOf(k)
+		if ev == nil {
 			break
 		}
 		var last time.Time
 		for r := range e.WorldSize {
 			for _, l := range evs {
-				if l.Rank == int(r) && l.Event.Kind == demo.KindResumed && l.At.After(e.Faults[i].At) {
+				if l.Rank == int(r) && l.Event.Kind == demo.KindResumed && l.Event.Step == ev.Step && l.At.After(e.Faults[i].At) {
 					if l.At.After(last) {
 						last = l.At
 					}

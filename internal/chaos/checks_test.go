@@ -300,3 +300,59 @@ func TestVerifiedCopies(t *testing.T) {
 		t.Fatalf("bad = %q, want the first copy on s3 that failed, named", bad)
 	}
 }
+
+// jointFixture: node2 (rank 1) is killed at 5.5 s and, during the
+// recovery, node3, which held rank 1's only other copy of step 4; the
+// try under way fails, the next restores step 2 from the object store,
+// rank 1 on node1, and both ranks train to step 5.
+func jointFixture(t *testing.T) *fixture {
+	f := newFixture(t)
+	f.train(0, "node1", 0, 1, 5)
+	f.train(0, "node2", 1, 1, 5)
+	before := &Snapshot{At: f.at(5.4), Steps: []*coordpb.Step{
+		step(2, map[uint32][]string{0: {"node1", "-"}, 1: {"node2", "-"}}, "s3"),
+		step(4, map[uint32][]string{0: {"node1"}, 1: {"node2", "node3"}}),
+	}}
+	f.ev.Faults = []Fault{
+		{What: "kill node2", At: f.at(5.5), Node: "node2", Lost: true, Before: before},
+		{What: "kill node3, the source of rank 1's restore", At: f.at(6), Node: "node3", Lost: true, Before: before, Joint: true},
+	}
+	f.ev.Failed = []*coordpb.JobEvent{{Kind: coordpb.JobEventKind_JOB_EVENT_KIND_FAILED, Error: "rank 1: no source could restore it"}}
+	f.ev.Recoveries = []*coordpb.JobEvent{{Kind: coordpb.JobEventKind_JOB_EVENT_KIND_REGANG, Ok: true, Step: 2, DetectedUnixNano: f.at(6.5).UnixNano()}}
+	f.resume(9, "node1", 0, 2)
+	f.resume(9.1, "node1", 1, 2)
+	f.train(10, "node1", 0, 3, 5)
+	f.train(10, "node1", 1, 3, 5)
+	f.ev.Snapshots = []*Snapshot{before}
+	f.ev.Final = &Snapshot{At: f.at(20), Steps: []*coordpb.Step{step(2, map[uint32][]string{0: {"node1", "-"}, 1: {"node1", "-"}}, "s3")}}
+	return f
+}
+
+// TestJointLoss: a node lost during the recovery from another's loss
+// calls for one recovery, restorable without both; tries that failed
+// meanwhile pass only when a recovery came after them.
+func TestJointLoss(t *testing.T) {
+	f := jointFixture(t)
+	if c := checkResumed(&f.ev); !c.OK {
+		t.Fatalf("a recovery tried again after a joint loss: %q", c.Detail)
+	}
+	if c := checkNewestRestorable(&f.ev); !c.OK || !strings.Contains(c.Detail, "newest restorable before kill node2: 2") {
+		t.Fatalf("the restore of the newest step restorable without both nodes: %v %q", c.OK, c.Detail)
+	}
+	f.ev.Recoveries[0].Step = 1
+	if c := checkNewestRestorable(&f.ev); c.OK {
+		t.Fatalf("a restore older than restorable without both nodes passed: %q", c.Detail)
+	}
+	f.ev.Recoveries[0].Step = 2
+
+	f.ev.Recoveries = nil
+	if c := checkResumed(&f.ev); c.OK || !strings.Contains(c.Detail, "recovery failed") {
+		t.Fatalf("a joint loss never recovered from passed: %v %q", c.OK, c.Detail)
+	}
+
+	g := jointFixture(t)
+	g.ev.Faults[1].Joint = false // two losses, each its own recovery: the failed try counts
+	if c := checkResumed(&g.ev); c.OK || !strings.Contains(c.Detail, "recovery failed") || !strings.Contains(c.Detail, "1 recoveries for 2 lost nodes") {
+		t.Fatalf("two separate losses with a failed recovery: %v %q", c.OK, c.Detail)
+	}
+}

@@ -92,8 +92,8 @@ func (s *session) row(checks []Check, restored uint64) Row {
 	}
 	detected := append([]time.Duration(nil), s.detected...)
 	for k, i := range s.ev.lostFaults() {
-		if k < len(s.ev.Recoveries) {
-			detected = append(detected, time.Unix(0, s.ev.Recoveries[k].DetectedUnixNano).Sub(s.ev.Faults[i].At))
+		if ev := s.ev.recoveryOf(k); ev != nil {
+			detected = append(detected, time.Unix(0, ev.DetectedUnixNano).Sub(s.ev.Faults[i].At))
 		}
 	}
 	recovered := append(resumedAfter(&s.ev), s.recovered...)
