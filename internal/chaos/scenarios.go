@@ -23,6 +23,7 @@ var scenarios = []scenario{
 	{"node-kill", "SIGKILL a node container running a rank (agent, ranks and shared memory die)", true, playNodeKill},
 	{"node-pause", "freeze a rank's node (docker pause: a hung node), thaw it after the recovery", false, playNodePause},
 	{"partition-heal", "disconnect a rank's node from the network, reconnect it after the recovery: its old rank must be fenced", false, playPartition},
+	{"coordinator-partition", "cut the coordinator off from every node for 6 s, reconnect it: no node declared dead, no rank restarted", false, playCoordinatorPartition},
 	{"minio-stop", "kill MinIO while uploads run, start it again 5 to 10 s later", true, playMinIOStop},
 	{"nvme-full", "fill a rank's node's NVMe volume (ENOSPC), free it again", false, playNVMeFull},
 	{"corrupt-replica", "hang a rank's node and corrupt the copies of its rank that the spare holds; the restore must fall back", false, playCorruptReplica},
