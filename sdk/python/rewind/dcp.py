@@ -114,15 +114,23 @@ _clients: dict[tuple, Client] = {}
 _clients_lock = threading.Lock()
 
 
-def _client(socket: str | None, job: str | None, timeout: float) -> Client:
-    """One client per agent socket, job and rank, kept across checkpoints so
-    that each save reuses its mapped segments. Rank and world size are
-    torch.distributed's when it is initialized: DCP plans by them."""
+def _distributed() -> bool:
     import torch.distributed as dist
 
-    drank, dworld = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() \
-        else (None, None)
-    job_, rank, world = identity.resolve(job, drank, dworld)
+    return dist.is_available() and dist.is_initialized()
+
+
+def _client(socket: str | None, job: str | None, timeout: float, rank: int | None = None,
+            world: int | None = None) -> Client:
+    """One client per agent socket, job and rank, kept across checkpoints so
+    that each save reuses its mapped segments. Rank and world size: those
+    given, else torch.distributed's when it is initialized: DCP plans by
+    them."""
+    import torch.distributed as dist
+
+    if rank is None or world is None:
+        rank, world = (dist.get_rank(), dist.get_world_size()) if _distributed() else (None, None)
+    job_, rank, world = identity.resolve(job, rank, world)
     key = (os.path.abspath(socket or os.environ.get("REWIND_SOCKET") or DEFAULT_SOCKET), job_, rank, world)
     with _clients_lock:
         c = _clients.get(key)
@@ -184,7 +192,8 @@ class Writer(_Base, StorageWriter):
 
     step: the training step (or from checkpoint_id rewind://JOB/step-N);
     job, socket: as rewind.Client (else $REWIND_JOB, $REWIND_SOCKET, or the
-    checkpoint_id's JOB); rank and world size are torch.distributed's. Every
+    checkpoint_id's JOB); rank and world size are those of the process
+    group DCP saves with (dcp.save's process_group, else every rank). Every
     rank's shard is committed when write_data returns: the step is
     restorable once every rank has written, with or without finish."""
 
@@ -216,11 +225,17 @@ class Writer(_Base, StorageWriter):
         seen = {p.storage_data for p in plans}
         if len(seen) != 1:
             raise InvalidError("dcp save", f"ranks disagree on the job and step to save: {sorted(seen, key=str)}")
-        return plans
+        # Each shard's rank and world size are the plan's in DCP's process
+        # group (dcp.save's process_group, else every rank): a subgroup's
+        # checkpoint is whole at the subgroup's size.
+        return [dataclasses.replace(p, storage_data=(*p.storage_data, r, len(plans))) for r, p in enumerate(plans)]
 
     def write_data(self, plan, planner) -> Future:
-        c = self.client
-        assert c is not None and self.step is not None
+        assert self.step is not None
+        job, _, rank, world = plan.storage_data
+        # Without torch.distributed DCP plans each process alone: its rank
+        # is the one identity resolves (REWIND_RANK, RANK).
+        c = self.client = _client(self.socket, job, self.timeout, *((rank, world) if _distributed() else (None, None)))
         tensors: dict = {}
         chunks: dict = {}
         items: dict = {}

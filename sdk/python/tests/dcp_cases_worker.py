@@ -12,8 +12,9 @@ compares every full value with the reference of the step it loaded.
 --id passes the step as dcp's checkpoint_id (rewind://JOB/step-N, or
 rewind://JOB without --step) instead of Writer(step=)/Reader(step=);
 --keys loads only the keys starting with one of the given prefixes;
---async saves with dcp.async_save. A rank writes what it saw to
-OUT/rank-N.json.
+--async saves with dcp.async_save; --group N saves with a process
+group of the first N ranks (the others do not save). A rank writes what
+it saw to OUT/rank-N.json.
 """
 
 from __future__ import annotations
@@ -158,6 +159,7 @@ def main() -> None:
     p.add_argument("--id", action="store_true")
     p.add_argument("--keys")
     p.add_argument("--async", dest="async_", action="store_true")
+    p.add_argument("--group", type=int, help="save with a process group of the first N ranks; the rest do not save")
     args = p.parse_args()
     rank, world, out = int(args.rank), int(args.world), args.out
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=world)
@@ -165,12 +167,17 @@ def main() -> None:
     res: dict = {"rank": rank}
     build = CASES[args.case]
     cid = f"{rewind.dcp.SCHEME}{job}" + (f"/step-{args.step}" if args.step is not None else "")
-    if args.action == "save":
+    group = dist.new_group(list(range(args.group))) if args.group else None
+    if args.action == "save" and group is not None and rank >= args.group:
+        pass
+    elif args.action == "save":
         sd = build(world, args.step)
         if args.id:
             kw = {"checkpoint_id": cid, "storage_writer": rewind.dcp.Writer()}
         else:
             kw = {"storage_writer": rewind.dcp.Writer(step=args.step)}
+        if group is not None:
+            kw["process_group"] = group
         if args.async_:
             dcp.async_save(sd, **kw).result()
         else:

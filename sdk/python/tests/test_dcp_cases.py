@@ -136,3 +136,23 @@ def test_reused_writer_refuses_an_id_without_a_step(agent, job):
     got = {"x": torch.full((2,), 7.0)}
     dcp.load(got, checkpoint_id=f"rewind://{job}/step-1", storage_reader=rewind.dcp.Reader(socket=agent.socket))
     assert got["x"].tolist() == [1.0, 1.0]
+
+
+def test_save_with_a_process_group(agent, tmp_path):
+    """dcp.save(..., process_group=G) by the two ranks of a subgroup of a
+    gang of four (one replica group saving for all): a checkpoint of
+    those two ranks, which loads at world size 2."""
+    job = f"dcp-group-{os.getpid()}"
+    run("save", 4, agent, job, tmp_path, "tiny", "--step", "2", "--group", "2")
+    check(run("load", 2, agent, job, tmp_path, "tiny"), 2, 2)
+
+
+def test_save_again_after_loading_at_another_world_size(odd_saved, agent):
+    """Saved at 4 (step 3), loaded at 2, then the job goes on at 2 and
+    saves step 8: step 8 loads at 2 and 3, and step 3 still at 2."""
+    job, out = odd_saved
+    check(run("load", 2, agent, job, out, "odd"), 3, 4)
+    run("save", 2, agent, job, out, "odd", "--step", "8")
+    check(run("load", 2, agent, job, out, "odd"), 8, 2)
+    check(run("load", 3, agent, job, out, "odd", "--step", "8"), 8, 2)
+    check(run("load", 2, agent, job, out, "odd", "--step", "3"), 3, 4)
