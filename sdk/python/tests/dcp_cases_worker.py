@@ -57,13 +57,16 @@ def meshes(world: int):
     return one, two
 
 
-def odd(world: int, salt: int) -> dict:
+def odd(world: int, salt: int, plain: bool = False) -> dict:
     """Dense tensors of every layout and dtype, DTensors sharded on either
-    dimension (some ranks with empty pieces), and non-tensor state."""
-    one, two = meshes(world)
+    dimension (some ranks with empty pieces), and non-tensor state.
+    plain: full tensors in place of the DTensors, and no device mesh (one
+    process without torch.distributed)."""
+    one, two = meshes(world) if not plain else (None, None)
 
     def dt(name, shape, place, dtype=torch.float32, mesh=one):
-        return distribute_tensor(value(name, shape, dtype, salt), mesh, place)
+        v = value(name, shape, dtype, salt)
+        return v if plain else distribute_tensor(v, mesh, place)
 
     return {
         "dense": {
@@ -86,6 +89,9 @@ def odd(world: int, salt: int) -> dict:
             "bf16": dt("dt_bf16", (9, 4), [Shard(0)], torch.bfloat16),
             "i64": dt("dt_i64", (10,), [Shard(0)], torch.int64),
             "hsdp": dt("hsdp", (11, 6), [Replicate(), Shard(0)] if two is not one else [Shard(0)], mesh=two),
+            # Saved as a plain tensor (every rank's the same), loaded into a DTensor.
+            "from_plain": value("from_plain", (5, 6), torch.float32, salt) if salt or plain else
+            dt("from_plain", (5, 6), [Shard(1)]),
         },
         "objs": {
             "step": 17 * salt,
