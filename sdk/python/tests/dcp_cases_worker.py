@@ -89,6 +89,8 @@ def odd(world: int, salt: int, plain: bool = False) -> dict:
             "bf16": dt("dt_bf16", (9, 4), [Shard(0)], torch.bfloat16),
             "i64": dt("dt_i64", (10,), [Shard(0)], torch.int64),
             "hsdp": dt("hsdp", (11, 6), [Replicate(), Shard(0)] if two is not one else [Shard(0)], mesh=two),
+            "2d": dt("2d", (7, 5), [Shard(0), Shard(1)] if two is not one else [Shard(1)], mesh=two),
+            "2d_rows": dt("2d_rows", (7, 3), [Shard(0), Shard(0)] if two is not one else [Shard(0)], mesh=two),
             # Saved as a plain tensor (every rank's the same), loaded into a DTensor.
             "from_plain": value("from_plain", (5, 6), torch.float32, salt) if salt or plain else
             dt("from_plain", (5, 6), [Shard(1)]),
