@@ -142,7 +142,9 @@ def _client(socket: str | None, job: str | None, timeout: float, rank: int | Non
 
 def item_name(index: MetadataIndex) -> str:
     """The shard tensor name of a DCP item: its FQN, with the piece's
-    offsets when it does not start at the origin."""
+    offsets when it does not start at the origin (Writer adds #N to a
+    name another item of the shard has; the objects document, not the
+    name, says which item a tensor is)."""
     if index.offset is None or not any(index.offset):
         return index.fqn
     return f"{index.fqn}@{','.join(str(int(o)) for o in index.offset)}"
@@ -241,7 +243,13 @@ class Writer(_Base, StorageWriter):
         items: dict = {}
         results = []
         for item in plan.items:
-            name = item_name(item.index)
+            # A name unique in the shard: an FQN may read like another
+            # item's piece name (a key "w@2" beside w's piece at 2).
+            name = base = item_name(item.index)
+            n = 0
+            while name in tensors:
+                n += 1
+                name = f"{base}#{n}"
             data = planner.resolve_data(item)
             if item.type == WriteItemType.BYTE_IO:
                 arr = np.frombuffer(data.getvalue(), dtype=np.uint8)

@@ -112,7 +112,15 @@ def tiny(world: int, salt: int) -> dict:
     return {"w": value("w", (3,), torch.float32, salt)}
 
 
-CASES = {"odd": odd, "tiny": tiny}
+def at_sign(world: int, salt: int) -> dict:
+    """A key that reads like a piece's shard tensor name (FQN@offsets):
+    DCP gives the replicated "w@2" to the rank that holds w's piece at 2."""
+    mesh = init_device_mesh("cpu", (world,))
+    return {"w": distribute_tensor(value("w", (4,), torch.float32, salt), mesh, [Shard(0)]),
+            "w@2": value("w@2", (3,), torch.float32, salt)}
+
+
+CASES = {"odd": odd, "tiny": tiny, "at_sign": at_sign}
 
 
 def flat(d, prefix=""):

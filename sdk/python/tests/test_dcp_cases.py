@@ -182,3 +182,13 @@ def test_sharded_checkpoint_loads_whole_in_one_process(odd_saved, agent):
     got = {k: w.whole(v) for k, v in w.flat(sd)}
     assert sorted(got) == sorted(ref)
     assert [k for k in ref if not w.equal(ref[k], got[k])] == []
+
+
+def test_key_that_reads_like_a_piece_name(agent, tmp_path):
+    """A DTensor w whose piece at offset 2 is rank 1's, and a plain
+    tensor keyed "w@2" that DCP also gives to rank 1: both are saved, and
+    each loads its own values (at 2 and at 3)."""
+    job = f"dcp-at-{os.getpid()}"
+    run("save", 2, agent, job, tmp_path, "at_sign", "--step", "1")
+    check(run("load", 2, agent, job, tmp_path, "at_sign"), 1, 2)
+    check(run("load", 3, agent, job, tmp_path, "at_sign"), 1, 2)
