@@ -233,11 +233,12 @@ class Writer(_Base, StorageWriter):
         return [dataclasses.replace(p, storage_data=(*p.storage_data, r, len(plans))) for r, p in enumerate(plans)]
 
     def write_data(self, plan, planner) -> Future:
-        assert self.step is not None
-        job, _, rank, world = plan.storage_data
+        assert self.client is not None and self.step is not None
+        _, _, rank, world = plan.storage_data
         # Without torch.distributed DCP plans each process alone: its rank
         # is the one identity resolves (REWIND_RANK, RANK).
-        c = self.client = _client(self.socket, job, self.timeout, *((rank, world) if _distributed() else (None, None)))
+        c = self.client = _client(self.socket, self.client.job, self.timeout,
+                                  *((rank, world) if _distributed() else (None, None)))
         tensors: dict = {}
         chunks: dict = {}
         items: dict = {}
