@@ -49,10 +49,10 @@ BENCH_DCP_FLAGS ?= --world 2 --mib 256 --runs 5  # one rank per core of the 2-vC
 python-trixie:
 	$(TRIXIE) build $(TRIXIE_ROOT)
 
-## test-python-dcp: rewind.dcp (PyTorch DCP storage) with torch 2.x in the trixie root: DTensor state saved at world size 4, loaded at 4, 3, 2.
+## test-python-dcp: rewind.dcp (PyTorch DCP storage) with torch 2.x in the trixie root: DTensor state saved at world size 4, loaded at 4, 3, 2; odd state dicts, steps and ids (test_dcp_cases.py).
 test-python-dcp: python-trixie python-rewind-bin
 	$(TRIXIE) run $(TRIXIE_ROOT) $(CURDIR) sh -c 'cd /src && REWIND_BIN=$(TRIXIE_REWIND) \
-		python3 -m pytest -q -p no:cacheprovider $(PYTHON_SDK)/tests/test_dcp.py'
+		python3 -m pytest -q -p no:cacheprovider $(PYTHON_SDK)/tests/test_dcp.py $(PYTHON_SDK)/tests/test_dcp_cases.py'
 
 ## bench-dcp: dcp.save through rewind.dcp.Writer against FileSystemWriter (/dev/shm, local disk); figures in docs/performance.md.
 bench-dcp: python-trixie python-rewind-bin
