@@ -38,6 +38,7 @@ type Coordinator struct {
 	detectedDown map[string]bool
 	stalled      map[string]stalledRecovery // jobs whose recovery waits for a node (retry.go)
 	retrying     map[string]*failedRecovery // jobs whose recovery failed, tried again (retry.go)
+	alive        map[string]aliveNode       // per node not down: ends the calls to it at its death (ops.go)
 	dropping     map[droppedKey]bool        // dropped ranks' copies being deleted (dropranks.go)
 	// bg counts the background work Close waits for (dropranks.go),
 	// started under mu while closing is false; bgCtx ends at Close.

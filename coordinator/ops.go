@@ -107,9 +107,13 @@ func sourceCost(cp *Copy, target string, sameDomain func(a, b string) bool) int 
 func (c *Coordinator) agentCall(ctx context.Context, node string, f func(context.Context, agentpb.AgentClient) error) error {
 	c.mu.Lock()
 	n := c.state.Nodes[node]
+	alive := c.nodeAliveLocked(node)
 	c.mu.Unlock()
 	if n == nil || n.Addr == "" {
 		return fmt.Errorf("coordinator: node %s has not registered an address", node)
+	}
+	if err := context.Cause(alive); err != nil {
+		return fmt.Errorf("coordinator: node %s not called: %w", node, err)
 	}
 	conn, err := c.cfg.Transport.NewClient(n.Addr, transport.ExpectNode(node))
 	if err != nil {
@@ -118,7 +122,59 @@ func (c *Coordinator) agentCall(ctx context.Context, node string, f func(context
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.AgentTimeout)
 	defer cancel()
-	return f(ctx, agentpb.NewAgentClient(conn))
+	// A call the node's death ends: a frozen node answers nothing, and
+	// a recovery waiting on it would hold its job until the timeout.
+	ctx, gone := context.WithCancelCause(ctx)
+	defer gone(nil)
+	defer context.AfterFunc(alive, func() { gone(context.Cause(alive)) })()
+	err = f(ctx, agentpb.NewAgentClient(conn))
+	if cause := context.Cause(ctx); err != nil && cause != nil && errors.Is(cause, errNodeDeclaredDown) {
+		return fmt.Errorf("coordinator: call to %s ended: %w", node, cause)
+	}
+	return err
+}
+
+// errNodeDeclaredDown ends the calls to a node in flight when it is
+// declared down.
+var errNodeDeclaredDown = errors.New("the node was declared down")
+
+// nodeAliveLocked returns a context that ends when node is declared down
+// (nodeDown), made for the calls to it from now on; for a node down
+// already it has ended: a node declared down is called no more until it
+// comes back (its agent registers, or it answers a direct ping), as a
+// frozen node would hold each call until its timeout. What such a call
+// would do is done otherwise: a restore's staged slots on it expire, its
+// copies are passed over. The caller holds c.mu.
+func (c *Coordinator) nodeAliveLocked(node string) context.Context {
+	if _, down := c.down[node]; down {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		cancel(errNodeDeclaredDown)
+		return ctx
+	}
+	if a, ok := c.alive[node]; ok {
+		return a.ctx
+	}
+	if c.alive == nil {
+		c.alive = map[string]aliveNode{}
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	c.alive[node] = aliveNode{ctx: ctx, end: cancel}
+	return ctx
+}
+
+// aliveNode ends the calls to a node when it is declared down.
+type aliveNode struct {
+	ctx context.Context
+	end context.CancelCauseFunc
+}
+
+// endCallsLocked ends every call in flight to node, declared down for
+// reason. The caller holds c.mu.
+func (c *Coordinator) endCallsLocked(node, reason string) {
+	if a, ok := c.alive[node]; ok {
+		a.end(fmt.Errorf("%w: %s", errNodeDeclaredDown, reason))
+		delete(c.alive, node)
+	}
 }
 
 // VerifyStep asks every agent holding a copy of the step to verify it, the

@@ -130,6 +130,7 @@ func (c *Coordinator) nodeDown(node, reason string, detected bool) ([]string, er
 		return nil, nil
 	}
 	c.down[node] = now
+	c.endCallsLocked(node, reason)
 	if detected {
 		if c.detectedDown == nil {
 			c.detectedDown = map[string]bool{}

@@ -234,6 +234,50 @@ func TestARecoveryWhoseRestoreNodeDiesIsTriedAgain(t *testing.T) {
 	}
 }
 
+// TestARecoveryWaitingOnAHungNodeEndsAtItsDeath: the spare a recovery
+// places the lost rank on hangs in the restore (its fetch held a minute by
+// agent/restore-fetched; a frozen node answers nothing). Once the spare
+// is declared down, the call waiting on it ends at once, not after the
+// coordinator's two-minute bound on an agent call, and the retried
+// recovery brings the job back on the node left.
+func TestARecoveryWaitingOnAHungNodeEndsAtItsDeath(t *testing.T) {
+	const job, ws = "hung", 2
+	in := injector(t, "")
+	cl := rackClusterWith(t, 3, func(c *coordinator.Config) { c.Replicas = 2 }, func(i int, cfg *agent.Config) {
+		if i == 2 {
+			cfg.Faults = in
+		}
+	})
+	cl.saveStep(job, ws, 1, 0, 1)
+	cl.waitLatest(job, 1)
+	waitReplicas(t, cl, job, 1, ws, 3)
+	mustSet(t, in, "agent/restore-fetched=sleep(60000ms)")
+	events := cl.watch(job)
+	cl.agents[1].Stop()
+	if _, err := cl.api.NodeDown(ctxT(t), &coordpb.NodeDownRequest{Node: "node-1"}); err != nil {
+		t.Fatal(err)
+	}
+	wait.ForNil(t, 20*time.Second, "node-2's restore of rank 1 held", func() error {
+		if in.Hits()["agent/restore-fetched"] == 0 {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	if _, err := cl.api.NodeDown(ctxT(t), &coordpb.NodeDownRequest{Node: "node-2", Reason: "hung"}); err != nil {
+		t.Fatal(err)
+	}
+	ev := nextEvent(t, events) // within 20 s: the agent call's own bound is 2 min
+	if ev.Ok || !strings.Contains(ev.Error, "declared down") {
+		t.Fatalf("the try waiting on node-2: %v, want a failure naming its death", ev)
+	}
+	for ev == nil || !ev.Ok {
+		ev = nextEvent(t, events)
+	}
+	if ev.Step != 1 || ev.Placement[0] != "node-0" || ev.Placement[1] != "node-0" {
+		t.Fatalf("recovery tried again: %v, want step 1 on node-0 alone", ev)
+	}
+}
+
 func waitReplicas(t *testing.T, cl *cluster, job string, step int64, ws uint32, copies int) {
 	t.Helper()
 	// 20 s: replication runs beside everything else on a 2-core CI machine.
