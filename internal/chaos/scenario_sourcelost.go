@@ -26,6 +26,31 @@ const restoreHeld = 6 * time.Second
 // resumed at one step restorable without either node, the bytes of each
 // restore the ones saved, no recovery failed for good.
 func playSourceLost(ctx context.Context, s *session) error {
+	return s.loseSource(ctx, "kill", func(ctx context.Context, n string) error { return s.c.Kill(ctx, n) }, "", nil)
+}
+
+// playSourceHangs is playSourceLost with the second node frozen (docker
+// pause) instead of killed: a call to it is not refused, it goes
+// unanswered. Its death, once declared, must end the calls to it that
+// the recovery waits on, and the retry must bring the job back within
+// sourceHangWait, not after the coordinator's bound on an agent call
+// (two minutes). The node is thawed after the recovery and must commit
+// nothing of the old gang.
+func playSourceHangs(ctx context.Context, s *session) error {
+	return s.loseSource(ctx, "pause", func(ctx context.Context, n string) error { return s.c.Pause(ctx, n) },
+		"unpause", func(ctx context.Context, n string) error { return s.c.Unpause(ctx, n) })
+}
+
+// sourceHangWait bounds the recovery of playSourceHangs: the held fetch
+// (restoreHeld), detection (about 1.5 s), a failed try and its retry,
+// with room for a loaded machine.
+const sourceHangWait = 45 * time.Second
+
+// loseSource kills a rank's node, finds the node its rank's restore reads
+// from, and loses that one too (verb, do); undo, when set, brings the
+// second node back after the recovery.
+func (s *session) loseSource(ctx context.Context, verb string, do func(context.Context, string) error,
+	undoVerb string, undo func(context.Context, string) error) error {
 	snap, err := s.snapshot(ctx)
 	if err != nil {
 		return err
@@ -53,30 +78,54 @@ func playSourceLost(ctx context.Context, s *session) error {
 		return err
 	}
 	s.logf("rank %d restored on %s from %s", rank, src.restorer, src.source)
+	target := src.target()
+	disarm := func(n string) error {
+		if err := s.c.Faults(ctx, n, ""); err != nil {
+			return fmt.Errorf("chaos: disarming the faults on %s: %w", n, err)
+		}
+		return nil
+	}
 	for _, n := range nodeServices { // the next recovery's restores run at once
-		if n != victim && n != src.target() {
-			if err := s.c.Faults(ctx, n, ""); err != nil {
-				return fmt.Errorf("chaos: disarming the faults on %s: %w", n, err)
+		if n != victim && n != target {
+			if err := disarm(n); err != nil {
+				return err
 			}
 		}
 	}
-	what := fmt.Sprintf("kill %s while it restores rank %d (from %s)", src.target(), rank, src.source)
-	if src.target() != src.restorer {
-		what = fmt.Sprintf("kill %s, the source of rank %d's restore on %s", src.target(), rank, src.restorer)
+	what := fmt.Sprintf("%s %s while it restores rank %d (from %s)", verb, target, rank, src.source)
+	if target != src.restorer {
+		what = fmt.Sprintf("%s %s, the source of rank %d's restore on %s", verb, target, rank, src.restorer)
 	}
-	target := src.target()
-	j, err := s.inject(ctx, what, target, true, func(ctx context.Context) error { return s.c.Kill(ctx, target) })
+	j, err := s.inject(ctx, what, target, true, func(ctx context.Context) error { return do(ctx, target) })
 	if err != nil {
 		return err
 	}
 	s.mu.Lock()
 	s.ev.Faults[j].Joint = true
 	s.mu.Unlock()
-	ev, err := s.waitRecoveryWithout(ctx, []string{victim, target}, 2*time.Minute)
+	wait := 2 * time.Minute
+	if undo != nil {
+		wait = sourceHangWait
+	}
+	ev, err := s.waitRecoveryWithout(ctx, []string{victim, target}, wait)
 	if err != nil {
 		return err
 	}
-	return s.trainOn(ctx, ev.Step, progressSteps)
+	if err := s.trainOn(ctx, ev.Step, progressSteps); err != nil || undo == nil {
+		return err
+	}
+	if err := s.heal(ctx, j, undoVerb+" "+target, func(ctx context.Context) error { return undo(ctx, target) }); err != nil {
+		return err
+	}
+	if err := disarm(target); err != nil {
+		return err
+	}
+	s.staleNode = target
+	after, err := s.snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	return s.trainOn(ctx, after.LatestConsistent(), progressSteps)
 }
 
 // waitRecoveryWithout waits for a successful recovery that placed no rank
