@@ -62,10 +62,10 @@ def worker(args) -> None:
         backend = "nccl"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank, world_size=args.world)
     mesh = init_device_mesh(args.device, (args.world,))
-    rows = args.mib * (1 << 20) // 4 // COLS // TENSORS
+    rows = max(1, args.mib * (1 << 20) // 4 // COLS // args.tensors)
     g = torch.Generator().manual_seed(1)
     sd = {f"layer{i}.weight": distribute_tensor(torch.randn(rows, COLS, generator=g).to(args.device), mesh, [Shard(0)])
-          for i in range(TENSORS)}
+          for i in range(args.tensors)}
     sd["step"] = 0
     times: dict[str, list[float]] = {}
 
@@ -106,6 +106,7 @@ def worker(args) -> None:
             if args.rank == 0:  # only the newest copy is kept, as a checkpointer keeps few
                 shutil.rmtree(shm_dir, ignore_errors=True)
                 shutil.rmtree(disk_dir, ignore_errors=True)
+        dcp.save(sd, storage_writer=dcp.FileSystemWriter(os.path.join(args.shm_dir, "load")))  # for the loads
         for run in range(args.runs):
             settle()
             dist.barrier()
@@ -117,6 +118,7 @@ def worker(args) -> None:
     else:
         for _ in range(args.runs):
             timed("load", lambda: dcp.load(sd, storage_reader=rewind.dcp.Reader()))
+            timed("fs_load", lambda: dcp.load(sd, storage_reader=dcp.FileSystemReader(os.path.join(args.shm_dir, "load"))))
     worst = {k: [max(x) for x in zip(*_gather(dist, v))] for k, v in times.items()}
     if args.rank == 0:
         with open(args.out, "w") as f:
@@ -143,7 +145,8 @@ def gang(args, action: str, world: int, env: dict, out: str) -> dict:
     port = free_port()
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", action, "--rank", str(r), "--world", str(world),
                                "--port", str(port), "--mib", str(args.mib), "--runs", str(args.runs), "--out", out,
-                               "--shm-dir", args.shm_dir, "--disk-dir", args.disk_dir, "--device", args.device], env=env)
+                               "--shm-dir", args.shm_dir, "--disk-dir", args.disk_dir, "--device", args.device,
+                               "--tensors", str(args.tensors)], env=env)
              for r in range(world)]
     codes = [p.wait() for p in procs]
     if any(codes):
@@ -178,6 +181,7 @@ def main() -> None:
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--mib", type=int, default=256, help="global state in MiB")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--tensors", type=int, default=TENSORS, help="Shard(0) DTensors the state is split into")
     ap.add_argument("--disk-dir", default="/var/tmp")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="where the state lives: cuda puts each rank on its own GPU (NCCL; --world at most the GPUs)")
@@ -218,7 +222,7 @@ def main() -> None:
 def report(args, saves: dict, load_same: dict, load_other: dict | None) -> None:
     gb = args.mib * (1 << 20) / 1e9
     med = {k: statistics.median(v) for k, v in saves.items()}
-    print(f"dcp.save of {args.mib} MiB (8 Shard(0) float32 DTensors, on {args.device}) at world size {args.world}, "
+    print(f"dcp.save of {args.mib} MiB ({args.tensors} Shard(0) float32 DTensors, on {args.device}) at world size {args.world}, "
           f"medians of {args.runs} (load average {os.getloadavg()[0]:.1f}):")
     print("| writer | save | GB/s | rewind faster by |")
     print("| --- | --- | --- | --- |")
@@ -229,12 +233,15 @@ def report(args, saves: dict, load_same: dict, load_other: dict | None) -> None:
           f"{gb / args.world / med['rewind_write']:.2f} per rank | |")
     print(f"| `dcp.async_save`, rewind | blocks {med['async_blocked'] * 1e3:.0f} ms | "
           f"done after {med['async_total'] * 1e3:.0f} ms | |")
-    same = statistics.median(load_same["load"])
-    print(f"| `dcp.load`, rewind, world size {args.world} | {same * 1e3:.0f} ms | {gb / same:.2f} | |")
+    same, fs_same = statistics.median(load_same["load"]), statistics.median(load_same["fs_load"])
+    print(f"| `dcp.load`, rewind, world size {args.world} | {same * 1e3:.0f} ms | {gb / same:.2f} | {fs_same / same:.1f}x |")
+    print(f"| `dcp.load`, `FileSystemReader`, /dev/shm, world size {args.world} | {fs_same * 1e3:.0f} ms | {gb / fs_same:.2f} | |")
     if load_other is not None:
-        other = statistics.median(load_other["load"])
+        other, fs_other = statistics.median(load_other["load"]), statistics.median(load_other["fs_load"])
         print(f"| `dcp.load`, rewind, world size {args.world - 1} (resharding) | {other * 1e3:.0f} ms | "
-              f"{gb / other:.2f} | {same / other:.2f} of same size |")
+              f"{gb / other:.2f} | {fs_other / other:.1f}x; {same / other:.2f} of same size |")
+        print(f"| `dcp.load`, `FileSystemReader`, /dev/shm, world size {args.world - 1} | {fs_other * 1e3:.0f} ms | "
+              f"{gb / fs_other:.2f} | |")
     print("runs (s):", json.dumps({k: [round(x, 4) for x in v] for k, v in saves.items()}))
 
 

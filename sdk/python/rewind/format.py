@@ -228,6 +228,15 @@ class Header:
     objects: str | None = None  # JSON of the non-tensor state
     data_start: int = 0
     size: int = 0
+    # tensors by name, for the list it was built from: a load looks up
+    # every item of a state dict, thousands in a large model.
+    _by_name: tuple | None = field(default=None, repr=False, compare=False)
 
     def tensor(self, name: str) -> TensorInfo | None:
-        return next((t for t in self.tensors if t.name == name), None)
+        idx = self._by_name
+        if idx is None or idx[0] is not self.tensors or idx[1] != len(self.tensors):
+            by_name: dict[str, TensorInfo] = {}
+            for t in self.tensors:
+                by_name.setdefault(t.name, t)
+            idx = self._by_name = (self.tensors, len(self.tensors), by_name)
+        return idx[2].get(name)

@@ -114,3 +114,15 @@ def test_go_quote_is_valid_json(s):
     q = fmt.go_quote(s)
     assert q.isascii() or not any(c in q for c in "<>&\u2028\u2029")
     assert json.loads(q) == s.replace("\ud800", "\ufffd")
+
+
+def test_header_finds_tensors_by_name_as_its_list_changes():
+    """Header.tensor indexes the names of its list; the list replaced or
+    grown (shard.decode assigns it after construction) is indexed anew."""
+    ts = [fmt.TensorInfo(f"t{i}", "F32", (2,)) for i in range(1000)]
+    h = fmt.Header(meta=None, tensors=ts)
+    assert h.tensor("t999") is ts[999] and h.tensor("t0") is ts[0] and h.tensor("nope") is None
+    h.tensors.append(fmt.TensorInfo("late", "U8", (1,)))
+    assert h.tensor("late") is h.tensors[-1]
+    h.tensors = [fmt.TensorInfo("t0", "I64", (3,))]
+    assert h.tensor("t0").dtype == "I64" and h.tensor("t999") is None
