@@ -145,8 +145,9 @@ func (c *Coordinator) finishRecovery(ctx context.Context, job string, step int64
 	if err == nil || !graceOver {
 		return
 	}
-	// Not tried again: the job's gang stays broken until an operator
-	// restores it (rewind restore), as after any failed recovery.
+	// Not tried again (unlike a recovery that fails after its plan,
+	// retry.go): the job's gang stays broken until an operator restores
+	// it (rewind restore).
 	if c.gangs.forgetUnfinished(job) { // the re-gang began, and published its failure
 		return
 	}
