@@ -217,14 +217,19 @@ func TestFaultEverySourceFailsOnce(t *testing.T) {
 
 // TestFaultRecoveryCutBeforeRegang: a recovery fails at its last step,
 // after every shard was placed: the job's watchers are told it failed and
-// why, no consistent step is lost, and the shards placed stay restorable.
+// why, no consistent step is lost, the recovery is tried again and
+// re-gangs the job, and the shards placed stay restorable.
 func TestFaultRecoveryCutBeforeRegang(t *testing.T) {
 	const job, ws = "cutregang", 2
 	in := injector(t, "coordinator/before-regang=1*error(EIO)")
 	cl := rackClusterWith(t, 3, func(c *coordinator.Config) { c.Replicas, c.Faults = 1, in }, nil)
-	ev := nextEvent(t, cl.loseNode1(job, ws))
+	events := cl.loseNode1(job, ws)
+	ev := nextEvent(t, events)
 	if ev.Ok || ev.Kind != coordpb.JobEventKind_JOB_EVENT_KIND_FAILED || !strings.Contains(ev.Error, "injected fault at coordinator/before-regang") {
 		t.Fatalf("event: %v", ev)
+	}
+	if ev := nextEvent(t, events); !ev.Ok || ev.Step != 1 || ev.Placement[1] != "node-2" || !strings.Contains(ev.Reason, "retry 1 of") {
+		t.Fatalf("the recovery tried again: %v, want the re-gang at step 1 with rank 1 on node-2", ev)
 	}
 	cl.waitLatest(job, 1)
 	for rank, node := range map[uint32]int{0: 0, 1: 2} {

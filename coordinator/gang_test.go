@@ -58,13 +58,13 @@ func TestFaultResumeLostWithItsStream(t *testing.T) {
 }
 
 // TestRecoveryLeftUnfinishedIsFinished: a recovery fails after its abort
-// (fault coordinator/before-regang), and the coordinator restarts with no
-// memory of it. The aborted agents name the gang they hold broken when
+// (fault coordinator/before-regang, at every try: the coordinator's own
+// retries fail too), and the coordinator restarts with no memory of it. The aborted agents name the gang they hold broken when
 // they reconnect, and the new coordinator finishes the recovery: the
 // job's watchers get the re-gang, and its ranks save on.
 func TestRecoveryLeftUnfinishedIsFinished(t *testing.T) {
 	const job, ws = "unfinished", 2
-	in := injector(t, faultinject.CoordBeforeRegang+"=1*error(EIO)")
+	in := injector(t, faultinject.CoordBeforeRegang+"=error(EIO)")
 	cl := rackClusterWith(t, 3, func(c *coordinator.Config) { c.Replicas, c.Faults = 1, in }, nil)
 	if ev := nextEvent(t, cl.loseNode1(job, ws)); ev.Ok {
 		t.Fatalf("recovery cut before its re-gang succeeded: %v", ev)
@@ -166,7 +166,7 @@ func (cl *cluster) lastEvent(job string) (*coordpb.JobEvent, error) {
 // step 1: it tells the agents to resume, and step 2 stays.
 func TestStaleBrokenGangIsResumedNotRestarted(t *testing.T) {
 	const job, ws = "stale", 2
-	in := injector(t, faultinject.CoordBeforeRegang+"=1*error(EIO)")
+	in := injector(t, faultinject.CoordBeforeRegang+"=error(EIO)")
 	cl := rackClusterWith(t, 3, func(c *coordinator.Config) { c.Replicas, c.Faults = 1, in }, nil)
 	if ev := nextEvent(t, cl.loseNode1(job, ws)); ev.Ok {
 		t.Fatalf("recovery cut before its re-gang succeeded: %v", ev)
