@@ -30,6 +30,11 @@ type Config struct {
 	// AgentTimeout bounds each call the coordinator makes to an agent
 	// (verify, delete).
 	AgentTimeout time.Duration
+	// RecoveryRetries is how many times in a row a recovery that fails
+	// after its plan is tried again, after 1 s doubling to 30 s (retry.go),
+	// before its job waits for a node to come back or an operator's
+	// restore; 0: not tried again.
+	RecoveryRetries int
 	// Policy is the tier policy of jobs that set none (tiers.ParsePolicy).
 	Policy tiers.Policy
 	// Replicas is how many other nodes keep a copy of each shard in shared
@@ -91,15 +96,16 @@ type Config struct {
 // DefaultConfig returns a coordinator configuration for one cluster.
 func DefaultConfig() Config {
 	return Config{
-		ListenAddr:   "127.0.0.1:7080",              // loopback until TLS or --insecure is chosen: a cluster sets --listen :7080 with its certificates
-		MetricsAddr:  "127.0.0.1:9465",              // the agent's metrics port plus one, so both run on one host
-		DataDir:      "/var/lib/rewind/coordinator", // state of a system daemon, kept across restarts (FHS)
-		AgentTimeout: 2 * time.Minute,               // verifying a large shard reads every byte
-		Policy:       tiers.DefaultPolicy(),         // see DefaultPolicy: NVMe often, PFS less, the object store on a clock
-		Replicas:     1,                             // survives any one node; a second costs another shard of memory per rank
-		LeaveGrace:   10 * time.Second,              // an agent restart takes about a second
-		Clock:        clock.Real,                    // tests pass a fake one
-		Logger:       slog.Default(),                // the daemon passes its own
+		ListenAddr:      "127.0.0.1:7080",              // loopback until TLS or --insecure is chosen: a cluster sets --listen :7080 with its certificates
+		MetricsAddr:     "127.0.0.1:9465",              // the agent's metrics port plus one, so both run on one host
+		DataDir:         "/var/lib/rewind/coordinator", // state of a system daemon, kept across restarts (FHS)
+		AgentTimeout:    2 * time.Minute,               // verifying a large shard reads every byte
+		RecoveryRetries: 8,                             // about two minutes of tries: a node lost during a recovery is declared dead in seconds
+		Policy:          tiers.DefaultPolicy(),         // see DefaultPolicy: NVMe often, PFS less, the object store on a clock
+		Replicas:        1,                             // survives any one node; a second costs another shard of memory per rank
+		LeaveGrace:      10 * time.Second,              // an agent restart takes about a second
+		Clock:           clock.Real,                    // tests pass a fake one
+		Logger:          slog.Default(),                // the daemon passes its own
 
 		MaxWorldSize:      65536, // the largest runs have tens of thousands of ranks; a whole-job plan this size is some MiB, tens of ms
 		MaxJobs:           10000, // far more than one cluster runs at once; a job costs the index little until it saves
@@ -122,6 +128,9 @@ func (c Config) Validate() error {
 	}
 	if c.DataDir == "" {
 		errs = append(errs, errors.New("data directory is empty"))
+	}
+	if c.RecoveryRetries < 0 {
+		errs = append(errs, fmt.Errorf("recovery retries %d must not be negative", c.RecoveryRetries))
 	}
 	if c.AgentTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("agent timeout %v must be positive", c.AgentTimeout))

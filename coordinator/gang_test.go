@@ -58,14 +58,14 @@ func TestFaultResumeLostWithItsStream(t *testing.T) {
 }
 
 // TestRecoveryLeftUnfinishedIsFinished: a recovery fails after its abort
-// (fault coordinator/before-regang, at every try: the coordinator's own
-// retries fail too), and the coordinator restarts with no memory of it. The aborted agents name the gang they hold broken when
+// (fault coordinator/before-regang; no retry), and the coordinator
+// restarts with no memory of it. The aborted agents name the gang they hold broken when
 // they reconnect, and the new coordinator finishes the recovery: the
 // job's watchers get the re-gang, and its ranks save on.
 func TestRecoveryLeftUnfinishedIsFinished(t *testing.T) {
 	const job, ws = "unfinished", 2
 	in := injector(t, faultinject.CoordBeforeRegang+"=error(EIO)")
-	cl := rackClusterWith(t, 3, func(c *coordinator.Config) { c.Replicas, c.Faults = 1, in }, nil)
+	cl := rackClusterWith(t, 3, func(c *coordinator.Config) { c.Replicas, c.Faults, c.RecoveryRetries = 1, in, 0 }, nil)
 	if ev := nextEvent(t, cl.loseNode1(job, ws)); ev.Ok {
 		t.Fatalf("recovery cut before its re-gang succeeded: %v", ev)
 	}
@@ -167,7 +167,7 @@ func (cl *cluster) lastEvent(job string) (*coordpb.JobEvent, error) {
 func TestStaleBrokenGangIsResumedNotRestarted(t *testing.T) {
 	const job, ws = "stale", 2
 	in := injector(t, faultinject.CoordBeforeRegang+"=error(EIO)")
-	cl := rackClusterWith(t, 3, func(c *coordinator.Config) { c.Replicas, c.Faults = 1, in }, nil)
+	cl := rackClusterWith(t, 3, func(c *coordinator.Config) { c.Replicas, c.Faults, c.RecoveryRetries = 1, in, 0 }, nil)
 	if ev := nextEvent(t, cl.loseNode1(job, ws)); ev.Ok {
 		t.Fatalf("recovery cut before its re-gang succeeded: %v", ev)
 	}

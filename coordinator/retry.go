@@ -75,13 +75,12 @@ func (c *Coordinator) retryStalled(node string) {
 // death starts no recovery, and the job's live ranks, told their gang is
 // broken, would wait for good. Such a recovery is tried again after a
 // backoff (1 s, doubling, at most 30 s), planned afresh from the nodes
-// alive then, up to maxRecoveryRetries times in a row; after that the job
-// stalls, as one with no live node to run on, until a node comes back or
-// an operator restores it.
+// alive then, up to Config.RecoveryRetries times in a row; after that the
+// job stalls, as one with no live node to run on, until a node comes back
+// or an operator restores it.
 const (
-	maxRecoveryRetries = 8
-	firstRetryAfter    = time.Second
-	maxRetryAfter      = 30 * time.Second
+	firstRetryAfter = time.Second
+	maxRetryAfter   = 30 * time.Second
 )
 
 // failedRecovery is a job's recovery to try again.
@@ -92,8 +91,8 @@ type failedRecovery struct {
 }
 
 // retryFailed schedules one more try of job's recovery, which failed
-// after its plan (err), or stalls the job after maxRecoveryRetries such
-// failures in a row.
+// after its plan (err), or stalls the job after Config.RecoveryRetries
+// such failures in a row.
 func (c *Coordinator) retryFailed(job, node, reason string, detected time.Time, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -104,7 +103,7 @@ func (c *Coordinator) retryFailed(job, node, reason string, detected time.Time, 
 	if prev := c.retrying[job]; prev != nil {
 		f.node, f.reason, f.detected, f.attempts = prev.node, prev.reason, prev.detected, prev.attempts+1
 	}
-	if f.attempts > maxRecoveryRetries {
+	if f.attempts > c.cfg.RecoveryRetries {
 		delete(c.retrying, job)
 		if c.stalled == nil {
 			c.stalled = map[string]stalledRecovery{}
@@ -120,7 +119,7 @@ func (c *Coordinator) retryFailed(job, node, reason string, detected time.Time, 
 	c.retrying[job] = f
 	delete(c.stalled, job) // the tries take its place; the last one failing stalls it again
 	after := min(firstRetryAfter<<(f.attempts-1), maxRetryAfter)
-	c.log.Warn("job recovery failed; trying it again", "job", job, "retry", f.attempts, "of", maxRecoveryRetries, "after", after, "err", err)
+	c.log.Warn("job recovery failed; trying it again", "job", job, "retry", f.attempts, "of", c.cfg.RecoveryRetries, "after", after, "err", err)
 	c.bg.Add(1)
 	go func() {
 		defer c.bg.Done()
@@ -133,7 +132,7 @@ func (c *Coordinator) retryFailed(job, node, reason string, detected time.Time, 
 		if !current || !c.leading() {
 			return
 		}
-		reason := fmt.Sprintf("%s; retry %d of %d after a failed recovery", f.reason, f.attempts, maxRecoveryRetries)
+		reason := fmt.Sprintf("%s; retry %d of %d after a failed recovery", f.reason, f.attempts, c.cfg.RecoveryRetries)
 		c.recoverJob(c.bgCtx, job, f.node, reason, f.detected)
 	}()
 }

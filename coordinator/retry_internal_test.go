@@ -7,7 +7,7 @@ import (
 )
 
 // TestFailedRecoveryTriesAreBounded: a job whose recovery fails after its
-// plan is tried again maxRecoveryRetries times in a row, then stalls
+// plan is tried again Config.RecoveryRetries times in a row, then stalls
 // (waits for a node to come back); a recovery that succeeds forgets the
 // failed tries.
 func TestFailedRecoveryTriesAreBounded(t *testing.T) {
@@ -23,7 +23,7 @@ func TestFailedRecoveryTriesAreBounded(t *testing.T) {
 		_, stalled = c.stalled["j"]
 		return attempts, stalled
 	}
-	for try := 1; try <= maxRecoveryRetries; try++ {
+	for try := 1; try <= c.cfg.RecoveryRetries; try++ {
 		c.retryFailed("j", "node-1", "test", c.cfg.Clock.Now(), failed)
 		if attempts, stalled := state(); attempts != try || stalled {
 			t.Fatalf("after %d failed tries: %d retries scheduled, stalled %v", try, attempts, stalled)
@@ -31,7 +31,7 @@ func TestFailedRecoveryTriesAreBounded(t *testing.T) {
 	}
 	c.retryFailed("j", "node-1", "test", c.cfg.Clock.Now(), failed)
 	if attempts, stalled := state(); attempts != 0 || !stalled {
-		t.Fatalf("after %d failed tries: %d retries scheduled, stalled %v; want none, stalled", maxRecoveryRetries+1, attempts, stalled)
+		t.Fatalf("after %d failed tries: %d retries scheduled, stalled %v; want none, stalled", c.cfg.RecoveryRetries+1, attempts, stalled)
 	}
 	c.retryFailed("j", "node-1", "test", c.cfg.Clock.Now(), failed)
 	c.unstall("j")

@@ -16,6 +16,7 @@ func runCoordinator(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.MetricsAddr, "metrics", cfg.MetricsAddr, "address for Prometheus /metrics: HTTPS with --tls-dir (a reader certificate scrapes), else plaintext HTTP, beyond loopback only with --insecure (empty: off)")
 	fs.StringVar(&cfg.DataDir, "data", cfg.DataDir, "directory of the pebble store")
 	positiveDuration(fs, &cfg.AgentTimeout, "agent-timeout", "bound on each call to an agent (verify, delete)")
+	fs.IntVar(&cfg.RecoveryRetries, "recovery-retries", cfg.RecoveryRetries, "times in a row a recovery that fails after its plan is tried again (after 1 s, doubling to 30 s) before its job waits for a node to come back or an operator (0: none)")
 	fs.Func("policy", "tier policy of jobs that set none (default "+cfg.Policy.String()+")", func(v string) error {
 		p, err := tiers.ParsePolicy(v)
 		cfg.Policy = p
