@@ -39,7 +39,11 @@ type Coordinator struct {
 	stalled      map[string]stalledRecovery // jobs whose recovery waits for a node (retry.go)
 	retrying     map[string]*failedRecovery // jobs whose recovery failed, tried again (retry.go)
 	alive        map[string]aliveNode       // per node not down: ends the calls to it at its death (ops.go)
-	dropping     map[droppedKey]bool        // dropped ranks' copies being deleted (dropranks.go)
+	// retryFired, when set (by tests, before the retry is scheduled), is
+	// called by a retry whose backoff ended, before it waits for the
+	// job's lock (retry.go).
+	retryFired func(job string)
+	dropping   map[droppedKey]bool // dropped ranks' copies being deleted (dropranks.go)
 	// bg counts the background work Close waits for (dropranks.go),
 	// started under mu while closing is false; bgCtx ends at Close.
 	bg      sync.WaitGroup

@@ -107,9 +107,12 @@ func sourceCost(cp *Copy, target string, sameDomain func(a, b string) bool) int 
 func (c *Coordinator) agentCall(ctx context.Context, node string, f func(context.Context, agentpb.AgentClient) error) error {
 	c.mu.Lock()
 	n := c.state.Nodes[node]
-	alive := c.nodeAliveLocked(node)
+	var alive context.Context
+	if n != nil && n.Addr != "" {
+		alive = c.nodeAliveLocked(node)
+	}
 	c.mu.Unlock()
-	if n == nil || n.Addr == "" {
+	if alive == nil {
 		return fmt.Errorf("coordinator: node %s has not registered an address", node)
 	}
 	if err := context.Cause(alive); err != nil {

@@ -198,14 +198,14 @@ func (q *orderStreams) has(node, tier string) bool {
 
 // withTier returns the first connected node, in name order, whose agent
 // can write tier; "" if none.
-func (q *orderStreams) withTier(tier string) string { return q.withTierBut(tier, "") }
+func (q *orderStreams) withTier(tier string) string { return q.withTierBut(tier, nil) }
 
-// withTierBut is withTier passing over node but.
-func (q *orderStreams) withTierBut(tier, but string) string {
+// withTierBut is withTier passing over the nodes skip names.
+func (q *orderStreams) withTierBut(tier string, skip func(node string) bool) string {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, n := range slices.Sorted(maps.Keys(q.subs)) {
-		if n != but && slices.Contains(q.subs[n].tiers, tier) {
+		if (skip == nil || !skip(n)) && slices.Contains(q.subs[n].tiers, tier) {
 			return n
 		}
 	}

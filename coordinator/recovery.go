@@ -162,9 +162,20 @@ func (c *Coordinator) nodeUp(node string) {
 // recoverJob runs one job's recovery; recoveries of one job run one at a
 // time.
 func (c *Coordinator) recoverJob(ctx context.Context, job, node, reason string, detected time.Time) {
+	c.recoverJobIf(ctx, job, node, reason, detected, nil)
+}
+
+// recoverJobIf is recoverJob that, once it holds the job's lock, goes on
+// only if due (when set) says the recovery is still due: a retry whose
+// job another recovery, or an operator's restore, brought back while it
+// waited for the lock must not restart the gang again.
+func (c *Coordinator) recoverJobIf(ctx context.Context, job, node, reason string, detected time.Time, due func() bool) {
 	lock := c.jobLock(job)
 	lock.Lock()
 	defer lock.Unlock()
+	if due != nil && !due() {
+		return
+	}
 	ev := &coordpb.JobEvent{Job: job, Kind: coordpb.JobEventKind_JOB_EVENT_KIND_REGANG, Reason: fmt.Sprintf("node %s down: %s", node, reason), Node: node,
 		DetectedUnixNano: detected.UnixNano(), Sources: map[string]uint32{}}
 	// A try that fails after its plan is made again (retry.go).
@@ -434,6 +445,17 @@ func (c *Coordinator) moveJob(ctx context.Context, job string, step int64, targe
 }
 
 // isDown reports whether node is declared dead.
+// downNodes returns the nodes declared down now.
+func (c *Coordinator) downNodes() map[string]bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]bool, len(c.down))
+	for n := range c.down {
+		out[n] = true
+	}
+	return out
+}
+
 func (c *Coordinator) isDown(node string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()

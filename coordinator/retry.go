@@ -28,14 +28,17 @@ type stalledRecovery struct {
 	detected     time.Time // when that death was declared
 }
 
-// stall records that job's recovery failed for want of live nodes, to
-// be retried when a node comes back. A job that no longer exists is not.
+// stall records that job's recovery failed for want of live nodes (none
+// to run its ranks, or none but the tiers holding a copy of every rank of
+// some step), to be retried when a node comes back. A job that no longer
+// exists is not.
 func (c *Coordinator) stall(job, node, reason string, detected time.Time, err error) {
-	if errors.Is(err, ErrUnknownJob) || errors.Is(err, ErrNotFound) {
-		return
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if errors.Is(err, ErrUnknownJob) {
+		delete(c.retrying, job)
+		return
+	}
 	if c.stalled == nil {
 		c.stalled = map[string]stalledRecovery{}
 	}
@@ -120,19 +123,30 @@ func (c *Coordinator) retryFailed(job, node, reason string, detected time.Time, 
 	delete(c.stalled, job) // the tries take its place; the last one failing stalls it again
 	after := min(firstRetryAfter<<(f.attempts-1), maxRetryAfter)
 	c.log.Warn("job recovery failed; trying it again", "job", job, "retry", f.attempts, "of", c.cfg.RecoveryRetries, "after", after, "err", err)
-	c.bg.Add(1)
+	c.bg.Add(1) // Close waits for the backoff, not for the recovery after it, as for any recovery
 	go func() {
-		defer c.bg.Done()
-		if clock.Sleep(c.bgCtx, after) != nil {
+		slept := clock.Sleep(c.bgCtx, after) == nil
+		c.bg.Done()
+		due := func() bool { // checked again under the job's lock: no recovery ended since
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			return c.retrying[job] == f && !c.closing
+		}
+		if !slept || !due() {
 			return
 		}
-		c.mu.Lock()
-		current := c.retrying[job] == f // no recovery succeeded or failed anew since
-		c.mu.Unlock()
-		if !current || !c.leading() {
+		if c.retryFired != nil {
+			c.retryFired(job)
+		}
+		if !c.leading() { // the leader's own recovery of the job takes over (unfinished.go)
+			c.mu.Lock()
+			if c.retrying[job] == f {
+				delete(c.retrying, job)
+			}
+			c.mu.Unlock()
 			return
 		}
 		reason := fmt.Sprintf("%s; retry %d of %d after a failed recovery", f.reason, f.attempts, c.cfg.RecoveryRetries)
-		c.recoverJob(c.bgCtx, job, f.node, reason, f.detected)
+		c.recoverJobIf(c.bgCtx, job, f.node, reason, f.detected, due)
 	}()
 }

@@ -3,7 +3,12 @@ package coordinator
 import (
 	"errors"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"rewind.dev/rewind/internal/wait"
 )
 
 // TestFailedRecoveryTriesAreBounded: a job whose recovery fails after its
@@ -37,5 +42,106 @@ func TestFailedRecoveryTriesAreBounded(t *testing.T) {
 	c.unstall("j")
 	if attempts, stalled := state(); attempts != 0 || stalled {
 		t.Fatalf("after a recovery succeeded: %d retries scheduled, stalled %v", attempts, stalled)
+	}
+}
+
+// registerOneRankJob registers job of one rank on node, which never
+// registered: a recovery of it finds no live node.
+func registerOneRankJob(t *testing.T, c *Coordinator, job, node string) {
+	t.Helper()
+	if _, err := c.apply(func(ch *Changes) error {
+		_, err := c.state.RegisterJob(job, 1, map[uint32]string{0: node}, ch)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// retryHeldAtTheJobLock schedules a retry of job's recovery while the
+// test holds the job's lock (a recovery of the job in flight, or an
+// operator's restart), and returns once the retry's backoff has ended
+// and it waits for that lock; unlock lets it go on.
+func retryHeldAtTheJobLock(t *testing.T, c *Coordinator, job string) (unlock func()) {
+	t.Helper()
+	fired := make(chan struct{}, 1)
+	c.retryFired = func(string) { fired <- struct{}{} }
+	lock := c.jobLock(job)
+	lock.Lock()
+	var once sync.Once
+	unlock = func() { once.Do(lock.Unlock) }
+	t.Cleanup(unlock) // before Close (registered earlier, run later)
+	c.retryFailed(job, "n0", "test", c.cfg.Clock.Now(), errors.New("the first try failed after its plan"))
+	select {
+	case <-fired:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the retry's backoff did not end")
+	}
+	return unlock
+}
+
+// TestARetryDoesNotRecoverAJobRecoveredMeanwhile: while a retry waits for
+// the job's lock, the recovery holding it re-gangs the job (unstall). The
+// retry, let through, must not recover the healthy gang again (an abort,
+// an epoch raised, a restore and a second REGANG its watchers would act
+// on).
+func TestARetryDoesNotRecoverAJobRecoveredMeanwhile(t *testing.T) {
+	c := newTestCoordinator(t, filepath.Join(t.TempDir(), "store"))
+	t.Cleanup(func() { c.Close() })
+	registerOneRankJob(t, c, "j", "n0")
+	unlock := retryHeldAtTheJobLock(t, c, "j")
+	c.unstall("j") // the recovery in flight re-ganged the job
+	events, _, cancel := c.watchers.watch("j", false, 0)
+	defer cancel()
+	unlock()
+	select {
+	case ev := <-events:
+		t.Fatalf("a retry scheduled before the job was re-ganged recovered it after: %v", ev)
+	case <-time.After(3 * time.Second):
+	}
+}
+
+// TestCloseDoesNotWaitForARetrysJobLock: Close waits for a retry's
+// backoff, not for the lock of a recovery it does not own (one a node's
+// death started runs on until its calls end, up to AgentTimeout).
+func TestCloseDoesNotWaitForARetrysJobLock(t *testing.T) {
+	c := newTestCoordinator(t, filepath.Join(t.TempDir(), "store"))
+	registerOneRankJob(t, c, "j", "n0")
+	unlock := retryHeldAtTheJobLock(t, c, "j")
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		unlock()
+		<-closed
+		t.Fatal("Close waited for the lock of a recovery it does not own")
+	}
+}
+
+// TestARetryDroppedLeavesNoTries: a retry whose backoff ends while this
+// coordinator does not lead is dropped with its count of tries: the
+// job's next failed recovery is its first try, of its own node and
+// detection time (which its events carry).
+func TestARetryDroppedLeavesNoTries(t *testing.T) {
+	var leading atomic.Bool
+	leading.Store(true)
+	c, _ := newLeadTestCoordinator(t, leading.Load)
+	registerOneRankJob(t, c, "j", "n0")
+	old := c.cfg.Clock.Now()
+	leading.Store(false)
+	c.retryFailed("j", "n0", "first", old, errors.New("failed after its plan"))
+	wait.For(t, 20*time.Second, "the retry dropped", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.retrying["j"] == nil
+	})
+	leading.Store(true)
+	later := old.Add(time.Hour)
+	c.retryFailed("j", "n7", "second", later, errors.New("another recovery failed after its plan"))
+	c.mu.Lock()
+	f := c.retrying["j"]
+	c.mu.Unlock()
+	if f == nil || f.attempts != 1 || f.node != "n7" || !f.detected.Equal(later) {
+		t.Fatalf("a new recovery's failure after a retry was dropped: %+v; want its first try, of node n7 detected at %v", f, later)
 	}
 }

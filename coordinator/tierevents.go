@@ -322,14 +322,16 @@ func (t *tiering) reader(ctx context.Context, tier, node string) (string, error)
 	return t.readerBut(ctx, tier, node, "")
 }
 
-// readerBut is reader passing over node but on a shared tier.
+// readerBut is reader passing over node but on a shared tier, and over
+// the nodes declared down (not called until they come back).
 func (t *tiering) readerBut(ctx context.Context, tier, node, but string) (string, error) {
 	if node != sharedNode {
 		return node, nil
 	}
 	deadline := time.Now().Add(readerWait)
 	for {
-		if n := t.c.streams.withTierBut(tier, but); n != "" {
+		down := t.c.downNodes()
+		if n := t.c.streams.withTierBut(tier, func(n string) bool { return n == but || down[n] }); n != "" {
 			return n, nil
 		}
 		if time.Now().After(deadline) {
