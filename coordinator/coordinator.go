@@ -39,6 +39,7 @@ type Coordinator struct {
 	stalled      map[string]stalledRecovery // jobs whose recovery waits for a node (retry.go)
 	retrying     map[string]*failedRecovery // jobs whose recovery failed, tried again (retry.go)
 	alive        map[string]aliveNode       // per node not down: ends the calls to it at its death (ops.go)
+	reganged     map[string]time.Time       // per job: when its last re-gang ended (recovery.go)
 	// retryFired, when set (by tests, before the retry is scheduled), is
 	// called by a retry whose backoff ended, before it waits for the
 	// job's lock (retry.go).

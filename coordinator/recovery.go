@@ -142,7 +142,10 @@ func (c *Coordinator) nodeDown(node, reason string, detected bool) ([]string, er
 	slices.Sort(jobs)
 	c.log.Warn("node down", "node", node, "reason", reason, "jobs", jobs)
 	for _, job := range jobs {
-		go c.recoverJob(context.Background(), job, node, reason, now)
+		// Nodes lost together (a rack) each start a recovery of the job;
+		// the first to run moves every lost rank, and the others find
+		// nothing left to move.
+		go c.recoverJobIf(context.Background(), job, node, reason, now, func() bool { return c.recoveryDue(job, now) })
 	}
 	return jobs, nil
 }
@@ -330,6 +333,10 @@ func (c *Coordinator) regang(ctx context.Context, plan *coordpb.PlanRestoreRespo
 	c.unstall(job)
 	c.mu.Lock()
 	ev.Epoch, _ = c.jobEpochLocked(job)
+	if c.reganged == nil {
+		c.reganged = map[string]time.Time{}
+	}
+	c.reganged[job] = c.cfg.Clock.Now()
 	c.mu.Unlock()
 	c.gangOrders(job, coordpb.OrderKind_ORDER_KIND_RESUME, plan.Step, "")
 	c.log.Info("job re-ganged", "job", job, "step", plan.Step, "node", ev.Node, "reason", ev.Reason,
@@ -445,6 +452,25 @@ func (c *Coordinator) moveJob(ctx context.Context, job string, step int64, targe
 }
 
 // isDown reports whether node is declared dead.
+// recoveryDue reports whether a recovery of job for a death declared at
+// declared is still due: a rank of the job is placed on a node declared
+// down, or no re-gang of the job ended since (the node came back before
+// its recovery ran: its ranks may have died with it).
+func (c *Coordinator) recoveryDue(job string, declared time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	j := c.state.Jobs[job]
+	if j == nil {
+		return true // the recovery says so
+	}
+	for _, n := range j.Placement {
+		if c.downLocked(n) {
+			return true
+		}
+	}
+	return c.reganged[job].Before(declared)
+}
+
 // downNodes returns the nodes declared down now.
 func (c *Coordinator) downNodes() map[string]bool {
 	c.mu.Lock()

@@ -145,3 +145,65 @@ func TestARetryDroppedLeavesNoTries(t *testing.T) {
 		t.Fatalf("a new recovery's failure after a retry was dropped: %+v; want its first try, of node n7 detected at %v", f, later)
 	}
 }
+
+// TestNodesLostTogetherAreRecoveredOnce: two nodes of a job are declared
+// down together (a rack lost) while a recovery of the job holds its lock;
+// that recovery moves every lost rank. The recoveries the two deaths
+// started then find no rank left on a node declared down: they must not
+// restart the gang again.
+func TestNodesLostTogetherAreRecoveredOnce(t *testing.T) {
+	c := newTestCoordinator(t, filepath.Join(t.TempDir(), "store"))
+	t.Cleanup(func() { c.Close() })
+	if _, err := c.apply(func(ch *Changes) error {
+		_, err := c.state.RegisterJob("j", 2, map[uint32]string{0: "n0", 1: "n1"}, ch)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	events, _, cancel := c.watchers.watch("j", false, 0)
+	defer cancel()
+	lock := c.jobLock("j")
+	lock.Lock()
+	for _, n := range []string{"n0", "n1"} {
+		if jobs, err := c.nodeDown(n, "rack lost", false); err != nil || len(jobs) != 1 {
+			t.Fatalf("%s down: %v %v", n, jobs, err)
+		}
+	}
+	c.mu.Lock()
+	c.state.Jobs["j"].Placement = map[uint32]string{0: "n2", 1: "n3"} // what the recovery holding the lock did
+	c.reganged = map[string]time.Time{"j": c.cfg.Clock.Now()}
+	c.mu.Unlock()
+	lock.Unlock()
+	select {
+	case ev := <-events:
+		t.Fatalf("a recovery of a job whose lost ranks were all moved: %v", ev)
+	case <-time.After(3 * time.Second):
+	}
+}
+
+// TestANodeBackBeforeItsRecoveryIsStillRecovered: a node declared down
+// comes back before the recovery its death started takes the job's lock,
+// and no re-gang of the job ended since: its ranks may have died with it,
+// so the recovery runs.
+func TestANodeBackBeforeItsRecoveryIsStillRecovered(t *testing.T) {
+	c := newTestCoordinator(t, filepath.Join(t.TempDir(), "store"))
+	t.Cleanup(func() { c.Close() })
+	registerOneRankJob(t, c, "j", "n0")
+	events, _, cancel := c.watchers.watch("j", false, 0)
+	defer cancel()
+	lock := c.jobLock("j")
+	lock.Lock()
+	if _, err := c.nodeDown("n0", "test", false); err != nil {
+		t.Fatal(err)
+	}
+	c.nodeUp("n0")
+	lock.Unlock()
+	select {
+	case ev := <-events:
+		if ev.Node != "n0" {
+			t.Fatalf("recovery event: %v, want n0's", ev)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the recovery of a node back before it ran never ran")
+	}
+}
