@@ -35,6 +35,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import rewind.dcp  # noqa: E402
+from dcp_worker import flat  # noqa: E402  (beside this file: the script's directory is on sys.path)
 
 
 def value(name: str, shape, dtype, salt: int) -> torch.Tensor:
@@ -121,17 +122,6 @@ def at_sign(world: int, salt: int) -> dict:
 
 
 CASES = {"odd": odd, "tiny": tiny, "at_sign": at_sign}
-
-
-def flat(d, prefix=""):
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            yield from flat(v, key + "/")
-        elif isinstance(v, list):
-            yield from flat(dict(enumerate(v)), key + "/")
-        else:
-            yield key, v
 
 
 def whole(v):
