@@ -179,7 +179,11 @@ func (c *Coordinator) recoverJobIf(ctx context.Context, job, node, reason string
 	if due != nil && !due() {
 		return
 	}
-	ev := &coordpb.JobEvent{Job: job, Kind: coordpb.JobEventKind_JOB_EVENT_KIND_REGANG, Reason: fmt.Sprintf("node %s down: %s", node, reason), Node: node,
+	why := fmt.Sprintf("node %s down: %s", node, reason)
+	if node == "" { // no node's death: a recovery its predecessor left unfinished
+		why = reason
+	}
+	ev := &coordpb.JobEvent{Job: job, Kind: coordpb.JobEventKind_JOB_EVENT_KIND_REGANG, Reason: why, Node: node,
 		DetectedUnixNano: detected.UnixNano(), Sources: map[string]uint32{}}
 	// A try that fails after its plan is made again (retry.go).
 	fail := func(err error) {

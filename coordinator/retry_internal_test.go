@@ -1,8 +1,10 @@
 package coordinator
 
 import (
+	"context"
 	"errors"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -205,5 +207,37 @@ func TestANodeBackBeforeItsRecoveryIsStillRecovered(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("the recovery of a node back before it ran never ran")
+	}
+}
+
+// TestAFailedFinishingRestartIsTriedAgain: a coordinator finishing a
+// recovery its predecessor left unfinished restarts the job; a restart
+// that fails once the grace is over is tried again as a recovery that
+// failed after its plan, not left for an operator.
+func TestAFailedFinishingRestartIsTriedAgain(t *testing.T) {
+	c := newTestCoordinator(t, filepath.Join(t.TempDir(), "store"))
+	t.Cleanup(func() { c.Close() })
+	if _, err := c.apply(func(ch *Changes) error {
+		_, err := c.state.RegisterJob("j", 1, nil, ch) // no step: the restart's plan fails
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	events, _, cancel := c.watchers.watch("j", false, 0)
+	defer cancel()
+	c.finishRecovery(context.Background(), "j", 3, c.cfg.Clock.Now(), true, map[string]bool{})
+	select {
+	case ev := <-events:
+		if ev.Ok || !strings.Contains(ev.Reason, "left unfinished") {
+			t.Fatalf("the finishing restart's event: %v, want its failure", ev)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no event of the failed finishing restart")
+	}
+	c.mu.Lock()
+	f := c.retrying["j"]
+	c.mu.Unlock()
+	if f == nil || f.attempts != 1 {
+		t.Fatalf("tries of the failed finishing restart: %+v, want one scheduled", f)
 	}
 }

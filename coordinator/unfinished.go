@@ -145,14 +145,14 @@ func (c *Coordinator) finishRecovery(ctx context.Context, job string, step int64
 	if err == nil || !graceOver {
 		return
 	}
-	// Not tried again (unlike a recovery that fails after its plan,
-	// retry.go): the job's gang stays broken until an operator restores
-	// it (rewind restore).
-	if c.gangs.forgetUnfinished(job) { // the re-gang began, and published its failure
-		return
+	// From here on it is tried again as a recovery that failed after its
+	// plan (retry.go): planned afresh from the nodes alive then.
+	const reason = "finishing a recovery the previous coordinator left unfinished"
+	now := c.cfg.Clock.Now()
+	if !c.gangs.forgetUnfinished(job) { // else the re-gang began, and published its failure
+		c.failRegang(&coordpb.JobEvent{Job: job, Step: step, Reason: reason, DetectedUnixNano: now.UnixNano()}, err)
 	}
-	c.failRegang(&coordpb.JobEvent{Job: job, Step: step, Reason: "finishing a recovery the previous coordinator left unfinished",
-		DetectedUnixNano: c.cfg.Clock.Now().UnixNano()}, err)
+	c.retryFailed(job, "", reason, now, err)
 }
 
 // noteLead notes whether this coordinator leads (noteLeadLocked), and
