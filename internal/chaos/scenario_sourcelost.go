@@ -217,3 +217,35 @@ func logField(line, key string) string {
 	v, _, _ = strings.Cut(v, " ")
 	return strings.Trim(v, `"`)
 }
+
+// playRackLoss: two nodes running ranks are killed at once, as a rack or
+// its switch is lost. Each death starts a recovery; the job must come
+// back once, whole, at a step restorable without both (when they held
+// every copy of a rank's newest steps, from the tiers), and train on.
+func playRackLoss(ctx context.Context, s *session) error {
+	snap, err := s.snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	nodes := rankNodes(snap)
+	first := s.pick(nodes)
+	second := s.pick(slices.DeleteFunc(slices.Clone(nodes), func(n string) bool { return n == first }))
+	if second == "" {
+		return fmt.Errorf("chaos: fewer than two rank nodes (placement %v)", snap.Placement())
+	}
+	if _, err := s.inject(ctx, "kill "+first, first, true, func(ctx context.Context) error { return s.c.Kill(ctx, first) }); err != nil {
+		return err
+	}
+	j, err := s.inject(ctx, "kill "+second+", in the same rack", second, true, func(ctx context.Context) error { return s.c.Kill(ctx, second) })
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.ev.Faults[j].Joint = true
+	s.mu.Unlock()
+	ev, err := s.waitRecoveryWithout(ctx, []string{first, second}, 2*time.Minute)
+	if err != nil {
+		return err
+	}
+	return s.trainOn(ctx, ev.Step, progressSteps)
+}

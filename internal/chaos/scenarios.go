@@ -33,6 +33,7 @@ var scenarios = []scenario{
 	{"agent-transfer", "a rank's node exits after a tier upload, before its manifest (fault agent/tier-uploaded)", false, playAgentTransfer},
 	{"restore-source-lost", "a rank's node killed, then, while its rank is restored, the node the restore reads from: the job must come back whole", false, playSourceLost},
 	{"restore-source-hangs", "restore-source-lost with the second node frozen, not killed, and thawed after the recovery", false, playSourceHangs},
+	{"rack-loss", "two rank nodes killed at once (a rack lost): the job must come back whole without both", false, playRackLoss},
 	{"two-nodes", "two rank nodes killed one after the other, each recovered", false, playTwoNodes},
 	{"all-copies-corrupt", "every copy of one rank at the newest step durable on S3 corrupt (its node killed with its memory and NVMe, its S3 copy and replicas corrupted, the coordinator frozen meanwhile): the job resumes whole at the step before", false, playAllCopiesCorrupt},
 	{"hostile-client", "garbage on every daemon's TCP ports and adversarial gRPC calls while the job trains: training must not notice", false, playHostileClient},
