@@ -33,10 +33,9 @@ func playAllCopiesCorrupt(ctx context.Context, s *session) error {
 	if err != nil {
 		return err
 	}
-	victim := s.pick(rankNodes(snap))
-	rank, ok := rankOf(snap, victim)
-	if !ok {
-		return fmt.Errorf("chaos: no rank on %s (placement %v)", victim, snap.Placement())
+	victim, rank, err := s.pickRankNode(snap)
+	if err != nil {
+		return err
 	}
 	var (
 		killed time.Time

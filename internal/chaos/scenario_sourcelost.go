@@ -55,10 +55,9 @@ func (s *session) loseSource(ctx context.Context, verb string, do func(context.C
 	if err != nil {
 		return err
 	}
-	victim := s.pick(rankNodes(snap))
-	rank, ok := rankOf(snap, victim)
-	if !ok {
-		return fmt.Errorf("chaos: no rank on %s (placement %v)", victim, snap.Placement())
+	victim, rank, err := s.pickRankNode(snap)
+	if err != nil {
+		return err
 	}
 	hold := fmt.Sprintf("agent/restore-fetched=sleep(%dms)", restoreHeld.Milliseconds())
 	for _, n := range nodeServices {

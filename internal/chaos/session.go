@@ -305,6 +305,16 @@ func rankOf(snap *Snapshot, node string) (uint32, bool) {
 	return 0, false
 }
 
+// pickRankNode picks a node running a rank, and its (smallest) rank.
+func (s *session) pickRankNode(snap *Snapshot) (string, uint32, error) {
+	node := s.pick(rankNodes(snap))
+	rank, ok := rankOf(snap, node)
+	if !ok {
+		return "", 0, fmt.Errorf("chaos: no rank on %q (placement %v)", node, snap.Placement())
+	}
+	return node, rank, nil
+}
+
 func (s *session) pick(from []string) string {
 	if len(from) == 0 {
 		return ""
