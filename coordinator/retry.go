@@ -121,7 +121,11 @@ func (c *Coordinator) retryFailed(job, node, reason string, detected time.Time, 
 	}
 	c.retrying[job] = f
 	delete(c.stalled, job) // the tries take its place; the last one failing stalls it again
-	after := min(firstRetryAfter<<(f.attempts-1), maxRetryAfter)
+	after := firstRetryAfter
+	for i := 1; i < f.attempts && after < maxRetryAfter; i++ { // doubling, without overflow for many tries
+		after *= 2
+	}
+	after = min(after, maxRetryAfter)
 	c.log.Warn("job recovery failed; trying it again", "job", job, "retry", f.attempts, "of", c.cfg.RecoveryRetries, "after", after, "err", err)
 	c.bg.Add(1) // Close waits for the backoff, not for the recovery after it, as for any recovery
 	go func() {

@@ -241,3 +241,23 @@ func TestAFailedFinishingRestartIsTriedAgain(t *testing.T) {
 		t.Fatalf("tries of the failed finishing restart: %+v, want one scheduled", f)
 	}
 }
+
+// TestRetryBackoffStaysBoundedForManyTries: with many tries allowed, the
+// backoff doubles up to 30 s and stays there (a shift of a second by the
+// try's number overflows past the 34th).
+func TestRetryBackoffStaysBoundedForManyTries(t *testing.T) {
+	c := newTestCoordinator(t, filepath.Join(t.TempDir(), "store"))
+	t.Cleanup(func() { c.Close() })
+	c.cfg.RecoveryRetries = 100
+	c.mu.Lock()
+	c.retrying = map[string]*failedRecovery{"j": {node: "n0", reason: "test", attempts: 63}}
+	c.mu.Unlock()
+	fired := make(chan struct{}, 1)
+	c.retryFired = func(string) { fired <- struct{}{} }
+	c.retryFailed("j", "n0", "test", c.cfg.Clock.Now(), errors.New("failed after its plan"))
+	select {
+	case <-fired:
+		t.Fatal("the 64th try ran at once: its backoff overflowed")
+	case <-time.After(2 * time.Second):
+	}
+}
