@@ -144,3 +144,13 @@ func TestReplay(t *testing.T) {
 		t.Fatalf("no goodput of 89.11%% in:\n%s", out.String())
 	}
 }
+
+// TestConfigsAreValid: what `make goodput` runs, with and without
+// --quick, passes Validate (a --quick that Run refuses is no smoke test).
+func TestConfigsAreValid(t *testing.T) {
+	for name, c := range map[string]Config{"default": DefaultConfig(), "quick": QuickConfig()} {
+		if err := c.Validate(); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}

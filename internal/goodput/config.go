@@ -83,7 +83,7 @@ func DefaultConfig() Config {
 // minutes in all.
 func QuickConfig() Config {
 	c := DefaultConfig()
-	c.Size, c.Duration, c.FaultEvery, c.HealAfter, c.MinIODown, c.BaselineEvery = 8<<20, 50*time.Second, 25*time.Second, 15*time.Second, 10*time.Second, 10
+	c.Size, c.Duration, c.FaultEvery, c.HealAfter, c.MinIODown, c.BaselineEvery = 8<<20, 50*time.Second, 25*time.Second, 10*time.Second, 10*time.Second, 10
 	return c
 }
 
