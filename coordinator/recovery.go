@@ -455,7 +455,6 @@ func (c *Coordinator) moveJob(ctx context.Context, job string, step int64, targe
 	return dropped, previous, nil
 }
 
-// isDown reports whether node is declared dead.
 // recoveryDue reports whether a recovery of job for a death declared at
 // declared is still due: a rank of the job is placed on a node declared
 // down, or no re-gang of the job ended since (the node came back before
@@ -486,6 +485,7 @@ func (c *Coordinator) downNodes() map[string]bool {
 	return out
 }
 
+// isDown reports whether node is declared dead.
 func (c *Coordinator) isDown(node string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()

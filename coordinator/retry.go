@@ -35,16 +35,20 @@ type stalledRecovery struct {
 func (c *Coordinator) stall(job, node, reason string, detected time.Time, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	delete(c.retrying, job)
 	if errors.Is(err, ErrUnknownJob) {
-		delete(c.retrying, job)
 		return
 	}
+	c.stallLocked(job, node, reason, detected)
+	c.log.Warn("job recovery stalled until a node comes back", "job", job, "node", node, "err", err)
+}
+
+// stallLocked records job's stalled recovery. The caller holds c.mu.
+func (c *Coordinator) stallLocked(job, node, reason string, detected time.Time) {
 	if c.stalled == nil {
 		c.stalled = map[string]stalledRecovery{}
 	}
 	c.stalled[job] = stalledRecovery{node: node, reason: reason, detected: detected}
-	delete(c.retrying, job)
-	c.log.Warn("job recovery stalled until a node comes back", "job", job, "node", node, "err", err)
 }
 
 // unstall forgets job's stalled recovery: the job was re-ganged.
@@ -108,10 +112,7 @@ func (c *Coordinator) retryFailed(job, node, reason string, detected time.Time, 
 	}
 	if f.attempts > c.cfg.RecoveryRetries {
 		delete(c.retrying, job)
-		if c.stalled == nil {
-			c.stalled = map[string]stalledRecovery{}
-		}
-		c.stalled[job] = stalledRecovery{node: f.node, reason: f.reason, detected: f.detected}
+		c.stallLocked(job, f.node, f.reason, f.detected)
 		c.log.Error("job recovery failed every try; it waits for a node to come back or an operator's restore",
 			"job", job, "tries", f.attempts, "err", err)
 		return
