@@ -40,6 +40,21 @@ func ParseLogs(service string, out []byte) []Line {
 	return lines
 }
 
+// linesSince returns the lines of a daemon's `docker logs --timestamps`
+// output stamped at or after since that contain substr, without their
+// stamp.
+func linesSince(out []byte, since time.Time, substr string) []string {
+	var lines []string
+	for _, l := range strings.Split(string(out), "\n") {
+		ts, rest, _ := strings.Cut(l, " ")
+		at, err := time.Parse(time.RFC3339Nano, ts)
+		if err == nil && !at.Before(since) && strings.Contains(rest, substr) {
+			lines = append(lines, rest)
+		}
+	}
+	return lines
+}
+
 func parseLine(service, s string) (Line, bool) {
 	ts, rest, ok := strings.Cut(s, " ")
 	if !ok {

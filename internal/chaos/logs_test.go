@@ -63,3 +63,15 @@ func TestEventsMergedInTimeOrder(t *testing.T) {
 		t.Fatalf("events not merged by time: %+v", evs)
 	}
 }
+
+func TestLinesSince(t *testing.T) {
+	out := []byte("2026-11-21T09:00:01Z time=x msg=\"restore source failed\" a=1\n" +
+		"2026-11-21T09:00:03Z time=y msg=\"restore source failed\" a=2\n" +
+		"2026-11-21T09:00:04Z time=z msg=\"other\"\n" +
+		"not stamped restore source failed\n")
+	since := time.Date(2026, 11, 21, 9, 0, 2, 0, time.UTC)
+	got := linesSince(out, since, "restore source failed")
+	if len(got) != 1 || got[0] != `time=y msg="restore source failed" a=2` {
+		t.Fatalf("lines since 09:00:02 naming a failed source: %q", got)
+	}
+}

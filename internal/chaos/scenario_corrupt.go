@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"rewind.dev/rewind/api/coordpb"
@@ -153,14 +152,9 @@ func (s *session) fallbackSeen(ctx context.Context, node string, after time.Time
 		c.Detail = err.Error()
 		return c
 	}
-	for _, l := range strings.Split(string(stderr), "\n") {
-		ts, rest, _ := strings.Cut(l, " ")
-		at, err := time.Parse(time.RFC3339Nano, ts)
-		if err != nil || at.Before(after) || !strings.Contains(rest, "restore source failed") {
-			continue
-		}
+	if failed := linesSince(stderr, after, "restore source failed"); len(failed) > 0 {
 		c.OK = true
-		c.Detail = "its agent: " + shorten(rest, 240)
+		c.Detail = "its agent: " + shorten(failed[0], 240)
 		return c
 	}
 	c.Detail = fmt.Sprintf("%s held a corrupt copy of step %d, but its agent logged no failed restore source", node, step)

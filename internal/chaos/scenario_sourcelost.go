@@ -189,13 +189,8 @@ func (s *session) restoreSource(ctx context.Context, down string, rank uint32, s
 			if err != nil {
 				return restoreRead{}, err
 			}
-			for _, l := range strings.Split(string(stderr), "\n") {
-				ts, rest, _ := strings.Cut(l, " ")
-				at, err := time.Parse(time.RFC3339Nano, ts)
-				if err != nil || at.Before(since) || !strings.Contains(rest, `msg="restore source: trying"`) || !strings.Contains(rest, want) {
-					continue
-				}
-				if src := logField(rest, "source"); src != "" {
+			for _, l := range linesSince(stderr, since, `msg="restore source: trying"`) {
+				if src := logField(l, "source"); strings.Contains(l, want) && src != "" {
 					return restoreRead{restorer: n, source: src}, nil
 				}
 			}
