@@ -172,19 +172,43 @@ type call struct {
 	do     func(context.Context) error
 }
 
+// callOn is a call and the connection it goes over.
+type callOn struct {
+	call
+	conn *grpc.ClientConn
+}
+
+func on(conn *grpc.ClientConn, calls []call) []callOn {
+	out := make([]callOn, len(calls))
+	for i, cl := range calls {
+		out[i] = callOn{cl, conn}
+	}
+	return out
+}
+
+// failed describes a call that failed the check: what it got, after how
+// long, and the state of its connection then.
+func (cl callOn) failed(got string, took time.Duration) string {
+	s := fmt.Sprintf("%s: %s (after %v", cl.what, got, took.Round(time.Millisecond))
+	if cl.conn != nil {
+		s += ", connection " + strings.ToLower(cl.conn.GetState().String())
+	}
+	return s + ")"
+}
+
 // adversarialCalls makes well-formed calls that must be refused or are
 // read-only, against the coordinator and every agent, in rounds until
 // ctx ends, and checks that each one that must be refused was.
 func (s *session) adversarialCalls(ctx context.Context) Check {
 	c := Check{Name: "every call that must be refused was, every daemon answered"}
-	calls := s.coordinatorCalls()
+	calls := on(s.c.conn, s.coordinatorCalls())
 	reader, rconn, err := s.readerCalls()
 	if err != nil {
 		c.Detail = err.Error()
 		return c
 	}
 	defer rconn.Close()
-	calls = append(calls, reader...)
+	calls = append(calls, on(rconn, reader)...)
 	for _, n := range nodeServices {
 		conn, err := s.c.sec.NewClient(net.JoinHostPort(s.c.addr(n), fmt.Sprint(agentGRPCPort)), transport.ExpectNode(n), quickRedial)
 		if err != nil {
@@ -192,38 +216,52 @@ func (s *session) adversarialCalls(ctx context.Context) Check {
 			return c
 		}
 		defer conn.Close()
-		calls = append(calls, agentCalls(n, agentpb.NewAgentClient(conn), s.cfg.Job)...)
+		calls = append(calls, on(conn, agentCalls(n, agentpb.NewAgentClient(conn), s.cfg.Job))...)
 	}
-	var bad []string
-	made := 0
-	for round := 0; round < 50 && ctx.Err() == nil; round++ {
-		for _, cl := range calls {
-			cctx, cancel := context.WithTimeout(ctx, callTimeout)
-			err := cl.do(cctx)
-			cancel()
-			if ctx.Err() != nil {
-				break
-			}
-			made++
-			switch {
-			case cl.refuse && err == nil:
-				bad = append(bad, cl.what+": accepted")
-			case cl.refuse && (status.Code(err) == codes.Unavailable || status.Code(err) == codes.DeadlineExceeded):
-				bad = append(bad, cl.what+": not answered: "+err.Error())
-			case !cl.refuse && err != nil:
-				bad = append(bad, cl.what+": "+err.Error())
-			}
-		}
-		if len(bad) > 0 {
-			break
-		}
-	}
+	made, bad := callRounds(ctx, calls)
 	c.OK = len(bad) == 0 && made > 0
 	c.Detail = fmt.Sprintf("%d calls of %d kinds", made, len(calls))
 	if len(bad) > 0 {
 		c.Detail = strings.Join(bad, "; ")
 	}
 	return c
+}
+
+// callRounds makes the calls in rounds (50 at most) while ctx lasts and
+// returns how many it made and what each one that failed the check got.
+// A call has callTimeout of its own, even past ctx's end: under load the
+// timer that ends a context with a deadline can fire long after the
+// deadline, and a call started meanwhile would see its time gone before
+// it began (gRPC fails a call whose deadline has passed at once, with
+// DeadlineExceeded) while ctx still said it lasted.
+func callRounds(ctx context.Context, calls []callOn) (made int, bad []string) {
+	end, bounded := ctx.Deadline()
+	lasts := func() bool { return ctx.Err() == nil && (!bounded || time.Now().Before(end)) }
+	for round := 0; round < 50 && lasts(); round++ {
+		for _, cl := range calls {
+			if !lasts() {
+				break
+			}
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), callTimeout)
+			began := time.Now()
+			err := cl.do(cctx)
+			took := time.Since(began)
+			cancel()
+			made++
+			switch {
+			case cl.refuse && err == nil:
+				bad = append(bad, cl.failed("accepted", took))
+			case cl.refuse && (status.Code(err) == codes.Unavailable || status.Code(err) == codes.DeadlineExceeded):
+				bad = append(bad, cl.failed("not answered: "+err.Error(), took))
+			case !cl.refuse && err != nil:
+				bad = append(bad, cl.failed(err.Error(), took))
+			}
+		}
+		if len(bad) > 0 {
+			break
+		}
+	}
+	return made, bad
 }
 
 func (s *session) coordinatorCalls() []call {
