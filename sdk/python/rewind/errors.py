@@ -21,6 +21,13 @@ class RewindError(Exception):
         self.message = message
         self.code = code
 
+    def __reduce__(self):
+        # Pickled with the constructor's own arguments: an exception
+        # pickles its args, here the one formatted string, which the
+        # constructor would refuse. DCP pickles a rank's exception to every
+        # other rank (all_gather_object), multiprocessing a worker's.
+        return (type(self), (self.op, self.message, self.code), self.__dict__)
+
 
 class NoAgentError(RewindError):
     """No agent answers on the socket, or it went away mid-call."""

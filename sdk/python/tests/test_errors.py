@@ -2,14 +2,16 @@
 and none of them damages an earlier good checkpoint."""
 
 import os
+import pickle
 import socket
 import time
 
+import grpc
 import pytest
 import torch
 
 import rewind
-from rewind import shard
+from rewind import errors, shard
 
 
 def test_no_agent(tmp_path):
@@ -200,3 +202,17 @@ def test_gang_broken_is_its_own_error():
     e = from_rpc("save step 42", Aborted())
     assert isinstance(e, rewind.GangBrokenError) and isinstance(e, rewind.RewindError)
     assert "restoring step 41" in str(e)
+
+
+@pytest.mark.parametrize("kind", [k for k in vars(errors).values()
+                                  if isinstance(k, type) and issubclass(k, rewind.RewindError)])
+def test_errors_survive_pickling(kind):
+    """DCP sends a rank's exception to the other ranks pickled, and
+    multiprocessing a worker's: each error comes back whole, the same
+    kind with the same words."""
+    e = kind("save step 3 of job j rank 1", "the agent's words", grpc.StatusCode.NOT_FOUND)
+    e.extra = "kept"
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is kind
+    assert str(back) == str(e) == "rewind: save step 3 of job j rank 1: the agent's words"
+    assert (back.op, back.message, back.code, back.extra) == (e.op, e.message, e.code, "kept")
