@@ -36,6 +36,7 @@ import dataclasses
 import io
 import json
 import os
+import pickle
 import re
 import threading
 import uuid
@@ -164,8 +165,53 @@ def _planner_data_json(pd):
     return out
 
 
+_failures_picklable = False
+
+
+def _make_failures_picklable() -> None:
+    """DCP sends a rank's failure to the other ranks pickled, as the
+    exception and traceback.extract_tb of it (torch's _wrap_exception). On
+    Python 3.13 each frame of that summary holds its code object, which does
+    not pickle (pytorch#174669): the failing rank raised "cannot pickle code
+    objects" instead of its own error, and the other ranks waited for it in
+    a collective until their timeout. Where this torch's wrapper fails so,
+    it is wrapped once to drop the frames' code objects, as later torch
+    does: what a frame prints (file, line, function, source) stays."""
+    global _failures_picklable
+    if _failures_picklable:
+        return
+    _failures_picklable = True
+    try:
+        from torch.distributed.checkpoint import api, utils
+        wrap = utils._wrap_exception
+    except (ImportError, AttributeError):
+        return  # a torch whose DCP does not wrap failures so
+    try:
+        raise RuntimeError("probe")
+    except RuntimeError as e:
+        probe = e
+    try:
+        pickle.dumps(wrap(probe))
+        return  # they pickle: nothing to mend
+    except TypeError:
+        pass
+
+    def wrap_picklable(exc):
+        wrapped = wrap(exc)
+        if isinstance(wrapped, tuple) and len(wrapped) == 2 and isinstance(wrapped[1], list):
+            for frame in wrapped[1]:
+                if getattr(frame, "_code", None) is not None:
+                    object.__setattr__(frame, "_code", None)
+        return wrapped
+
+    for mod in (utils, api):
+        if getattr(mod, "_wrap_exception", None) is wrap:
+            mod._wrap_exception = wrap_picklable
+
+
 class _Base:
     def __init__(self, step: int | None, job: str | None, socket: str | None, timeout: float):
+        _make_failures_picklable()
         if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
             raise InvalidError("dcp", f"step must be a non-negative integer, is {step!r}")
         self.step, self.job, self.socket, self.timeout = step, job, socket, timeout
@@ -275,8 +321,11 @@ class Writer(_Base, StorageWriter):
         return fut
 
     def finish(self, metadata, results) -> None:
-        """Nothing left to do: every rank's shard is committed, and the
-        global metadata is rebuilt from them at load."""
+        """Every rank's shard is committed, and the global metadata is
+        rebuilt from them at load: what is left is to name the checkpoint
+        in the Metadata dcp.save returns, as FileSystemWriter does."""
+        if hasattr(metadata, "storage_meta"):
+            metadata.storage_meta = self.storage_meta()
 
 
 class Reader(_Base, StorageReader):

@@ -166,6 +166,7 @@ def main() -> None:
     p.add_argument("--keys")
     p.add_argument("--async", dest="async_", action="store_true")
     p.add_argument("--group", type=int, help="save with a process group of the first N ranks; the rest do not save")
+    p.add_argument("--fail-rank", type=int, help="save-fails: the rank whose writer has no agent")
     args = p.parse_args()
     rank, world, out = int(args.rank), int(args.world), args.out
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=world)
@@ -191,6 +192,15 @@ def main() -> None:
         ref = {k: whole(v) for k, v in flat(build(world, args.step))}
         if rank == 0:
             torch.save(ref, os.path.join(out, f"reference-{args.step}.pt"))
+    elif args.action == "save-fails":
+        # Rank --fail-rank's writer names a socket no agent listens on: every
+        # rank must raise DCP's CheckpointException naming that failure.
+        sock = os.path.join(out, "no-agent.sock") if rank == args.fail_rank else None
+        try:
+            dcp.save(build(world, args.step), storage_writer=rewind.dcp.Writer(step=args.step, socket=sock, timeout=5))
+            res["error"] = None
+        except BaseException as e:  # CheckpointException is a BaseException
+            res["error"] = f"{type(e).__name__}: {e}"
     elif args.action == "load":
         sd = build(world, 0)
         if args.keys:

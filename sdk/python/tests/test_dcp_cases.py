@@ -94,7 +94,8 @@ def test_one_process_without_a_process_group(agent, job):
     import torch.distributed.checkpoint as dcp
 
     sd = {"w": torch.arange(6.0).reshape(2, 3).t(), "n": 5, "b": torch.tensor(True)}
-    dcp.save(sd, storage_writer=rewind.dcp.Writer(step=1, job=job, socket=agent.socket))
+    md = dcp.save(sd, storage_writer=rewind.dcp.Writer(step=1, job=job, socket=agent.socket))
+    assert md.storage_meta.checkpoint_id == f"rewind://{job}/step-1"
     got = {"w": torch.zeros(3, 2), "n": 0, "b": torch.tensor(False)}
     reader = rewind.dcp.Reader(job=job, socket=agent.socket)
     dcp.load(got, storage_reader=reader)
@@ -192,3 +193,19 @@ def test_key_that_reads_like_a_piece_name(agent, tmp_path):
     run("save", 2, agent, job, tmp_path, "at_sign", "--step", "1")
     check(run("load", 2, agent, job, tmp_path, "at_sign"), 1, 2)
     check(run("load", 3, agent, job, tmp_path, "at_sign"), 1, 2)
+
+
+def test_a_ranks_failure_reaches_every_rank(agent, tmp_path):
+    """One rank of three cannot reach its agent: every rank's dcp.save
+    raises DCP's CheckpointException naming that rank's own error (no
+    agent on its socket), rather than a pickling error on one rank and a
+    collective that never ends on the others; and nothing of the step
+    is committed."""
+    job = f"dcp-fails-{os.getpid()}"
+    res = run("save-fails", 3, agent, job, tmp_path, "tiny", "--step", "4", "--fail-rank", "1")
+    for r in res:
+        err = r["error"] or ""
+        assert err.startswith("CheckpointException"), r
+        assert "NoAgentError" in err and "no-agent.sock" in err, r
+    with rewind.Client(socket=agent.socket, job=job) as c:
+        assert [(s.rank, s.step) for s in c.list(job)] == []
