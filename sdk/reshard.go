@@ -194,6 +194,8 @@ func kindOf(err error) error {
 		return ErrCorrupt
 	case errors.Is(err, ErrNotFound):
 		return ErrNotFound
+	case errors.Is(err, ErrInvalid):
+		return ErrInvalid
 	}
 	return nil
 }
@@ -307,10 +309,14 @@ func (s *Session) fill(ctx context.Context, step int64, shards []*openShard, wan
 // which serves that shard no more. Where the box is one run of bytes in
 // the piece and the slice (run: where it goes, else nil) and the piece's
 // leaf hashes are known, the run is copied as its leaves are checked, in
-// one pass: copied says so.
+// one pass: copied says so. With no good copy left the error wraps
+// ErrCorrupt, unless a copy could not be fetched for another reason than
+// its bytes (the agent out of budget, a peer gone): then it is of that
+// reason's kind, for the caller to retry, not to give the step up.
 func (s *Session) verified(ctx context.Context, step int64, shards []*openShard, copies []*piece, sl *Slice, lo, n []int64, es int64,
 	run []byte, res *Resharded) (_ *piece, copied bool, _ error) {
 	var problems []string
+	var unread error // the first copy that could not be fetched for another reason than its bytes
 	for i, p := range copies {
 		if p.bad {
 			continue
@@ -318,6 +324,9 @@ func (s *Session) verified(ctx context.Context, step int64, shards []*openShard,
 		if err := s.ready(ctx, shards, p, i, sl, res); err != nil {
 			p.bad = true
 			problems = append(problems, fmt.Sprintf("tensor %q of rank %d at step %d: %v", p.t.Name, p.rank, step, err))
+			if unread == nil && !errors.Is(err, ErrCorrupt) {
+				unread = err
+			}
 			continue
 		}
 		var err error
@@ -352,6 +361,9 @@ func (s *Session) verified(ctx context.Context, step int64, shards []*openShard,
 			s.report(ctx, shards[p.rank].sh, err)
 		}
 		problems = append(problems, err.Error())
+	}
+	if unread != nil { // not the bytes' fault: the caller sees why (out of budget, a peer gone)
+		return nil, false, &Error{Op: "no copy could be read", Msg: strings.Join(problems, "; "), kind: kindOf(unread)}
 	}
 	return nil, false, fmt.Errorf("%w: no good copy left: %s", shm.ErrCorrupt, strings.Join(problems, "; "))
 }

@@ -2,6 +2,7 @@ package sdk
 
 import (
 	"fmt"
+	"math"
 	"slices"
 
 	"rewind.dev/rewind/shm"
@@ -142,6 +143,9 @@ func checkSlice(sl *Slice) error {
 		if sl.Offsets[d] < 0 || sl.Lengths[d] < 0 {
 			return fmt.Errorf("slice of %q: negative offset or length %v/%v", sl.Name, sl.Offsets, sl.Lengths)
 		}
+		if sl.Offsets[d] > math.MaxInt64-sl.Lengths[d] { // its end would wrap, and pass for inside the shape
+			return fmt.Errorf("slice of %q: %v+%v is outside any global shape", sl.Name, sl.Offsets, sl.Lengths)
+		}
 	}
 	n, err := sl.DType.NumBytes(sl.Lengths)
 	if err != nil {
@@ -156,22 +160,26 @@ func checkSlice(sl *Slice) error {
 // cover returns, for each distinct box of the pieces that overlap sl, the
 // copies of that box (lowest rank first) and the overlap. It fails unless
 // the pieces have sl's element type and global shape and the boxes cover
-// sl exactly once.
+// sl exactly once: ErrInvalid for a slice of another rank or element type
+// or outside the shape.
 func cover(sl *Slice, pieces []*piece) (groups [][]*piece, err error) {
 	if len(sl.Lengths) != len(pieces[0].global) {
-		return nil, fmt.Errorf("tensor %q has %d dimensions, slice %d", sl.Name, len(pieces[0].global), len(sl.Lengths))
+		return nil, fmt.Errorf("%w: tensor %q has %d dimensions, slice %d", ErrInvalid, sl.Name, len(pieces[0].global), len(sl.Lengths))
 	}
 	for d := range sl.Lengths {
 		if sl.Offsets[d]+sl.Lengths[d] > pieces[0].global[d] {
-			return nil, fmt.Errorf("tensor %q: slice %v+%v is outside global shape %v", sl.Name, sl.Offsets, sl.Lengths, pieces[0].global)
+			return nil, fmt.Errorf("%w: tensor %q: slice %v+%v is outside global shape %v", ErrInvalid, sl.Name, sl.Offsets, sl.Lengths, pieces[0].global)
 		}
 	}
 	byBox := map[string]int{}
 	var covered int64
 	for _, p := range pieces {
-		if p.t.DType != sl.DType || !slices.Equal(p.global, pieces[0].global) {
-			return nil, fmt.Errorf("tensor %q: rank %d holds %s of global shape %v; asked for %s, others hold shape %v",
-				sl.Name, p.rank, p.t.DType, p.global, sl.DType, pieces[0].global)
+		if !slices.Equal(p.global, pieces[0].global) || p.t.DType != pieces[0].t.DType {
+			return nil, fmt.Errorf("tensor %q: rank %d holds a piece of %s of global shape %v, rank %d of %s of %v",
+				sl.Name, p.rank, p.t.DType, p.global, pieces[0].rank, pieces[0].t.DType, pieces[0].global)
+		}
+		if p.t.DType != sl.DType {
+			return nil, fmt.Errorf("%w: tensor %q: rank %d holds %s, asked for %s", ErrInvalid, sl.Name, p.rank, p.t.DType, sl.DType)
 		}
 		if _, _, ok := intersect(p.offs, p.t.Shape, sl.Offsets, sl.Lengths); !ok {
 			continue
