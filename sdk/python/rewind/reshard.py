@@ -205,8 +205,13 @@ def _verified(op: str, shards, copies: list[_Piece], lo, n, es: int, bad: set, r
     """The first copy of a piece whose bytes holding the box (lo, n) match:
     the leaves they touch when the agent gave the piece's leaf hashes, else
     the whole piece (OpenShard.verify_range). A corrupt copy is reported to
-    its agent, which serves that shard no more."""
+    its agent, which serves that shard no more. With no good copy left it
+    raises CorruptError, unless a copy could not be fetched for another
+    reason than its bytes (the agent out of budget, a peer gone): then an
+    error of that reason's kind, for the caller to retry, not to give the
+    step up."""
     problems = []
+    unread: RewindError | None = None
     for p in copies:
         if (p.rank, p.name) in bad:
             continue
@@ -219,12 +224,16 @@ def _verified(op: str, shards, copies: list[_Piece], lo, n, es: int, bad: set, r
             except RewindError as e:  # no peer served it, checked: the next copy
                 bad.add((p.rank, p.name))
                 problems.append(f"rank {p.rank}: {e.message}")
+                if unread is None and not isinstance(e, CorruptError):
+                    unread = e
                 continue
             res.verified += sh.verify_range(p.name, blo, bhi)
             return p
         except CorruptError as e:
             bad.add((p.rank, p.name))
             problems.append(f"rank {p.rank}: {e.message}")
+    if unread is not None:
+        raise type(unread)(op, f"no copy of tensor {copies[0].name!r} could be read: " + "; ".join(problems), unread.code)
     raise CorruptError(op, "no good copy left of tensor " + repr(copies[0].name) + ": " + "; ".join(problems))
 
 

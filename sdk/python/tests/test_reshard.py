@@ -132,3 +132,32 @@ def test_only_the_leaves_read_are_hashed(agent, job):
         with pytest.raises(rewind.CorruptError, match="leaf 0"):
             c.restore(layout=Layout([Slice("big", (0, 0), torch.empty(1024, 1024, dtype=torch.uint8))]))
 
+
+
+class _Unfetchable:
+    """A partially open shard whose fetch fails as an agent out of budget
+    answers: the bytes were never read, so nothing says they are bad."""
+
+    def tensor_range(self, name, lo, hi):
+        return (lo, hi - lo)
+
+    def fill(self, ranges):
+        raise rewind.ResourceExhaustedError("fill job j rank 0", "memory budget exhausted")
+
+    def verify_range(self, name, lo, hi):
+        raise AssertionError("bytes never fetched were verified")
+
+
+def test_a_copy_that_cannot_be_fetched_is_not_corrupt():
+    """When no copy of a piece can be fetched because the agent is out of
+    budget, the restore fails with that reason (ResourceExhaustedError,
+    to retry or make room), naming each copy tried, not CorruptError,
+    which says the checkpoint's bytes are bad."""
+    from rewind.reshard import Resharded, _Piece, _verified
+
+    copies = [_Piece(rank=r, name="w", offsets=(0,), shape=(4,), global_shape=(4,), dtype="F32") for r in (0, 1)]
+    with pytest.raises(rewind.RewindError) as e:
+        _verified("reshard restore", {0: _Unfetchable(), 1: _Unfetchable()}, copies, [0], [4], 4, set(),
+                  Resharded(step=1, saved_world_size=2, objects=None))
+    assert isinstance(e.value, rewind.ResourceExhaustedError) and not isinstance(e.value, rewind.CorruptError)
+    assert "rank 0: memory budget exhausted" in str(e.value) and "rank 1:" in str(e.value)
