@@ -27,12 +27,12 @@ func grpcLike(ctx context.Context) error {
 	if end, ok := ctx.Deadline(); ok && !time.Now().Before(end) {
 		return status.Error(codes.DeadlineExceeded, "context deadline exceeded")
 	}
-	time.Sleep(5 * time.Millisecond)
+	time.Sleep(20 * time.Millisecond)
 	return nil
 }
 
 func TestCallRoundsJudgeOnlyCallsMadeInTime(t *testing.T) {
-	ctx := lateTimer{Context: context.Background(), end: time.Now().Add(100 * time.Millisecond)}
+	ctx := lateTimer{Context: context.Background(), end: time.Now().Add(300 * time.Millisecond)}
 	calls := on(nil, []call{
 		{"a read", false, grpcLike},
 		{"a refused call", true, func(ctx context.Context) error {
