@@ -100,6 +100,16 @@ func (s *shardedState) layout() sdk.Layout {
 	return sdk.Layout{Slices: []sdk.Slice{sl("w", s.w), sl("v", s.v)}}
 }
 
+// hasStep reports whether the coordinator knows a consistent step of the
+// job: then a restore's ErrNotFound is about what the step holds (a
+// tensor of the layout no rank saved), not a job with nothing to resume,
+// and starting fresh would throw the checkpoint away. A lone agent's
+// answer (ErrBusy) or none at all says no step.
+func hasStep(ctx context.Context, sess *sdk.Session) bool {
+	_, ok, err := sess.LatestConsistent(ctx)
+	return err == nil && ok
+}
+
 // resumeElastic restores this rank's rows of the step to resume from,
 // saved at whatever world size, or starts fresh when the job has none.
 func resumeElastic(ctx context.Context, sess *sdk.Session, cfg TrainConfig) (trainState, error) {
@@ -117,7 +127,7 @@ func resumeElastic(ctx context.Context, sess *sdk.Session, cfg TrainConfig) (tra
 		res, err = sess.RestoreInto(ctx, st.layout())
 	}
 	took := time.Since(t0)
-	if errors.Is(err, sdk.ErrNotFound) && cfg.RestoreStep < 0 {
+	if errors.Is(err, sdk.ErrNotFound) && cfg.RestoreStep < 0 && !hasStep(ctx, sess) {
 		fmt.Fprintln(cfg.Out, formatFresh(st.step, st.digest()))
 		return st, nil
 	}
