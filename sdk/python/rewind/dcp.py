@@ -193,7 +193,7 @@ def _make_failures_picklable() -> None:
     try:
         pickle.dumps(wrap(probe))
         return  # they pickle: nothing to mend
-    except TypeError:
+    except Exception:  # TypeError: cannot pickle code objects
         pass
 
     def wrap_picklable(exc):
