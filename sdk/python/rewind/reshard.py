@@ -18,6 +18,7 @@ the same (docs/design/20261127_resharding.md).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -27,13 +28,15 @@ import torch
 from . import dtypes
 from ._pb.agent_pb2 import ShardState
 from .errors import BusyError, CorruptError, InvalidError, NotFoundError, RewindError
+from .mapping import numpy_view
 
 
 @dataclass
 class Slice:
     """A box of global tensor name that this rank restores: offsets in
-    every dimension, and out, a contiguous CPU torch tensor or numpy array
-    whose shape is the box's lengths and whose dtype is the saved one."""
+    every dimension (ints), and out, a contiguous, writable CPU torch
+    tensor (a parameter too) or numpy array whose shape is the box's
+    lengths and whose dtype is the saved one."""
 
     name: str
     offsets: Sequence[int]
@@ -119,14 +122,23 @@ def restore_into(c, layout: Layout, step: int | None) -> Resharded:
             sh.close()
 
 
-def _check(op: str, s: Slice) -> torch.Tensor:
-    """The slice's out as a torch tensor sharing its memory."""
-    out = torch.from_numpy(s.out) if isinstance(s.out, np.ndarray) else s.out
-    if not isinstance(out, torch.Tensor) or out.device.type != "cpu" or not out.is_contiguous():
-        raise InvalidError(op, f"slice of {s.name!r}: out must be a contiguous CPU tensor or numpy array")
-    if len(s.offsets) != out.dim() or any(o < 0 for o in s.offsets):
-        raise InvalidError(op, f"slice of {s.name!r}: offsets {list(s.offsets)} for a {out.dim()}-dimensional out")
-    return out
+def _check(op: str, s: Slice) -> tuple[Any, tuple]:
+    """The slice's out (a torch tensor, or a numpy array kept as such: torch
+    has no unsigned types of 2 to 8 bytes) and its offsets as ints."""
+    out = s.out
+    if isinstance(out, np.ndarray):
+        ok = out.flags.c_contiguous and out.flags.writeable
+    else:
+        ok = isinstance(out, torch.Tensor) and out.device.type == "cpu" and out.is_contiguous()
+    if not ok:
+        raise InvalidError(op, f"slice of {s.name!r}: out must be a contiguous, writable CPU tensor or numpy array")
+    try:
+        offs = tuple(operator.index(o) for o in s.offsets)  # numpy ints would wrap past the shape's end
+    except TypeError:
+        offs = None
+    if offs is None or len(offs) != out.ndim or any(o < 0 for o in offs):
+        raise InvalidError(op, f"slice of {s.name!r}: offsets {s.offsets!r} for a {out.ndim}-dimensional out")
+    return out, offs
 
 
 def _pieces(shards) -> dict[str, list[_Piece]]:
@@ -140,45 +152,56 @@ def _pieces(shards) -> dict[str, list[_Piece]]:
     return by
 
 
-def _fill(op: str, shards, slices: list[Slice], outs: list[torch.Tensor], res: Resharded) -> None:
+def _fill(op: str, shards, slices: list[Slice], outs: list[tuple[Any, tuple]], res: Resharded) -> None:
     by = _pieces(shards)
     bad: set[tuple] = set()  # (rank, tensor) found corrupt
-    for s, out in zip(slices, outs):
+    for s, (out, offs) in zip(slices, outs):
         pieces = by.get(s.name)
         if not pieces:
             raise NotFoundError(op, f"no rank saved tensor {s.name!r} at step {res.step}")
         p0 = pieces[0]
-        want = dtypes.of_tensor(out)
+        want = dtypes.of_ndarray(out) if isinstance(out, np.ndarray) else dtypes.of_tensor(out)
         if want != p0.dtype:
-            raise InvalidError(op, f"slice of {s.name!r}: out is {want}, the tensor was saved as {p0.dtype}")
+            raise InvalidError(op, f"slice of {s.name!r}: out is {want or out.dtype}, the tensor was saved as {p0.dtype}")
         lengths = tuple(out.shape)
-        if any(o + n > g for o, n, g in zip(s.offsets, lengths, p0.global_shape)) or len(lengths) != len(p0.global_shape):
-            raise InvalidError(op, f"slice of {s.name!r} at {list(s.offsets)} of {list(lengths)} is outside "
+        if any(o + n > g for o, n, g in zip(offs, lengths, p0.global_shape)) or len(lengths) != len(p0.global_shape):
+            raise InvalidError(op, f"slice of {s.name!r} at {list(offs)} of {list(lengths)} is outside "
                                f"its global shape {list(p0.global_shape)}")
         groups: dict[tuple, list[_Piece]] = {}
         for p in pieces:
             if p.global_shape != p0.global_shape or p.dtype != p0.dtype:
                 raise CorruptError(op, f"tensor {s.name!r}: ranks saved pieces of different global shapes or dtypes")
-            if _overlap(p.offsets, p.shape, s.offsets, lengths) is not None:
-                groups.setdefault((p.offsets, p.shape), []).append(p)
+            if _overlap(p.offsets, p.shape, offs, lengths) is None:
+                continue
+            if (p.offsets, p.shape) not in groups:
+                for q in groups.values():  # else the overlap counts twice, and a gap passes for covered
+                    if _overlap(p.offsets, p.shape, q[0].offsets, q[0].shape) is not None:
+                        raise CorruptError(op, f"tensor {s.name!r}: pieces of ranks {p.rank} and {q[0].rank} overlap "
+                                           f"without being copies")
+            groups.setdefault((p.offsets, p.shape), []).append(p)
+        es = out.itemsize if isinstance(out, np.ndarray) else out.element_size()
         covered = 0
         for box, copies in groups.items():
-            ov = _overlap(copies[0].offsets, copies[0].shape, s.offsets, lengths)
+            ov = _overlap(copies[0].offsets, copies[0].shape, offs, lengths)
             assert ov is not None  # grouped because it overlaps
             lo, n = ov
-            p = _verified(op, shards, copies, lo, n, out.element_size(), bad, res)
-            src = shards[p.rank].view(p.name).view(p.shape)
-            dst = out
-            for d, (a, k) in enumerate(zip(lo, n)):
-                src = src.narrow(d, a - p.offsets[d], k)
-                dst = dst.narrow(d, a - s.offsets[d], k)
-            dst.copy_(src)
+            p = _verified(op, shards, copies, lo, n, es, bad, res)
+            sh = shards[p.rank]
+            at = tuple(slice(a - po, a - po + k) for a, po, k in zip(lo, p.offsets, n)) + (Ellipsis,)
+            to = tuple(slice(a - so, a - so + k) for a, so, k in zip(lo, offs, n)) + (Ellipsis,)
+            if isinstance(out, np.ndarray):
+                np.copyto(out[to], numpy_view(sh.mapping.mv, sh.header.tensor(p.name), sh.header.data_start)
+                          .reshape(p.shape)[at])
+            else:
+                with torch.no_grad():  # out may be a parameter
+                    out[to].copy_(sh.view(p.name).view(p.shape)[at])
             vol = int(np.prod(n, dtype=np.int64))
             covered += vol
-            res.bytes += vol * out.element_size()
-        if covered != out.numel():
-            raise NotFoundError(op, f"slice of {s.name!r} at {list(s.offsets)} of {list(lengths)}: the saved pieces "
-                                f"cover {covered} of its {out.numel()} elements")
+            res.bytes += vol * es
+        total = int(np.prod(lengths, dtype=np.int64))
+        if covered != total:  # not NotFoundError: a caller takes that for "no checkpoint: start afresh"
+            raise RewindError(op, f"slice of {s.name!r} at {list(offs)} of {list(lengths)}: the saved pieces "
+                              f"cover {covered} of its {total} elements")
 
 
 def _overlap(offs, shape, want_offs, want_lens):

@@ -161,3 +161,166 @@ def test_a_copy_that_cannot_be_fetched_is_not_corrupt():
                   Resharded(step=1, saved_world_size=2, objects=None))
     assert isinstance(e.value, rewind.ResourceExhaustedError) and not isinstance(e.value, rewind.CorruptError)
     assert "rank 0: memory budget exhausted" in str(e.value) and "rank 1:" in str(e.value)
+
+
+def _global(name, dtype, shape, split, parts, seed):
+    """A global tensor of shape, saved by four ranks split on dimension
+    split in parts (lengths, some 0)."""
+    g = torch.Generator().manual_seed(seed)
+    n = int(np.prod(shape, dtype=np.int64))
+    if dtype == torch.bool:
+        data = torch.randint(0, 2, (n,), generator=g).bool()
+    elif dtype.is_floating_point:
+        data = torch.randn(n, generator=g).to(dtype)
+    else:
+        data = torch.randint(0 if dtype == torch.uint8 else -100, 100, (n,), generator=g).to(dtype)
+    return {"name": name, "shape": shape, "split": split, "parts": parts, "data": data.reshape(shape)}
+
+
+def nd_model():
+    return [
+        _global("attn", torch.bfloat16, (3, 70, 100), 1, [30, 0, 25, 15], 1),  # middle dim, one rank empty
+        _global("conv", torch.float64, (2, 3, 5, 7), 3, [2, 2, 3, 0], 2),  # 4-D, last dim
+        _global("q", torch.int8, (5, 121, 77), 2, [10, 33, 1, 33], 3),
+        _global("mask", torch.bool, (9, 4, 3), 0, [1, 5, 0, 3], 4),
+        _global("rows", torch.int16, (260, 103), 0, [110, 80, 0, 70], 5),
+        _global("empty", torch.float32, (4, 0, 3), 0, [1, 1, 1, 1], 6),  # a zero-sized dimension
+        _global("u8", torch.uint8, (7, 9), 1, [2, 3, 4, 0], 7),
+    ]
+
+
+SCALAR = torch.tensor(3.25, dtype=torch.float64)  # 0-d, saved whole by ranks 1 and 3
+
+
+def save_nd(agent, job, gs, step=2):
+    for r in range(4):
+        ts, chunks = {}, {}
+        for g in gs:
+            offs = [0] * len(g["shape"])
+            offs[g["split"]] = sum(g["parts"][:r])
+            ts[g["name"]] = g["data"].narrow(g["split"], offs[g["split"]], g["parts"][r]).contiguous()
+            chunks[g["name"]] = {"global_shape": list(g["shape"]), "offsets": offs}
+        if r in (1, 3):
+            ts["scalar"] = SCALAR.clone()
+        with rewind.Client(socket=agent.socket, job=job, rank=r, world_size=4) as c:
+            c.save_tensors(step, ts, chunks=chunks)
+
+
+def nd_boxes(shape):
+    """Boxes a new rank may ask for: whole, straddling pieces, thin, single elements."""
+    out = [((0,) * len(shape), tuple(shape))]
+    for k in range(6):
+        o, ln = [0] * len(shape), list(shape)
+        for d, n in enumerate(shape):
+            if n:
+                o[d] = (k * 7 + d * 13) % n
+                ln[d] = 1 if k == 5 else max(1, (n - o[d]) // (k + 1))
+        out.append((tuple(o), tuple(ln)))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["torch", "numpy"])
+def test_nd_boxes_of_every_dtype(agent, job, kind):
+    """3-D and 4-D boxes of tensors sharded on inner dimensions, unevenly
+    with empty pieces, of 1-, 2- and 8-byte types, a 0-d tensor and one
+    with a zero-sized dimension restore bit-exact (Go's TestReshardNDBoxes)."""
+    gs = nd_model()
+    save_nd(agent, job, gs)
+    sl, want = [], []
+    for g in gs:
+        if kind == "numpy" and g["data"].dtype == torch.bfloat16:
+            continue  # numpy has none
+        for o, ln in nd_boxes(g["shape"]):
+            out = torch.zeros(ln, dtype=g["data"].dtype)
+            sl.append(Slice(g["name"], o, out.numpy() if kind == "numpy" else out))
+            want.append(g["data"][tuple(slice(a, a + n) for a, n in zip(o, ln))])
+    sl.append(Slice("scalar", (), torch.zeros((), dtype=torch.float64)))
+    want.append(SCALAR)
+    with rewind.Client(socket=agent.socket, job=job, rank=0, world_size=3) as c:
+        c.restore(layout=Layout(sl))
+    for s, w in zip(sl, want):
+        got = torch.from_numpy(s.out) if isinstance(s.out, np.ndarray) else s.out
+        assert torch.equal(got, w), (s.name, s.offsets, tuple(w.shape))
+
+
+@pytest.mark.parametrize("dt", [np.uint16, np.uint32, np.uint64])
+def test_numpy_out_of_a_type_torch_lacks(agent, job, dt):
+    """A numpy array of an unsigned type torch 1.13 has no tensor of (a
+    shard holds U16, U32, U64) is restored into, not refused with
+    numpy's TypeError."""
+    a = (np.arange(24, dtype=np.uint64) * 0x0101010101010101).astype(dt).reshape(2, 3, 4)
+    for r in range(2):
+        with rewind.Client(socket=agent.socket, job=job, rank=r, world_size=2) as c:
+            c.save_tensors(1, {"a": a[:, :, r * 2:r * 2 + 2].copy()},
+                           chunks={"a": {"global_shape": [2, 3, 4], "offsets": [0, 0, r * 2]}})
+    out = np.zeros((2, 2, 3), dtype=dt)
+    with rewind.Client(socket=agent.socket, job=job, rank=0, world_size=1) as c:
+        c.restore(layout=Layout([Slice("a", (0, 1, 1), out)]))
+    assert np.array_equal(out, a[:, 1:, 1:])
+
+
+def test_restore_into_a_parameter(agent, job):
+    """A slice's out may be a model's parameter (it requires grad)."""
+    save_world_4(agent, job)
+    p = torch.nn.Parameter(torch.zeros(4, 3))
+    with rewind.Client(socket=agent.socket, job=job, rank=1, world_size=2) as c:
+        c.restore(layout=Layout([Slice("w", (4, 0), p)]))
+    assert torch.equal(p.detach(), W[4:8]) and p.requires_grad
+
+
+def save_rows(agent, job, boxes):
+    a = torch.arange(40.0).reshape(10, 4)
+    for r, (lo, hi) in enumerate(boxes):
+        with rewind.Client(socket=agent.socket, job=job, rank=r, world_size=len(boxes)) as c:
+            c.save_tensors(1, {"a": a[lo:hi].clone()}, chunks={"a": {"global_shape": [10, 4], "offsets": [lo, 0]}})
+
+
+def test_a_box_no_piece_covers_is_not_not_found(agent, job):
+    """Rows 8 and 9 saved by no rank: the restore fails naming the tensor,
+    and not with NotFoundError, which a caller takes for "no checkpoint:
+    start afresh" (as Go's TestReshardBadLayoutKinds)."""
+    save_rows(agent, job, [(0, 4), (4, 8)])
+    with rewind.Client(socket=agent.socket, job=job, rank=0, world_size=1) as c:
+        with pytest.raises(rewind.RewindError, match="'a'.*cover 32 of its 40") as e:
+            c.restore(layout=Layout([Slice("a", (0, 0), torch.zeros(10, 4))]))
+    assert not isinstance(e.value, rewind.NotFoundError)
+
+
+def test_overlapping_pieces_are_refused(agent, job):
+    """Pieces that overlap without being copies (rows 0-6 and 4-8) are
+    refused: counted twice, they made rows 8 and 9, which no rank saved,
+    pass for covered, and the restore returned what out held there."""
+    save_rows(agent, job, [(0, 6), (4, 8)])
+    out = torch.full((10, 4), -1.0)
+    with rewind.Client(socket=agent.socket, job=job, rank=0, world_size=1) as c:
+        with pytest.raises(rewind.CorruptError, match="'a'.*overlap"):
+            c.restore(layout=Layout([Slice("a", (0, 0), out)]))
+
+
+def test_numpy_int_offsets_past_the_end_are_invalid(agent, job):
+    """Offsets as numpy int64 whose end wraps past 2**63 are outside the
+    global shape (InvalidError), not a box that no piece covers."""
+    save_world_4(agent, job)
+    with rewind.Client(socket=agent.socket, job=job, rank=0, world_size=1) as c:
+        with pytest.raises(rewind.InvalidError, match="'w'.*outside"):
+            c.restore(layout=Layout([Slice("w", np.array([np.iinfo(np.int64).max - 1, 0]), torch.zeros(2, 3))]))
+        with pytest.raises(rewind.InvalidError, match="'w'.*offsets"):
+            c.restore(layout=Layout([Slice("w", (0.5, 0), torch.zeros(2, 3))]))
+
+
+def test_failed_restores_release_their_leases(agent, job):
+    """Restores that fail (a tensor nobody saved, a dtype mismatch, a
+    corrupt piece with no other copy, a bad out) release every lease:
+    the step can then be deleted on every rank."""
+    save_nd(agent, job, nd_model(), step=8)
+    flip(agent, job, 3, 8, "q", 10)
+    ok = Slice("conv", (0, 0, 0, 0), torch.zeros(1, 1, 1, 1, dtype=torch.float64))
+    for sl, err in [(Slice("nope", (0,), torch.zeros(1)), rewind.NotFoundError),
+                    (Slice("conv", (0, 0, 0, 0), torch.zeros(1, 1, 1, 1)), rewind.InvalidError),
+                    (Slice("q", (0, 0, 0), torch.zeros(5, 121, 77, dtype=torch.int8)), rewind.CorruptError),
+                    (Slice("u8", (0, 0), np.zeros((2, 2), dtype=np.uint8)[:, :1]), rewind.InvalidError)]:
+        with rewind.Client(socket=agent.socket, job=job, rank=0, world_size=2) as c:
+            with pytest.raises(err):
+                c.restore(step=8, layout=Layout([ok, sl]))
+    with rewind.Client(socket=agent.socket, job=job, rank=0, world_size=2) as c:
+        assert c.delete(8, all_ranks=True) == 4
