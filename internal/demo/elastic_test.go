@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"rewind.dev/rewind/internal/testcluster"
+	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/sdk"
 )
 
@@ -35,17 +36,10 @@ func TestElasticResumeKeepsACheckpointItCannotRead(t *testing.T) {
 	if err := sess.Save(ctx, 3, tensors[:1], objects); err != nil { // "w" only
 		t.Fatal(err)
 	}
-	for {
-		if step, ok, err := sess.LatestConsistent(ctx); err != nil {
-			t.Fatal(err)
-		} else if ok && step == 3 {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal("step 3 never consistent")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	wait.For(t, 30*time.Second, "step 3 consistent", func() bool {
+		step, ok, err := sess.LatestConsistent(ctx)
+		return err == nil && ok && step == 3
+	})
 
 	var out strings.Builder
 	tc := DefaultTrainConfig()
