@@ -394,9 +394,20 @@ class Reader(_Base, StorageReader):
         self.storage_data = metadata.storage_data
 
     def prepare_local_plan(self, plan):
-        return plan
+        # Each rank chose its step in its own read_metadata: the step goes
+        # with its plan, for the coordinator to check they all agree.
+        assert self.client is not None
+        return dataclasses.replace(plan, storage_data=(self.client.job, self.loaded_step))
 
     def prepare_global_plan(self, plans):
+        """Refuses a load whose ranks chose different steps (Reader(step=)
+        given apart, or a lone agent's newest whole step changed between
+        them): a restore never mixes steps across ranks."""
+        chosen = [p.storage_data for p in plans]
+        if len(set(chosen)) > 1:
+            ranks = ", ".join(f"rank {r}: job {c[0]} step {c[1]}" if c else f"rank {r}: none" for r, c in enumerate(chosen))
+            raise InvalidError("dcp load", f"the ranks chose different steps ({ranks}); a load never mixes steps: "
+                                           "name one with Reader(step=N) or checkpoint_id on every rank")
         return plans
 
     def read_data(self, plan, planner) -> Future:

@@ -167,6 +167,7 @@ def main() -> None:
     p.add_argument("--async", dest="async_", action="store_true")
     p.add_argument("--group", type=int, help="save with a process group of the first N ranks; the rest do not save")
     p.add_argument("--fail-rank", type=int, help="save-fails: the rank whose writer has no agent")
+    p.add_argument("--rank-steps", help="load-mixed: the step each rank names, comma-separated")
     args = p.parse_args()
     rank, world, out = int(args.rank), int(args.world), args.out
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=world)
@@ -198,6 +199,15 @@ def main() -> None:
         sock = os.path.join(out, "no-agent.sock") if rank == args.fail_rank else None
         try:
             dcp.save(build(world, args.step), storage_writer=rewind.dcp.Writer(step=args.step, socket=sock, timeout=5))
+            res["error"] = None
+        except BaseException as e:  # CheckpointException is a BaseException
+            res["error"] = f"{type(e).__name__}: {e}"
+    elif args.action == "load-mixed":
+        # Each rank names its own step: the load must fail on every rank
+        # rather than mix steps.
+        step = int(args.rank_steps.split(",")[rank])
+        try:
+            dcp.load(build(world, 0), storage_reader=rewind.dcp.Reader(step=step))
             res["error"] = None
         except BaseException as e:  # CheckpointException is a BaseException
             res["error"] = f"{type(e).__name__}: {e}"

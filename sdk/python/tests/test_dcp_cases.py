@@ -209,3 +209,16 @@ def test_a_ranks_failure_reaches_every_rank(agent, tmp_path):
         assert "NoAgentError" in err and "no-agent.sock" in err, r
     with rewind.Client(socket=agent.socket, job=job) as c:
         assert [(s.rank, s.step) for s in c.list(job)] == []
+
+
+def test_ranks_that_choose_different_steps_load_nothing(agent, tmp_path):
+    """Two ranks name different steps (4 and 6), as ranks on lone agents
+    may find different newest whole steps: every rank's dcp.load fails,
+    naming each rank's step, rather than load a state of two steps."""
+    job = f"dcp-mixed-{os.getpid()}"
+    run("save", 2, agent, job, tmp_path, "tiny", "--step", "4")
+    run("save", 2, agent, job, tmp_path, "tiny", "--step", "6")
+    for r in run("load-mixed", 2, agent, job, tmp_path, "tiny", "--rank-steps", "4,6"):
+        err = r["error"] or ""
+        assert err.startswith("CheckpointException"), r
+        assert "different steps" in err and "rank 0: job" in err and "step 4" in err and "step 6" in err, r
