@@ -424,6 +424,11 @@ class OpenShard:
         copy from it, never write to it)."""
         return torch_view(self.mapping.mv, self._tensor(name), self.header.data_start)
 
+    def array(self, name: str) -> np.ndarray:
+        """view as a flat numpy array: for the types torch lacks (unsigned
+        of 2 to 8 bytes)."""
+        return numpy_view(self.mapping.mv, self._tensor(name), self.header.data_start)
+
     def raw(self, name: str) -> memoryview:
         t = self._tensor(name)
         return self.mapping.mv[self.header.data_start + t.begin : self.header.data_start + t.end]

@@ -28,7 +28,6 @@ import torch
 from . import dtypes
 from ._pb.agent_pb2 import ShardState
 from .errors import BusyError, CorruptError, InvalidError, NotFoundError, RewindError
-from .mapping import numpy_view
 
 
 @dataclass
@@ -190,8 +189,7 @@ def _fill(op: str, shards, slices: list[Slice], outs: list[tuple[Any, tuple]], r
             at = tuple(slice(a - po, a - po + k) for a, po, k in zip(lo, p.offsets, n)) + (Ellipsis,)
             to = tuple(slice(a - so, a - so + k) for a, so, k in zip(lo, offs, n)) + (Ellipsis,)
             if isinstance(out, np.ndarray):
-                np.copyto(out[to], numpy_view(sh.mapping.mv, sh.header.tensor(p.name), sh.header.data_start)
-                          .reshape(p.shape)[at])
+                np.copyto(out[to], sh.array(p.name).reshape(p.shape)[at])
             else:
                 with torch.no_grad():  # out may be a parameter
                     out[to].copy_(sh.view(p.name).view(p.shape)[at])
