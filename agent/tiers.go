@@ -244,8 +244,10 @@ func (a *Agent) fetchFrom(ctx context.Context, tier tiers.Name, job string, rank
 // and checks it against the manifest and its own checksums, into memory
 // mapped for the purpose (not the Go heap; shards are large). It returns
 // the bytes checked; a mismatch of the shard is an error wrapping
-// shm.ErrCorrupt. The leaf hashes beside a shard that verified whole are
-// checked too (fixTierLeaves), and fail nothing.
+// shm.ErrCorrupt, a copy the store does not hold (its manifest or its
+// shard missing) one wrapping ErrNotFound. The leaf hashes beside a
+// shard that verified whole are checked too (fixTierLeaves), and fail
+// nothing.
 func (a *Agent) VerifyTier(ctx context.Context, tier tiers.Name, job string, rank uint32, step int64) (int64, error) {
 	st := a.cfg.Stores[tier]
 	if st == nil {
@@ -254,7 +256,7 @@ func (a *Agent) VerifyTier(ctx context.Context, tier tiers.Name, job string, ran
 	m, err := tiers.ReadManifest(ctx, st, job, step)
 	if err != nil {
 		if tiers.IsNotExist(err) {
-			return 0, fmt.Errorf("%w: agent: %s holds no copy of job %s step %d", ErrNotFound, st, job, step)
+			return 0, fmt.Errorf("%w: agent: %s holds no copy of job %s step %d (its manifest is missing)", ErrNotFound, st, job, step)
 		}
 		return 0, err
 	}
@@ -268,6 +270,9 @@ func (a *Agent) VerifyTier(ctx context.Context, tier tiers.Name, job string, ran
 	}
 	defer unix.Munmap(buf)
 	if err := tiers.GetShard(ctx, st, m, rank, buf, a.cfg.VerifyWorkers); err != nil {
+		if tiers.IsNotExist(err) { // the manifest names it, the store does not hold it
+			return 0, fmt.Errorf("%w: agent: %s copy of job %s rank %d step %d is missing: %w", ErrNotFound, tier, job, rank, step, err)
+		}
 		return 0, fmt.Errorf("agent: %s copy of job %s rank %d step %d: %w", tier, job, rank, step, err)
 	}
 	a.fixTierLeaves(ctx, st, m, rank, buf)

@@ -224,6 +224,8 @@ func (c *Coordinator) VerifyStep(ctx context.Context, job string, step int64) (*
 			check.Problem = err.Error()
 		}
 		switch {
+		case tier != "" && err != nil: // the tier may no longer hold it (tiermissing.go)
+			c.noteMissing(ctx, job, step, cp.Rank, tier, cp.Node, node, err)
 		case tier == "" || !answered:
 		case !check.Ok: // the agent read the tier copy back and a checksum failed
 			c.tiers.markCorrupt(job, step, cp.Rank, tier, check.Problem)

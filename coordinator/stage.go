@@ -81,6 +81,7 @@ func (c *Coordinator) restore(ctx context.Context, job string, step int64, place
 		stage := newStage()
 		attempts := c.stageAll(ctx, plan, stage)
 		plan.Executed, plan.Nanos = true, time.Since(start).Nanoseconds()
+		c.checkUnread(job, plan.Step, attempts, targets(plan))
 		if plan.Ok {
 			return plan, stage, nil
 		}
@@ -106,6 +107,15 @@ func (c *Coordinator) restore(ctx context.Context, job string, step int64, place
 		}
 		plan = nil
 	}
+}
+
+// targets returns the node each rank of plan is restored on.
+func targets(plan *coordpb.PlanRestoreResponse) map[uint32]string {
+	out := make(map[uint32]string, len(plan.Ranks))
+	for _, rp := range plan.Ranks {
+		out[rp.Rank] = rp.TargetNode
+	}
+	return out
 }
 
 // newStage returns a restore's stage, unique enough to never meet another.
