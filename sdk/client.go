@@ -12,7 +12,6 @@ import (
 	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/internal/segsock"
 	"rewind.dev/rewind/shm"
-	"rewind.dev/rewind/transport"
 )
 
 // DefaultSocket is where the agent listens unless told otherwise.
@@ -43,7 +42,7 @@ func DefaultOptions() Options {
 
 // Client is a connection to the node's agent. It is safe for concurrent use.
 type Client struct {
-	conn   *grpc.ClientConn
+	conn   *agentConn
 	api    agentpb.AgentClient
 	opts   Options
 	socket string
@@ -73,14 +72,14 @@ func Dial(ctx context.Context, socket string, opts ...Options) (*Client, error) 
 	// The node's agent, over its Unix socket: a local connection, no
 	// TLS (transport).
 	dopts := append([]grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8 << 20))}, tokenInterceptors(token)...)
-	conn, err := transport.NewUnixClient(socket, dopts...)
+	conn, err := dialAgent(socket, dopts)
 	if err != nil {
 		return nil, &Error{Op: "dial", Msg: err.Error(), kind: ErrNoAgent}
 	}
 	c := &Client{conn: conn, api: agentpb.NewAgentClient(conn), opts: o, socket: socket,
 		segs: &segments{path: segsock.Path(socket), token: token}}
 	if _, err := c.Status(ctx); err != nil {
-		conn.Close()
+		conn.close()
 		return nil, &Error{Op: "dial", Msg: fmt.Sprintf("no agent answers on %s (is `rewind agent` running?): %v", socket, err), kind: ErrNoAgent}
 	}
 	return c, nil
@@ -89,7 +88,7 @@ func Dial(ctx context.Context, socket string, opts ...Options) (*Client, error) 
 // Close closes the connections.
 func (c *Client) Close() error {
 	c.segs.close()
-	return c.conn.Close()
+	return c.conn.close()
 }
 
 // API returns the raw gRPC client, for operator tools.

@@ -11,6 +11,8 @@ import (
 
 // Kinds of failure, for errors.Is.
 var (
+	// ErrNoAgent: no agent answers on the socket. The client's next call
+	// dials it anew, so once the agent is back the next call succeeds.
 	ErrNoAgent           = errors.New("no agent")
 	ErrNotFound          = errors.New("not found")
 	ErrResourceExhausted = errors.New("out of shared memory or budget")

@@ -82,6 +82,7 @@ func runAgent(ctx context.Context, args []string) error {
 			cfg.Gossip.Injector = cfg.Faults
 		}
 	}
+	cfg.Registry = daemonRegistry(cfg.Gossip)
 	w, err := units.ParseBytes(*warmSize)
 	if err != nil {
 		return fmt.Errorf("--warm-segment: %w", err)

@@ -67,6 +67,7 @@ func runCoordinator(ctx context.Context, args []string) error {
 		g.Name = "coordinator"
 		g.Injector = cfg.Faults
 	}
+	cfg.Registry = daemonRegistry(g)
 	c, err := coordinator.New(cfg)
 	if err != nil {
 		return err

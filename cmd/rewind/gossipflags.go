@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"rewind.dev/rewind/membership"
 	"rewind.dev/rewind/transport"
 )
@@ -86,4 +88,16 @@ func (g *gossipFlags) seeds(coordinator string) []string {
 		return []string{net.JoinHostPort(host, "7947")}
 	}
 	return nil
+}
+
+// daemonRegistry is the registry a daemon serves on its --metrics
+// address. Failure detection's metrics (rewind_membership_*) go on it
+// too: a membership.Config without a Registry keeps them in one of its
+// own, which nothing serves.
+func daemonRegistry(gossip *membership.Config) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	if gossip != nil {
+		gossip.Registry = reg
+	}
+	return reg
 }
