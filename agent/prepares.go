@@ -12,11 +12,19 @@ import (
 // and when a save finds no budget left, expirePrepares takes such slots
 // back: their segments are removed and their bytes returned to the
 // budget. A Commit that comes later is refused: its slot is gone.
+//
+// A free slot that still has a segment holds no checkpoint and no save:
+// one being written when the agent restarted (reindex frees it: no writer
+// can commit it), or a restore's staged copy given up. Its rank reuses it
+// at its next save, but a rank that never saves again (it died with its
+// job) would keep its bytes from every other job for good; so it goes
+// back the same way, at once.
 
-// expirePrepares removes the expired slots being written of every rank but
-// skip (whose lock the caller holds; its own slots are reused by its next
-// save anyway) and returns the bytes given back to the budget. A rank
-// whose lock is held elsewhere is passed over: it is saving.
+// expirePrepares removes the expired slots being written and the free
+// segments (prepareExpired) of every rank but skip (whose lock the caller
+// holds; its own slots are reused by its next save anyway) and returns
+// the bytes given back to the budget. A rank whose lock is held elsewhere
+// is passed over: it is saving.
 func (a *Agent) expirePrepares(skip *lockedRank) int64 {
 	now := a.cfg.Clock.Now()
 	ranks := a.rankList("")
@@ -31,8 +39,8 @@ func (a *Agent) expirePrepares(skip *lockedRank) int64 {
 	return freed
 }
 
-// expireRankPrepares removes r's expired slots being written; the caller
-// holds r.mu.
+// expireRankPrepares removes r's expired slots being written and its free
+// segments; the caller holds r.mu.
 func (a *Agent) expireRankPrepares(r *lockedRank, now time.Time) int64 {
 	var freed int64
 	keep := r.slots[:0]
@@ -50,6 +58,11 @@ func (a *Agent) expireRankPrepares(r *lockedRank, now time.Time) int64 {
 		freed += s.Size
 		a.adjustUsed(-s.Size)
 		changed = true
+		if s.State == stateFree {
+			a.log.Info("a free segment given back to the budget for another rank's save",
+				"job", r.job, "rank", r.rank, "slot", s.Index, "bytes", s.Size)
+			continue
+		}
 		a.metrics.preparesExpired.Inc()
 		a.log.Warn("a prepare never committed expired: its segment is removed and its budget given back",
 			"job", r.job, "rank", r.rank, "step", s.Step, "slot", s.Index, "bytes", s.Size, "prepare_ttl", a.cfg.PrepareTTL)
@@ -64,11 +77,16 @@ func (a *Agent) expireRankPrepares(r *lockedRank, now time.Time) int64 {
 }
 
 // prepareExpired reports whether s is a slot being written whose Prepare
-// is older than PrepareTTL. A slot found being written when the agent
-// started (reindex) has no writer that can commit it: it is expired.
+// is older than PrepareTTL, or a free slot that still has a segment.
 func (a *Agent) prepareExpired(s *slot, now time.Time) bool {
-	if s.State != stateWriting || s.readers > 0 || s.verifying != nil {
+	if s.readers > 0 || s.verifying != nil {
 		return false
 	}
-	return s.preparedAt.IsZero() || now.Sub(s.preparedAt) >= a.cfg.PrepareTTL
+	switch s.State {
+	case stateFree:
+		return s.Size > 0
+	case stateWriting:
+		return s.preparedAt.IsZero() || now.Sub(s.preparedAt) >= a.cfg.PrepareTTL
+	}
+	return false
 }

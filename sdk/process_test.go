@@ -20,7 +20,7 @@ import (
 // The test binary doubles as the processes these tests kill: an agent
 // (testcluster's role), and a rank that dies between Prepare and Commit.
 func TestMain(m *testing.M) {
-	testcluster.Main(m, map[string]testcluster.Role{"half-writer": childHalfWriter})
+	testcluster.Main(m, map[string]testcluster.Role{"half-writer": childHalfWriter, "budget-agent": childBudgetAgent})
 }
 
 // childHalfWriter prepares a save of step REWIND_TEST_STEP, writes half of
