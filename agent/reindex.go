@@ -29,7 +29,8 @@ func (a *Agent) reindex() error {
 	var shards, corrupt int
 	for _, j := range jobs {
 		if j.Name() == warmName || j.Name() == fillingName {
-			continue // the warm segment (warm.go): made again by Run
+			a.leftWarm(j.Name())
+			continue
 		}
 		if j.Name() == partialName {
 			continue // partially open shards of a previous run (partial.go): removed
@@ -63,6 +64,21 @@ func (a *Agent) reindex() error {
 			"used", units.Bytes(a.used), "budget", units.Bytes(a.budget))
 	}
 	return nil
+}
+
+// leftWarm deals with a warm segment (warm.go) that an agent which died
+// left under the shm root: fillWarm reuses a ready one, once it has
+// counted it against the budget (and removes it when there is no room);
+// one whose allocation never finished, or that this agent does not keep
+// (no warm segment configured), is removed, or its bytes would be held
+// by no budget.
+func (a *Agent) leftWarm(name string) {
+	if name == warmName && a.cfg.WarmSegment > 0 {
+		return
+	}
+	if err := a.cfg.FS.Remove(filepath.Join(a.cfg.ShmRoot, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		a.log.Warn("re-index: removing a warm segment left by the agent before", "name", name, "err", err)
+	}
 }
 
 func (a *Agent) reindexRank(job string, rank uint32) (shards, corrupt int, err error) {

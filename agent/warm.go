@@ -61,6 +61,9 @@ func (a *Agent) fillWarm() {
 	defer a.warm.mu.Unlock()
 	a.warm.filling = false
 	if m == nil {
+		// Nothing counts it against the budget: what Reserve made, or
+		// what a dead agent left, goes.
+		_ = a.cfg.FS.Remove(filling)
 		return
 	}
 	if err := a.cfg.FS.Rename(filling, path); err != nil {

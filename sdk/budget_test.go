@@ -3,6 +3,7 @@ package sdk_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"os/signal"
@@ -16,6 +17,7 @@ import (
 	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/internal/testcluster"
+	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/sdk"
 	"rewind.dev/rewind/shm"
 )
@@ -143,6 +145,46 @@ func TestAbandonedSaveFoundAtRestartGoesBackToTheBudget(t *testing.T) {
 	}
 	mustRestoreState(t, live, 3, state(53))
 	mustRestoreState(t, session(t, c, "killed", 0, 1), 1, state(1))
+}
+
+// A warm segment (shared memory an agent keeps allocated for a restore)
+// outlives its agent on tmpfs. The agent started next counts it against
+// its budget while it keeps it, and removes it when it does not: started
+// with no warm segment, or with no room for one in its budget. Bytes on
+// the node's tmpfs that no budget counts would let the agents' segments
+// outgrow the memory the operator gave them.
+func TestWarmSegmentOfAKilledAgentIsCountedOrRemoved(t *testing.T) {
+	const warm = 1 << 20
+	socket, root, spawn := budgetAgents(t)
+	run := func(budget, warmBytes int64, when string) *testcluster.Proc {
+		p := spawn(budget, warmBytes)
+		c := testcluster.Dial(t, socket, sdk.Options{CallTimeout: 10 * time.Second})
+		s := session(t, c, "warm", 0, 1)
+		if err := s.Save(ctxT(t), 1, state(1), nil); err != nil {
+			t.Fatal(err)
+		}
+		// The warm segment is made (or given up) in the background: wait
+		// for it to be there, or gone.
+		ready := warmBytes > 0 && budget >= warmBytes+2*shardSize(1)
+		wait.ForNil(t, time.Minute, fmt.Sprintf("the warm segment there: %v", ready), func() error {
+			for _, name := range []string{".warm", ".warm.filling"} {
+				_, err := os.Stat(filepath.Join(root, name))
+				if there := err == nil; there != (ready && name == ".warm") {
+					return fmt.Errorf("%s there: %v (%v)", name, there, err)
+				}
+			}
+			return nil
+		})
+		checkUsed(t, c, root, when)
+		return p
+	}
+	p := run(4*warm, warm, "with a warm segment")
+	p.Kill()
+	p = run(4*warm, 0, "restarted with no warm segment")
+	p.Kill()
+	p = run(4*warm, warm, "restarted with a warm segment again")
+	p.Kill()
+	run(warm/2, warm, "restarted with no room for the warm segment")
 }
 
 // Two jobs share a node's budget. A job that fills it (a large shard
