@@ -119,16 +119,17 @@ func (a *Agent) openSegment(req *agentpb.SegmentRequest, cred *transport.Cred) (
 			return a.cfg.FS.OpenFile(p.path, os.O_RDONLY, 0)
 		}
 	}
-	r := a.rank(req.Job, req.Rank, false)
-	if r == nil {
-		return nil, fmt.Errorf("%w: agent: job %s rank %d has no segments on this node", ErrNotFound, req.Job, req.Rank)
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	// A rank with no segments here holds no grant either (the agent
+	// restarted since, on a node that kept none of them).
 	var s *slot
-	for _, c := range r.slots {
-		if c.Index == req.Slot {
-			s = c
+	r := a.rank(req.Job, req.Rank, false)
+	if r != nil {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for _, c := range r.slots {
+			if c.Index == req.Slot {
+				s = c
+			}
 		}
 	}
 	switch g := req.Grant.(type) {
@@ -142,9 +143,12 @@ func (a *Agent) openSegment(req *agentpb.SegmentRequest, cred *transport.Cred) (
 		a.mu.Lock()
 		l := a.leases[g.Lease]
 		a.mu.Unlock()
-		if l == nil || l.r != r || l.s != s {
-			return nil, fmt.Errorf("%w: agent: no lease %d on slot %d of job %s rank %d (expired or released?); open the shard again",
-				ErrNotFound, g.Lease, req.Slot, req.Job, req.Rank)
+		if l == nil || s == nil || l.r != r || l.s != s {
+			// Not ErrNotFound: the shard may well be here (the lease
+			// expired, or this agent restarted since it was given), and
+			// a rank told "not found" at its restore would start over.
+			return nil, fmt.Errorf("%w: agent: no lease %d on slot %d of job %s rank %d (expired, released, or given by the agent before a restart); open the shard again",
+				ErrBusy, g.Lease, req.Slot, req.Job, req.Rank)
 		}
 		return a.openSlotFile(r, s, os.O_RDONLY)
 	}

@@ -181,7 +181,7 @@ func TestHandWrittenClientCannotReachAnotherJob(t *testing.T) {
 	}{
 		"job B's lease, job A's token": {&agentpb.SegmentRequest{Job: "job-b", Slot: open.Shard.Slot, JobToken: keys.Token("job-a"), Grant: lease}, codes.PermissionDenied},
 		"job B's lease, no token":      {&agentpb.SegmentRequest{Job: "job-b", Slot: open.Shard.Slot, Grant: lease}, codes.PermissionDenied},
-		"job B's lease as job A's":     {&agentpb.SegmentRequest{Job: "job-a", Slot: open.Shard.Slot, JobToken: keys.Token("job-a"), Grant: lease}, codes.NotFound},
+		"job B's lease as job A's":     {&agentpb.SegmentRequest{Job: "job-a", Slot: open.Shard.Slot, JobToken: keys.Token("job-a"), Grant: lease}, codes.FailedPrecondition},
 	} {
 		if err := segsock.Write(seg.(*net.UnixConn), tc.req, nil); err != nil {
 			t.Fatal(err)

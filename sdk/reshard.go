@@ -204,8 +204,17 @@ func kindOf(err error) error {
 // socket: the shared-memory root is the agent's) and decodes rank's
 // shard of step. Another rank's
 // shard is opened as a peer reader: it does not count as that rank's
-// restore during a recovery.
+// restore during a recovery. An agent that restarted since the Open does
+// not know its lease: the shard is opened again, once (as restore does).
 func (s *Session) openPeer(ctx context.Context, step int64, rank uint32) (*openShard, error) {
+	o, leaseLost, err := s.openPeerOnce(ctx, step, rank)
+	if leaseLost {
+		o, _, err = s.openPeerOnce(ctx, step, rank)
+	}
+	return o, err
+}
+
+func (s *Session) openPeerOnce(ctx context.Context, step int64, rank uint32) (_ *openShard, leaseLost bool, _ error) {
 	cctx, cancel := s.c.call(ctx)
 	// Every shard is read in parts: where the node lacks one, only those
 	// are fetched (Ranged).
@@ -216,17 +225,19 @@ func (s *Session) openPeer(ctx context.Context, step int64, rank uint32) (*openS
 	resp, err := s.c.api.Open(cctx, req)
 	cancel()
 	if err != nil {
-		return nil, wrap(fmt.Sprintf("open rank %d", rank), err)
+		return nil, false, wrap(fmt.Sprintf("open rank %d", rank), err)
 	}
 	sh := resp.Shard
-	fail := func(err error) (*openShard, error) {
+	fail := func(err error) (*openShard, bool, error) {
 		s.release(resp.Lease)
-		return nil, err
+		return nil, false, err
 	}
 	f, _, err := s.c.segs.open(ctx, s.c.opts.CallTimeout, &agentpb.SegmentRequest{Job: sh.Job, Rank: sh.Rank, Slot: sh.Slot,
 		Grant: &agentpb.SegmentRequest_Lease{Lease: resp.Lease}})
 	if err != nil {
-		return fail(wrap(fmt.Sprintf("segment of rank %d", rank), err))
+		s.release(resp.Lease)
+		err = wrap(fmt.Sprintf("segment of rank %d", rank), err)
+		return nil, errors.Is(err, ErrBusy), err
 	}
 	m, err := shm.MapLazy(f, int64(sh.SizeBytes), false)
 	f.Close()
@@ -251,7 +262,7 @@ func (s *Session) openPeer(ctx context.Context, step int64, rank uint32) (*openS
 	for _, l := range resp.Leaves {
 		o.leaves[l.Tensor] = l.Hashes
 	}
-	return o, nil
+	return o, false, nil
 }
 
 // fill copies every slice's bytes from the pieces that overlap it. What

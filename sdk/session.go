@@ -80,6 +80,10 @@ type segmentMap struct {
 	id   uint64 // the segment file's inode number
 }
 
+// testHookLeased, when set (by tests), runs in a restore between the
+// agent's lease on the shard and the request for its descriptor.
+var testHookLeased func()
+
 // LastSave returns the timings of the last successful Save.
 func (s *Session) LastSave() SaveStats { return s.last }
 
@@ -249,39 +253,57 @@ func (s *Session) RestoreStep(ctx context.Context, step int64) (*Checkpoint, err
 	return s.restore(ctx, &agentpb.OpenRequest{Job: s.job, Rank: s.rank, Step: step})
 }
 
+// restore opens the shard req names and copies it out. An agent that
+// restarted between the Open and the request for the shard's descriptor
+// does not know the lease it gave (ErrBusy): the shard is opened again,
+// once.
 func (s *Session) restore(ctx context.Context, req *agentpb.OpenRequest) (*Checkpoint, error) {
 	op := fmt.Sprintf("restore job %s rank %d", s.job, s.rank)
 	if !req.Latest {
 		op = fmt.Sprintf("restore step %d of job %s rank %d", req.Step, s.job, s.rank)
 	}
+	ckpt, leaseLost, err := s.restoreOnce(ctx, req, op)
+	if leaseLost {
+		ckpt, _, err = s.restoreOnce(ctx, req, op)
+	}
+	return ckpt, err
+}
+
+// restoreOnce is one try of restore; leaseLost says the agent no longer
+// knew the lease it gave.
+func (s *Session) restoreOnce(ctx context.Context, req *agentpb.OpenRequest, op string) (_ *Checkpoint, leaseLost bool, _ error) {
 	cctx, cancel := s.c.call(ctx)
 	resp, err := s.c.api.Open(cctx, req)
 	cancel()
 	if err != nil {
-		return nil, wrap(op, err)
+		return nil, false, wrap(op, err)
 	}
 	defer s.release(resp.Lease)
+	if testHookLeased != nil {
+		testHookLeased()
+	}
 	sh := resp.Shard
 	f, _, err := s.c.segs.open(ctx, s.c.opts.CallTimeout, &agentpb.SegmentRequest{Job: sh.Job, Rank: sh.Rank, Slot: sh.Slot,
 		Grant: &agentpb.SegmentRequest_Lease{Lease: resp.Lease}})
 	if err != nil {
-		return nil, wrap(op, err)
+		err = wrap(op, err)
+		return nil, errors.Is(err, ErrBusy), err
 	}
 	m, err := shm.Map(f, int64(sh.SizeBytes), false)
 	f.Close()
 	if err != nil {
-		return nil, &Error{Op: op, Msg: err.Error()}
+		return nil, false, &Error{Op: op, Msg: err.Error()}
 	}
 	defer m.Close()
 	ckpt, err := decodeInto(m.Data, sh, s.c.opts.Workers)
 	if err != nil {
 		if errors.Is(err, shm.ErrCorrupt) {
 			s.report(ctx, sh, err)
-			return nil, &Error{Op: op, Msg: err.Error(), kind: ErrCorrupt}
+			return nil, false, &Error{Op: op, Msg: err.Error(), kind: ErrCorrupt}
 		}
-		return nil, &Error{Op: op, Msg: err.Error()}
+		return nil, false, &Error{Op: op, Msg: err.Error()}
 	}
-	return ckpt, nil
+	return ckpt, false, nil
 }
 
 // decodeInto copies a mapped shard into fresh buffers, verifying it.

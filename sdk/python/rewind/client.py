@@ -316,15 +316,23 @@ class Client:
         op = f"restore job {self.job} rank {self.rank}" if step is None else \
             f"restore step {step} of job {self.job} rank {self.rank}"
         req = pb.OpenRequest(job=self.job, rank=self.rank, step=step or 0, latest=step is None)
-        resp = self._call(op, "Open", req)
-        sh = resp.shard
-        try:
-            h, tensors = self._read(op, sh, resp.lease, map_location)
-        except CorruptError as e:
-            self._report(sh, e)
-            raise CorruptError(op, e.message) from None
-        finally:
-            self._release(resp.lease)
+        for attempt in range(2):
+            resp = self._call(op, "Open", req)
+            sh = resp.shard
+            try:
+                h, tensors = self._read(op, sh, resp.lease, map_location)
+                break
+            except BusyError:
+                # The agent restarted between the Open and the request for
+                # the shard's descriptor: it does not know the lease it
+                # gave. The shard is opened again, once.
+                if attempt:
+                    raise
+            except CorruptError as e:
+                self._report(sh, e)
+                raise CorruptError(op, e.message) from None
+            finally:
+                self._release(resp.lease)
         return h.meta.step, state.unflatten(h.objects, tensors, op)
 
     def _read(self, op: str, sh, lease: int, map_location):
@@ -373,17 +381,23 @@ class Client:
         req = pb.OpenRequest(job=self.job, rank=rank, step=step, peer=rank != self.rank, ranged=ranged)
         if req.peer:
             req.reader_rank = self.rank
-        resp = self._call(op, "Open", req)
-        try:
-            m, h = self._map(op, resp.shard, resp.lease)
-        except CorruptError as e:
-            if not resp.partial:
-                self._report(resp.shard, e)
-            self._release(resp.lease)
-            raise
-        except BaseException:
-            self._release(resp.lease)
-            raise
+        for attempt in range(2):
+            resp = self._call(op, "Open", req)
+            try:
+                m, h = self._map(op, resp.shard, resp.lease)
+                break
+            except BusyError:
+                self._release(resp.lease)
+                if attempt:  # else the agent restarted since the Open: once more
+                    raise
+            except CorruptError as e:
+                if not resp.partial:
+                    self._report(resp.shard, e)
+                self._release(resp.lease)
+                raise
+            except BaseException:
+                self._release(resp.lease)
+                raise
         return OpenShard(self, resp.shard, resp.lease, m, h, {lv.tensor: list(lv.hashes) for lv in resp.leaves},
                          partial=resp.partial)
 
