@@ -10,6 +10,7 @@ import (
 	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/internal/jobtoken"
 	"rewind.dev/rewind/internal/units"
+	"rewind.dev/rewind/transport"
 )
 
 func runAgent(ctx context.Context, args []string) error {
@@ -63,7 +64,7 @@ func runAgent(ctx context.Context, args []string) error {
 	if keep != nil {
 		go keep(ctx)
 	}
-	if cfg.Transport, err = tlf.security(cfg.Logger); err != nil {
+	if cfg.Transport, err = tlf.daemonSecurity(cfg.Logger, transport.RoleNode, cfg.Node); err != nil {
 		return err
 	}
 	if cfg.Faults, err = ff.injector(cfg.Logger); err != nil {

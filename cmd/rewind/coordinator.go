@@ -7,6 +7,7 @@ import (
 
 	"rewind.dev/rewind/coordinator"
 	"rewind.dev/rewind/tiers"
+	"rewind.dev/rewind/transport"
 )
 
 func runCoordinator(ctx context.Context, args []string) error {
@@ -48,7 +49,7 @@ func runCoordinator(ctx context.Context, args []string) error {
 		return err
 	}
 	var err error
-	if cfg.Transport, err = tlf.security(cfg.Logger); err != nil {
+	if cfg.Transport, err = tlf.daemonSecurity(cfg.Logger, transport.RoleCoordinator, ""); err != nil {
 		return err
 	}
 	if cfg.Enroll, err = ef.config(&kf); err != nil {

@@ -74,6 +74,9 @@ func captureAll(t *testing.T, run func(context.Context, []string) error, args ..
 	errc := make(chan error, 1)
 	go func() { errc <- run(ctx, args); w.Close() }()
 	out, _ := io.ReadAll(r)
+	// The command's error before the files go back: it is what orders
+	// the command's last use of os.Stderr before this write.
+	err = <-errc
 	os.Stdout, os.Stderr = oldOut, oldErr
-	return string(out), <-errc
+	return string(out), err
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
@@ -31,6 +32,31 @@ func (t *tlsFlags) register(fs *flag.FlagSet) {
 // security loads what the flags name.
 func (t *tlsFlags) security(log *slog.Logger) (*transport.Security, error) {
 	return transport.New(transport.Config{Dir: t.dir, Insecure: t.insecure, TrustDomain: t.trustDomain, Logger: log})
+}
+
+// daemonSecurity is security for a daemon whose own certificate must
+// name role, and for an agent speak for its node (node/NODE or node/*).
+// Any other is refused at start, naming it: the daemon would run, and its
+// peers refuse it at every call (an agent started in an operator's shell,
+// whose $REWIND_TLS_DIR names the operator's certificate).
+func (t *tlsFlags) daemonSecurity(log *slog.Logger, role transport.Role, node string) (*transport.Security, error) {
+	sec, err := t.security(log)
+	if err != nil || !sec.TLS() {
+		return sec, err
+	}
+	id := sec.Identity()
+	if id.Role == role && (role != transport.RoleNode || id.SpeaksFor(node)) {
+		return sec, nil
+	}
+	from := "--tls-dir"
+	if t.dir == os.Getenv(EnvTLSDir) {
+		from = "$" + EnvTLSDir + ", the default of --tls-dir"
+	}
+	want := "the coordinator needs a coordinator's (coordinator/NAME)"
+	if role == transport.RoleNode {
+		want = fmt.Sprintf("the agent of node %s needs a node's (node/%s, or node/%s)", node, node, transport.AnyNode)
+	}
+	return nil, fmt.Errorf("the certificate in %s (%s) is %s's; %s", t.dir, from, id, want)
 }
 
 // tlsFromArgs reads the TLS flags out of another command's arguments
