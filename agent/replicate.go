@@ -397,7 +397,7 @@ func (a *Agent) fetchSource(ctx context.Context, ps PeerShard, src Source) (int6
 		return 0, fmt.Errorf("%w: agent: the NVMe copy is on node %s", ErrNotFound, src.Node)
 	default:
 		n, _, err := a.fetchFrom(ctx, tiers.Name(src.Tier), ps.Job, ps.Rank, ps.Step, ps.Stage)
-		return n, err
+		return n, storeFailure(ctx, err)
 	}
 }
 

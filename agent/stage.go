@@ -8,6 +8,7 @@ import (
 
 	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/shm"
+	"rewind.dev/rewind/tiers"
 )
 
 // A restore is all or nothing (DESIGN invariant 8). The coordinator has
@@ -159,8 +160,30 @@ func fetchFailure(err error) agentpb.FetchFailure {
 		return agentpb.FetchFailure_FETCH_FAILURE_CORRUPT
 	case errors.Is(err, ErrBudget), errors.Is(err, ErrBusy), errors.As(err, &nospace):
 		return agentpb.FetchFailure_FETCH_FAILURE_NO_ROOM
+	case errors.Is(err, errStoreFailed):
+		return agentpb.FetchFailure_FETCH_FAILURE_UNREACHABLE
 	}
 	return agentpb.FetchFailure_FETCH_FAILURE_UNAVAILABLE
+}
+
+// errStoreFailed marks a tier copy that could not be read for a reason
+// that says nothing of the copy: its store did not answer or failed the
+// request (a network error, a timeout, a server error, an I/O error).
+// Such a copy may be whole, and a restore that marked its step
+// unrestorable for it would lose a good step to an outage.
+var errStoreFailed = errors.New("the store did not serve the copy")
+
+// storeFailure marks err, a tier copy's fetch failure, with errStoreFailed
+// unless it says the copy is corrupt or not there, or is this node's
+// own (no room for the shard), or the fetch was called off.
+func storeFailure(ctx context.Context, err error) error {
+	var nospace *shm.NoSpaceError
+	switch {
+	case err == nil, ctx.Err() != nil, errors.Is(err, shm.ErrCorrupt), tiers.IsNotExist(err), errors.Is(err, ErrNotFound),
+		errors.Is(err, ErrInvalid), errors.Is(err, ErrBudget), errors.Is(err, ErrBusy), errors.As(err, &nospace):
+		return err
+	}
+	return fmt.Errorf("%w: %w", errStoreFailed, err)
 }
 
 // dropPrepared frees a slot prepared for a copy into this node (a restore,

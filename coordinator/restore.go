@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -22,10 +23,20 @@ func (c *Coordinator) PlanRestore(ctx context.Context, job string, step int64) (
 	return c.plan(ctx, job, step, nil)
 }
 
+// anyStep is the bound of a choice of the newest restorable step that
+// leaves every step in.
+const anyStep = math.MaxInt64
+
 // plan is PlanRestore onto placement (rank -> node); nil keeps the job's.
 // The index is locked only to copy what the plan needs (view.go).
 func (c *Coordinator) plan(ctx context.Context, job string, step int64, placement map[uint32]string) (*coordpb.PlanRestoreResponse, error) {
-	v, nv, place, skipped, err := c.chooseStep(ctx, job, step, -1, placement == nil)
+	return c.planBelow(ctx, job, step, anyStep, placement)
+}
+
+// planBelow is plan, choosing (when step < 0) among the steps older than
+// below only.
+func (c *Coordinator) planBelow(ctx context.Context, job string, step, below int64, placement map[uint32]string) (*coordpb.PlanRestoreResponse, error) {
+	v, nv, place, skipped, err := c.chooseStep(ctx, job, step, below, -1, placement == nil)
 	if err != nil {
 		return nil, err
 	}
@@ -56,8 +67,9 @@ func (c *Coordinator) plan(ctx context.Context, job string, step int64, placemen
 // index is locked to copy, one step at a time; the O(world size) check
 // that every rank has a live copy runs outside it. rank >= 0 copies only
 // that rank's copies when no node is down (then every copy is live, and a
-// consistent, complete step is restorable as it stands).
-func (c *Coordinator) chooseStep(ctx context.Context, job string, step, rank int64, wantPlacement bool) (*stepView, nodeView, map[uint32]string, []*coordpb.UnrestorableStep, error) {
+// consistent, complete step is restorable as it stands). A newest step is
+// chosen among those older than below.
+func (c *Coordinator) chooseStep(ctx context.Context, job string, step, below, rank int64, wantPlacement bool) (*stepView, nodeView, map[uint32]string, []*coordpb.UnrestorableStep, error) {
 	c.mu.Lock()
 	if step < 0 { // the newest restorable step: not before the index caught up
 		if err := c.rebuildingLocked(job); err != nil {
@@ -84,6 +96,7 @@ func (c *Coordinator) chooseStep(ctx context.Context, job string, step, rank int
 				marked = append(marked, st.Unrestorable.proto(n))
 			case !st.complete(): // some rank has no copy, or only corrupt ones
 				spoilt = append(spoilt, n)
+			case n >= below: // passed over by the restore asking
 			default:
 				candidates = append(candidates, n)
 			}
@@ -164,7 +177,7 @@ func (c *Coordinator) RankSources(ctx context.Context, job string, step int64, r
 	// resharded from.
 	addrs := c.agentAddrsLocked()
 	c.mu.Unlock()
-	v, nv, _, _, err := c.chooseStep(ctx, job, step, int64(rank), false)
+	v, nv, _, _, err := c.chooseStep(ctx, job, step, anyStep, int64(rank), false)
 	if err != nil {
 		return nil, err
 	}

@@ -54,11 +54,16 @@ const maxFallback = 16
 func (c *Coordinator) restore(ctx context.Context, job string, step int64, placement map[uint32]string, first *coordpb.PlanRestoreResponse,
 	fellBack func(step int64) error) (*coordpb.PlanRestoreResponse, string, error) {
 	start := time.Now()
-	var found []*coordpb.UnrestorableStep // by this restore, newest first
+	var found []*coordpb.UnrestorableStep  // by this restore, newest first
+	var unsure []*coordpb.UnrestorableStep // of those, the ones not marked (a store did not serve)
 	plan := first
+	below := int64(anyStep) // a fallback tries steps older than those tried
 	for try := 0; ; try++ {
 		if plan == nil {
-			p, err := c.plan(ctx, job, step, placement)
+			p, err := c.planBelow(ctx, job, step, below, placement)
+			if err != nil && len(unsure) > 0 {
+				return nil, "", fmt.Errorf("%w; passed over for now, not marked (a store did not serve them): %s", err, skippedText(unsure))
+			}
 			if err != nil {
 				return nil, "", err
 			}
@@ -93,20 +98,35 @@ func (c *Coordinator) restore(ctx context.Context, job string, step int64, place
 		if u == nil || ctx.Err() != nil {
 			return plan, "", nil // not the step's fault: an older one would fail the same way
 		}
-		if _, err := c.apply(func(ch *Changes) error { return c.state.MarkUnrestorable(job, plan.Step, u, ch) }); err != nil {
-			c.log.Error("recording a step as unrestorable", "job", job, "step", plan.Step, "err", err)
-		}
-		c.log.Warn("step cannot be restored whole: nothing switched to it", "job", job, "step", plan.Step, "why", u.String(),
-			"fallback", step < 0 && try+1 < maxFallback)
+		c.passOver(job, plan.Step, u, step < 0 && try+1 < maxFallback)
 		found = append(found, u.proto(plan.Step))
+		if !u.lost() {
+			unsure = append(unsure, found[len(found)-1])
+		}
 		if step >= 0 {
 			return plan, "", nil
 		}
 		if try+1 >= maxFallback {
-			return nil, "", fmt.Errorf("%w: coordinator: restore of job %s gave up after %d steps found unrestorable: %s", ErrNotFound, job, len(found), skippedText(found))
+			return nil, "", fmt.Errorf("%w: coordinator: restore of job %s gave up after %d steps that could not be restored: %s", ErrNotFound, job, len(found), skippedText(found))
 		}
-		plan = nil
+		below, plan = plan.Step, nil
 	}
+}
+
+// passOver records that a restore could not bring job's step back whole,
+// and why: the step is marked unrestorable when u shows it lost; when
+// only a store's outage kept some rank's copies from serving, it is left
+// as it is, for a later restore to try again.
+func (c *Coordinator) passOver(job string, step int64, u *Unrestorable, fallback bool) {
+	if !u.lost() {
+		c.log.Warn("step not restored: a store holding copies of it did not serve them; it is not marked, a later restore tries it again",
+			"job", job, "step", step, "why", u.String(), "fallback", fallback)
+		return
+	}
+	if _, err := c.apply(func(ch *Changes) error { return c.state.MarkUnrestorable(job, step, u, ch) }); err != nil {
+		c.log.Error("recording a step as unrestorable", "job", job, "step", step, "err", err)
+	}
+	c.log.Warn("step cannot be restored whole: nothing switched to it", "job", job, "step", step, "why", u.String(), "fallback", fallback)
 }
 
 // targets returns the node each rank of plan is restored on.
@@ -274,7 +294,8 @@ func unrestorableFrom(plan *coordpb.PlanRestoreResponse, attempts map[uint32][]*
 				return nil
 			}
 			rf.Copies = append(rf.Copies, CopyFailure{Copy: a.Tier, Error: strings.Join(strings.Fields(a.Error), " "),
-				Corrupt: a.Failure == agentpb.FetchFailure_FETCH_FAILURE_CORRUPT})
+				Corrupt:     a.Failure == agentpb.FetchFailure_FETCH_FAILURE_CORRUPT,
+				Unreachable: a.Failure == agentpb.FetchFailure_FETCH_FAILURE_UNREACHABLE})
 		}
 		u.Ranks = append(u.Ranks, rf)
 	}

@@ -44,6 +44,9 @@ type CopyFailure struct {
 	Copy    string `json:"copy"` // "tier:node"
 	Error   string `json:"error"`
 	Corrupt bool   `json:"corrupt,omitempty"`
+	// Unreachable: its store did not serve it (down, a network error, a
+	// server error); the copy may be whole.
+	Unreachable bool `json:"unreachable,omitempty"`
 }
 
 // names reports whether u lists rank; false on a nil u.
@@ -53,6 +56,19 @@ func (u *Unrestorable) names(rank uint32) bool {
 	}
 	for _, r := range u.Ranks {
 		if r.Rank == rank {
+			return true
+		}
+	}
+	return false
+}
+
+// lost reports whether u shows the step lost: some rank's every copy
+// failed for a reason of the copy's own (corrupt, or not there), none
+// because its store did not answer. A step u does not show lost may
+// restore once the store is back, and is not marked.
+func (u *Unrestorable) lost() bool {
+	for _, r := range u.Ranks {
+		if !slices.ContainsFunc(r.Copies, func(c CopyFailure) bool { return c.Unreachable }) {
 			return true
 		}
 	}
@@ -74,8 +90,11 @@ func (u *Unrestorable) String() string {
 				continue
 			}
 			what := "failed"
-			if c.Corrupt {
+			switch {
+			case c.Corrupt:
 				what = "corrupt"
+			case c.Unreachable:
+				what = "unreachable"
 			}
 			cs = append(cs, fmt.Sprintf("%s %s (%s)", c.Copy, what, c.Error))
 		}
@@ -92,7 +111,7 @@ func (u *Unrestorable) proto(step int64) *coordpb.UnrestorableStep {
 	for _, r := range u.Ranks {
 		rf := &coordpb.RankFailure{Rank: r.Rank}
 		for _, c := range r.Copies {
-			rf.Copies = append(rf.Copies, &coordpb.CopyFailure{Copy: c.Copy, Error: c.Error, Corrupt: c.Corrupt})
+			rf.Copies = append(rf.Copies, &coordpb.CopyFailure{Copy: c.Copy, Error: c.Error, Corrupt: c.Corrupt, Unreachable: c.Unreachable})
 		}
 		p.Ranks = append(p.Ranks, rf)
 	}
@@ -107,7 +126,7 @@ func skippedText(skipped []*coordpb.UnrestorableStep) string {
 		for _, r := range s.Ranks {
 			rf := RankFailure{Rank: r.Rank}
 			for _, c := range r.Copies {
-				rf.Copies = append(rf.Copies, CopyFailure{Copy: c.Copy, Error: c.Error, Corrupt: c.Corrupt})
+				rf.Copies = append(rf.Copies, CopyFailure{Copy: c.Copy, Error: c.Error, Corrupt: c.Corrupt, Unreachable: c.Unreachable})
 			}
 			u.Ranks = append(u.Ranks, rf)
 		}

@@ -35,12 +35,16 @@ const (
 	// The source's bytes did not match their checksums, or are not the
 	// shard asked for: the copy is corrupt.
 	FetchFailure_FETCH_FAILURE_CORRUPT FetchFailure = 1
-	// The source could not be read: missing, unreachable, or not readable
-	// from this node (another node's NVMe).
+	// The source is not there: missing from its store, gone with its node,
+	// or not readable from this node (another node's NVMe).
 	FetchFailure_FETCH_FAILURE_UNAVAILABLE FetchFailure = 2
 	// This node could not take the shard (its memory budget or slots are
 	// full): not the source's fault, and no other source would do better.
 	FetchFailure_FETCH_FAILURE_NO_ROOM FetchFailure = 3
+	// The source's store did not answer or failed the request (a network
+	// error, a timeout, a server error, an I/O error): the copy may be
+	// whole, and may serve once the store is back.
+	FetchFailure_FETCH_FAILURE_UNREACHABLE FetchFailure = 4
 )
 
 // Enum value maps for FetchFailure.
@@ -50,12 +54,14 @@ var (
 		1: "FETCH_FAILURE_CORRUPT",
 		2: "FETCH_FAILURE_UNAVAILABLE",
 		3: "FETCH_FAILURE_NO_ROOM",
+		4: "FETCH_FAILURE_UNREACHABLE",
 	}
 	FetchFailure_value = map[string]int32{
 		"FETCH_FAILURE_UNSPECIFIED": 0,
 		"FETCH_FAILURE_CORRUPT":     1,
 		"FETCH_FAILURE_UNAVAILABLE": 2,
 		"FETCH_FAILURE_NO_ROOM":     3,
+		"FETCH_FAILURE_UNREACHABLE": 4,
 	}
 )
 
@@ -3036,12 +3042,13 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"size_bytes\x18\x03 \x01(\x04R\tsizeBytes\x12\x1d\n" +
 	"\n" +
-	"segment_id\x18\x04 \x01(\x04R\tsegmentId*\x82\x01\n" +
+	"segment_id\x18\x04 \x01(\x04R\tsegmentId*\xa1\x01\n" +
 	"\fFetchFailure\x12\x1d\n" +
 	"\x19FETCH_FAILURE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15FETCH_FAILURE_CORRUPT\x10\x01\x12\x1d\n" +
 	"\x19FETCH_FAILURE_UNAVAILABLE\x10\x02\x12\x19\n" +
-	"\x15FETCH_FAILURE_NO_ROOM\x10\x03*\xa4\x01\n" +
+	"\x15FETCH_FAILURE_NO_ROOM\x10\x03\x12\x1d\n" +
+	"\x19FETCH_FAILURE_UNREACHABLE\x10\x04*\xa4\x01\n" +
 	"\n" +
 	"ShardState\x12\x1b\n" +
 	"\x17SHARD_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +

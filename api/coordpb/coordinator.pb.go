@@ -1780,7 +1780,11 @@ type CopyFailure struct {
 	Copy  string `protobuf:"bytes,1,opt,name=copy,proto3" json:"copy,omitempty"`
 	Error string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
 	// Its bytes failed a checksum: the copy is marked corrupt.
-	Corrupt       bool `protobuf:"varint,3,opt,name=corrupt,proto3" json:"corrupt,omitempty"`
+	Corrupt bool `protobuf:"varint,3,opt,name=corrupt,proto3" json:"corrupt,omitempty"`
+	// Its store did not answer (a network error, a timeout, a server
+	// error): the copy may be whole. A step passed over for such a copy is
+	// not marked unrestorable; a later restore tries it again.
+	Unreachable   bool `protobuf:"varint,4,opt,name=unreachable,proto3" json:"unreachable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1832,6 +1836,13 @@ func (x *CopyFailure) GetError() string {
 func (x *CopyFailure) GetCorrupt() bool {
 	if x != nil {
 		return x.Corrupt
+	}
+	return false
+}
+
+func (x *CopyFailure) GetUnreachable() bool {
+	if x != nil {
+		return x.Unreachable
 	}
 	return false
 }
@@ -5051,11 +5062,12 @@ const file_coordinator_proto_rawDesc = "" +
 	"atUnixNano\"]\n" +
 	"\vRankFailure\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12:\n" +
-	"\x06copies\x18\x02 \x03(\v2\".rewind.coordinator.v1.CopyFailureR\x06copies\"Q\n" +
+	"\x06copies\x18\x02 \x03(\v2\".rewind.coordinator.v1.CopyFailureR\x06copies\"s\n" +
 	"\vCopyFailure\x12\x12\n" +
 	"\x04copy\x18\x01 \x01(\tR\x04copy\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12\x18\n" +
-	"\acorrupt\x18\x03 \x01(\bR\acorrupt\"\x80\x02\n" +
+	"\acorrupt\x18\x03 \x01(\bR\acorrupt\x12 \n" +
+	"\vunreachable\x18\x04 \x01(\bR\vunreachable\"\x80\x02\n" +
 	"\bTierCopy\x12\x12\n" +
 	"\x04tier\x18\x01 \x01(\tR\x04tier\x12:\n" +
 	"\x05state\x18\x02 \x01(\x0e2$.rewind.coordinator.v1.TierCopyStateR\x05state\x12\x1d\n" +

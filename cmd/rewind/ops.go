@@ -398,6 +398,10 @@ func printRestoreHead(plan *coordpb.PlanRestoreResponse, restart bool) {
 		}
 	}
 	for _, u := range plan.Skipped {
+		if storeDidNotServe(u) {
+			fmt.Printf("passed over step %d for now, a store not serving it (not marked: a later restore tries it again): %s\n", u.Step, unrestorableText(u))
+			continue
+		}
 		fmt.Printf("passed over step %d, which cannot be restored whole: %s\n", u.Step, unrestorableText(u))
 	}
 	fmt.Println()
@@ -411,14 +415,29 @@ func unrestorableText(u *coordpb.UnrestorableStep) string {
 		var cs []string
 		for _, c := range r.Copies {
 			what := "failed"
-			if c.Corrupt {
+			switch {
+			case c.Corrupt:
 				what = "corrupt"
+			case c.Unreachable:
+				what = "unreachable"
 			}
 			cs = append(cs, fmt.Sprintf("%s %s (%s)", c.Copy, what, c.Error))
 		}
 		parts = append(parts, fmt.Sprintf("rank %d: %s", r.Rank, strings.Join(cs, "; ")))
 	}
 	return strings.Join(parts, "; ")
+}
+
+// storeDidNotServe reports whether a step was passed over only because a
+// store did not serve copies of it: each rank that failed had a copy
+// whose store did not answer, so the step may restore later.
+func storeDidNotServe(u *coordpb.UnrestorableStep) bool {
+	for _, r := range u.Ranks {
+		if !slices.ContainsFunc(r.Copies, func(c *coordpb.CopyFailure) bool { return c.Unreachable }) {
+			return false
+		}
+	}
+	return len(u.Ranks) > 0
 }
 
 // printRestorePlan prints the plan's ranks, their sources and, once run,

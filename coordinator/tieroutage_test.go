@@ -1,0 +1,41 @@
+package coordinator_test
+
+import (
+	"testing"
+
+	"rewind.dev/rewind/api/coordpb"
+)
+
+// TestARestoreDuringAStoreOutageMarksNothing: the object store is the only
+// copy of every step left (every node lost its memory), and it is down
+// when a restore runs. The restore cannot bring a step back, but nothing
+// is wrong with the steps: once the store is up again, the next restore
+// must restore the newest step, not pass over the steps the outage made
+// unreadable as if they were lost.
+func TestARestoreDuringAStoreOutageMarksNothing(t *testing.T) {
+	const job = "outage"
+	tc := newTierCluster(t, 2, "s3:every=1,keep=3", nil)
+	for step := int64(1); step <= 3; step++ {
+		tc.saveStep(job, 2, step, 0, 1)
+		tc.waitLatest(job, step)
+		tc.waitStarted(job, step, []string{"s3"})
+		tc.waitTiers(job)
+	}
+	tc.restartAgents(job, 2, 3)
+	if err := tc.minio.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	plan, err := tc.api.PlanRestore(ctxT(t), &coordpb.PlanRestoreRequest{Job: job, Step: -1, RequestedBy: "test"})
+	if err == nil && plan.Ok {
+		t.Fatalf("restore with the object store down: %v", plan)
+	}
+	t.Logf("restore with the object store down: %v %v", plan, err)
+	if err := tc.minio.Start(); err != nil {
+		t.Fatal(err)
+	}
+	plan, err = tc.api.PlanRestore(ctxT(t), &coordpb.PlanRestoreRequest{Job: job, Step: -1, RequestedBy: "test"})
+	if err != nil || !plan.Ok || plan.Step != 3 || len(plan.Skipped) != 0 {
+		t.Fatalf("restore once the object store is back: %v %v, want step 3 restored with none passed over", plan, err)
+	}
+	tc.checkRestoredAt(job, 3, map[uint32]int{0: 0, 1: 1})
+}
