@@ -255,7 +255,10 @@ const maxFillRanges = 1 << 16
 func (a *Agent) Fill(ctx context.Context, id uint64, ranges [][2]int64) (int64, string, error) {
 	p := a.partialOf(id)
 	if p == nil {
-		return 0, "", fmt.Errorf("%w: agent: no partial lease %d (expired or released?); open the shard again", ErrNotFound, id)
+		// Not ErrNotFound: the shard may well be there (an agent restarted
+		// since the open knows none of its leases), and a restore that
+		// said "not found" would be taken for "no checkpoint".
+		return 0, "", fmt.Errorf("%w: agent: no partial lease %d (expired, released, or the agent restarted since it was given); open the shard again", ErrBusy, id)
 	}
 	if len(ranges) > maxFillRanges {
 		return 0, "", fmt.Errorf("%w: agent: %d ranges in one fill, at most %d", ErrInvalid, len(ranges), maxFillRanges)
@@ -270,7 +273,7 @@ func (a *Agent) Fill(ctx context.Context, id uint64, ranges [][2]int64) (int64, 
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.f == nil {
-		return 0, "", fmt.Errorf("%w: agent: partial lease %d was released", ErrNotFound, id)
+		return 0, "", fmt.Errorf("%w: agent: partial lease %d was released; open the shard again", ErrBusy, id)
 	}
 	runs := p.missing(ranges)
 	var want int64
