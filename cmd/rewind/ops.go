@@ -77,7 +77,7 @@ func (o opFlags) dial(ctx context.Context) (coordpb.CoordinatorClient, context.C
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	conn, err := sec.NewClient(*o.coordinator, transport.ExpectCoordinator)
+	conn, err := sec.NewClient(*o.coordinator, transport.ExpectCoordinator, plaintextHint(sec, *o.coordinator)...)
 	if err != nil {
 		return nil, nil, nil, err
 	}
