@@ -40,7 +40,7 @@ demo: build
 demo-elastic: build
 	$(BIN)/rewind-dev demo --nodes 3 --ranks 6 --elastic 2
 
-## test: lint, then every test: Go (race detector on), the Python SDK's pytest suite (and its DCP tests in a trixie root), the Helm chart, the controller against a real API server and mpi-operator, the chaos smoke run (when a Docker engine answers).
+## test: lint, then every test: Go (race detector on), the Python SDK's pytest suite (with torch 1.13, then with torch 2.x in a trixie root, its DCP tests there), the Helm chart, the controller against a real API server and mpi-operator, the chaos smoke run (when a Docker engine answers).
 # On a fresh machine most of make test is building and fetching what the
 # later tests need: MinIO, helm, the trixie root, the control plane
 # (kube-bin, the longest), the images. Those are made in that order in
@@ -55,7 +55,7 @@ demo-elastic: build
 # compiled there. The background waits for the packages before it needs
 # them (bin/.packages-ready): it must not race the front for dpkg's lock.
 # An interrupted or failed make test stops the background too.
-TEST_FRONT := lint test-go test-python test-python-dcp test-helm chaos-smoke
+TEST_FRONT := lint test-go test-python test-python-trixie test-helm chaos-smoke
 TEST_AFTER := test-kube
 PACKAGES_READY := $(BIN)/.packages-ready
 test:

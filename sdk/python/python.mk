@@ -4,7 +4,8 @@
 #   python-deps      Debian's torch, grpcio, numpy, protobuf, pytest, xxhash (apt, when missing)
 #   test-python      the SDK's pytest suite against a real agent (bin/rewind)
 #   python-trixie    a Debian trixie root with torch 2.x, under bin/ (once)
-#   test-python-dcp  rewind.dcp's tests (torch 2.x DCP, gloo on the CPU) in that root
+#   test-python-trixie  the whole suite in that root (torch 2.x, numpy 2, Python 3.13)
+#   test-python-dcp  rewind.dcp's tests alone (torch 2.x DCP, gloo on the CPU) in that root
 #   bench-dcp        dcp.save through rewind.dcp.Writer against FileSystemWriter
 #   bench-python     client.save against torch.save to local disk and /dev/shm
 #   generate-python  regenerate sdk/python/rewind/_pb from api/agent.proto
@@ -19,7 +20,7 @@ PYTHON_DEBS := python3-torch python3-grpcio python3-numpy python3-protobuf pytho
 BENCH_PYTHON_FLAGS ?= --sizes 1GiB,4GiB --runs 5
 
 .PHONY: python-deps python-rewind-bin test-python bench-python generate-python lint-python python-lint-deps \
-	python-trixie test-python-dcp bench-dcp
+	python-trixie test-python-trixie python-gowriter test-python-dcp bench-dcp
 
 python-deps:
 	@$(PYTHON) -c 'import torch, grpc, numpy, google.protobuf, pytest, xxhash' 2>/dev/null || \
@@ -49,7 +50,18 @@ BENCH_DCP_FLAGS ?= --world 2 --mib 256 --runs 5  # one rank per core of the 2-vC
 python-trixie:
 	$(TRIXIE) build $(TRIXIE_ROOT)
 
-## test-python-dcp: rewind.dcp (PyTorch DCP storage) with torch 2.x in the trixie root: DTensor state saved at world size 4, loaded at 4, 3, 2; odd state dicts, steps and ids (test_dcp_cases.py).
+## test-python-trixie: the Python SDK's whole pytest suite with torch 2.x, numpy 2 and Python 3.13 in the trixie root, rewind.dcp's tests among them.
+test-python-trixie: python-trixie python-rewind-bin python-gowriter
+	$(TRIXIE) run $(TRIXIE_ROOT) $(CURDIR) sh -c 'cd /src && REWIND_BIN=$(TRIXIE_REWIND) REWIND_GOWRITER=$(TRIXIE_GOWRITER) \
+		python3 -m pytest -q -p no:cacheprovider $(PYTHON_SDK)/tests'
+
+# The cross-language tests' Go shard writer, built here for the trixie
+# root, which has no Go.
+TRIXIE_GOWRITER := /src/$(patsubst $(CURDIR)/%,%,$(BIN))/gowriter
+python-gowriter:
+	$(GO) build -o $(BIN)/gowriter ./$(PYTHON_SDK)/tests/testdata/gowriter
+
+## test-python-dcp: rewind.dcp (PyTorch DCP storage) alone in the trixie root: DTensor state saved at world size 4, loaded at 4, 3, 2; odd state dicts, steps and ids (test_dcp_cases.py).
 test-python-dcp: python-trixie python-rewind-bin
 	$(TRIXIE) run $(TRIXIE_ROOT) $(CURDIR) sh -c 'cd /src && REWIND_BIN=$(TRIXIE_REWIND) \
 		python3 -m pytest -q -p no:cacheprovider $(PYTHON_SDK)/tests/test_dcp.py $(PYTHON_SDK)/tests/test_dcp_cases.py'

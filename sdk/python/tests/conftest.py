@@ -2,7 +2,8 @@
 
 The tests need a real agent. The binary is $REWIND_BIN when set (make
 test-python sets it to bin/rewind), else it is built with `go build` into a
-temporary directory. Agents run as subprocesses with their shared-memory
+temporary directory; so is the Go shard writer of the cross-language tests,
+$REWIND_GOWRITER (a root without Go, such as the trixie one, is given both). Agents run as subprocesses with their shared-memory
 root under /dev/shm and are killed at the end of the test or session.
 """
 
@@ -51,6 +52,8 @@ def rewind_bin(build_dir) -> str:
 @pytest.fixture(scope="session")
 def gowriter(build_dir) -> str:
     """The Go helper that writes shards with the Go implementation."""
+    if os.environ.get("REWIND_GOWRITER"):
+        return os.path.abspath(os.environ["REWIND_GOWRITER"])
     return str(_go_build("./sdk/python/tests/testdata/gowriter", build_dir / "gowriter"))
 
 

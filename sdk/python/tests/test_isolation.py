@@ -87,6 +87,11 @@ def test_segments_out_of_another_users_reach(isolated):
         c.save(1, _state(1))
         path = c.list()[0].path
     os.chmod(agent.dir, 0o755)  # the directory above the root open to all, as /dev/shm is
+    # setpriv switches to the other uid in the child, after exec:
+    # subprocess.run(user=...) forks this process, whose threads (torch's
+    # OpenMP pool, once a test ran it) can leave the child hung before it
+    # execs.
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
     for argv in (["ls", agent.root], ["cat", path]):
-        r = subprocess.run(argv, user=65534, group=65534, capture_output=True, text=True)
+        r = subprocess.run(nobody + argv, capture_output=True, text=True)
         assert r.returncode != 0 and "Permission denied" in r.stderr, (argv, r)
