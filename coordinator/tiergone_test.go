@@ -175,12 +175,7 @@ func TestARestoreLearnsOfAReplacedNodesNVMe(t *testing.T) {
 func TestARestoreAfterTheBucketIsGone(t *testing.T) {
 	const job = "nobucket"
 	tc := newTierCluster(t, 2, "s3:every=1,keep=2", nil)
-	for step := int64(1); step <= 3; step++ {
-		tc.saveStep(job, 2, step, 0, 1)
-		tc.waitLatest(job, step)
-		tc.waitStarted(job, step, []string{"s3"})
-		tc.waitTiers(job)
-	}
+	tc.saveDurable(job, 3, "s3")
 	mc := tc.minio.Client()
 	for obj := range mc.ListObjects(ctxT(t), tc.minio.Bucket, minio.ListObjectsOptions{Recursive: true}) {
 		if obj.Err != nil {

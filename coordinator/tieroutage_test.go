@@ -15,12 +15,7 @@ import (
 func TestARestoreDuringAStoreOutageMarksNothing(t *testing.T) {
 	const job = "outage"
 	tc := newTierCluster(t, 2, "s3:every=1,keep=3", nil)
-	for step := int64(1); step <= 3; step++ {
-		tc.saveStep(job, 2, step, 0, 1)
-		tc.waitLatest(job, step)
-		tc.waitStarted(job, step, []string{"s3"})
-		tc.waitTiers(job)
-	}
+	tc.saveDurable(job, 3, "s3")
 	tc.restartAgents(job, 2, 3)
 	if err := tc.minio.Stop(); err != nil {
 		t.Fatal(err)
@@ -38,4 +33,16 @@ func TestARestoreDuringAStoreOutageMarksNothing(t *testing.T) {
 		t.Fatalf("restore once the object store is back: %v %v, want step 3 restored with none passed over", plan, err)
 	}
 	tc.checkRestoredAt(job, 3, map[uint32]int{0: 0, 1: 1})
+}
+
+// saveDurable saves steps 1 to last of a 2-rank job, rank r on node-r,
+// each step waited for until consistent and its copy on tier done.
+func (tc *tierCluster) saveDurable(job string, last int64, tier string) {
+	tc.t.Helper()
+	for step := int64(1); step <= last; step++ {
+		tc.saveStep(job, 2, step, 0, 1)
+		tc.waitLatest(job, step)
+		tc.waitStarted(job, step, []string{tier})
+		tc.waitTiers(job)
+	}
 }
