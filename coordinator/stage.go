@@ -77,7 +77,7 @@ func (c *Coordinator) restore(ctx context.Context, job string, step int64, place
 		if slices.ContainsFunc(found, func(u *coordpb.UnrestorableStep) bool { return u.Step == plan.Step }) {
 			return nil, "", fmt.Errorf("coordinator: restore of job %s: step %d was found unrestorable, but the mark was not recorded: %s", job, plan.Step, skippedText(found))
 		}
-		for _, u := range found { // marked now; listed by the plan unless the mark was lost
+		for _, u := range found { // the marked ones listed by the plan already, unless the mark was lost
 			if !slices.ContainsFunc(plan.Skipped, func(k *coordpb.UnrestorableStep) bool { return k.Step == u.Step }) {
 				plan.Skipped = append(plan.Skipped, u)
 			}
