@@ -98,12 +98,17 @@ func (c *Coordinator) restore(ctx context.Context, job string, step int64, place
 		if u == nil || ctx.Err() != nil {
 			return plan, "", nil // not the step's fault: an older one would fail the same way
 		}
-		c.passOver(job, plan.Step, u, step < 0 && try+1 < maxFallback)
+		// A recovery's fallback discards the steps after the older one on
+		// every node (fellBack): past a step that may restore once its
+		// store is back, it would throw good copies away. The recovery
+		// ends here instead, unmarked, and its next try plans afresh.
+		recoveryWaits := !u.lost() && fellBack != nil
+		c.passOver(job, plan.Step, u, step < 0 && try+1 < maxFallback && !recoveryWaits)
 		found = append(found, u.proto(plan.Step))
 		if !u.lost() {
 			unsure = append(unsure, found[len(found)-1])
 		}
-		if step >= 0 {
+		if step >= 0 || recoveryWaits {
 			return plan, "", nil
 		}
 		if try+1 >= maxFallback {

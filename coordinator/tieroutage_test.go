@@ -1,8 +1,10 @@
 package coordinator_test
 
 import (
+	"slices"
 	"testing"
 
+	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/api/coordpb"
 )
 
@@ -45,4 +47,49 @@ func (tc *tierCluster) saveDurable(job string, last int64, tier string) {
 		tc.waitStarted(job, step, []string{tier})
 		tc.waitTiers(job)
 	}
+}
+
+// TestARecoveryDuringAStoreOutageKeepsTheSurvivingCopies: node-0 dies
+// while the object store, the only other holder of rank 0's steps, is
+// down. The recovery cannot restore, and must not fall back either: a
+// fallback discards the steps after the older one on every node, so
+// rank 1's newest step in node-1's memory would go, for a step that
+// restores once the store is back. Once MinIO is up again, a retry of
+// the recovery re-gangs the job at the newest step.
+func TestARecoveryDuringAStoreOutageKeepsTheSurvivingCopies(t *testing.T) {
+	const job = "outage-recovery"
+	tc := newTierCluster(t, 3, "s3:every=1,keep=3", nil)
+	tc.saveDurable(job, 3, "s3")
+	if err := tc.minio.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	events := tc.watch(job)
+	tc.agents[0].Stop()
+	if _, err := tc.api.NodeDown(ctxT(t), &coordpb.NodeDownRequest{Node: "node-0", Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	if ev := nextEvent(t, events); ev.Ok {
+		t.Fatalf("recovery with the object store down: %v, want it failed", ev)
+	}
+	shards, err := tc.clients[1].List(ctxT(t), job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(shards, func(s *agentpb.Shard) bool { return s.Rank == 1 && s.Step == 3 }) {
+		t.Fatalf("node-1 after the failed recovery holds %v, want rank 1's step 3 still", shards)
+	}
+	if err := tc.minio.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		ev := nextEvent(t, events)
+		if !ev.Ok {
+			continue // a retry before MinIO answered
+		}
+		if ev.Step != 3 {
+			t.Fatalf("recovery once MinIO is back: %v, want a re-gang at step 3", ev)
+		}
+		break
+	}
+	tc.checkRestoredAt(job, 3, map[uint32]int{0: 2, 1: 1})
 }
