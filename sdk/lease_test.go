@@ -2,7 +2,6 @@ package sdk_test
 
 import (
 	"testing"
-	"time"
 
 	"rewind.dev/rewind/internal/testcluster"
 	"rewind.dev/rewind/sdk"
@@ -14,17 +13,8 @@ import (
 // ErrNotFound (a training loop takes that for "no checkpoint" and starts
 // again from step 0): it opens the shard again and returns it.
 func TestRestoreWhenTheAgentRestartsAfterItsLease(t *testing.T) {
-	cfg := testcluster.AgentConfig(t)
-	spec := testcluster.AgentProcess{Node: "child", ShmRoot: cfg.ShmRoot, Socket: cfg.Socket}
-	agentProc := testcluster.SpawnAgent(t, spec)
-	c := testcluster.Dial(t, cfg.Socket, sdk.Options{CallTimeout: 5 * time.Second})
-	s := session(t, c, "lease", 0, 1)
+	spec, agentProc, s := spawnAndSave(t, "lease")
 	ctx := ctxT(t)
-	for step := int64(1); step <= 2; step++ {
-		if err := s.Save(ctx, step, state(step), nil); err != nil {
-			t.Fatal(err)
-		}
-	}
 	restarts := 0
 	sdk.SetTestHookLeased(func() {
 		if restarts == 0 {

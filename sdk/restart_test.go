@@ -53,19 +53,10 @@ func stillDown(t *testing.T, socket string) (attempts *atomic.Int64, up func()) 
 // session. gRPC's own reconnect backoff grows to 120 s, so a client left
 // to it failed every save for seconds to minutes after the agent was back.
 func TestSaveOnSameClientAfterAgentOutage(t *testing.T) {
-	cfg := testcluster.AgentConfig(t)
-	spec := testcluster.AgentProcess{Node: "child", ShmRoot: cfg.ShmRoot, Socket: cfg.Socket}
-	agentProc := testcluster.SpawnAgent(t, spec)
-	c := testcluster.Dial(t, cfg.Socket, sdk.Options{CallTimeout: 5 * time.Second})
-	s := session(t, c, "outage", 0, 1)
+	spec, agentProc, s := spawnAndSave(t, "outage")
 	ctx := ctxT(t)
-	for step := int64(1); step <= 2; step++ {
-		if err := s.Save(ctx, step, state(step), nil); err != nil {
-			t.Fatal(err)
-		}
-	}
 	agentProc.Kill()
-	attempts, up := stillDown(t, cfg.Socket)
+	attempts, up := stillDown(t, spec.Socket)
 	// The training loop saves on while the agent is away: every save fails
 	// as "no agent", and the client's connection is retried meanwhile.
 	wait.ForNil(t, time.Minute, "five reconnection attempts while the agent is down", func() error {
@@ -96,4 +87,22 @@ func TestSaveOnSameClientAfterAgentOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	same(t, state(3), older)
+}
+
+// spawnAndSave starts an agent process, dials it (calls time out after
+// 5 s), and saves steps 1 and 2 of job's rank 0 through a session it
+// returns, with the agent's spec and process.
+func spawnAndSave(t *testing.T, job string) (testcluster.AgentProcess, *testcluster.Proc, *sdk.Session) {
+	t.Helper()
+	cfg := testcluster.AgentConfig(t)
+	spec := testcluster.AgentProcess{Node: "child", ShmRoot: cfg.ShmRoot, Socket: cfg.Socket}
+	proc := testcluster.SpawnAgent(t, spec)
+	c := testcluster.Dial(t, cfg.Socket, sdk.Options{CallTimeout: 5 * time.Second})
+	s := session(t, c, job, 0, 1)
+	for step := int64(1); step <= 2; step++ {
+		if err := s.Save(ctxT(t), step, state(step), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return spec, proc, s
 }
