@@ -241,7 +241,11 @@ func (c *Coordinator) recoverJobIf(ctx context.Context, job, node, reason string
 		return
 	}
 	if !c.regang(ctx, plan, stage, aborted, target, ev) {
-		c.retryFailed(job, node, reason, detected, errors.New(ev.Error))
+		err := errors.New(ev.Error)
+		if waitsForStore(plan) {
+			err = fmt.Errorf("%w: %s", errStoreNotServing, ev.Error)
+		}
+		c.retryFailed(job, node, reason, detected, err)
 	}
 }
 

@@ -90,6 +90,13 @@ const (
 	maxRetryAfter   = 30 * time.Second
 )
 
+// errStoreNotServing marks a recovery that failed only because a store
+// did not serve copies of the step it planned (stage.go): nothing is
+// wrong with the step, and no node coming back would help, so it is
+// tried again every maxRetryAfter past Config.RecoveryRetries, until the
+// store serves or an operator restores the job, rather than stalled.
+var errStoreNotServing = errors.New("a store did not serve the step's copies")
+
 // failedRecovery is a job's recovery to try again.
 type failedRecovery struct {
 	node, reason string    // the first failed try's
@@ -110,7 +117,7 @@ func (c *Coordinator) retryFailed(job, node, reason string, detected time.Time, 
 	if prev := c.retrying[job]; prev != nil {
 		f.node, f.reason, f.detected, f.attempts = prev.node, prev.reason, prev.detected, prev.attempts+1
 	}
-	if f.attempts > c.cfg.RecoveryRetries {
+	if f.attempts > c.cfg.RecoveryRetries && (c.cfg.RecoveryRetries == 0 || !errors.Is(err, errStoreNotServing)) {
 		delete(c.retrying, job)
 		c.stallLocked(job, f.node, f.reason, f.detected)
 		c.log.Error("job recovery failed every try; it waits for a node to come back or an operator's restore",
@@ -152,6 +159,9 @@ func (c *Coordinator) retryFailed(job, node, reason string, detected time.Time, 
 			return
 		}
 		reason := fmt.Sprintf("%s; retry %d of %d after a failed recovery", f.reason, f.attempts, c.cfg.RecoveryRetries)
+		if f.attempts > c.cfg.RecoveryRetries {
+			reason = fmt.Sprintf("%s; retry %d after a failed recovery, waiting for a store to serve the step", f.reason, f.attempts)
+		}
 		c.recoverJobIf(c.bgCtx, job, f.node, reason, f.detected, due)
 	}()
 }

@@ -108,6 +108,9 @@ func (c *Coordinator) restore(ctx context.Context, job string, step int64, place
 		if !u.lost() {
 			unsure = append(unsure, found[len(found)-1])
 		}
+		if recoveryWaits { // the event says why, for the retry too (waitsForStore)
+			plan.Skipped = append(plan.Skipped, found[len(found)-1])
+		}
 		if step >= 0 || recoveryWaits {
 			return plan, "", nil
 		}
@@ -116,6 +119,26 @@ func (c *Coordinator) restore(ctx context.Context, job string, step int64, place
 		}
 		below, plan = plan.Step, nil
 	}
+}
+
+// waitsForStore reports whether plan's restore failed only because a
+// store did not serve copies of its step (the step is not marked).
+func waitsForStore(plan *coordpb.PlanRestoreResponse) bool {
+	if plan == nil || plan.Ok {
+		return false
+	}
+	for _, u := range plan.Skipped {
+		if u.Step != plan.Step {
+			continue
+		}
+		for _, r := range u.Ranks {
+			if !slices.ContainsFunc(r.Copies, func(c *coordpb.CopyFailure) bool { return c.Unreachable }) {
+				return false
+			}
+		}
+		return len(u.Ranks) > 0
+	}
+	return false
 }
 
 // passOver records that a restore could not bring job's step back whole,

@@ -6,6 +6,7 @@ import (
 
 	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/api/coordpb"
+	"rewind.dev/rewind/coordinator"
 )
 
 // TestARestoreDuringAStoreOutageMarksNothing: the object store is the only
@@ -54,11 +55,13 @@ func (tc *tierCluster) saveDurable(job string, last int64, tier string) {
 // down. The recovery cannot restore, and must not fall back either: a
 // fallback discards the steps after the older one on every node, so
 // rank 1's newest step in node-1's memory would go, for a step that
-// restores once the store is back. Once MinIO is up again, a retry of
-// the recovery re-gangs the job at the newest step.
+// restores once the store is back. Nor may it stall after its tries (2
+// here): no node coming back would start it again. Once MinIO is up, a
+// retry of the recovery re-gangs the job at the newest step.
 func TestARecoveryDuringAStoreOutageKeepsTheSurvivingCopies(t *testing.T) {
 	const job = "outage-recovery"
-	tc := newTierCluster(t, 3, "s3:every=1,keep=3", nil)
+	const tries = 2
+	tc := newTierCluster(t, 3, "s3:every=1,keep=3", nil, func(c *coordinator.Config) { c.RecoveryRetries = tries })
 	tc.saveDurable(job, 3, "s3")
 	if err := tc.minio.Stop(); err != nil {
 		t.Fatal(err)
@@ -77,6 +80,13 @@ func TestARecoveryDuringAStoreOutageKeepsTheSurvivingCopies(t *testing.T) {
 	}
 	if !slices.ContainsFunc(shards, func(s *agentpb.Shard) bool { return s.Rank == 1 && s.Step == 3 }) {
 		t.Fatalf("node-1 after the failed recovery holds %v, want rank 1's step 3 still", shards)
+	}
+	for failed := 1; failed < tries+2; failed++ { // past the tries: retried still
+		ev := nextEvent(t, events)
+		t.Logf("event %d: ok %v step %d reason %q err %.200s", failed, ev.Ok, ev.Step, ev.Reason, ev.Error)
+		if ev.Ok {
+			t.Fatalf("recovery %d with the object store down: %v, want it failed", failed+1, ev)
+		}
 	}
 	if err := tc.minio.Start(); err != nil {
 		t.Fatal(err)
