@@ -174,13 +174,13 @@ func fetchFailure(err error) agentpb.FetchFailure {
 var errStoreFailed = errors.New("the store did not serve the copy")
 
 // storeFailure marks err, a tier copy's fetch failure, with errStoreFailed
-// unless it says the copy is corrupt or not there, or is this node's
-// own (no room for the shard), or the fetch was called off.
+// unless fetchFailure already tells it apart (corrupt, no room), it says
+// the copy is not there or was asked for wrongly, or the fetch was
+// called off.
 func storeFailure(ctx context.Context, err error) error {
-	var nospace *shm.NoSpaceError
 	switch {
-	case err == nil, ctx.Err() != nil, errors.Is(err, shm.ErrCorrupt), tiers.IsNotExist(err), errors.Is(err, ErrNotFound),
-		errors.Is(err, ErrInvalid), errors.Is(err, ErrBudget), errors.Is(err, ErrBusy), errors.As(err, &nospace):
+	case err == nil, ctx.Err() != nil, fetchFailure(err) != agentpb.FetchFailure_FETCH_FAILURE_UNAVAILABLE,
+		tiers.IsNotExist(err), errors.Is(err, ErrNotFound), errors.Is(err, ErrInvalid):
 		return err
 	}
 	return fmt.Errorf("%w: %w", errStoreFailed, err)

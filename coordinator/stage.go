@@ -102,14 +102,16 @@ func (c *Coordinator) restore(ctx context.Context, job string, step int64, place
 		// every node (fellBack): past a step that may restore once its
 		// store is back, it would throw good copies away. The recovery
 		// ends here instead, unmarked, and its next try plans afresh.
-		recoveryWaits := !u.lost() && fellBack != nil
-		c.passOver(job, plan.Step, u, step < 0 && try+1 < maxFallback && !recoveryWaits)
-		found = append(found, u.proto(plan.Step))
-		if !u.lost() {
-			unsure = append(unsure, found[len(found)-1])
+		passed := u.proto(plan.Step)
+		storeDown := passed.StoreDidNotServe()
+		recoveryWaits := storeDown && fellBack != nil
+		c.passOver(job, plan.Step, u, storeDown, step < 0 && try+1 < maxFallback && !recoveryWaits)
+		found = append(found, passed)
+		if storeDown {
+			unsure = append(unsure, passed)
 		}
 		if recoveryWaits { // the event says why, for the retry too (waitsForStore)
-			plan.Skipped = append(plan.Skipped, found[len(found)-1])
+			plan.Skipped = append(plan.Skipped, passed)
 		}
 		if step >= 0 || recoveryWaits {
 			return plan, "", nil
@@ -127,26 +129,16 @@ func waitsForStore(plan *coordpb.PlanRestoreResponse) bool {
 	if plan == nil || plan.Ok {
 		return false
 	}
-	for _, u := range plan.Skipped {
-		if u.Step != plan.Step {
-			continue
-		}
-		for _, r := range u.Ranks {
-			if !slices.ContainsFunc(r.Copies, func(c *coordpb.CopyFailure) bool { return c.Unreachable }) {
-				return false
-			}
-		}
-		return len(u.Ranks) > 0
-	}
-	return false
+	i := slices.IndexFunc(plan.Skipped, func(u *coordpb.UnrestorableStep) bool { return u.Step == plan.Step })
+	return i >= 0 && plan.Skipped[i].StoreDidNotServe()
 }
 
 // passOver records that a restore could not bring job's step back whole,
-// and why: the step is marked unrestorable when u shows it lost; when
-// only a store's outage kept some rank's copies from serving, it is left
-// as it is, for a later restore to try again.
-func (c *Coordinator) passOver(job string, step int64, u *Unrestorable, fallback bool) {
-	if !u.lost() {
+// and why: the step is marked unrestorable, unless only a store's outage
+// kept some rank's copies from serving (storeDown); then it is left as
+// it is, for a later restore to try again.
+func (c *Coordinator) passOver(job string, step int64, u *Unrestorable, storeDown, fallback bool) {
+	if storeDown {
 		c.log.Warn("step not restored: a store holding copies of it did not serve them; it is not marked, a later restore tries it again",
 			"job", job, "step", step, "why", u.String(), "fallback", fallback)
 		return

@@ -62,19 +62,6 @@ func (u *Unrestorable) names(rank uint32) bool {
 	return false
 }
 
-// lost reports whether u shows the step lost: some rank's every copy
-// failed for a reason of the copy's own (corrupt, or not there), none
-// because its store did not answer. A step u does not show lost may
-// restore once the store is back, and is not marked.
-func (u *Unrestorable) lost() bool {
-	for _, r := range u.Ranks {
-		if !slices.ContainsFunc(r.Copies, func(c CopyFailure) bool { return c.Unreachable }) {
-			return true
-		}
-	}
-	return false
-}
-
 // maxFailureText bounds each copy's reason as a step's mark keeps it.
 const maxFailureText = 512
 

@@ -398,7 +398,7 @@ func printRestoreHead(plan *coordpb.PlanRestoreResponse, restart bool) {
 		}
 	}
 	for _, u := range plan.Skipped {
-		if storeDidNotServe(u) {
+		if u.StoreDidNotServe() {
 			fmt.Printf("passed over step %d for now, a store not serving it (not marked: a later restore tries it again): %s\n", u.Step, unrestorableText(u))
 			continue
 		}
@@ -426,18 +426,6 @@ func unrestorableText(u *coordpb.UnrestorableStep) string {
 		parts = append(parts, fmt.Sprintf("rank %d: %s", r.Rank, strings.Join(cs, "; ")))
 	}
 	return strings.Join(parts, "; ")
-}
-
-// storeDidNotServe reports whether a step was passed over only because a
-// store did not serve copies of it: each rank that failed had a copy
-// whose store did not answer, so the step may restore later.
-func storeDidNotServe(u *coordpb.UnrestorableStep) bool {
-	for _, r := range u.Ranks {
-		if !slices.ContainsFunc(r.Copies, func(c *coordpb.CopyFailure) bool { return c.Unreachable }) {
-			return false
-		}
-	}
-	return len(u.Ranks) > 0
 }
 
 // printRestorePlan prints the plan's ranks, their sources and, once run,
