@@ -18,6 +18,9 @@ var (
 	ErrNotFound = errors.New("not found")
 	ErrBudget   = errors.New("memory budget exhausted")
 	ErrBusy     = errors.New("slot not available")
+	// ErrNoCoordinator: a job-wide question asked of an agent started
+	// with no --coordinator; FailedPrecondition, as ErrBusy.
+	ErrNoCoordinator = errors.New("agent: without a coordinator")
 	// ErrUnknownPeer: a Fetch named a peer the coordinator does not know
 	// (fetchpeers.go).
 	ErrUnknownPeer = errors.New("not a node the coordinator knows")
@@ -41,7 +44,7 @@ func toStatus(err error) error {
 		code = codes.ResourceExhausted
 	case errors.Is(err, ErrUnknownPeer):
 		code = codes.PermissionDenied
-	case errors.Is(err, ErrBusy):
+	case errors.Is(err, ErrBusy), errors.Is(err, ErrNoCoordinator):
 		code = codes.FailedPrecondition
 	case errors.Is(err, ErrGangBroken):
 		code = codes.Aborted

@@ -281,7 +281,7 @@ func (s *server) Consistent(ctx context.Context, req *agentpb.ConsistentRequest)
 		return nil, err
 	}
 	if s.a.rep == nil {
-		return nil, fmt.Errorf("%w: agent: this agent runs without a coordinator (--coordinator), so it knows no job-wide consistent step", ErrBusy)
+		return nil, fmt.Errorf("%w: started with no --coordinator, it knows no job-wide consistent step", ErrNoCoordinator)
 	}
 	asked := s.a.rep.ask()
 	resp, err := s.a.rep.c.Latest(ctx, &coordpb.LatestRequest{Job: req.Job})

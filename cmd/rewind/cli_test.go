@@ -131,10 +131,10 @@ func TestOperatorCommands(t *testing.T) {
 	expect(runVerify, false, []string{"nvme", "ok"}, co, "cli-job", onNVMe)
 	expect(runInspect, false, []string{"job cli-job step 2: consistent", "node-a"}, co, "cli-job", "2")
 	expect(runVerify, false, []string{"node-a", "ok"}, co, "cli-job", "2")
-	expect(runRestore, false, []string{"step 2", "shm:node-a"}, co, "cli-job", "--dry-run")
-	expect(runRestore, false, []string{"restored job cli-job: step 2", "ok", "shm:node-a"}, co, "cli-job")
+	expect(runRestore, false, []string{"step 2, 1 rank; a restart would delete no later step (dry run", "shm:node-a"}, co, "cli-job", "--dry-run")
+	expect(runRestore, false, []string{"restored job cli-job: step 2, 1 rank in", "ok", "shm:node-a"}, co, "cli-job")
 	expect(runDelete, true, []string{"latest consistent"}, co, "cli-job", "2")
-	deleted := "deleted 1 copies"
+	deleted := "deleted 1 copy of"
 	if onNVMe == "1" { // and its NVMe copy
 		deleted = "deleted 2 copies"
 	}

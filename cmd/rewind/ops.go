@@ -289,7 +289,7 @@ func verifyVerdict(job string, step int64, worldSize uint32, checks []*coordpb.C
 	var lost []string
 	for _, r := range slices.Sorted(maps.Keys(seen)) {
 		if !good[r] {
-			lost = append(lost, fmt.Sprintf("rank %d (%d copies, all failed)", r, seen[r]))
+			lost = append(lost, fmt.Sprintf("rank %d (%s, all failed)", r, count(seen[r], "copy", "copies")))
 		}
 	}
 	var absent []string
@@ -375,6 +375,14 @@ func runRestore(ctx context.Context, args []string) error {
 	return nil
 }
 
+// count says "1 rank" or "2 ranks": n and the noun's form for it.
+func count[N ~int | ~int32 | ~int64 | ~uint32 | ~uint64](n N, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}
+
 // printRestoreHead says what a restore did or would do.
 func printRestoreHead(plan *coordpb.PlanRestoreResponse, restart bool) {
 	dropped := "no later step"
@@ -383,15 +391,15 @@ func printRestoreHead(plan *coordpb.PlanRestoreResponse, restart bool) {
 	}
 	switch {
 	case !plan.Executed && restart:
-		fmt.Printf("restore plan for job %s: step %d, %d ranks; a restart would delete %s (dry run: nothing moved)\n",
-			plan.Job, plan.Step, len(plan.Ranks), dropped)
+		fmt.Printf("restore plan for job %s: step %d, %s; a restart would delete %s (dry run: nothing moved)\n",
+			plan.Job, plan.Step, count(len(plan.Ranks), "rank", "ranks"), dropped)
 	case !plan.Executed:
-		fmt.Printf("restore plan for job %s: step %d, %d ranks (dry run: nothing moved)\n", plan.Job, plan.Step, len(plan.Ranks))
+		fmt.Printf("restore plan for job %s: step %d, %s (dry run: nothing moved)\n", plan.Job, plan.Step, count(len(plan.Ranks), "rank", "ranks"))
 	case !plan.Ok:
-		fmt.Printf("restore of job %s FAILED at step %d, %d ranks in %s: no rank was switched to it\n", plan.Job, plan.Step, len(plan.Ranks),
+		fmt.Printf("restore of job %s FAILED at step %d, %s in %s: no rank was switched to it\n", plan.Job, plan.Step, count(len(plan.Ranks), "rank", "ranks"),
 			time.Duration(plan.Nanos).Round(time.Millisecond))
 	default:
-		fmt.Printf("restored job %s: step %d, %d ranks in %s: ok\n", plan.Job, plan.Step, len(plan.Ranks),
+		fmt.Printf("restored job %s: step %d, %s in %s: ok\n", plan.Job, plan.Step, count(len(plan.Ranks), "rank", "ranks"),
 			time.Duration(plan.Nanos).Round(time.Millisecond))
 		if plan.Restarted {
 			fmt.Printf("the job's ranks are restarting at step %d; deleted %s\n", plan.Step, dropped)
@@ -506,7 +514,7 @@ func runDelete(ctx context.Context, args []string) error {
 			if *o.asJSON {
 				err = printJSON(resp)
 			} else {
-				fmt.Printf("deleted %d copies of job %s step %d\n", resp.CopiesDeleted, job, step)
+				fmt.Printf("deleted %s of job %s step %d\n", count(resp.CopiesDeleted, "copy", "copies"), job, step)
 			}
 		})
 		if err != nil {
