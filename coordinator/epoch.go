@@ -137,6 +137,9 @@ func (j *Job) adoptEpoch(e uint64, step int64, ch *Changes) {
 	}
 	j.Epoch = e
 	j.Epochs = append(j.Epochs, EpochStart{Epoch: e, Step: step})
+	if len(j.Epochs) > maxEpochHistory {
+		j.Epochs = j.Epochs[len(j.Epochs)-maxEpochHistory:]
+	}
 	ch.Jobs = append(ch.Jobs, j)
 	ch.Sync = true
 }
@@ -192,19 +195,45 @@ func (c *Coordinator) jobEpochLocked(job string) (uint64, int64) {
 	return 0, -1
 }
 
-// adoptEpochs raises each job's epoch to the one an agent registering
+// adoptEpochs raises each job's epoch to the one node's agent, registering,
 // says it was told, where that is newer than what this coordinator knows
-// (its index lost): the fence never goes back.
-func (c *Coordinator) adoptEpochs(told []*coordpb.Pin) error {
+// (its index lost): the fence never goes back. An agent's word raises a
+// fence only where it could be true and only when it is needed: while
+// this coordinator catches up with the agents (rebuild.go: after it
+// starts or begins to lead), for a job the node takes part in (a rank
+// placed on it, or a copy of the job on it). Otherwise any node could
+// fence any job: its ranks' saves refused, its agents deleting its steps
+// past the adopted epoch's start.
+func (c *Coordinator) adoptEpochs(node string, told []*coordpb.Pin) error {
 	_, err := c.apply(func(ch *Changes) error {
+		c.noteLeadLocked()
+		catchingUp := c.catchingUpLocked()
 		for _, p := range told {
-			if j := c.state.Jobs[p.Job]; j != nil && p.Epoch > j.epochOf() {
-				c.log.Warn("an agent knows a newer epoch of a job than this coordinator's index; adopting it",
-					"job", p.Job, "epoch", p.Epoch, "index_epoch", j.epochOf())
-				j.adoptEpoch(p.Epoch, p.EpochStep, ch)
+			j := c.state.Jobs[p.Job]
+			if j == nil || p.Epoch <= j.epochOf() {
+				continue
 			}
+			if !catchingUp || !c.takesPartLocked(node, j) {
+				c.log.Warn("an agent names a newer epoch of a job, which it cannot know here; not adopted",
+					"node", node, "job", p.Job, "epoch", p.Epoch, "index_epoch", j.epochOf(), "catching_up", catchingUp)
+				continue
+			}
+			c.log.Warn("an agent knows a newer epoch of a job than this coordinator's index; adopting it",
+				"node", node, "job", p.Job, "epoch", p.Epoch, "index_epoch", j.epochOf())
+			j.adoptEpoch(p.Epoch, p.EpochStep, ch)
 		}
 		return nil
 	})
 	return err
+}
+
+// takesPartLocked reports whether node runs one of j's ranks or holds a
+// copy of its shards. The caller holds c.mu.
+func (c *Coordinator) takesPartLocked(node string, j *Job) bool {
+	for _, n := range j.Placement {
+		if n == node {
+			return true
+		}
+	}
+	return c.state.JobsOn(node)[j.ID]
 }

@@ -31,12 +31,12 @@ type gangs struct {
 	c *Coordinator
 
 	mu         sync.Mutex
-	records    map[string]*gangRecord // job -> its last gang order
-	unfinished map[string]int64       // job -> step: a gang an agent holds broken, no recovery of it known here (unfinished.go)
+	records    map[string]*gangRecord      // job -> its last gang order
+	unfinished map[string]map[string]int64 // job -> node -> step: a gang the node's agent holds broken, no recovery of it known here (unfinished.go)
 }
 
 func newGangs(c *Coordinator) *gangs {
-	return &gangs{c: c, records: map[string]*gangRecord{}, unfinished: map[string]int64{}}
+	return &gangs{c: c, records: map[string]*gangRecord{}, unfinished: map[string]map[string]int64{}}
 }
 
 // gangRecord is a job's last gang order and every node a gang order of the

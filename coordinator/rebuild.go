@@ -162,6 +162,14 @@ func (c *Coordinator) rebuildingLocked(job string) error {
 	return nil
 }
 
+// catchingUpLocked reports whether this coordinator is still catching up
+// with the agents: its index may be behind what they were told. The
+// caller holds c.mu.
+func (c *Coordinator) catchingUpLocked() bool {
+	rb := &c.rebuild
+	return !rb.deadline.IsZero() && c.cfg.Clock.Now().Before(rb.deadline)
+}
+
 // endRebuildLocked ends the waits at the deadline, logging each job whose
 // index never reached its floor: the shards of that step on some node
 // are gone (the node did not come back). The caller holds c.mu.

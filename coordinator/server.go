@@ -62,14 +62,14 @@ func (s *server) Register(ctx context.Context, req *coordpb.RegisterRequest) (*c
 			told[p.Job] = p.Step
 		}
 	}
-	if err := s.c.adoptEpochs(req.Pins); err != nil {
+	if err := s.c.adoptEpochs(n.Name, req.Pins); err != nil {
 		return nil, toStatus(err)
 	}
 	pins, err := s.c.Register(&NodeInfo{Name: n.Name, Addr: n.Addr, FailureDomain: n.FailureDomain, BudgetBytes: n.ShmBudgetBytes}, recordsOf(req.Inventory), told)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	if err := s.c.adoptEpochs(req.Pins); err != nil { // jobs the inventory created
+	if err := s.c.adoptEpochs(n.Name, req.Pins); err != nil { // jobs the inventory created
 		return nil, toStatus(err)
 	}
 	return &coordpb.RegisterResponse{Incarnation: s.c.Incarnation(), Pins: pins}, nil

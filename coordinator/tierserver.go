@@ -180,6 +180,9 @@ func (s *server) Transfers(req *coordpb.TransfersRequest, stream coordpb.Coordin
 	if req.Node == "" {
 		return toStatus(fmt.Errorf("%w: coordinator: transfers without a node name", ErrInvalid))
 	}
+	if n := len(req.BrokenGangs); n > s.c.cfg.MaxJobs {
+		return toStatus(fmt.Errorf("%w: coordinator: node %s holds %d gangs broken, over the limit of %d jobs (--max-jobs)", ErrInvalid, req.Node, n, s.c.cfg.MaxJobs))
+	}
 	c := s.c
 	sub := c.subscribe(req.Node, req.Tiers, req.BrokenGangs)
 	defer c.unsubscribe(req.Node, sub)

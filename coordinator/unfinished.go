@@ -24,7 +24,9 @@ import (
 // time to reconnect (LeaveGrace from when this coordinator began to lead,
 // at least a second), a node the job is placed on whose agent did not
 // come back is declared down, and the recovery that follows re-gangs the
-// job.
+// job. Only the agents of nodes that take part in the job (a rank placed
+// there, or a copy of its shards) are believed: otherwise any node could
+// restart any job, or have its nodes declared down, by naming it.
 
 // noteBroken records the gangs node holds broken that no recovery here
 // knows of. The caller holds g.mu.
@@ -33,11 +35,14 @@ func (g *gangs) noteBroken(node string, broken map[string]int64) {
 		if g.records[job] != nil {
 			continue // its last gang order was sent again (replay)
 		}
-		if _, ok := g.unfinished[job]; !ok {
+		if _, ok := g.unfinished[job][node]; !ok {
 			g.c.log.Warn("an agent holds a job's gang broken with no recovery of it known here: the previous coordinator left it unfinished",
 				"node", node, "job", job, "step", step)
-			g.unfinished[job] = step
 		}
+		if g.unfinished[job] == nil {
+			g.unfinished[job] = map[string]int64{}
+		}
+		g.unfinished[job][node] = step
 	}
 }
 
@@ -63,23 +68,40 @@ func (c *Coordinator) finishUnfinished(ctx context.Context) {
 		if time.Since(start) >= absentAfter*grace {
 			c.absentNodes(start, warned)
 		}
-		todo := c.gangs.unfinishedJobs()
+		todo := c.gangs.unfinishedJobs(time.Since(start) >= grace)
 		for _, job := range slices.Sorted(maps.Keys(todo)) {
 			c.finishRecovery(ctx, job, todo[job], since, time.Since(start) >= grace, warned)
 		}
 	}
 }
 
-// unfinishedJobs returns the unfinished recoveries still to finish, and
-// forgets those a recovery or restart has begun on since.
-func (g *gangs) unfinishedJobs() map[string]int64 {
+// unfinishedJobs returns the unfinished recoveries still to finish, each
+// at the step its abort named by the agents of the nodes that take part in
+// the job, and forgets those a recovery or restart has begun on since.
+// One held broken only by nodes that take no part in it (or of a job the
+// index does not know) waits for the agents' inventories until the grace
+// is over, then is forgotten.
+func (g *gangs) unfinishedJobs(graceOver bool) map[string]int64 {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.c.mu.Lock()
+	defer g.c.mu.Unlock()
 	todo := map[string]int64{}
-	for job, step := range g.unfinished {
-		if g.records[job] == nil {
-			todo[job] = step
-		} else {
+	for job, by := range g.unfinished {
+		if g.records[job] != nil {
+			delete(g.unfinished, job)
+			continue
+		}
+		j := g.c.state.Jobs[job]
+		for _, n := range slices.Sorted(maps.Keys(by)) {
+			if j != nil && g.c.takesPartLocked(n, j) {
+				todo[job] = by[n]
+				break
+			}
+		}
+		if _, ok := todo[job]; !ok && graceOver {
+			g.c.log.Warn("agents of nodes that take no part in a job hold its gang broken; ignored",
+				"job", job, "nodes", slices.Sorted(maps.Keys(by)))
 			delete(g.unfinished, job)
 		}
 	}
