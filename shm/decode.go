@@ -25,7 +25,8 @@ type Header struct {
 	Size      int64 // total file size
 }
 
-// Tensor returns the tensor with the given name, or nil.
+// Tensor returns the tensor with the given name, or nil. It scans the
+// tensors: a caller looking up every name indexes them instead.
 func (h *Header) Tensor(name string) *Tensor {
 	for i := range h.Tensors {
 		if h.Tensors[i].Name == name {
@@ -166,13 +167,19 @@ func (h *Header) parseRewind() error {
 		}
 		h.Objects = []byte(o)
 	}
+	// By name, once: a shard of an optimizer's state holds 100,000
+	// tensors and more, and a scan per name made this quadratic.
+	byName := make(map[string]*Tensor, len(h.Tensors))
+	for i := range h.Tensors {
+		byName[h.Tensors[i].Name] = &h.Tensors[i]
+	}
 	if c, ok := md[MetaChunks]; ok {
 		var chunks map[string]*Chunk
 		if err := json.Unmarshal([]byte(c), &chunks); err != nil {
 			return corruptf("%s: %v", MetaChunks, err)
 		}
 		for name, ch := range chunks {
-			t := h.Tensor(name)
+			t := byName[name]
 			if t == nil {
 				return corruptf("chunk for unknown tensor %q", name)
 			}
@@ -195,7 +202,7 @@ func (h *Header) parseRewind() error {
 		t.Sum, t.HasSum = v, true
 	}
 	for k := range md {
-		if name, ok := strings.CutPrefix(k, MetaSumPrefix); ok && h.Tensor(name) == nil {
+		if name, ok := strings.CutPrefix(k, MetaSumPrefix); ok && byName[name] == nil {
 			return corruptf("checksum for unknown tensor %q", name)
 		}
 	}
