@@ -3,6 +3,7 @@ package sdk
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"time"
@@ -16,6 +17,14 @@ import (
 
 // DefaultSocket is where the agent listens unless told otherwise.
 const DefaultSocket = "/run/rewind/agent.sock"
+
+// maxAnswer bounds one answer of the agent: gRPC's largest. An Open's
+// answer carries every tensor's name and 1 MiB leaf hashes, which grow
+// with the shard (the header's names, up to shm.MaxHeaderBytes, and 8
+// bytes per MiB): 120,000 tensors with the names of a large optimizer's
+// state are 9 MiB. The agent is the node's own, trusted with the shard's
+// bytes already.
+const maxAnswer = math.MaxInt32
 
 // Options tune a Client.
 type Options struct {
@@ -71,7 +80,7 @@ func Dial(ctx context.Context, socket string, opts ...Options) (*Client, error) 
 	}
 	// The node's agent, over its Unix socket: a local connection, no
 	// TLS (transport).
-	dopts := append([]grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8 << 20))}, tokenInterceptors(token)...)
+	dopts := append([]grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxAnswer))}, tokenInterceptors(token)...)
 	conn, err := dialAgent(socket, dopts)
 	if err != nil {
 		return nil, &Error{Op: "dial", Msg: err.Error(), kind: ErrNoAgent}
