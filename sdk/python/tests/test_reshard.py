@@ -324,3 +324,24 @@ def test_failed_restores_release_their_leases(agent, job):
                 c.restore(step=8, layout=Layout([ok, sl]))
     with rewind.Client(socket=agent.socket, job=job, rank=0, world_size=2) as c:
         assert c.delete(8, all_ranks=True) == 4
+
+
+def test_many_tensors_with_long_names(agent, job):
+    """A shard of 20,000 tensors with 450-byte names: once the agent has
+    verified it, its answer to an open carries every name and leaf hash
+    (9 MiB), more than the 8 MiB the SDK received before; a restore,
+    whole or in slices, must still read it."""
+    names = [f"optimizer.state.{i:06d}." + "model.decoder.layers.block_sparse_moe.experts.w1.exp_avg_sq." * 7
+             for i in range(20_000)]
+    tensors = {n: torch.tensor([i, -i], dtype=torch.float32) for i, n in enumerate(names)}
+    with rewind.Client(socket=agent.socket, job=job, rank=0, world_size=1, timeout=60) as c:
+        c.save_tensors(1, tensors)
+    wait_verified(agent, job)
+    with rewind.Client(socket=agent.socket, job=job, rank=0, world_size=1, timeout=60) as c:
+        _, got = c.restore()
+        assert len(got) == len(tensors)
+        assert all(torch.equal(got[n], t) for n, t in tensors.items())
+    outs = {n: torch.empty(1, dtype=torch.float32) for n in names}
+    with rewind.Client(socket=agent.socket, job=job, rank=1, world_size=2, timeout=60) as c:
+        c.restore(layout=Layout([Slice(n, (1,), out) for n, out in outs.items()]))
+    assert all(outs[n].item() == -i for i, n in enumerate(names))
