@@ -72,6 +72,7 @@ from torch.futures import Future
 SCHEME = "rewind://"
 DOC_FORMAT = "rewind.dcp/1"
 _STEP_RE = re.compile(r"(?:.*?[-_])?([0-9]+)")
+_NOT_TENSOR_NAMES = ("", "__metadata__")  # what a safetensors header cannot name a tensor
 
 __all__ = ["Writer", "Reader", "Stored", "parse_checkpoint_id", "SCHEME"]
 
@@ -291,10 +292,12 @@ class Writer(_Base, StorageWriter):
         results = []
         for item in plan.items:
             # A name unique in the shard: an FQN may read like another
-            # item's piece name (a key "w@2" beside w's piece at 2).
+            # item's piece name (a key "w@2" beside w's piece at 2), or
+            # be a name safetensors does not allow (the key "", or
+            # "__metadata__"): the objects document names the item.
             name = base = item_name(item.index)
             n = 0
-            while name in tensors:
+            while name in tensors or name in _NOT_TENSOR_NAMES:
                 n += 1
                 name = f"{base}#{n}"
             data = planner.resolve_data(item)
