@@ -61,11 +61,11 @@ TRIXIE_GOWRITER := /src/$(patsubst $(CURDIR)/%,%,$(BIN))/gowriter
 python-gowriter:
 	$(GO) build -o $(BIN)/gowriter ./$(PYTHON_SDK)/tests/testdata/gowriter
 
-## test-python-dcp: rewind.dcp (PyTorch DCP storage) alone in the trixie root: DTensor state saved at world size 4, loaded at 4, 3, 2; odd state dicts, steps and ids (test_dcp_cases.py); against FileSystemWriter (test_dcp_diff.py).
+## test-python-dcp: rewind.dcp (PyTorch DCP storage) alone in the trixie root: DTensor state saved at world size 4, loaded at 4, 3, 2; odd state dicts, steps and ids (test_dcp_cases.py); against FileSystemWriter (test_dcp_diff.py); failed and repeated saves (test_dcp_failures.py).
 test-python-dcp: python-trixie python-rewind-bin
 	$(TRIXIE) run $(TRIXIE_ROOT) $(CURDIR) sh -c 'cd /src && REWIND_BIN=$(TRIXIE_REWIND) \
 		python3 -m pytest -q -p no:cacheprovider $(PYTHON_SDK)/tests/test_dcp.py $(PYTHON_SDK)/tests/test_dcp_cases.py \
-		$(PYTHON_SDK)/tests/test_dcp_diff.py'
+		$(PYTHON_SDK)/tests/test_dcp_diff.py $(PYTHON_SDK)/tests/test_dcp_failures.py'
 
 ## bench-dcp: dcp.save through rewind.dcp.Writer against FileSystemWriter (/dev/shm, local disk); figures in docs/performance.md.
 bench-dcp: python-trixie python-rewind-bin

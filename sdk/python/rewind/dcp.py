@@ -14,7 +14,12 @@ rewind.objects document says which DCP item each tensor is:
 
     {"format": "rewind.dcp/1",
      "items": {NAME: {"fqn": FQN, "kind": "tensor" | "bytes", "requires_grad": BOOL}},
-     "planner_data": {FQN: [PATH...]} | null}
+     "planner_data": {FQN: [PATH...]} | null,
+     "save": SAVE_ID}
+
+SAVE_ID is one dcp.save's, the same in every rank's shard: a load refuses
+a step whose shards come from two saves of it (the step saved again, and
+that save failed on some ranks after others committed).
 
 DCP's global Metadata is not stored: Reader.read_metadata rebuilds it from
 the headers of every rank's shard of the step (each chunk record is a
@@ -276,12 +281,15 @@ class Writer(_Base, StorageWriter):
             raise InvalidError("dcp save", f"ranks disagree on the job and step to save: {sorted(seen, key=str)}")
         # Each shard's rank and world size are the plan's in DCP's process
         # group (dcp.save's process_group, else every rank): a subgroup's
-        # checkpoint is whole at the subgroup's size.
-        return [dataclasses.replace(p, storage_data=(*p.storage_data, r, len(plans))) for r, p in enumerate(plans)]
+        # checkpoint is whole at the subgroup's size. The coordinator's
+        # save id goes into every shard: a load can tell the shards of
+        # this save from those of another save of the same step.
+        return [dataclasses.replace(p, storage_data=(*p.storage_data, r, len(plans), self.save_id))
+                for r, p in enumerate(plans)]
 
     def write_data(self, plan, planner) -> Future:
         assert self.client is not None and self.step is not None
-        _, _, rank, world = plan.storage_data
+        _, _, rank, world, save = plan.storage_data
         # Without torch.distributed DCP plans each process alone: its rank
         # is the one identity resolves (REWIND_RANK, RANK).
         c = self.client = _client(self.socket, self.client.job, self.timeout,
@@ -317,7 +325,7 @@ class Writer(_Base, StorageWriter):
                                "requires_grad": bool(td.properties.requires_grad)}
                 nbytes = t.numel() * t.element_size()
             results.append(WriteResult(index=item.index, size_in_bytes=nbytes, storage_data=Stored(c.rank, name)))
-        doc = {"format": DOC_FORMAT, "items": items, "planner_data": _planner_data_json(plan.planner_data)}
+        doc = {"format": DOC_FORMAT, "items": items, "planner_data": _planner_data_json(plan.planner_data), "save": save}
         c.save_tensors(self.step, tensors, objects=json.dumps(doc, separators=(",", ":")).encode(), chunks=chunks)
         fut: Future = Future()
         fut.set_result(results)
@@ -365,6 +373,7 @@ class Reader(_Base, StorageReader):
         self._sums.clear()
         self._chunk_sizes.clear()
         world = 1
+        saves: list = []  # each shard's save id
         r = 0
         while r < world:
             with c.open_shard(r, step, ranged=True) as sh:  # the header only: no bytes of a shard the node lacks move
@@ -374,10 +383,12 @@ class Reader(_Base, StorageReader):
                     raise CorruptError(f"dcp load step {step} of job {c.job}",
                                        f"rank {r}'s shard says world size {sh.header.meta.world_size}, rank 0's {world}")
                 self._sums[r] = sh.shard.header_checksum
-                pd = _index_shard(sh, r, sdm, stored, self._chunk_sizes)
+                pd, save = _index_shard(sh, r, sdm, stored, self._chunk_sizes)
+                saves.append(save)
                 if planner_data is not None:
                     planner_data = None if pd is None else {**planner_data, **pd}
             r += 1
+        _check_one_save(c, step, saves)
         self.saved_world_size = world
         meta = Metadata(state_dict_metadata=sdm, planner_data=planner_data, storage_data=stored)
         if "storage_meta" in {f.name for f in dataclasses.fields(Metadata)}:
@@ -486,9 +497,26 @@ class Reader(_Base, StorageReader):
         planner.commit_tensor(req, target)
 
 
+def _check_one_save(c: Client, step: int, saves: list) -> None:
+    """Refuses a step whose shards (the newest copy of each rank's) come
+    from different saves of it: a save of a step saved before that failed
+    after some ranks committed. Loaded, it would be a state of two saves,
+    a DTensor's rows from one and the rest from the other."""
+    if len(set(saves)) <= 1:
+        return
+    groups: dict = {}
+    for r, s in enumerate(saves):
+        groups.setdefault(s, []).append(r)
+    ranks = "; ".join(f"ranks {', '.join(map(str, rs))}: save {s or '(none)'}" for s, rs in groups.items())
+    raise NotFoundError(f"dcp load step {step} of job {c.job}",
+                        f"its shards come from {len(groups)} saves of the step ({ranks}): a save of the step "
+                        "failed after some ranks committed; load another step (Reader(step=N))")
+
+
 def _index_shard(sh: OpenShard, rank: int, sdm: dict, stored: dict, sizes: dict):
     """Adds one saved rank's shard to the metadata being rebuilt; returns
-    its planner_data (None when it has none)."""
+    its planner_data (None when it has none) and its save id (None for a
+    shard written before save ids)."""
     h = sh.header
     op = f"dcp load step {sh.shard.step} rank {rank}"
     try:
@@ -513,7 +541,10 @@ def _index_shard(sh: OpenShard, rank: int, sdm: dict, stored: dict, sizes: dict)
             stored[MetadataIndex(fqn, ch["offsets"])] = st
             sizes[st] = tuple(t.shape)
         pd = doc.get("planner_data")
-        return None if pd is None else {k: tuple(v) for k, v in pd.items()}
+        save = doc.get("save")
+        if save is not None and not isinstance(save, str):
+            raise ValueError(f"save id {save!r} is not a string")
+        return None if pd is None else {k: tuple(v) for k, v in pd.items()}, save
     except (KeyError, TypeError, ValueError) as e:
         raise RewindError(op, f"the shard is not a DCP checkpoint's ({type(e).__name__}: {e})") from None
 

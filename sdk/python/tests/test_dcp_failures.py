@@ -1,0 +1,74 @@
+"""rewind.dcp when a save fails part way, and when a step is saved
+again: a rank that raises while the others commit their shards leaves
+the step before as the one a load gets, and a load never returns a state
+made of two saves of a step (dcp_failures_worker.py).
+
+Needs torch 2.x (make test-python-dcp runs it in a Debian trixie root)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch.distributed.checkpoint.metadata", reason="needs torch 2.x")
+try:
+    import rewind.dcp
+except ImportError as e:
+    pytest.skip(f"rewind.dcp: {e}", allow_module_level=True)
+
+from test_dcp import gang  # noqa: E402
+
+WORKER = Path(__file__).with_name("dcp_failures_worker.py")
+KEYS = ["n", "p", "r", "w"]
+
+
+def run(action: str, world: int, agent, job: str, out: Path, *flags: str) -> list[dict]:
+    return gang(action, world, agent, job, out, *flags, worker=WORKER)
+
+
+def saved(res: list[dict]) -> None:
+    assert [r["error"] for r in res] == [None] * len(res), res
+
+
+def loaded(res: list[dict], step: int, salt: int) -> None:
+    """Every rank loaded step, every value of the save with salt."""
+    for r in res:
+        assert r["error"] is None, r
+        assert (r["loaded_step"], r["salts"]) == (step, dict.fromkeys(KEYS, salt)), r
+
+
+def test_a_rank_failing_mid_save_leaves_the_step_before(agent, tmp_path):
+    """Step 4 saved; step 6's save fails on rank 1 of 2 in write_data
+    while rank 0 commits its shard: both ranks raise DCP's
+    CheckpointException naming the failure, and a load of the latest
+    step gets step 4, every value, at world size 2 and 3."""
+    job = f"dcp-midsave-{os.getpid()}"
+    saved(run("save", 2, agent, job, tmp_path, "--step", "4", "--salt", "4"))
+    for r in run("save", 2, agent, job, tmp_path, "--step", "6", "--salt", "6", "--fail-rank", "1"):
+        assert (r["error"] or "").startswith("CheckpointException") and "injected failure" in r["error"], r
+    with rewind.Client(socket=agent.socket, job=job) as c:  # the failure came after rank 0's commit
+        assert sorted((s.rank, s.step) for s in c.list(job) if s.step == 6) == [(0, 6)]
+    loaded(run("load", 2, agent, job, tmp_path), 4, 4)
+    loaded(run("load", 3, agent, job, tmp_path), 4, 4)
+
+
+def test_a_step_saved_again(agent, tmp_path):
+    """Step 4 saved, then saved again with other values (a job that went
+    back to an older step and came to 4 again): a load gets the second
+    save's values on every rank, as the file system's overwrite does.
+    A third save of step 4 fails on rank 1 after rank 0 committed: a
+    load of step 4 then fails on every rank, naming the two saves its
+    shards come from, rather than load a state of both (a DTensor whose
+    rows come from two saves)."""
+    job = f"dcp-again-{os.getpid()}"
+    saved(run("save", 2, agent, job, tmp_path, "--step", "4", "--salt", "1"))
+    saved(run("save", 2, agent, job, tmp_path, "--step", "4", "--salt", "2"))
+    loaded(run("load", 2, agent, job, tmp_path), 4, 2)
+    for r in run("save", 2, agent, job, tmp_path, "--step", "4", "--salt", "3", "--fail-rank", "1"):
+        assert (r["error"] or "").startswith("CheckpointException"), r
+    for r in run("load", 2, agent, job, tmp_path):
+        assert r["error"] is not None, f"a state of two saves loaded: {r}"
+        assert r["error"].startswith("CheckpointException") and "NotFoundError" in r["error"], r
+        assert "come from 2 saves" in r["error"] and "ranks 0:" in r["error"] and "ranks 1:" in r["error"], r
