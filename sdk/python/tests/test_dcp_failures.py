@@ -72,3 +72,25 @@ def test_a_step_saved_again(agent, tmp_path):
         assert r["error"] is not None, f"a state of two saves loaded: {r}"
         assert r["error"].startswith("CheckpointException") and "NotFoundError" in r["error"], r
         assert "come from 2 saves" in r["error"] and "ranks 0:" in r["error"] and "ranks 1:" in r["error"], r
+
+
+def test_agent_killed_mid_save(start_agent, monkeypatch, tmp_path):
+    """Step 4 saved; during step 6's save the agent exits at a rank's
+    commit after the other rank committed (fault point
+    agent/shard-copied, the fourth commit): every rank's dcp.save
+    raises, and the restarted agent, which re-indexes its shared memory,
+    serves step 4 as the latest, every value, at world size 2 and 3."""
+    monkeypatch.setenv("REWIND_FAULTS", "agent/shard-copied=3*off->exit(9)")
+    a = start_agent("--fault-injection")
+    monkeypatch.delenv("REWIND_FAULTS")
+    job = f"dcp-agentdies-{os.getpid()}"
+    saved(run("save", 2, a, job, tmp_path, "--step", "4", "--salt", "4"))
+    for r in run("save", 2, a, job, tmp_path, "--step", "6", "--salt", "6"):
+        assert (r["error"] or "").startswith("CheckpointException"), r
+    assert a.proc is not None and a.proc.wait(timeout=30) == 9  # it exited at the fault point, not later
+    a.start()
+    with rewind.Client(socket=a.socket, job=job) as c:
+        steps = sorted((s.rank, s.step) for s in c.list(job) if s.state == rewind.ShardState.SHARD_STATE_COMMITTED)
+    assert (0, 4) in steps and (1, 4) in steps and len([s for s in steps if s[1] == 6]) == 1, steps
+    loaded(run("load", 2, a, job, tmp_path), 4, 4)
+    loaded(run("load", 3, a, job, tmp_path), 4, 4)
