@@ -1,8 +1,10 @@
 package sdk
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 
 	"rewind.dev/rewind/api/agentpb"
@@ -65,14 +67,45 @@ func (o *openShard) rangeOf(p *piece, sl *Slice) *agentpb.ByteRange {
 	return &agentpb.ByteRange{Offset: uint64(base + blo), Length: uint64(bhi - blo)}
 }
 
-// fillShard has the agent fetch ranges of a partial shard. It is bounded
-// by the caller's context, not the call timeout: it moves bytes.
+// fillShard has the agent fetch ranges of a partial shard, in as few
+// calls as the agent takes (fillCalls). It is bounded by the caller's
+// context, not the call timeout: it moves bytes.
 func (s *Session) fillShard(ctx context.Context, o *openShard, ranges []*agentpb.ByteRange) (int64, error) {
-	resp, err := s.c.api.Fill(ctx, &agentpb.FillRequest{Lease: o.lease, Ranges: ranges})
-	if err != nil {
-		return 0, wrap(fmt.Sprintf("fetching %d ranges of rank %d's shard", len(ranges), o.sh.Rank), err)
+	var fetched int64
+	for _, call := range fillCalls(ranges) {
+		resp, err := s.c.api.Fill(ctx, &agentpb.FillRequest{Lease: o.lease, Ranges: call})
+		if err != nil {
+			return fetched, wrap(fmt.Sprintf("fetching %d ranges of rank %d's shard", len(call), o.sh.Rank), err)
+		}
+		fetched += int64(resp.FetchedBytes)
 	}
-	return int64(resp.FetchedBytes), nil
+	return fetched, nil
+}
+
+// maxFillRanges is the most ranges the agent takes in one Fill.
+const maxFillRanges = 1 << 16
+
+// fillCalls sorts ranges by offset, merges those that touch or overlap
+// (the whole tensors of a shard lie one after another: one range) and
+// splits them into calls of at most maxFillRanges. A shard of 100,000
+// tensors and more was otherwise refused whole, then fetched a call per
+// piece.
+func fillCalls(ranges []*agentpb.ByteRange) [][]*agentpb.ByteRange {
+	rs := slices.SortedFunc(slices.Values(ranges), func(a, b *agentpb.ByteRange) int { return cmp.Compare(a.Offset, b.Offset) })
+	var out []*agentpb.ByteRange
+	for _, r := range rs {
+		if n := len(out); n > 0 && r.Offset <= out[n-1].Offset+out[n-1].Length {
+			out[n-1].Length = max(out[n-1].Length, r.Offset+r.Length-out[n-1].Offset)
+			continue
+		}
+		out = append(out, &agentpb.ByteRange{Offset: r.Offset, Length: r.Length})
+	}
+	var calls [][]*agentpb.ByteRange
+	for len(out) > 0 {
+		n := min(len(out), maxFillRanges)
+		calls, out = append(calls, out[:n]), out[n:]
+	}
+	return calls
 }
 
 // ready makes the bytes of copy p (the i-th copy of its box) that overlap
