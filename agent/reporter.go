@@ -484,7 +484,7 @@ func (r *reporter) abandoned(ctx context.Context, job string, step int64) bool {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	resp, err := r.c.InspectStep(ctx, &coordpb.StepRequest{Job: job, Step: step})
+	resp, err := r.c.InspectStep(ctx, &coordpb.InspectStepRequest{Job: job, Step: step, View: coordpb.StepView_STEP_VIEW_SUMMARY})
 	if err != nil {
 		r.a.log.Warn("cannot ask the coordinator about a step", "job", job, "step", step, "err", err)
 		return false

@@ -164,7 +164,7 @@ func TestGlobalCommitAcrossNodes(t *testing.T) {
 	// Step 2: three ranks of four; it stays partial and latest stays 1.
 	cl.saveStep("llm", 4, 2, 0, 1, 2)
 	wait.ForNil(t, 10*time.Second, "the coordinator to record three commits of step 2", func() error {
-		st, err := cl.api.InspectStep(ctx, &coordpb.StepRequest{Job: "llm", Step: 2})
+		st, err := cl.api.InspectStep(ctx, &coordpb.InspectStepRequest{Job: "llm", Step: 2})
 		if err != nil {
 			return err
 		}
@@ -173,7 +173,7 @@ func TestGlobalCommitAcrossNodes(t *testing.T) {
 		}
 		return nil
 	})
-	st, err := cl.api.InspectStep(ctx, &coordpb.StepRequest{Job: "llm", Step: 2})
+	st, err := cl.api.InspectStep(ctx, &coordpb.InspectStepRequest{Job: "llm", Step: 2})
 	if err != nil || st.Step.State != coordpb.StepState_STEP_STATE_PARTIAL || st.Step.RanksCommitted != 3 {
 		t.Fatalf("step 2 after three of four ranks: %v %v", st, err)
 	}

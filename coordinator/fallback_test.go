@@ -222,7 +222,7 @@ func TestRestoreWithoutRestartMarksTheCorruptStep(t *testing.T) {
 	checkSkippedStep5(t, plan.Skipped)
 	tc.checkRestoredAt(job, 4, map[uint32]int{0: 0, 1: 1})
 
-	st, err := tc.api.InspectStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: 5})
+	st, err := tc.api.InspectStep(ctxT(t), &coordpb.InspectStepRequest{Job: job, Step: 5})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +270,7 @@ func TestRestoreWithoutRestartMarksTheCorruptStep(t *testing.T) {
 		t.Fatalf("after a coordinator restart a retry plans %v %v, want step 4", again, err)
 	}
 	checkSkippedStep5(t, again.Skipped)
-	if st, err := tc.api.InspectStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: 5}); err != nil || len(st.Step.Tiers) != 2 ||
+	if st, err := tc.api.InspectStep(ctxT(t), &coordpb.InspectStepRequest{Job: job, Step: 5}); err != nil || len(st.Step.Tiers) != 2 ||
 		st.Step.Tiers[0].State != coordpb.TierCopyState_TIER_COPY_STATE_CORRUPT {
 		t.Fatalf("step 5 after a coordinator restart: %v %v", st, err)
 	}
@@ -282,8 +282,8 @@ func TestRestoreWithoutRestartMarksTheCorruptStep(t *testing.T) {
 		t.Fatalf("durable tier copies after step 6: %v", got)
 	}
 	wait.ForNil(t, 10*time.Second, "retention to remove step 5's corrupt copies", func() error {
-		if _, err := tc.api.InspectStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: 5}); err == nil {
-			st, _ := tc.api.InspectStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: 5})
+		if _, err := tc.api.InspectStep(ctxT(t), &coordpb.InspectStepRequest{Job: job, Step: 5}); err == nil {
+			st, _ := tc.api.InspectStep(ctxT(t), &coordpb.InspectStepRequest{Job: job, Step: 5})
 			return fmt.Errorf("step 5 still in the index: %v", st)
 		}
 		for _, st := range []tiers.Store{tc.storeOf(0, "nvme"), tc.storeOf(0, "pfs")} {

@@ -101,7 +101,7 @@ func TestFaultCoordinatorFailsToRecordConsistent(t *testing.T) {
 	if h := in.Hits()[faultinject.CoordBeforeConsistent]; h != 1 {
 		t.Fatalf("before-consistent fired %d times", h)
 	}
-	resp, err := cl.api.InspectStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: 1})
+	resp, err := cl.api.InspectStep(ctxT(t), &coordpb.InspectStepRequest{Job: job, Step: 1})
 	if err != nil || resp.Step.State != coordpb.StepState_STEP_STATE_CONSISTENT {
 		t.Fatalf("step 1: %v %v", resp, err)
 	}

@@ -142,7 +142,7 @@ func TestPartitionHealFencesTheCutOffRank(t *testing.T) {
 		if st.Step <= 3 {
 			continue
 		}
-		resp, err := cl.api.InspectStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: st.Step})
+		resp, err := cl.api.InspectStep(ctxT(t), &coordpb.InspectStepRequest{Job: job, Step: st.Step})
 		if status.Code(err) == codes.NotFound {
 			continue // rotated out since the listing: nothing left to hold a shard of the wrong epoch
 		}

@@ -91,14 +91,32 @@ func TestLargeJobReadsDoNotStallOthers(t *testing.T) {
 			var err error
 			switch i % 3 {
 			case 0:
-				var resp *coordpb.ListStepsResponse
-				if resp, err = s.ListSteps(ctx, &coordpb.ListStepsRequest{Job: "big"}); err == nil && len(resp.Steps) != steps {
-					err = fmt.Errorf("ListSteps listed %d steps", len(resp.Steps))
+				req, listed := &coordpb.ListStepsRequest{Job: "big", View: coordpb.StepView_STEP_VIEW_SUMMARY}, 0
+				for page := 0; err == nil && page < steps; page++ {
+					var resp *coordpb.ListStepsResponse
+					if resp, err = s.ListSteps(ctx, req); err == nil {
+						listed, req.PageToken = listed+len(resp.Steps), resp.NextPageToken
+						if req.PageToken == "" {
+							break
+						}
+					}
+				}
+				if err == nil && listed != steps {
+					err = fmt.Errorf("ListSteps listed %d steps", listed)
 				}
 			case 1:
-				var resp *coordpb.InspectStepResponse
-				if resp, err = s.InspectStep(ctx, &coordpb.StepRequest{Job: "big", Step: full}); err == nil && len(resp.Step.Copies) != int(world) {
-					err = fmt.Errorf("InspectStep showed %d copies", len(resp.Step.Copies))
+				req, shown := &coordpb.InspectStepRequest{Job: "big", Step: full, View: coordpb.StepView_STEP_VIEW_COPIES}, 0
+				for page := 0; err == nil && page < int(world); page++ {
+					var resp *coordpb.InspectStepResponse
+					if resp, err = s.InspectStep(ctx, req); err == nil {
+						shown, req.PageToken = shown+len(resp.Step.Copies), resp.NextPageToken
+						if req.PageToken == "" {
+							break
+						}
+					}
+				}
+				if err == nil && shown != int(world) {
+					err = fmt.Errorf("InspectStep showed %d copies", shown)
 				}
 			case 2:
 				var plan *coordpb.PlanRestoreResponse

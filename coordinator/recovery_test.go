@@ -125,7 +125,7 @@ func TestRecoveryAfterANodeDies(t *testing.T) {
 		t.Fatalf("timeline: %v", ev)
 	}
 	// Step 4 is gone; the job's latest is 3.
-	if _, err := cl.api.InspectStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: 4}); err == nil {
+	if _, err := cl.api.InspectStep(ctxT(t), &coordpb.InspectStepRequest{Job: job, Step: 4}); err == nil {
 		t.Fatal("step 4, which no rank continues, is still in the index")
 	}
 	cl.waitLatest(job, 3)

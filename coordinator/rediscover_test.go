@@ -108,7 +108,7 @@ func TestTierCopiesRediscoveredOnEmptyStore(t *testing.T) {
 		}
 		return nil
 	})
-	st, err := tc.api.InspectStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: 1})
+	st, err := tc.api.InspectStep(ctxT(t), &coordpb.InspectStepRequest{Job: job, Step: 1})
 	if err != nil || st.Step.State != coordpb.StepState_STEP_STATE_CONSISTENT || st.Step.WorldSize != ws || len(st.Step.Copies) != ws || st.Step.Copies[0].Tier != "s3" {
 		t.Fatalf("step 1, on S3 alone: %v %v", st, err)
 	}
@@ -209,10 +209,10 @@ func TestCorruptManifestNotRediscovered(t *testing.T) {
 	tc.restartEmpty(policy, nil)
 	tc.waitDurable(job, map[string][]int64{"pfs": {3}})
 	wait.For(t, 10*time.Second, "the agent to finish listing its tiers", func() bool { return logs.Has("tier copies listed") })
-	if _, err := tc.api.InspectStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: 1}); status.Code(err) != codes.NotFound {
+	if _, err := tc.api.InspectStep(ctxT(t), &coordpb.InspectStepRequest{Job: job, Step: 1}); status.Code(err) != codes.NotFound {
 		t.Fatalf("step 1, whose only copy has a corrupt manifest: %v, want not found", err)
 	}
-	st, err := tc.api.InspectStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: 2})
+	st, err := tc.api.InspectStep(ctxT(t), &coordpb.InspectStepRequest{Job: job, Step: 2})
 	if err != nil || len(st.Step.Copies) != 1 || st.Step.Copies[0].Tier != "shm" || len(st.Step.Tiers) != 0 {
 		t.Fatalf("step 2, in memory and with an invalid manifest on pfs: %v %v", st, err)
 	}

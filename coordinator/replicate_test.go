@@ -22,7 +22,7 @@ import (
 // replicaNodes returns, per rank of step, the nodes holding it in memory.
 func (cl *cluster) replicaNodes(job string, step int64) map[uint32][]string {
 	cl.t.Helper()
-	st, err := cl.api.InspectStep(ctxT(cl.t), &coordpb.StepRequest{Job: job, Step: step})
+	st, err := cl.api.InspectStep(ctxT(cl.t), &coordpb.InspectStepRequest{Job: job, Step: step})
 	if err != nil {
 		cl.t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func TestPeerReplication(t *testing.T) {
 }
 
 func copyOf(t *testing.T, cl *cluster, job string, step int64, rank uint32) *coordpb.Copy {
-	st, err := cl.api.InspectStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: step})
+	st, err := cl.api.InspectStep(ctxT(t), &coordpb.InspectStepRequest{Job: job, Step: step})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +223,7 @@ func TestReplicasGiveWayToSaves(t *testing.T) {
 	for step := int64(1); step <= 3; step++ {
 		cl.saveStep(job, ws, step, 1)
 		wait.ForNil(t, 10*time.Second, fmt.Sprintf("a replica of rank 1 step %d on node-0", step), func() error {
-			st, err := cl.api.InspectStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: step})
+			st, err := cl.api.InspectStep(ctxT(t), &coordpb.InspectStepRequest{Job: job, Step: step})
 			if err == nil && len(st.Step.Copies) != 2 { // rank 1 on node-1 and its replica
 				err = fmt.Errorf("step %v", st)
 			}
@@ -243,7 +243,7 @@ func TestReplicasGiveWayToSaves(t *testing.T) {
 		// save may take (the save refused, rightly). The test is about
 		// replicas giving way, not about that race.
 		wait.ForNil(t, 10*time.Second, fmt.Sprintf("a replica of rank 0 step %d on node-1", step), func() error {
-			st, err := cl.api.InspectStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: step})
+			st, err := cl.api.InspectStep(ctxT(t), &coordpb.InspectStepRequest{Job: job, Step: step})
 			if err != nil {
 				return err
 			}

@@ -53,7 +53,7 @@ func TestOperatorRestartGoesBack(t *testing.T) {
 		t.Fatalf("event: %v", ev)
 	}
 	cl.waitLatest(job, 3)
-	if _, err := cl.api.InspectStep(ctxT(t), &coordpb.StepRequest{Job: job, Step: 4}); err == nil {
+	if _, err := cl.api.InspectStep(ctxT(t), &coordpb.InspectStepRequest{Job: job, Step: 4}); err == nil {
 		t.Fatal("step 4 is still in the index after going back to step 3")
 	}
 	for r := range uint32(ws) {

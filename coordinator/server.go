@@ -43,6 +43,8 @@ func toStatus(err error) error {
 		code = codes.FailedPrecondition
 	case errors.Is(err, ErrRebuilding):
 		code = codes.Unavailable
+	case errors.Is(err, ErrTooLarge):
+		code = codes.ResourceExhausted
 	case errors.Is(err, context.DeadlineExceeded):
 		code = codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled):
@@ -257,9 +259,10 @@ func cmpString(a, b string) int {
 	return 0
 }
 
-// ListSteps lists a job's steps, oldest first. The index is locked for
-// one step at a time, to copy it (view.go): a listing of a large job does
-// not hold up the others, and a step that goes meanwhile is left out.
+// ListSteps lists a job's steps, oldest first (stepviews.go). The index
+// is locked for one step at a time, to copy it (view.go): a listing of a
+// large job does not hold up the others, and a step that goes meanwhile
+// is left out.
 func (s *server) ListSteps(ctx context.Context, req *coordpb.ListStepsRequest) (*coordpb.ListStepsResponse, error) {
 	s.c.mu.Lock()
 	if err := s.c.rebuildingLocked(req.Job); err != nil {
@@ -273,32 +276,20 @@ func (s *server) ListSteps(ctx context.Context, req *coordpb.ListStepsRequest) (
 	}
 	steps := slices.Sorted(maps.Keys(j.Steps))
 	s.c.mu.Unlock()
-	resp := &coordpb.ListStepsResponse{}
-	for _, n := range steps {
-		st, err := s.c.step(ctx, req.Job, n)
-		switch {
-		case errors.Is(err, ErrNotFound):
-			continue // deleted since
-		case err != nil:
-			return nil, toStatus(err)
-		}
-		st.Tiers = s.c.tiers.copiesOf(st.Job, st.Step)
-		resp.Steps = append(resp.Steps, st)
-	}
-	return resp, nil
+	resp, err := s.c.listSteps(ctx, req, steps)
+	return resp, toStatus(err)
 }
 
 func copyProto(c *Copy) *coordpb.Copy {
 	return &coordpb.Copy{Rank: c.Rank, Node: c.Node, Tier: c.Tier, SizeBytes: c.Size, HeaderChecksum: c.Sum, State: c.State.proto()}
 }
 
-func (s *server) InspectStep(ctx context.Context, req *coordpb.StepRequest) (*coordpb.InspectStepResponse, error) {
-	st, err := s.c.step(ctx, req.Job, req.Step)
+func (s *server) InspectStep(ctx context.Context, req *coordpb.InspectStepRequest) (*coordpb.InspectStepResponse, error) {
+	resp, err := s.c.inspectStep(ctx, req)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	st.Tiers = s.c.tiers.copiesOf(st.Job, st.Step)
-	return &coordpb.InspectStepResponse{Step: st}, nil
+	return resp, nil
 }
 
 func (s *server) VerifyStep(ctx context.Context, req *coordpb.StepRequest) (*coordpb.VerifyStepResponse, error) {

@@ -25,7 +25,7 @@ import (
 // step on tier, or false when it shows none.
 func (tc *tierCluster) tierCopyOf(job string, step int64, tier string) (*coordpb.TierCopy, bool) {
 	tc.t.Helper()
-	st, err := tc.api.InspectStep(ctxT(tc.t), &coordpb.StepRequest{Job: job, Step: step})
+	st, err := tc.api.InspectStep(ctxT(tc.t), &coordpb.InspectStepRequest{Job: job, Step: step})
 	if err != nil {
 		return nil, false
 	}

@@ -39,7 +39,7 @@ func (tc *tierCluster) waitPFSAndS3(job string) {
 // copyState returns the state the coordinator shows for rank's copy of
 // job's step on tier.
 func (tc *tierCluster) copyState(job string, step int64, rank uint32, tier string) (coordpb.CopyState, error) {
-	st, err := tc.api.InspectStep(ctxT(tc.t), &coordpb.StepRequest{Job: job, Step: step})
+	st, err := tc.api.InspectStep(ctxT(tc.t), &coordpb.InspectStepRequest{Job: job, Step: step})
 	if err != nil {
 		return 0, err
 	}

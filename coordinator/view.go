@@ -55,17 +55,7 @@ type stepView struct {
 // hold whether the step is wanted at all (nil view, no error, if not).
 // rank >= 0 copies only that rank's copies.
 func (c *Coordinator) view(ctx context.Context, job string, n, rank int64, want func(*Step) bool) (*stepView, error) {
-	lookup := func() (*Step, error) {
-		j := c.state.Jobs[job]
-		if j == nil {
-			return nil, fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, job)
-		}
-		st := j.Steps[n]
-		if st == nil {
-			return nil, fmt.Errorf("%w: coordinator: job %s has no step %d", ErrNotFound, job, n)
-		}
-		return st, nil
-	}
+	lookup := func() (*Step, error) { return c.stepLocked(job, n) }
 	c.mu.Lock()
 	st, err := lookup()
 	if err != nil || want != nil && !want(st) {
@@ -113,6 +103,19 @@ func (c *Coordinator) view(ctx context.Context, job string, n, rank int64, want 
 	return v, nil
 }
 
+// stepLocked returns job's step n from the index; the caller holds c.mu.
+func (c *Coordinator) stepLocked(job string, n int64) (*Step, error) {
+	j := c.state.Jobs[job]
+	if j == nil {
+		return nil, fmt.Errorf("%w: coordinator: no job %q", ErrUnknownJob, job)
+	}
+	st := j.Steps[n]
+	if st == nil {
+		return nil, fmt.Errorf("%w: coordinator: job %s has no step %d", ErrNotFound, job, n)
+	}
+	return st, nil
+}
+
 // byRank returns the copies sorted by rank, each rank's keeping their
 // order.
 func (v *stepView) byRank() []*Copy {
@@ -129,13 +132,7 @@ func (v *stepView) complete() bool { return v.ranks == v.WorldSize }
 // proto returns the step as the API shows it, copies in rank order (the
 // ones found corrupt among them, so marked).
 func (v *stepView) proto(ctx context.Context) (*coordpb.Step, error) {
-	p := &coordpb.Step{Job: v.Job, Step: v.Step, WorldSize: v.WorldSize, State: v.State.proto(), RanksCommitted: v.ranks, Epoch: v.epoch}
-	if !v.ConsistentAt.IsZero() {
-		p.ConsistentUnixNano = v.ConsistentAt.UnixNano()
-	}
-	if v.unrestorable != nil {
-		p.Unrestorable = v.unrestorable.proto(v.Step)
-	}
+	p := v.head()
 	cs := v.byRank()
 	if len(v.bad) > 0 {
 		cs = slices.Concat(cs, v.bad)
@@ -149,6 +146,18 @@ func (v *stepView) proto(ctx context.Context) (*coordpb.Step, error) {
 		p.Copies[i] = copyProto(cp)
 	}
 	return p, nil
+}
+
+// head returns the step as the API shows it, without its copies.
+func (v *stepView) head() *coordpb.Step {
+	p := &coordpb.Step{Job: v.Job, Step: v.Step, WorldSize: v.WorldSize, State: v.State.proto(), RanksCommitted: v.ranks, Epoch: v.epoch}
+	if !v.ConsistentAt.IsZero() {
+		p.ConsistentUnixNano = v.ConsistentAt.UnixNano()
+	}
+	if v.unrestorable != nil {
+		p.Unrestorable = v.unrestorable.proto(v.Step)
+	}
+	return p
 }
 
 // viewPlacement copies job's placement (rank -> node) out of the index,

@@ -80,6 +80,65 @@ func (CopyState) EnumDescriptor() ([]byte, []int) {
 	return file_coordinator_proto_rawDescGZIP(), []int{0}
 }
 
+// StepView is how much of a step an answer carries. Answers grow with a
+// job's ranks, steps and copies; one gRPC message does not (4 MiB by
+// default, about 59,000 copies), so the views that hold at any size
+// count copies, and list them a page at a time.
+type StepView int32
+
+const (
+	// Every copy of every step asked for (Step.copies), as before views
+	// were: an answer that would carry more than 32,768 copies is refused
+	// (RESOURCE_EXHAUSTED, naming the views to ask for instead).
+	StepView_STEP_VIEW_UNSPECIFIED StepView = 0
+	// Each step with its copies counted (Step.summary), none listed.
+	StepView_STEP_VIEW_SUMMARY StepView = 1
+	// InspectStep only: the step counted, and a page of its copies in
+	// rank order (each rank's copies whole in one page).
+	StepView_STEP_VIEW_COPIES StepView = 2
+)
+
+// Enum value maps for StepView.
+var (
+	StepView_name = map[int32]string{
+		0: "STEP_VIEW_UNSPECIFIED",
+		1: "STEP_VIEW_SUMMARY",
+		2: "STEP_VIEW_COPIES",
+	}
+	StepView_value = map[string]int32{
+		"STEP_VIEW_UNSPECIFIED": 0,
+		"STEP_VIEW_SUMMARY":     1,
+		"STEP_VIEW_COPIES":      2,
+	}
+)
+
+func (x StepView) Enum() *StepView {
+	p := new(StepView)
+	*p = x
+	return p
+}
+
+func (x StepView) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (StepView) Descriptor() protoreflect.EnumDescriptor {
+	return file_coordinator_proto_enumTypes[1].Descriptor()
+}
+
+func (StepView) Type() protoreflect.EnumType {
+	return &file_coordinator_proto_enumTypes[1]
+}
+
+func (x StepView) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use StepView.Descriptor instead.
+func (StepView) EnumDescriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{1}
+}
+
 // StepState is where a step stands: partial until every rank committed,
 // then consistent; abandoned when ranks committed a later step without it.
 type StepState int32
@@ -118,11 +177,11 @@ func (x StepState) String() string {
 }
 
 func (StepState) Descriptor() protoreflect.EnumDescriptor {
-	return file_coordinator_proto_enumTypes[1].Descriptor()
+	return file_coordinator_proto_enumTypes[2].Descriptor()
 }
 
 func (StepState) Type() protoreflect.EnumType {
-	return &file_coordinator_proto_enumTypes[1]
+	return &file_coordinator_proto_enumTypes[2]
 }
 
 func (x StepState) Number() protoreflect.EnumNumber {
@@ -131,7 +190,7 @@ func (x StepState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use StepState.Descriptor instead.
 func (StepState) EnumDescriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{1}
+	return file_coordinator_proto_rawDescGZIP(), []int{2}
 }
 
 // TierCopyState is where a step's copy on a durable tier stands.
@@ -185,11 +244,11 @@ func (x TierCopyState) String() string {
 }
 
 func (TierCopyState) Descriptor() protoreflect.EnumDescriptor {
-	return file_coordinator_proto_enumTypes[2].Descriptor()
+	return file_coordinator_proto_enumTypes[3].Descriptor()
 }
 
 func (TierCopyState) Type() protoreflect.EnumType {
-	return &file_coordinator_proto_enumTypes[2]
+	return &file_coordinator_proto_enumTypes[3]
 }
 
 func (x TierCopyState) Number() protoreflect.EnumNumber {
@@ -198,7 +257,7 @@ func (x TierCopyState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TierCopyState.Descriptor instead.
 func (TierCopyState) EnumDescriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{2}
+	return file_coordinator_proto_rawDescGZIP(), []int{3}
 }
 
 // OrderKind is what a transfer order asks of an agent.
@@ -247,11 +306,11 @@ func (x OrderKind) String() string {
 }
 
 func (OrderKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_coordinator_proto_enumTypes[3].Descriptor()
+	return file_coordinator_proto_enumTypes[4].Descriptor()
 }
 
 func (OrderKind) Type() protoreflect.EnumType {
-	return &file_coordinator_proto_enumTypes[3]
+	return &file_coordinator_proto_enumTypes[4]
 }
 
 func (x OrderKind) Number() protoreflect.EnumNumber {
@@ -260,7 +319,7 @@ func (x OrderKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OrderKind.Descriptor instead.
 func (OrderKind) EnumDescriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{3}
+	return file_coordinator_proto_rawDescGZIP(), []int{4}
 }
 
 // JobEventKind is what a recovery of a job came to.
@@ -300,11 +359,11 @@ func (x JobEventKind) String() string {
 }
 
 func (JobEventKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_coordinator_proto_enumTypes[4].Descriptor()
+	return file_coordinator_proto_enumTypes[5].Descriptor()
 }
 
 func (JobEventKind) Type() protoreflect.EnumType {
-	return &file_coordinator_proto_enumTypes[4]
+	return &file_coordinator_proto_enumTypes[5]
 }
 
 func (x JobEventKind) Number() protoreflect.EnumNumber {
@@ -313,7 +372,7 @@ func (x JobEventKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use JobEventKind.Descriptor instead.
 func (JobEventKind) EnumDescriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{4}
+	return file_coordinator_proto_rawDescGZIP(), []int{5}
 }
 
 // SuspectAnswer is what the coordinator does with a node's report of a
@@ -373,11 +432,11 @@ func (x SuspectAnswer) String() string {
 }
 
 func (SuspectAnswer) Descriptor() protoreflect.EnumDescriptor {
-	return file_coordinator_proto_enumTypes[5].Descriptor()
+	return file_coordinator_proto_enumTypes[6].Descriptor()
 }
 
 func (SuspectAnswer) Type() protoreflect.EnumType {
-	return &file_coordinator_proto_enumTypes[5]
+	return &file_coordinator_proto_enumTypes[6]
 }
 
 func (x SuspectAnswer) Number() protoreflect.EnumNumber {
@@ -386,7 +445,7 @@ func (x SuspectAnswer) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SuspectAnswer.Descriptor instead.
 func (SuspectAnswer) EnumDescriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{5}
+	return file_coordinator_proto_rawDescGZIP(), []int{6}
 }
 
 type Node struct {
@@ -1406,8 +1465,13 @@ func (x *ListJobsResponse) GetJobs() []*Job {
 }
 
 type ListStepsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Job           string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Job   string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	View  StepView               `protobuf:"varint,2,opt,name=view,proto3,enum=rewind.coordinator.v1.StepView" json:"view,omitempty"`
+	// With view summary: at most this many steps (0: 64; at most 256),
+	// from the one page_token names (empty: the oldest).
+	PageSize      uint32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1445,6 +1509,27 @@ func (*ListStepsRequest) Descriptor() ([]byte, []int) {
 func (x *ListStepsRequest) GetJob() string {
 	if x != nil {
 		return x.Job
+	}
+	return ""
+}
+
+func (x *ListStepsRequest) GetView() StepView {
+	if x != nil {
+		return x.View
+	}
+	return StepView_STEP_VIEW_UNSPECIFIED
+}
+
+func (x *ListStepsRequest) GetPageSize() uint32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListStepsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
 	}
 	return ""
 }
@@ -1552,7 +1637,9 @@ type Step struct {
 	Unrestorable *UnrestorableStep `protobuf:"bytes,9,opt,name=unrestorable,proto3" json:"unrestorable,omitempty"`
 	// The epoch whose ranks saved the step (a step never holds shards of
 	// two epochs); 0 when not known (a step older than fencing).
-	Epoch         uint64 `protobuf:"varint,10,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch uint64 `protobuf:"varint,10,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The step's copies counted (views summary and copies).
+	Summary       *StepSummary `protobuf:"bytes,11,opt,name=summary,proto3" json:"summary,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1657,20 +1744,220 @@ func (x *Step) GetEpoch() uint64 {
 	return 0
 }
 
+func (x *Step) GetSummary() *StepSummary {
+	if x != nil {
+		return x.Summary
+	}
+	return nil
+}
+
+// StepSummary counts a step's copies: its size does not grow with ranks.
+type StepSummary struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Every copy, those found corrupt among them.
+	Copies  uint32 `protobuf:"varint,1,opt,name=copies,proto3" json:"copies,omitempty"`
+	Corrupt uint32 `protobuf:"varint,2,opt,name=corrupt,proto3" json:"corrupt,omitempty"`
+	// The bytes of the copies not found corrupt, and of one such copy per
+	// rank (the step's size).
+	Bytes     uint64 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	StepBytes uint64 `protobuf:"varint,4,opt,name=step_bytes,json=stepBytes,proto3" json:"step_bytes,omitempty"`
+	// The copies on each tier ("shm" for nodes' memory), in tier order;
+	// node is empty and nodes counts the nodes holding them.
+	Tiers []*CopyCount `protobuf:"bytes,5,rep,name=tiers,proto3" json:"tiers,omitempty"`
+	// The copies in each place (a tier on a node; "-" for a shared tier's
+	// node), by tier then node: at most 64 places, places_total of them
+	// in all.
+	Places        []*CopyCount `protobuf:"bytes,6,rep,name=places,proto3" json:"places,omitempty"`
+	PlacesTotal   uint32       `protobuf:"varint,7,opt,name=places_total,json=placesTotal,proto3" json:"places_total,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StepSummary) Reset() {
+	*x = StepSummary{}
+	mi := &file_coordinator_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StepSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StepSummary) ProtoMessage() {}
+
+func (x *StepSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StepSummary.ProtoReflect.Descriptor instead.
+func (*StepSummary) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *StepSummary) GetCopies() uint32 {
+	if x != nil {
+		return x.Copies
+	}
+	return 0
+}
+
+func (x *StepSummary) GetCorrupt() uint32 {
+	if x != nil {
+		return x.Corrupt
+	}
+	return 0
+}
+
+func (x *StepSummary) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *StepSummary) GetStepBytes() uint64 {
+	if x != nil {
+		return x.StepBytes
+	}
+	return 0
+}
+
+func (x *StepSummary) GetTiers() []*CopyCount {
+	if x != nil {
+		return x.Tiers
+	}
+	return nil
+}
+
+func (x *StepSummary) GetPlaces() []*CopyCount {
+	if x != nil {
+		return x.Places
+	}
+	return nil
+}
+
+func (x *StepSummary) GetPlacesTotal() uint32 {
+	if x != nil {
+		return x.PlacesTotal
+	}
+	return 0
+}
+
+// CopyCount is how many of a step's copies are on a tier, or in one
+// place.
+type CopyCount struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tier   string                 `protobuf:"bytes,1,opt,name=tier,proto3" json:"tier,omitempty"`
+	Node   string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	Copies uint32                 `protobuf:"varint,3,opt,name=copies,proto3" json:"copies,omitempty"`
+	// Of copies, those found corrupt.
+	Corrupt uint32 `protobuf:"varint,4,opt,name=corrupt,proto3" json:"corrupt,omitempty"`
+	// The bytes of the copies not found corrupt.
+	Bytes uint64 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// For a tier: how many nodes hold its copies.
+	Nodes         uint32 `protobuf:"varint,6,opt,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyCount) Reset() {
+	*x = CopyCount{}
+	mi := &file_coordinator_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyCount) ProtoMessage() {}
+
+func (x *CopyCount) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyCount.ProtoReflect.Descriptor instead.
+func (*CopyCount) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *CopyCount) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
+func (x *CopyCount) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *CopyCount) GetCopies() uint32 {
+	if x != nil {
+		return x.Copies
+	}
+	return 0
+}
+
+func (x *CopyCount) GetCorrupt() uint32 {
+	if x != nil {
+		return x.Corrupt
+	}
+	return 0
+}
+
+func (x *CopyCount) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *CopyCount) GetNodes() uint32 {
+	if x != nil {
+		return x.Nodes
+	}
+	return 0
+}
+
 // UnrestorableStep is a step a restore tried and could not restore
 // whole: for some rank no copy served.
 type UnrestorableStep struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Step          int64                  `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
-	Ranks         []*RankFailure         `protobuf:"bytes,2,rep,name=ranks,proto3" json:"ranks,omitempty"`
-	AtUnixNano    int64                  `protobuf:"varint,3,opt,name=at_unix_nano,json=atUnixNano,proto3" json:"at_unix_nano,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Step       int64                  `protobuf:"varint,1,opt,name=step,proto3" json:"step,omitempty"`
+	Ranks      []*RankFailure         `protobuf:"bytes,2,rep,name=ranks,proto3" json:"ranks,omitempty"`
+	AtUnixNano int64                  `protobuf:"varint,3,opt,name=at_unix_nano,json=atUnixNano,proto3" json:"at_unix_nano,omitempty"`
+	// How many ranks failed, when a summary lists only the first of them
+	// (ranks); 0 when ranks lists them all.
+	RanksFailed   uint32 `protobuf:"varint,4,opt,name=ranks_failed,json=ranksFailed,proto3" json:"ranks_failed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *UnrestorableStep) Reset() {
 	*x = UnrestorableStep{}
-	mi := &file_coordinator_proto_msgTypes[17]
+	mi := &file_coordinator_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1682,7 +1969,7 @@ func (x *UnrestorableStep) String() string {
 func (*UnrestorableStep) ProtoMessage() {}
 
 func (x *UnrestorableStep) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[17]
+	mi := &file_coordinator_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1695,7 +1982,7 @@ func (x *UnrestorableStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnrestorableStep.ProtoReflect.Descriptor instead.
 func (*UnrestorableStep) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{17}
+	return file_coordinator_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *UnrestorableStep) GetStep() int64 {
@@ -1719,6 +2006,13 @@ func (x *UnrestorableStep) GetAtUnixNano() int64 {
 	return 0
 }
 
+func (x *UnrestorableStep) GetRanksFailed() uint32 {
+	if x != nil {
+		return x.RanksFailed
+	}
+	return 0
+}
+
 // RankFailure is a rank whose every copy of a step failed.
 type RankFailure struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1730,7 +2024,7 @@ type RankFailure struct {
 
 func (x *RankFailure) Reset() {
 	*x = RankFailure{}
-	mi := &file_coordinator_proto_msgTypes[18]
+	mi := &file_coordinator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1742,7 +2036,7 @@ func (x *RankFailure) String() string {
 func (*RankFailure) ProtoMessage() {}
 
 func (x *RankFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[18]
+	mi := &file_coordinator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1755,7 +2049,7 @@ func (x *RankFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankFailure.ProtoReflect.Descriptor instead.
 func (*RankFailure) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{18}
+	return file_coordinator_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RankFailure) GetRank() uint32 {
@@ -1791,7 +2085,7 @@ type CopyFailure struct {
 
 func (x *CopyFailure) Reset() {
 	*x = CopyFailure{}
-	mi := &file_coordinator_proto_msgTypes[19]
+	mi := &file_coordinator_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1803,7 +2097,7 @@ func (x *CopyFailure) String() string {
 func (*CopyFailure) ProtoMessage() {}
 
 func (x *CopyFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[19]
+	mi := &file_coordinator_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1816,7 +2110,7 @@ func (x *CopyFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyFailure.ProtoReflect.Descriptor instead.
 func (*CopyFailure) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{19}
+	return file_coordinator_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CopyFailure) GetCopy() string {
@@ -1863,7 +2157,7 @@ type TierCopy struct {
 
 func (x *TierCopy) Reset() {
 	*x = TierCopy{}
-	mi := &file_coordinator_proto_msgTypes[20]
+	mi := &file_coordinator_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1875,7 +2169,7 @@ func (x *TierCopy) String() string {
 func (*TierCopy) ProtoMessage() {}
 
 func (x *TierCopy) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[20]
+	mi := &file_coordinator_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1888,7 +2182,7 @@ func (x *TierCopy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierCopy.ProtoReflect.Descriptor instead.
 func (*TierCopy) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{20}
+	return file_coordinator_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *TierCopy) GetTier() string {
@@ -1941,15 +2235,17 @@ func (x *TierCopy) GetDoneUnixNano() int64 {
 }
 
 type ListStepsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Steps         []*Step                `protobuf:"bytes,1,rep,name=steps,proto3" json:"steps,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Steps []*Step                `protobuf:"bytes,1,rep,name=steps,proto3" json:"steps,omitempty"`
+	// The page_token of the next page; empty after the last.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListStepsResponse) Reset() {
 	*x = ListStepsResponse{}
-	mi := &file_coordinator_proto_msgTypes[21]
+	mi := &file_coordinator_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1961,7 +2257,7 @@ func (x *ListStepsResponse) String() string {
 func (*ListStepsResponse) ProtoMessage() {}
 
 func (x *ListStepsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[21]
+	mi := &file_coordinator_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1974,7 +2270,7 @@ func (x *ListStepsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStepsResponse.ProtoReflect.Descriptor instead.
 func (*ListStepsResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{21}
+	return file_coordinator_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListStepsResponse) GetSteps() []*Step {
@@ -1982,6 +2278,13 @@ func (x *ListStepsResponse) GetSteps() []*Step {
 		return x.Steps
 	}
 	return nil
+}
+
+func (x *ListStepsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type StepRequest struct {
@@ -1994,7 +2297,7 @@ type StepRequest struct {
 
 func (x *StepRequest) Reset() {
 	*x = StepRequest{}
-	mi := &file_coordinator_proto_msgTypes[22]
+	mi := &file_coordinator_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2006,7 +2309,7 @@ func (x *StepRequest) String() string {
 func (*StepRequest) ProtoMessage() {}
 
 func (x *StepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[22]
+	mi := &file_coordinator_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2019,7 +2322,7 @@ func (x *StepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepRequest.ProtoReflect.Descriptor instead.
 func (*StepRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{22}
+	return file_coordinator_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StepRequest) GetJob() string {
@@ -2036,16 +2339,99 @@ func (x *StepRequest) GetStep() int64 {
 	return 0
 }
 
+// InspectStepRequest is a StepRequest (the same fields 1 and 2) with a
+// view of the step.
+type InspectStepRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Job   string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	Step  int64                  `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
+	View  StepView               `protobuf:"varint,3,opt,name=view,proto3,enum=rewind.coordinator.v1.StepView" json:"view,omitempty"`
+	// With view copies: whole ranks' copies up to this many (0: 4,096; at
+	// most 16,384; one rank's copies always), from the rank page_token
+	// names (empty: rank 0).
+	PageSize      uint32 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InspectStepRequest) Reset() {
+	*x = InspectStepRequest{}
+	mi := &file_coordinator_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InspectStepRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InspectStepRequest) ProtoMessage() {}
+
+func (x *InspectStepRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InspectStepRequest.ProtoReflect.Descriptor instead.
+func (*InspectStepRequest) Descriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *InspectStepRequest) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *InspectStepRequest) GetStep() int64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *InspectStepRequest) GetView() StepView {
+	if x != nil {
+		return x.View
+	}
+	return StepView_STEP_VIEW_UNSPECIFIED
+}
+
+func (x *InspectStepRequest) GetPageSize() uint32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *InspectStepRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type InspectStepResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Step          *Step                  `protobuf:"bytes,1,opt,name=step,proto3" json:"step,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Step  *Step                  `protobuf:"bytes,1,opt,name=step,proto3" json:"step,omitempty"`
+	// The page_token of the next page of copies; empty after the last.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *InspectStepResponse) Reset() {
 	*x = InspectStepResponse{}
-	mi := &file_coordinator_proto_msgTypes[23]
+	mi := &file_coordinator_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2057,7 +2443,7 @@ func (x *InspectStepResponse) String() string {
 func (*InspectStepResponse) ProtoMessage() {}
 
 func (x *InspectStepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[23]
+	mi := &file_coordinator_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2070,7 +2456,7 @@ func (x *InspectStepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectStepResponse.ProtoReflect.Descriptor instead.
 func (*InspectStepResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{23}
+	return file_coordinator_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *InspectStepResponse) GetStep() *Step {
@@ -2078,6 +2464,13 @@ func (x *InspectStepResponse) GetStep() *Step {
 		return x.Step
 	}
 	return nil
+}
+
+func (x *InspectStepResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type CopyCheck struct {
@@ -2091,7 +2484,7 @@ type CopyCheck struct {
 
 func (x *CopyCheck) Reset() {
 	*x = CopyCheck{}
-	mi := &file_coordinator_proto_msgTypes[24]
+	mi := &file_coordinator_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2103,7 +2496,7 @@ func (x *CopyCheck) String() string {
 func (*CopyCheck) ProtoMessage() {}
 
 func (x *CopyCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[24]
+	mi := &file_coordinator_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2116,7 +2509,7 @@ func (x *CopyCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyCheck.ProtoReflect.Descriptor instead.
 func (*CopyCheck) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{24}
+	return file_coordinator_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CopyCheck) GetCopy() *Copy {
@@ -2150,7 +2543,7 @@ type VerifyStepResponse struct {
 
 func (x *VerifyStepResponse) Reset() {
 	*x = VerifyStepResponse{}
-	mi := &file_coordinator_proto_msgTypes[25]
+	mi := &file_coordinator_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2162,7 +2555,7 @@ func (x *VerifyStepResponse) String() string {
 func (*VerifyStepResponse) ProtoMessage() {}
 
 func (x *VerifyStepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[25]
+	mi := &file_coordinator_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2175,7 +2568,7 @@ func (x *VerifyStepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyStepResponse.ProtoReflect.Descriptor instead.
 func (*VerifyStepResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{25}
+	return file_coordinator_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *VerifyStepResponse) GetChecks() []*CopyCheck {
@@ -2216,7 +2609,7 @@ type PlanRestoreRequest struct {
 
 func (x *PlanRestoreRequest) Reset() {
 	*x = PlanRestoreRequest{}
-	mi := &file_coordinator_proto_msgTypes[26]
+	mi := &file_coordinator_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2228,7 +2621,7 @@ func (x *PlanRestoreRequest) String() string {
 func (*PlanRestoreRequest) ProtoMessage() {}
 
 func (x *PlanRestoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[26]
+	mi := &file_coordinator_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2241,7 +2634,7 @@ func (x *PlanRestoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanRestoreRequest.ProtoReflect.Descriptor instead.
 func (*PlanRestoreRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{26}
+	return file_coordinator_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *PlanRestoreRequest) GetJob() string {
@@ -2304,7 +2697,7 @@ type RankPlan struct {
 
 func (x *RankPlan) Reset() {
 	*x = RankPlan{}
-	mi := &file_coordinator_proto_msgTypes[27]
+	mi := &file_coordinator_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2316,7 +2709,7 @@ func (x *RankPlan) String() string {
 func (*RankPlan) ProtoMessage() {}
 
 func (x *RankPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[27]
+	mi := &file_coordinator_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2329,7 +2722,7 @@ func (x *RankPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankPlan.ProtoReflect.Descriptor instead.
 func (*RankPlan) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{27}
+	return file_coordinator_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RankPlan) GetRank() uint32 {
@@ -2415,7 +2808,7 @@ type PlanRestoreResponse struct {
 
 func (x *PlanRestoreResponse) Reset() {
 	*x = PlanRestoreResponse{}
-	mi := &file_coordinator_proto_msgTypes[28]
+	mi := &file_coordinator_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2427,7 +2820,7 @@ func (x *PlanRestoreResponse) String() string {
 func (*PlanRestoreResponse) ProtoMessage() {}
 
 func (x *PlanRestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[28]
+	mi := &file_coordinator_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2440,7 +2833,7 @@ func (x *PlanRestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanRestoreResponse.ProtoReflect.Descriptor instead.
 func (*PlanRestoreResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{28}
+	return file_coordinator_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PlanRestoreResponse) GetJob() string {
@@ -2517,7 +2910,7 @@ type DeleteStepRequest struct {
 
 func (x *DeleteStepRequest) Reset() {
 	*x = DeleteStepRequest{}
-	mi := &file_coordinator_proto_msgTypes[29]
+	mi := &file_coordinator_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2529,7 +2922,7 @@ func (x *DeleteStepRequest) String() string {
 func (*DeleteStepRequest) ProtoMessage() {}
 
 func (x *DeleteStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[29]
+	mi := &file_coordinator_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2542,7 +2935,7 @@ func (x *DeleteStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteStepRequest.ProtoReflect.Descriptor instead.
 func (*DeleteStepRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{29}
+	return file_coordinator_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *DeleteStepRequest) GetJob() string {
@@ -2575,7 +2968,7 @@ type DeleteStepResponse struct {
 
 func (x *DeleteStepResponse) Reset() {
 	*x = DeleteStepResponse{}
-	mi := &file_coordinator_proto_msgTypes[30]
+	mi := &file_coordinator_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2587,7 +2980,7 @@ func (x *DeleteStepResponse) String() string {
 func (*DeleteStepResponse) ProtoMessage() {}
 
 func (x *DeleteStepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[30]
+	mi := &file_coordinator_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2600,7 +2993,7 @@ func (x *DeleteStepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteStepResponse.ProtoReflect.Descriptor instead.
 func (*DeleteStepResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{30}
+	return file_coordinator_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DeleteStepResponse) GetCopiesDeleted() uint32 {
@@ -2626,7 +3019,7 @@ type TransfersRequest struct {
 
 func (x *TransfersRequest) Reset() {
 	*x = TransfersRequest{}
-	mi := &file_coordinator_proto_msgTypes[31]
+	mi := &file_coordinator_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2638,7 +3031,7 @@ func (x *TransfersRequest) String() string {
 func (*TransfersRequest) ProtoMessage() {}
 
 func (x *TransfersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[31]
+	mi := &file_coordinator_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2651,7 +3044,7 @@ func (x *TransfersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransfersRequest.ProtoReflect.Descriptor instead.
 func (*TransfersRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{31}
+	return file_coordinator_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *TransfersRequest) GetNode() string {
@@ -2687,7 +3080,7 @@ type ShardEntry struct {
 
 func (x *ShardEntry) Reset() {
 	*x = ShardEntry{}
-	mi := &file_coordinator_proto_msgTypes[32]
+	mi := &file_coordinator_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2699,7 +3092,7 @@ func (x *ShardEntry) String() string {
 func (*ShardEntry) ProtoMessage() {}
 
 func (x *ShardEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[32]
+	mi := &file_coordinator_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2712,7 +3105,7 @@ func (x *ShardEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardEntry.ProtoReflect.Descriptor instead.
 func (*ShardEntry) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{32}
+	return file_coordinator_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ShardEntry) GetRank() uint32 {
@@ -2759,7 +3152,7 @@ type TransferOrder struct {
 
 func (x *TransferOrder) Reset() {
 	*x = TransferOrder{}
-	mi := &file_coordinator_proto_msgTypes[33]
+	mi := &file_coordinator_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2771,7 +3164,7 @@ func (x *TransferOrder) String() string {
 func (*TransferOrder) ProtoMessage() {}
 
 func (x *TransferOrder) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[33]
+	mi := &file_coordinator_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2784,7 +3177,7 @@ func (x *TransferOrder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferOrder.ProtoReflect.Descriptor instead.
 func (*TransferOrder) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{33}
+	return file_coordinator_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *TransferOrder) GetId() uint64 {
@@ -2921,7 +3314,7 @@ type PushOrder struct {
 
 func (x *PushOrder) Reset() {
 	*x = PushOrder{}
-	mi := &file_coordinator_proto_msgTypes[34]
+	mi := &file_coordinator_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2933,7 +3326,7 @@ func (x *PushOrder) String() string {
 func (*PushOrder) ProtoMessage() {}
 
 func (x *PushOrder) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[34]
+	mi := &file_coordinator_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2946,7 +3339,7 @@ func (x *PushOrder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushOrder.ProtoReflect.Descriptor instead.
 func (*PushOrder) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{34}
+	return file_coordinator_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *PushOrder) GetTier() string {
@@ -2985,7 +3378,7 @@ type ManifestOrder struct {
 
 func (x *ManifestOrder) Reset() {
 	*x = ManifestOrder{}
-	mi := &file_coordinator_proto_msgTypes[35]
+	mi := &file_coordinator_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2997,7 +3390,7 @@ func (x *ManifestOrder) String() string {
 func (*ManifestOrder) ProtoMessage() {}
 
 func (x *ManifestOrder) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[35]
+	mi := &file_coordinator_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3010,7 +3403,7 @@ func (x *ManifestOrder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ManifestOrder.ProtoReflect.Descriptor instead.
 func (*ManifestOrder) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{35}
+	return file_coordinator_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ManifestOrder) GetTier() string {
@@ -3054,7 +3447,7 @@ type DeleteOrder struct {
 
 func (x *DeleteOrder) Reset() {
 	*x = DeleteOrder{}
-	mi := &file_coordinator_proto_msgTypes[36]
+	mi := &file_coordinator_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3066,7 +3459,7 @@ func (x *DeleteOrder) String() string {
 func (*DeleteOrder) ProtoMessage() {}
 
 func (x *DeleteOrder) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[36]
+	mi := &file_coordinator_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3079,7 +3472,7 @@ func (x *DeleteOrder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOrder.ProtoReflect.Descriptor instead.
 func (*DeleteOrder) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{36}
+	return file_coordinator_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DeleteOrder) GetTier() string {
@@ -3121,7 +3514,7 @@ type ReplicateOrder struct {
 
 func (x *ReplicateOrder) Reset() {
 	*x = ReplicateOrder{}
-	mi := &file_coordinator_proto_msgTypes[37]
+	mi := &file_coordinator_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3133,7 +3526,7 @@ func (x *ReplicateOrder) String() string {
 func (*ReplicateOrder) ProtoMessage() {}
 
 func (x *ReplicateOrder) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[37]
+	mi := &file_coordinator_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3146,7 +3539,7 @@ func (x *ReplicateOrder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateOrder.ProtoReflect.Descriptor instead.
 func (*ReplicateOrder) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{37}
+	return file_coordinator_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ReplicateOrder) GetRank() uint32 {
@@ -3209,7 +3602,7 @@ type AbortOrder struct {
 
 func (x *AbortOrder) Reset() {
 	*x = AbortOrder{}
-	mi := &file_coordinator_proto_msgTypes[38]
+	mi := &file_coordinator_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3221,7 +3614,7 @@ func (x *AbortOrder) String() string {
 func (*AbortOrder) ProtoMessage() {}
 
 func (x *AbortOrder) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[38]
+	mi := &file_coordinator_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3234,7 +3627,7 @@ func (x *AbortOrder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortOrder.ProtoReflect.Descriptor instead.
 func (*AbortOrder) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{38}
+	return file_coordinator_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *AbortOrder) GetReason() string {
@@ -3273,7 +3666,7 @@ type ResumeOrder struct {
 
 func (x *ResumeOrder) Reset() {
 	*x = ResumeOrder{}
-	mi := &file_coordinator_proto_msgTypes[39]
+	mi := &file_coordinator_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3285,7 +3678,7 @@ func (x *ResumeOrder) String() string {
 func (*ResumeOrder) ProtoMessage() {}
 
 func (x *ResumeOrder) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[39]
+	mi := &file_coordinator_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3298,7 +3691,7 @@ func (x *ResumeOrder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeOrder.ProtoReflect.Descriptor instead.
 func (*ResumeOrder) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{39}
+	return file_coordinator_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ResumeOrder) GetReplay() bool {
@@ -3335,7 +3728,7 @@ type TierEvent struct {
 
 func (x *TierEvent) Reset() {
 	*x = TierEvent{}
-	mi := &file_coordinator_proto_msgTypes[40]
+	mi := &file_coordinator_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3347,7 +3740,7 @@ func (x *TierEvent) String() string {
 func (*TierEvent) ProtoMessage() {}
 
 func (x *TierEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[40]
+	mi := &file_coordinator_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3360,7 +3753,7 @@ func (x *TierEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierEvent.ProtoReflect.Descriptor instead.
 func (*TierEvent) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{40}
+	return file_coordinator_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *TierEvent) GetOrder() uint64 {
@@ -3453,7 +3846,7 @@ type TierHealth struct {
 
 func (x *TierHealth) Reset() {
 	*x = TierHealth{}
-	mi := &file_coordinator_proto_msgTypes[41]
+	mi := &file_coordinator_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3465,7 +3858,7 @@ func (x *TierHealth) String() string {
 func (*TierHealth) ProtoMessage() {}
 
 func (x *TierHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[41]
+	mi := &file_coordinator_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3478,7 +3871,7 @@ func (x *TierHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierHealth.ProtoReflect.Descriptor instead.
 func (*TierHealth) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{41}
+	return file_coordinator_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *TierHealth) GetTier() string {
@@ -3555,7 +3948,7 @@ type TierReportRequest struct {
 
 func (x *TierReportRequest) Reset() {
 	*x = TierReportRequest{}
-	mi := &file_coordinator_proto_msgTypes[42]
+	mi := &file_coordinator_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3567,7 +3960,7 @@ func (x *TierReportRequest) String() string {
 func (*TierReportRequest) ProtoMessage() {}
 
 func (x *TierReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[42]
+	mi := &file_coordinator_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3580,7 +3973,7 @@ func (x *TierReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierReportRequest.ProtoReflect.Descriptor instead.
 func (*TierReportRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{42}
+	return file_coordinator_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *TierReportRequest) GetNode() string {
@@ -3612,7 +4005,7 @@ type TierReportResponse struct {
 
 func (x *TierReportResponse) Reset() {
 	*x = TierReportResponse{}
-	mi := &file_coordinator_proto_msgTypes[43]
+	mi := &file_coordinator_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3624,7 +4017,7 @@ func (x *TierReportResponse) String() string {
 func (*TierReportResponse) ProtoMessage() {}
 
 func (x *TierReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[43]
+	mi := &file_coordinator_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3637,7 +4030,7 @@ func (x *TierReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierReportResponse.ProtoReflect.Descriptor instead.
 func (*TierReportResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{43}
+	return file_coordinator_proto_rawDescGZIP(), []int{46}
 }
 
 type TierStatusRequest struct {
@@ -3648,7 +4041,7 @@ type TierStatusRequest struct {
 
 func (x *TierStatusRequest) Reset() {
 	*x = TierStatusRequest{}
-	mi := &file_coordinator_proto_msgTypes[44]
+	mi := &file_coordinator_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3660,7 +4053,7 @@ func (x *TierStatusRequest) String() string {
 func (*TierStatusRequest) ProtoMessage() {}
 
 func (x *TierStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[44]
+	mi := &file_coordinator_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3673,7 +4066,7 @@ func (x *TierStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierStatusRequest.ProtoReflect.Descriptor instead.
 func (*TierStatusRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{44}
+	return file_coordinator_proto_rawDescGZIP(), []int{47}
 }
 
 type NodeTiers struct {
@@ -3686,7 +4079,7 @@ type NodeTiers struct {
 
 func (x *NodeTiers) Reset() {
 	*x = NodeTiers{}
-	mi := &file_coordinator_proto_msgTypes[45]
+	mi := &file_coordinator_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3698,7 +4091,7 @@ func (x *NodeTiers) String() string {
 func (*NodeTiers) ProtoMessage() {}
 
 func (x *NodeTiers) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[45]
+	mi := &file_coordinator_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3711,7 +4104,7 @@ func (x *NodeTiers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeTiers.ProtoReflect.Descriptor instead.
 func (*NodeTiers) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{45}
+	return file_coordinator_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *NodeTiers) GetNode() string {
@@ -3737,7 +4130,7 @@ type TierStatusResponse struct {
 
 func (x *TierStatusResponse) Reset() {
 	*x = TierStatusResponse{}
-	mi := &file_coordinator_proto_msgTypes[46]
+	mi := &file_coordinator_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3749,7 +4142,7 @@ func (x *TierStatusResponse) String() string {
 func (*TierStatusResponse) ProtoMessage() {}
 
 func (x *TierStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[46]
+	mi := &file_coordinator_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3762,7 +4155,7 @@ func (x *TierStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierStatusResponse.ProtoReflect.Descriptor instead.
 func (*TierStatusResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{46}
+	return file_coordinator_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *TierStatusResponse) GetNodes() []*NodeTiers {
@@ -3782,7 +4175,7 @@ type NodeDownRequest struct {
 
 func (x *NodeDownRequest) Reset() {
 	*x = NodeDownRequest{}
-	mi := &file_coordinator_proto_msgTypes[47]
+	mi := &file_coordinator_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3794,7 +4187,7 @@ func (x *NodeDownRequest) String() string {
 func (*NodeDownRequest) ProtoMessage() {}
 
 func (x *NodeDownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[47]
+	mi := &file_coordinator_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3807,7 +4200,7 @@ func (x *NodeDownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeDownRequest.ProtoReflect.Descriptor instead.
 func (*NodeDownRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{47}
+	return file_coordinator_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *NodeDownRequest) GetNode() string {
@@ -3834,7 +4227,7 @@ type NodeDownResponse struct {
 
 func (x *NodeDownResponse) Reset() {
 	*x = NodeDownResponse{}
-	mi := &file_coordinator_proto_msgTypes[48]
+	mi := &file_coordinator_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3846,7 +4239,7 @@ func (x *NodeDownResponse) String() string {
 func (*NodeDownResponse) ProtoMessage() {}
 
 func (x *NodeDownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[48]
+	mi := &file_coordinator_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3859,7 +4252,7 @@ func (x *NodeDownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeDownResponse.ProtoReflect.Descriptor instead.
 func (*NodeDownResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{48}
+	return file_coordinator_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *NodeDownResponse) GetJobs() []string {
@@ -3885,7 +4278,7 @@ type WatchJobRequest struct {
 
 func (x *WatchJobRequest) Reset() {
 	*x = WatchJobRequest{}
-	mi := &file_coordinator_proto_msgTypes[49]
+	mi := &file_coordinator_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3897,7 +4290,7 @@ func (x *WatchJobRequest) String() string {
 func (*WatchJobRequest) ProtoMessage() {}
 
 func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[49]
+	mi := &file_coordinator_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3910,7 +4303,7 @@ func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobRequest.ProtoReflect.Descriptor instead.
 func (*WatchJobRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{49}
+	return file_coordinator_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *WatchJobRequest) GetJob() string {
@@ -3975,7 +4368,7 @@ type JobEvent struct {
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_coordinator_proto_msgTypes[50]
+	mi := &file_coordinator_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3987,7 +4380,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[50]
+	mi := &file_coordinator_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4000,7 +4393,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{50}
+	return file_coordinator_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *JobEvent) GetJob() string {
@@ -4141,7 +4534,7 @@ type RankSourcesRequest struct {
 
 func (x *RankSourcesRequest) Reset() {
 	*x = RankSourcesRequest{}
-	mi := &file_coordinator_proto_msgTypes[51]
+	mi := &file_coordinator_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4153,7 +4546,7 @@ func (x *RankSourcesRequest) String() string {
 func (*RankSourcesRequest) ProtoMessage() {}
 
 func (x *RankSourcesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[51]
+	mi := &file_coordinator_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4166,7 +4559,7 @@ func (x *RankSourcesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankSourcesRequest.ProtoReflect.Descriptor instead.
 func (*RankSourcesRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{51}
+	return file_coordinator_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RankSourcesRequest) GetJob() string {
@@ -4209,7 +4602,7 @@ type RankSource struct {
 
 func (x *RankSource) Reset() {
 	*x = RankSource{}
-	mi := &file_coordinator_proto_msgTypes[52]
+	mi := &file_coordinator_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4221,7 +4614,7 @@ func (x *RankSource) String() string {
 func (*RankSource) ProtoMessage() {}
 
 func (x *RankSource) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[52]
+	mi := &file_coordinator_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4234,7 +4627,7 @@ func (x *RankSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankSource.ProtoReflect.Descriptor instead.
 func (*RankSource) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{52}
+	return file_coordinator_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RankSource) GetTier() string {
@@ -4270,7 +4663,7 @@ type RankSourcesResponse struct {
 
 func (x *RankSourcesResponse) Reset() {
 	*x = RankSourcesResponse{}
-	mi := &file_coordinator_proto_msgTypes[53]
+	mi := &file_coordinator_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4282,7 +4675,7 @@ func (x *RankSourcesResponse) String() string {
 func (*RankSourcesResponse) ProtoMessage() {}
 
 func (x *RankSourcesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[53]
+	mi := &file_coordinator_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4295,7 +4688,7 @@ func (x *RankSourcesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankSourcesResponse.ProtoReflect.Descriptor instead.
 func (*RankSourcesResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{53}
+	return file_coordinator_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RankSourcesResponse) GetWorldSize() uint32 {
@@ -4345,7 +4738,7 @@ type SuspectTierCopyRequest struct {
 
 func (x *SuspectTierCopyRequest) Reset() {
 	*x = SuspectTierCopyRequest{}
-	mi := &file_coordinator_proto_msgTypes[54]
+	mi := &file_coordinator_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4357,7 +4750,7 @@ func (x *SuspectTierCopyRequest) String() string {
 func (*SuspectTierCopyRequest) ProtoMessage() {}
 
 func (x *SuspectTierCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[54]
+	mi := &file_coordinator_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4370,7 +4763,7 @@ func (x *SuspectTierCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspectTierCopyRequest.ProtoReflect.Descriptor instead.
 func (*SuspectTierCopyRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{54}
+	return file_coordinator_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *SuspectTierCopyRequest) GetNode() string {
@@ -4431,7 +4824,7 @@ type SuspectTierCopyResponse struct {
 
 func (x *SuspectTierCopyResponse) Reset() {
 	*x = SuspectTierCopyResponse{}
-	mi := &file_coordinator_proto_msgTypes[55]
+	mi := &file_coordinator_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4443,7 +4836,7 @@ func (x *SuspectTierCopyResponse) String() string {
 func (*SuspectTierCopyResponse) ProtoMessage() {}
 
 func (x *SuspectTierCopyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[55]
+	mi := &file_coordinator_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4456,7 +4849,7 @@ func (x *SuspectTierCopyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspectTierCopyResponse.ProtoReflect.Descriptor instead.
 func (*SuspectTierCopyResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{55}
+	return file_coordinator_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *SuspectTierCopyResponse) GetAnswer() SuspectAnswer {
@@ -4482,7 +4875,7 @@ type AuditRequest struct {
 
 func (x *AuditRequest) Reset() {
 	*x = AuditRequest{}
-	mi := &file_coordinator_proto_msgTypes[56]
+	mi := &file_coordinator_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4494,7 +4887,7 @@ func (x *AuditRequest) String() string {
 func (*AuditRequest) ProtoMessage() {}
 
 func (x *AuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[56]
+	mi := &file_coordinator_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4507,7 +4900,7 @@ func (x *AuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditRequest.ProtoReflect.Descriptor instead.
 func (*AuditRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{56}
+	return file_coordinator_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *AuditRequest) GetJob() string {
@@ -4564,7 +4957,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_coordinator_proto_msgTypes[57]
+	mi := &file_coordinator_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4576,7 +4969,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[57]
+	mi := &file_coordinator_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4589,7 +4982,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{57}
+	return file_coordinator_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *AuditEntry) GetAtUnixNano() int64 {
@@ -4666,7 +5059,7 @@ type AuditResponse struct {
 
 func (x *AuditResponse) Reset() {
 	*x = AuditResponse{}
-	mi := &file_coordinator_proto_msgTypes[58]
+	mi := &file_coordinator_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4678,7 +5071,7 @@ func (x *AuditResponse) String() string {
 func (*AuditResponse) ProtoMessage() {}
 
 func (x *AuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[58]
+	mi := &file_coordinator_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4691,7 +5084,7 @@ func (x *AuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditResponse.ProtoReflect.Descriptor instead.
 func (*AuditResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{58}
+	return file_coordinator_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *AuditResponse) GetEntries() []*AuditEntry {
@@ -4718,7 +5111,7 @@ type NodesRequest struct {
 
 func (x *NodesRequest) Reset() {
 	*x = NodesRequest{}
-	mi := &file_coordinator_proto_msgTypes[59]
+	mi := &file_coordinator_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4730,7 +5123,7 @@ func (x *NodesRequest) String() string {
 func (*NodesRequest) ProtoMessage() {}
 
 func (x *NodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[59]
+	mi := &file_coordinator_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4743,7 +5136,7 @@ func (x *NodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesRequest.ProtoReflect.Descriptor instead.
 func (*NodesRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{59}
+	return file_coordinator_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *NodesRequest) GetNames() []string {
@@ -4764,7 +5157,7 @@ type NodesResponse struct {
 
 func (x *NodesResponse) Reset() {
 	*x = NodesResponse{}
-	mi := &file_coordinator_proto_msgTypes[60]
+	mi := &file_coordinator_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4776,7 +5169,7 @@ func (x *NodesResponse) String() string {
 func (*NodesResponse) ProtoMessage() {}
 
 func (x *NodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[60]
+	mi := &file_coordinator_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4789,7 +5182,7 @@ func (x *NodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesResponse.ProtoReflect.Descriptor instead.
 func (*NodesResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{60}
+	return file_coordinator_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *NodesResponse) GetNodes() []*Node {
@@ -4815,7 +5208,7 @@ type EnrollRequest struct {
 
 func (x *EnrollRequest) Reset() {
 	*x = EnrollRequest{}
-	mi := &file_coordinator_proto_msgTypes[61]
+	mi := &file_coordinator_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4827,7 +5220,7 @@ func (x *EnrollRequest) String() string {
 func (*EnrollRequest) ProtoMessage() {}
 
 func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[61]
+	mi := &file_coordinator_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4840,7 +5233,7 @@ func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollRequest.ProtoReflect.Descriptor instead.
 func (*EnrollRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{61}
+	return file_coordinator_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *EnrollRequest) GetCsr() []byte {
@@ -4880,7 +5273,7 @@ type EnrollResponse struct {
 
 func (x *EnrollResponse) Reset() {
 	*x = EnrollResponse{}
-	mi := &file_coordinator_proto_msgTypes[62]
+	mi := &file_coordinator_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4892,7 +5285,7 @@ func (x *EnrollResponse) String() string {
 func (*EnrollResponse) ProtoMessage() {}
 
 func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_proto_msgTypes[62]
+	mi := &file_coordinator_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4905,7 +5298,7 @@ func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollResponse.ProtoReflect.Descriptor instead.
 func (*EnrollResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{62}
+	return file_coordinator_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *EnrollResponse) GetCertificate() []byte {
@@ -5031,9 +5424,13 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"B\n" +
 	"\x10ListJobsResponse\x12.\n" +
-	"\x04jobs\x18\x01 \x03(\v2\x1a.rewind.coordinator.v1.JobR\x04jobs\"$\n" +
+	"\x04jobs\x18\x01 \x03(\v2\x1a.rewind.coordinator.v1.JobR\x04jobs\"\x95\x01\n" +
 	"\x10ListStepsRequest\x12\x10\n" +
-	"\x03job\x18\x01 \x01(\tR\x03job\"\xc2\x01\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x123\n" +
+	"\x04view\x18\x02 \x01(\x0e2\x1f.rewind.coordinator.v1.StepViewR\x04view\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\rR\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\xc2\x01\n" +
 	"\x04Copy\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x12\n" +
@@ -5041,7 +5438,7 @@ const file_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"size_bytes\x18\x04 \x01(\x04R\tsizeBytes\x12'\n" +
 	"\x0fheader_checksum\x18\x05 \x01(\tR\x0eheaderChecksum\x126\n" +
-	"\x05state\x18\x06 \x01(\x0e2 .rewind.coordinator.v1.CopyStateR\x05state\"\xad\x03\n" +
+	"\x05state\x18\x06 \x01(\x0e2 .rewind.coordinator.v1.CopyStateR\x05state\"\xeb\x03\n" +
 	"\x04Step\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x03R\x04step\x12\x1d\n" +
@@ -5054,12 +5451,30 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x05tiers\x18\b \x03(\v2\x1f.rewind.coordinator.v1.TierCopyR\x05tiers\x12K\n" +
 	"\funrestorable\x18\t \x01(\v2'.rewind.coordinator.v1.UnrestorableStepR\funrestorable\x12\x14\n" +
 	"\x05epoch\x18\n" +
-	" \x01(\x04R\x05epoch\"\x82\x01\n" +
+	" \x01(\x04R\x05epoch\x12<\n" +
+	"\asummary\x18\v \x01(\v2\".rewind.coordinator.v1.StepSummaryR\asummary\"\x89\x02\n" +
+	"\vStepSummary\x12\x16\n" +
+	"\x06copies\x18\x01 \x01(\rR\x06copies\x12\x18\n" +
+	"\acorrupt\x18\x02 \x01(\rR\acorrupt\x12\x14\n" +
+	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\x12\x1d\n" +
+	"\n" +
+	"step_bytes\x18\x04 \x01(\x04R\tstepBytes\x126\n" +
+	"\x05tiers\x18\x05 \x03(\v2 .rewind.coordinator.v1.CopyCountR\x05tiers\x128\n" +
+	"\x06places\x18\x06 \x03(\v2 .rewind.coordinator.v1.CopyCountR\x06places\x12!\n" +
+	"\fplaces_total\x18\a \x01(\rR\vplacesTotal\"\x91\x01\n" +
+	"\tCopyCount\x12\x12\n" +
+	"\x04tier\x18\x01 \x01(\tR\x04tier\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x16\n" +
+	"\x06copies\x18\x03 \x01(\rR\x06copies\x12\x18\n" +
+	"\acorrupt\x18\x04 \x01(\rR\acorrupt\x12\x14\n" +
+	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12\x14\n" +
+	"\x05nodes\x18\x06 \x01(\rR\x05nodes\"\xa5\x01\n" +
 	"\x10UnrestorableStep\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x03R\x04step\x128\n" +
 	"\x05ranks\x18\x02 \x03(\v2\".rewind.coordinator.v1.RankFailureR\x05ranks\x12 \n" +
 	"\fat_unix_nano\x18\x03 \x01(\x03R\n" +
-	"atUnixNano\"]\n" +
+	"atUnixNano\x12!\n" +
+	"\franks_failed\x18\x04 \x01(\rR\vranksFailed\"]\n" +
 	"\vRankFailure\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12:\n" +
 	"\x06copies\x18\x02 \x03(\v2\".rewind.coordinator.v1.CopyFailureR\x06copies\"s\n" +
@@ -5077,14 +5492,23 @@ const file_coordinator_proto_rawDesc = "" +
 	"bytes_done\x18\x04 \x01(\x04R\tbytesDone\x12\x14\n" +
 	"\x05error\x18\x05 \x01(\tR\x05error\x12*\n" +
 	"\x11started_unix_nano\x18\x06 \x01(\x03R\x0fstartedUnixNano\x12$\n" +
-	"\x0edone_unix_nano\x18\a \x01(\x03R\fdoneUnixNano\"F\n" +
+	"\x0edone_unix_nano\x18\a \x01(\x03R\fdoneUnixNano\"n\n" +
 	"\x11ListStepsResponse\x121\n" +
-	"\x05steps\x18\x01 \x03(\v2\x1b.rewind.coordinator.v1.StepR\x05steps\"3\n" +
+	"\x05steps\x18\x01 \x03(\v2\x1b.rewind.coordinator.v1.StepR\x05steps\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"3\n" +
 	"\vStepRequest\x12\x10\n" +
 	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
-	"\x04step\x18\x02 \x01(\x03R\x04step\"F\n" +
+	"\x04step\x18\x02 \x01(\x03R\x04step\"\xab\x01\n" +
+	"\x12InspectStepRequest\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x12\x12\n" +
+	"\x04step\x18\x02 \x01(\x03R\x04step\x123\n" +
+	"\x04view\x18\x03 \x01(\x0e2\x1f.rewind.coordinator.v1.StepViewR\x04view\x12\x1b\n" +
+	"\tpage_size\x18\x04 \x01(\rR\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\"n\n" +
 	"\x13InspectStepResponse\x12/\n" +
-	"\x04step\x18\x01 \x01(\v2\x1b.rewind.coordinator.v1.StepR\x04step\"f\n" +
+	"\x04step\x18\x01 \x01(\v2\x1b.rewind.coordinator.v1.StepR\x04step\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"f\n" +
 	"\tCopyCheck\x12/\n" +
 	"\x04copy\x18\x01 \x01(\v2\x1b.rewind.coordinator.v1.CopyR\x04copy\x12\x0e\n" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x18\n" +
@@ -5321,7 +5745,11 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x16COPY_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14COPY_STATE_COMMITTED\x10\x01\x12\x16\n" +
 	"\x12COPY_STATE_CORRUPT\x10\x02\x12\x16\n" +
-	"\x12COPY_STATE_DELETED\x10\x03*t\n" +
+	"\x12COPY_STATE_DELETED\x10\x03*R\n" +
+	"\bStepView\x12\x19\n" +
+	"\x15STEP_VIEW_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11STEP_VIEW_SUMMARY\x10\x01\x12\x14\n" +
+	"\x10STEP_VIEW_COPIES\x10\x02*t\n" +
 	"\tStepState\x12\x1a\n" +
 	"\x16STEP_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12STEP_STATE_PARTIAL\x10\x01\x12\x19\n" +
@@ -5353,7 +5781,7 @@ const file_coordinator_proto_rawDesc = "" +
 	" SUSPECT_ANSWER_VERIFIED_RECENTLY\x10\x03\x12\x17\n" +
 	"\x13SUSPECT_ANSWER_BUSY\x10\x04\x12\x1f\n" +
 	"\x1bSUSPECT_ANSWER_NO_SUCH_COPY\x10\x05\x12\x1d\n" +
-	"\x19SUSPECT_ANSWER_NODE_LOCAL\x10\x062\xd0\x0f\n" +
+	"\x19SUSPECT_ANSWER_NODE_LOCAL\x10\x062\xd7\x0f\n" +
 	"\vCoordinator\x12[\n" +
 	"\bRegister\x12&.rewind.coordinator.v1.RegisterRequest\x1a'.rewind.coordinator.v1.RegisterResponse\x12d\n" +
 	"\vRegisterJob\x12).rewind.coordinator.v1.RegisterJobRequest\x1a*.rewind.coordinator.v1.RegisterJobResponse\x12U\n" +
@@ -5361,8 +5789,8 @@ const file_coordinator_proto_rawDesc = "" +
 	"\fReportStream\x12$.rewind.coordinator.v1.ReportRequest\x1a%.rewind.coordinator.v1.ReportResponse(\x010\x01\x12U\n" +
 	"\x06Latest\x12$.rewind.coordinator.v1.LatestRequest\x1a%.rewind.coordinator.v1.LatestResponse\x12[\n" +
 	"\bListJobs\x12&.rewind.coordinator.v1.ListJobsRequest\x1a'.rewind.coordinator.v1.ListJobsResponse\x12^\n" +
-	"\tListSteps\x12'.rewind.coordinator.v1.ListStepsRequest\x1a(.rewind.coordinator.v1.ListStepsResponse\x12]\n" +
-	"\vInspectStep\x12\".rewind.coordinator.v1.StepRequest\x1a*.rewind.coordinator.v1.InspectStepResponse\x12[\n" +
+	"\tListSteps\x12'.rewind.coordinator.v1.ListStepsRequest\x1a(.rewind.coordinator.v1.ListStepsResponse\x12d\n" +
+	"\vInspectStep\x12).rewind.coordinator.v1.InspectStepRequest\x1a*.rewind.coordinator.v1.InspectStepResponse\x12[\n" +
 	"\n" +
 	"VerifyStep\x12\".rewind.coordinator.v1.StepRequest\x1a).rewind.coordinator.v1.VerifyStepResponse\x12d\n" +
 	"\vPlanRestore\x12).rewind.coordinator.v1.PlanRestoreRequest\x1a*.rewind.coordinator.v1.PlanRestoreResponse\x12d\n" +
@@ -5393,179 +5821,188 @@ func file_coordinator_proto_rawDescGZIP() []byte {
 	return file_coordinator_proto_rawDescData
 }
 
-var file_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
+var file_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 71)
 var file_coordinator_proto_goTypes = []any{
 	(CopyState)(0),                  // 0: rewind.coordinator.v1.CopyState
-	(StepState)(0),                  // 1: rewind.coordinator.v1.StepState
-	(TierCopyState)(0),              // 2: rewind.coordinator.v1.TierCopyState
-	(OrderKind)(0),                  // 3: rewind.coordinator.v1.OrderKind
-	(JobEventKind)(0),               // 4: rewind.coordinator.v1.JobEventKind
-	(SuspectAnswer)(0),              // 5: rewind.coordinator.v1.SuspectAnswer
-	(*Node)(nil),                    // 6: rewind.coordinator.v1.Node
-	(*ShardRecord)(nil),             // 7: rewind.coordinator.v1.ShardRecord
-	(*RegisterRequest)(nil),         // 8: rewind.coordinator.v1.RegisterRequest
-	(*Pin)(nil),                     // 9: rewind.coordinator.v1.Pin
-	(*RegisterResponse)(nil),        // 10: rewind.coordinator.v1.RegisterResponse
-	(*RegisterJobRequest)(nil),      // 11: rewind.coordinator.v1.RegisterJobRequest
-	(*RegisterJobResponse)(nil),     // 12: rewind.coordinator.v1.RegisterJobResponse
-	(*ReportRequest)(nil),           // 13: rewind.coordinator.v1.ReportRequest
-	(*ReportResponse)(nil),          // 14: rewind.coordinator.v1.ReportResponse
-	(*LatestRequest)(nil),           // 15: rewind.coordinator.v1.LatestRequest
-	(*LatestResponse)(nil),          // 16: rewind.coordinator.v1.LatestResponse
-	(*ListJobsRequest)(nil),         // 17: rewind.coordinator.v1.ListJobsRequest
-	(*Job)(nil),                     // 18: rewind.coordinator.v1.Job
-	(*ListJobsResponse)(nil),        // 19: rewind.coordinator.v1.ListJobsResponse
-	(*ListStepsRequest)(nil),        // 20: rewind.coordinator.v1.ListStepsRequest
-	(*Copy)(nil),                    // 21: rewind.coordinator.v1.Copy
-	(*Step)(nil),                    // 22: rewind.coordinator.v1.Step
-	(*UnrestorableStep)(nil),        // 23: rewind.coordinator.v1.UnrestorableStep
-	(*RankFailure)(nil),             // 24: rewind.coordinator.v1.RankFailure
-	(*CopyFailure)(nil),             // 25: rewind.coordinator.v1.CopyFailure
-	(*TierCopy)(nil),                // 26: rewind.coordinator.v1.TierCopy
-	(*ListStepsResponse)(nil),       // 27: rewind.coordinator.v1.ListStepsResponse
-	(*StepRequest)(nil),             // 28: rewind.coordinator.v1.StepRequest
-	(*InspectStepResponse)(nil),     // 29: rewind.coordinator.v1.InspectStepResponse
-	(*CopyCheck)(nil),               // 30: rewind.coordinator.v1.CopyCheck
-	(*VerifyStepResponse)(nil),      // 31: rewind.coordinator.v1.VerifyStepResponse
-	(*PlanRestoreRequest)(nil),      // 32: rewind.coordinator.v1.PlanRestoreRequest
-	(*RankPlan)(nil),                // 33: rewind.coordinator.v1.RankPlan
-	(*PlanRestoreResponse)(nil),     // 34: rewind.coordinator.v1.PlanRestoreResponse
-	(*DeleteStepRequest)(nil),       // 35: rewind.coordinator.v1.DeleteStepRequest
-	(*DeleteStepResponse)(nil),      // 36: rewind.coordinator.v1.DeleteStepResponse
-	(*TransfersRequest)(nil),        // 37: rewind.coordinator.v1.TransfersRequest
-	(*ShardEntry)(nil),              // 38: rewind.coordinator.v1.ShardEntry
-	(*TransferOrder)(nil),           // 39: rewind.coordinator.v1.TransferOrder
-	(*PushOrder)(nil),               // 40: rewind.coordinator.v1.PushOrder
-	(*ManifestOrder)(nil),           // 41: rewind.coordinator.v1.ManifestOrder
-	(*DeleteOrder)(nil),             // 42: rewind.coordinator.v1.DeleteOrder
-	(*ReplicateOrder)(nil),          // 43: rewind.coordinator.v1.ReplicateOrder
-	(*AbortOrder)(nil),              // 44: rewind.coordinator.v1.AbortOrder
-	(*ResumeOrder)(nil),             // 45: rewind.coordinator.v1.ResumeOrder
-	(*TierEvent)(nil),               // 46: rewind.coordinator.v1.TierEvent
-	(*TierHealth)(nil),              // 47: rewind.coordinator.v1.TierHealth
-	(*TierReportRequest)(nil),       // 48: rewind.coordinator.v1.TierReportRequest
-	(*TierReportResponse)(nil),      // 49: rewind.coordinator.v1.TierReportResponse
-	(*TierStatusRequest)(nil),       // 50: rewind.coordinator.v1.TierStatusRequest
-	(*NodeTiers)(nil),               // 51: rewind.coordinator.v1.NodeTiers
-	(*TierStatusResponse)(nil),      // 52: rewind.coordinator.v1.TierStatusResponse
-	(*NodeDownRequest)(nil),         // 53: rewind.coordinator.v1.NodeDownRequest
-	(*NodeDownResponse)(nil),        // 54: rewind.coordinator.v1.NodeDownResponse
-	(*WatchJobRequest)(nil),         // 55: rewind.coordinator.v1.WatchJobRequest
-	(*JobEvent)(nil),                // 56: rewind.coordinator.v1.JobEvent
-	(*RankSourcesRequest)(nil),      // 57: rewind.coordinator.v1.RankSourcesRequest
-	(*RankSource)(nil),              // 58: rewind.coordinator.v1.RankSource
-	(*RankSourcesResponse)(nil),     // 59: rewind.coordinator.v1.RankSourcesResponse
-	(*SuspectTierCopyRequest)(nil),  // 60: rewind.coordinator.v1.SuspectTierCopyRequest
-	(*SuspectTierCopyResponse)(nil), // 61: rewind.coordinator.v1.SuspectTierCopyResponse
-	(*AuditRequest)(nil),            // 62: rewind.coordinator.v1.AuditRequest
-	(*AuditEntry)(nil),              // 63: rewind.coordinator.v1.AuditEntry
-	(*AuditResponse)(nil),           // 64: rewind.coordinator.v1.AuditResponse
-	(*NodesRequest)(nil),            // 65: rewind.coordinator.v1.NodesRequest
-	(*NodesResponse)(nil),           // 66: rewind.coordinator.v1.NodesResponse
-	(*EnrollRequest)(nil),           // 67: rewind.coordinator.v1.EnrollRequest
-	(*EnrollResponse)(nil),          // 68: rewind.coordinator.v1.EnrollResponse
-	nil,                             // 69: rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
-	nil,                             // 70: rewind.coordinator.v1.Job.PlacementEntry
-	nil,                             // 71: rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
-	nil,                             // 72: rewind.coordinator.v1.JobEvent.PlacementEntry
-	nil,                             // 73: rewind.coordinator.v1.JobEvent.SourcesEntry
+	(StepView)(0),                   // 1: rewind.coordinator.v1.StepView
+	(StepState)(0),                  // 2: rewind.coordinator.v1.StepState
+	(TierCopyState)(0),              // 3: rewind.coordinator.v1.TierCopyState
+	(OrderKind)(0),                  // 4: rewind.coordinator.v1.OrderKind
+	(JobEventKind)(0),               // 5: rewind.coordinator.v1.JobEventKind
+	(SuspectAnswer)(0),              // 6: rewind.coordinator.v1.SuspectAnswer
+	(*Node)(nil),                    // 7: rewind.coordinator.v1.Node
+	(*ShardRecord)(nil),             // 8: rewind.coordinator.v1.ShardRecord
+	(*RegisterRequest)(nil),         // 9: rewind.coordinator.v1.RegisterRequest
+	(*Pin)(nil),                     // 10: rewind.coordinator.v1.Pin
+	(*RegisterResponse)(nil),        // 11: rewind.coordinator.v1.RegisterResponse
+	(*RegisterJobRequest)(nil),      // 12: rewind.coordinator.v1.RegisterJobRequest
+	(*RegisterJobResponse)(nil),     // 13: rewind.coordinator.v1.RegisterJobResponse
+	(*ReportRequest)(nil),           // 14: rewind.coordinator.v1.ReportRequest
+	(*ReportResponse)(nil),          // 15: rewind.coordinator.v1.ReportResponse
+	(*LatestRequest)(nil),           // 16: rewind.coordinator.v1.LatestRequest
+	(*LatestResponse)(nil),          // 17: rewind.coordinator.v1.LatestResponse
+	(*ListJobsRequest)(nil),         // 18: rewind.coordinator.v1.ListJobsRequest
+	(*Job)(nil),                     // 19: rewind.coordinator.v1.Job
+	(*ListJobsResponse)(nil),        // 20: rewind.coordinator.v1.ListJobsResponse
+	(*ListStepsRequest)(nil),        // 21: rewind.coordinator.v1.ListStepsRequest
+	(*Copy)(nil),                    // 22: rewind.coordinator.v1.Copy
+	(*Step)(nil),                    // 23: rewind.coordinator.v1.Step
+	(*StepSummary)(nil),             // 24: rewind.coordinator.v1.StepSummary
+	(*CopyCount)(nil),               // 25: rewind.coordinator.v1.CopyCount
+	(*UnrestorableStep)(nil),        // 26: rewind.coordinator.v1.UnrestorableStep
+	(*RankFailure)(nil),             // 27: rewind.coordinator.v1.RankFailure
+	(*CopyFailure)(nil),             // 28: rewind.coordinator.v1.CopyFailure
+	(*TierCopy)(nil),                // 29: rewind.coordinator.v1.TierCopy
+	(*ListStepsResponse)(nil),       // 30: rewind.coordinator.v1.ListStepsResponse
+	(*StepRequest)(nil),             // 31: rewind.coordinator.v1.StepRequest
+	(*InspectStepRequest)(nil),      // 32: rewind.coordinator.v1.InspectStepRequest
+	(*InspectStepResponse)(nil),     // 33: rewind.coordinator.v1.InspectStepResponse
+	(*CopyCheck)(nil),               // 34: rewind.coordinator.v1.CopyCheck
+	(*VerifyStepResponse)(nil),      // 35: rewind.coordinator.v1.VerifyStepResponse
+	(*PlanRestoreRequest)(nil),      // 36: rewind.coordinator.v1.PlanRestoreRequest
+	(*RankPlan)(nil),                // 37: rewind.coordinator.v1.RankPlan
+	(*PlanRestoreResponse)(nil),     // 38: rewind.coordinator.v1.PlanRestoreResponse
+	(*DeleteStepRequest)(nil),       // 39: rewind.coordinator.v1.DeleteStepRequest
+	(*DeleteStepResponse)(nil),      // 40: rewind.coordinator.v1.DeleteStepResponse
+	(*TransfersRequest)(nil),        // 41: rewind.coordinator.v1.TransfersRequest
+	(*ShardEntry)(nil),              // 42: rewind.coordinator.v1.ShardEntry
+	(*TransferOrder)(nil),           // 43: rewind.coordinator.v1.TransferOrder
+	(*PushOrder)(nil),               // 44: rewind.coordinator.v1.PushOrder
+	(*ManifestOrder)(nil),           // 45: rewind.coordinator.v1.ManifestOrder
+	(*DeleteOrder)(nil),             // 46: rewind.coordinator.v1.DeleteOrder
+	(*ReplicateOrder)(nil),          // 47: rewind.coordinator.v1.ReplicateOrder
+	(*AbortOrder)(nil),              // 48: rewind.coordinator.v1.AbortOrder
+	(*ResumeOrder)(nil),             // 49: rewind.coordinator.v1.ResumeOrder
+	(*TierEvent)(nil),               // 50: rewind.coordinator.v1.TierEvent
+	(*TierHealth)(nil),              // 51: rewind.coordinator.v1.TierHealth
+	(*TierReportRequest)(nil),       // 52: rewind.coordinator.v1.TierReportRequest
+	(*TierReportResponse)(nil),      // 53: rewind.coordinator.v1.TierReportResponse
+	(*TierStatusRequest)(nil),       // 54: rewind.coordinator.v1.TierStatusRequest
+	(*NodeTiers)(nil),               // 55: rewind.coordinator.v1.NodeTiers
+	(*TierStatusResponse)(nil),      // 56: rewind.coordinator.v1.TierStatusResponse
+	(*NodeDownRequest)(nil),         // 57: rewind.coordinator.v1.NodeDownRequest
+	(*NodeDownResponse)(nil),        // 58: rewind.coordinator.v1.NodeDownResponse
+	(*WatchJobRequest)(nil),         // 59: rewind.coordinator.v1.WatchJobRequest
+	(*JobEvent)(nil),                // 60: rewind.coordinator.v1.JobEvent
+	(*RankSourcesRequest)(nil),      // 61: rewind.coordinator.v1.RankSourcesRequest
+	(*RankSource)(nil),              // 62: rewind.coordinator.v1.RankSource
+	(*RankSourcesResponse)(nil),     // 63: rewind.coordinator.v1.RankSourcesResponse
+	(*SuspectTierCopyRequest)(nil),  // 64: rewind.coordinator.v1.SuspectTierCopyRequest
+	(*SuspectTierCopyResponse)(nil), // 65: rewind.coordinator.v1.SuspectTierCopyResponse
+	(*AuditRequest)(nil),            // 66: rewind.coordinator.v1.AuditRequest
+	(*AuditEntry)(nil),              // 67: rewind.coordinator.v1.AuditEntry
+	(*AuditResponse)(nil),           // 68: rewind.coordinator.v1.AuditResponse
+	(*NodesRequest)(nil),            // 69: rewind.coordinator.v1.NodesRequest
+	(*NodesResponse)(nil),           // 70: rewind.coordinator.v1.NodesResponse
+	(*EnrollRequest)(nil),           // 71: rewind.coordinator.v1.EnrollRequest
+	(*EnrollResponse)(nil),          // 72: rewind.coordinator.v1.EnrollResponse
+	nil,                             // 73: rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
+	nil,                             // 74: rewind.coordinator.v1.Job.PlacementEntry
+	nil,                             // 75: rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
+	nil,                             // 76: rewind.coordinator.v1.JobEvent.PlacementEntry
+	nil,                             // 77: rewind.coordinator.v1.JobEvent.SourcesEntry
 }
 var file_coordinator_proto_depIdxs = []int32{
 	0,  // 0: rewind.coordinator.v1.ShardRecord.state:type_name -> rewind.coordinator.v1.CopyState
-	6,  // 1: rewind.coordinator.v1.RegisterRequest.node:type_name -> rewind.coordinator.v1.Node
-	7,  // 2: rewind.coordinator.v1.RegisterRequest.inventory:type_name -> rewind.coordinator.v1.ShardRecord
-	9,  // 3: rewind.coordinator.v1.RegisterRequest.pins:type_name -> rewind.coordinator.v1.Pin
-	9,  // 4: rewind.coordinator.v1.RegisterResponse.pins:type_name -> rewind.coordinator.v1.Pin
-	69, // 5: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
-	7,  // 6: rewind.coordinator.v1.ReportRequest.shards:type_name -> rewind.coordinator.v1.ShardRecord
-	9,  // 7: rewind.coordinator.v1.ReportResponse.pins:type_name -> rewind.coordinator.v1.Pin
-	9,  // 8: rewind.coordinator.v1.ReportResponse.consistent:type_name -> rewind.coordinator.v1.Pin
-	70, // 9: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
-	18, // 10: rewind.coordinator.v1.ListJobsResponse.jobs:type_name -> rewind.coordinator.v1.Job
-	0,  // 11: rewind.coordinator.v1.Copy.state:type_name -> rewind.coordinator.v1.CopyState
-	1,  // 12: rewind.coordinator.v1.Step.state:type_name -> rewind.coordinator.v1.StepState
-	21, // 13: rewind.coordinator.v1.Step.copies:type_name -> rewind.coordinator.v1.Copy
-	26, // 14: rewind.coordinator.v1.Step.tiers:type_name -> rewind.coordinator.v1.TierCopy
-	23, // 15: rewind.coordinator.v1.Step.unrestorable:type_name -> rewind.coordinator.v1.UnrestorableStep
-	24, // 16: rewind.coordinator.v1.UnrestorableStep.ranks:type_name -> rewind.coordinator.v1.RankFailure
-	25, // 17: rewind.coordinator.v1.RankFailure.copies:type_name -> rewind.coordinator.v1.CopyFailure
-	2,  // 18: rewind.coordinator.v1.TierCopy.state:type_name -> rewind.coordinator.v1.TierCopyState
-	22, // 19: rewind.coordinator.v1.ListStepsResponse.steps:type_name -> rewind.coordinator.v1.Step
-	22, // 20: rewind.coordinator.v1.InspectStepResponse.step:type_name -> rewind.coordinator.v1.Step
-	21, // 21: rewind.coordinator.v1.CopyCheck.copy:type_name -> rewind.coordinator.v1.Copy
-	30, // 22: rewind.coordinator.v1.VerifyStepResponse.checks:type_name -> rewind.coordinator.v1.CopyCheck
-	21, // 23: rewind.coordinator.v1.RankPlan.sources:type_name -> rewind.coordinator.v1.Copy
-	33, // 24: rewind.coordinator.v1.PlanRestoreResponse.ranks:type_name -> rewind.coordinator.v1.RankPlan
-	23, // 25: rewind.coordinator.v1.PlanRestoreResponse.skipped:type_name -> rewind.coordinator.v1.UnrestorableStep
-	71, // 26: rewind.coordinator.v1.TransfersRequest.broken_gangs:type_name -> rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
-	40, // 27: rewind.coordinator.v1.TransferOrder.push:type_name -> rewind.coordinator.v1.PushOrder
-	41, // 28: rewind.coordinator.v1.TransferOrder.manifest:type_name -> rewind.coordinator.v1.ManifestOrder
-	42, // 29: rewind.coordinator.v1.TransferOrder.delete:type_name -> rewind.coordinator.v1.DeleteOrder
-	43, // 30: rewind.coordinator.v1.TransferOrder.replicate:type_name -> rewind.coordinator.v1.ReplicateOrder
-	44, // 31: rewind.coordinator.v1.TransferOrder.abort:type_name -> rewind.coordinator.v1.AbortOrder
-	45, // 32: rewind.coordinator.v1.TransferOrder.resume:type_name -> rewind.coordinator.v1.ResumeOrder
-	38, // 33: rewind.coordinator.v1.ManifestOrder.shards:type_name -> rewind.coordinator.v1.ShardEntry
-	3,  // 34: rewind.coordinator.v1.TierEvent.kind:type_name -> rewind.coordinator.v1.OrderKind
-	46, // 35: rewind.coordinator.v1.TierReportRequest.events:type_name -> rewind.coordinator.v1.TierEvent
-	47, // 36: rewind.coordinator.v1.TierReportRequest.health:type_name -> rewind.coordinator.v1.TierHealth
-	47, // 37: rewind.coordinator.v1.NodeTiers.tiers:type_name -> rewind.coordinator.v1.TierHealth
-	51, // 38: rewind.coordinator.v1.TierStatusResponse.nodes:type_name -> rewind.coordinator.v1.NodeTiers
-	4,  // 39: rewind.coordinator.v1.JobEvent.kind:type_name -> rewind.coordinator.v1.JobEventKind
-	72, // 40: rewind.coordinator.v1.JobEvent.placement:type_name -> rewind.coordinator.v1.JobEvent.PlacementEntry
-	73, // 41: rewind.coordinator.v1.JobEvent.sources:type_name -> rewind.coordinator.v1.JobEvent.SourcesEntry
-	23, // 42: rewind.coordinator.v1.JobEvent.skipped:type_name -> rewind.coordinator.v1.UnrestorableStep
-	58, // 43: rewind.coordinator.v1.RankSourcesResponse.sources:type_name -> rewind.coordinator.v1.RankSource
-	5,  // 44: rewind.coordinator.v1.SuspectTierCopyResponse.answer:type_name -> rewind.coordinator.v1.SuspectAnswer
-	63, // 45: rewind.coordinator.v1.AuditResponse.entries:type_name -> rewind.coordinator.v1.AuditEntry
-	6,  // 46: rewind.coordinator.v1.NodesResponse.nodes:type_name -> rewind.coordinator.v1.Node
-	8,  // 47: rewind.coordinator.v1.Coordinator.Register:input_type -> rewind.coordinator.v1.RegisterRequest
-	11, // 48: rewind.coordinator.v1.Coordinator.RegisterJob:input_type -> rewind.coordinator.v1.RegisterJobRequest
-	13, // 49: rewind.coordinator.v1.Coordinator.Report:input_type -> rewind.coordinator.v1.ReportRequest
-	13, // 50: rewind.coordinator.v1.Coordinator.ReportStream:input_type -> rewind.coordinator.v1.ReportRequest
-	15, // 51: rewind.coordinator.v1.Coordinator.Latest:input_type -> rewind.coordinator.v1.LatestRequest
-	17, // 52: rewind.coordinator.v1.Coordinator.ListJobs:input_type -> rewind.coordinator.v1.ListJobsRequest
-	20, // 53: rewind.coordinator.v1.Coordinator.ListSteps:input_type -> rewind.coordinator.v1.ListStepsRequest
-	28, // 54: rewind.coordinator.v1.Coordinator.InspectStep:input_type -> rewind.coordinator.v1.StepRequest
-	28, // 55: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
-	32, // 56: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
-	57, // 57: rewind.coordinator.v1.Coordinator.RankSources:input_type -> rewind.coordinator.v1.RankSourcesRequest
-	60, // 58: rewind.coordinator.v1.Coordinator.SuspectTierCopy:input_type -> rewind.coordinator.v1.SuspectTierCopyRequest
-	35, // 59: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
-	37, // 60: rewind.coordinator.v1.Coordinator.Transfers:input_type -> rewind.coordinator.v1.TransfersRequest
-	48, // 61: rewind.coordinator.v1.Coordinator.TierReport:input_type -> rewind.coordinator.v1.TierReportRequest
-	50, // 62: rewind.coordinator.v1.Coordinator.TierStatus:input_type -> rewind.coordinator.v1.TierStatusRequest
-	53, // 63: rewind.coordinator.v1.Coordinator.NodeDown:input_type -> rewind.coordinator.v1.NodeDownRequest
-	55, // 64: rewind.coordinator.v1.Coordinator.WatchJob:input_type -> rewind.coordinator.v1.WatchJobRequest
-	62, // 65: rewind.coordinator.v1.Coordinator.Audit:input_type -> rewind.coordinator.v1.AuditRequest
-	65, // 66: rewind.coordinator.v1.Coordinator.Nodes:input_type -> rewind.coordinator.v1.NodesRequest
-	67, // 67: rewind.coordinator.v1.Coordinator.Enroll:input_type -> rewind.coordinator.v1.EnrollRequest
-	10, // 68: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
-	12, // 69: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
-	14, // 70: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
-	14, // 71: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
-	16, // 72: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
-	19, // 73: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
-	27, // 74: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
-	29, // 75: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
-	31, // 76: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
-	34, // 77: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
-	59, // 78: rewind.coordinator.v1.Coordinator.RankSources:output_type -> rewind.coordinator.v1.RankSourcesResponse
-	61, // 79: rewind.coordinator.v1.Coordinator.SuspectTierCopy:output_type -> rewind.coordinator.v1.SuspectTierCopyResponse
-	36, // 80: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
-	39, // 81: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
-	49, // 82: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
-	52, // 83: rewind.coordinator.v1.Coordinator.TierStatus:output_type -> rewind.coordinator.v1.TierStatusResponse
-	54, // 84: rewind.coordinator.v1.Coordinator.NodeDown:output_type -> rewind.coordinator.v1.NodeDownResponse
-	56, // 85: rewind.coordinator.v1.Coordinator.WatchJob:output_type -> rewind.coordinator.v1.JobEvent
-	64, // 86: rewind.coordinator.v1.Coordinator.Audit:output_type -> rewind.coordinator.v1.AuditResponse
-	66, // 87: rewind.coordinator.v1.Coordinator.Nodes:output_type -> rewind.coordinator.v1.NodesResponse
-	68, // 88: rewind.coordinator.v1.Coordinator.Enroll:output_type -> rewind.coordinator.v1.EnrollResponse
-	68, // [68:89] is the sub-list for method output_type
-	47, // [47:68] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	7,  // 1: rewind.coordinator.v1.RegisterRequest.node:type_name -> rewind.coordinator.v1.Node
+	8,  // 2: rewind.coordinator.v1.RegisterRequest.inventory:type_name -> rewind.coordinator.v1.ShardRecord
+	10, // 3: rewind.coordinator.v1.RegisterRequest.pins:type_name -> rewind.coordinator.v1.Pin
+	10, // 4: rewind.coordinator.v1.RegisterResponse.pins:type_name -> rewind.coordinator.v1.Pin
+	73, // 5: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
+	8,  // 6: rewind.coordinator.v1.ReportRequest.shards:type_name -> rewind.coordinator.v1.ShardRecord
+	10, // 7: rewind.coordinator.v1.ReportResponse.pins:type_name -> rewind.coordinator.v1.Pin
+	10, // 8: rewind.coordinator.v1.ReportResponse.consistent:type_name -> rewind.coordinator.v1.Pin
+	74, // 9: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
+	19, // 10: rewind.coordinator.v1.ListJobsResponse.jobs:type_name -> rewind.coordinator.v1.Job
+	1,  // 11: rewind.coordinator.v1.ListStepsRequest.view:type_name -> rewind.coordinator.v1.StepView
+	0,  // 12: rewind.coordinator.v1.Copy.state:type_name -> rewind.coordinator.v1.CopyState
+	2,  // 13: rewind.coordinator.v1.Step.state:type_name -> rewind.coordinator.v1.StepState
+	22, // 14: rewind.coordinator.v1.Step.copies:type_name -> rewind.coordinator.v1.Copy
+	29, // 15: rewind.coordinator.v1.Step.tiers:type_name -> rewind.coordinator.v1.TierCopy
+	26, // 16: rewind.coordinator.v1.Step.unrestorable:type_name -> rewind.coordinator.v1.UnrestorableStep
+	24, // 17: rewind.coordinator.v1.Step.summary:type_name -> rewind.coordinator.v1.StepSummary
+	25, // 18: rewind.coordinator.v1.StepSummary.tiers:type_name -> rewind.coordinator.v1.CopyCount
+	25, // 19: rewind.coordinator.v1.StepSummary.places:type_name -> rewind.coordinator.v1.CopyCount
+	27, // 20: rewind.coordinator.v1.UnrestorableStep.ranks:type_name -> rewind.coordinator.v1.RankFailure
+	28, // 21: rewind.coordinator.v1.RankFailure.copies:type_name -> rewind.coordinator.v1.CopyFailure
+	3,  // 22: rewind.coordinator.v1.TierCopy.state:type_name -> rewind.coordinator.v1.TierCopyState
+	23, // 23: rewind.coordinator.v1.ListStepsResponse.steps:type_name -> rewind.coordinator.v1.Step
+	1,  // 24: rewind.coordinator.v1.InspectStepRequest.view:type_name -> rewind.coordinator.v1.StepView
+	23, // 25: rewind.coordinator.v1.InspectStepResponse.step:type_name -> rewind.coordinator.v1.Step
+	22, // 26: rewind.coordinator.v1.CopyCheck.copy:type_name -> rewind.coordinator.v1.Copy
+	34, // 27: rewind.coordinator.v1.VerifyStepResponse.checks:type_name -> rewind.coordinator.v1.CopyCheck
+	22, // 28: rewind.coordinator.v1.RankPlan.sources:type_name -> rewind.coordinator.v1.Copy
+	37, // 29: rewind.coordinator.v1.PlanRestoreResponse.ranks:type_name -> rewind.coordinator.v1.RankPlan
+	26, // 30: rewind.coordinator.v1.PlanRestoreResponse.skipped:type_name -> rewind.coordinator.v1.UnrestorableStep
+	75, // 31: rewind.coordinator.v1.TransfersRequest.broken_gangs:type_name -> rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
+	44, // 32: rewind.coordinator.v1.TransferOrder.push:type_name -> rewind.coordinator.v1.PushOrder
+	45, // 33: rewind.coordinator.v1.TransferOrder.manifest:type_name -> rewind.coordinator.v1.ManifestOrder
+	46, // 34: rewind.coordinator.v1.TransferOrder.delete:type_name -> rewind.coordinator.v1.DeleteOrder
+	47, // 35: rewind.coordinator.v1.TransferOrder.replicate:type_name -> rewind.coordinator.v1.ReplicateOrder
+	48, // 36: rewind.coordinator.v1.TransferOrder.abort:type_name -> rewind.coordinator.v1.AbortOrder
+	49, // 37: rewind.coordinator.v1.TransferOrder.resume:type_name -> rewind.coordinator.v1.ResumeOrder
+	42, // 38: rewind.coordinator.v1.ManifestOrder.shards:type_name -> rewind.coordinator.v1.ShardEntry
+	4,  // 39: rewind.coordinator.v1.TierEvent.kind:type_name -> rewind.coordinator.v1.OrderKind
+	50, // 40: rewind.coordinator.v1.TierReportRequest.events:type_name -> rewind.coordinator.v1.TierEvent
+	51, // 41: rewind.coordinator.v1.TierReportRequest.health:type_name -> rewind.coordinator.v1.TierHealth
+	51, // 42: rewind.coordinator.v1.NodeTiers.tiers:type_name -> rewind.coordinator.v1.TierHealth
+	55, // 43: rewind.coordinator.v1.TierStatusResponse.nodes:type_name -> rewind.coordinator.v1.NodeTiers
+	5,  // 44: rewind.coordinator.v1.JobEvent.kind:type_name -> rewind.coordinator.v1.JobEventKind
+	76, // 45: rewind.coordinator.v1.JobEvent.placement:type_name -> rewind.coordinator.v1.JobEvent.PlacementEntry
+	77, // 46: rewind.coordinator.v1.JobEvent.sources:type_name -> rewind.coordinator.v1.JobEvent.SourcesEntry
+	26, // 47: rewind.coordinator.v1.JobEvent.skipped:type_name -> rewind.coordinator.v1.UnrestorableStep
+	62, // 48: rewind.coordinator.v1.RankSourcesResponse.sources:type_name -> rewind.coordinator.v1.RankSource
+	6,  // 49: rewind.coordinator.v1.SuspectTierCopyResponse.answer:type_name -> rewind.coordinator.v1.SuspectAnswer
+	67, // 50: rewind.coordinator.v1.AuditResponse.entries:type_name -> rewind.coordinator.v1.AuditEntry
+	7,  // 51: rewind.coordinator.v1.NodesResponse.nodes:type_name -> rewind.coordinator.v1.Node
+	9,  // 52: rewind.coordinator.v1.Coordinator.Register:input_type -> rewind.coordinator.v1.RegisterRequest
+	12, // 53: rewind.coordinator.v1.Coordinator.RegisterJob:input_type -> rewind.coordinator.v1.RegisterJobRequest
+	14, // 54: rewind.coordinator.v1.Coordinator.Report:input_type -> rewind.coordinator.v1.ReportRequest
+	14, // 55: rewind.coordinator.v1.Coordinator.ReportStream:input_type -> rewind.coordinator.v1.ReportRequest
+	16, // 56: rewind.coordinator.v1.Coordinator.Latest:input_type -> rewind.coordinator.v1.LatestRequest
+	18, // 57: rewind.coordinator.v1.Coordinator.ListJobs:input_type -> rewind.coordinator.v1.ListJobsRequest
+	21, // 58: rewind.coordinator.v1.Coordinator.ListSteps:input_type -> rewind.coordinator.v1.ListStepsRequest
+	32, // 59: rewind.coordinator.v1.Coordinator.InspectStep:input_type -> rewind.coordinator.v1.InspectStepRequest
+	31, // 60: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
+	36, // 61: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
+	61, // 62: rewind.coordinator.v1.Coordinator.RankSources:input_type -> rewind.coordinator.v1.RankSourcesRequest
+	64, // 63: rewind.coordinator.v1.Coordinator.SuspectTierCopy:input_type -> rewind.coordinator.v1.SuspectTierCopyRequest
+	39, // 64: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
+	41, // 65: rewind.coordinator.v1.Coordinator.Transfers:input_type -> rewind.coordinator.v1.TransfersRequest
+	52, // 66: rewind.coordinator.v1.Coordinator.TierReport:input_type -> rewind.coordinator.v1.TierReportRequest
+	54, // 67: rewind.coordinator.v1.Coordinator.TierStatus:input_type -> rewind.coordinator.v1.TierStatusRequest
+	57, // 68: rewind.coordinator.v1.Coordinator.NodeDown:input_type -> rewind.coordinator.v1.NodeDownRequest
+	59, // 69: rewind.coordinator.v1.Coordinator.WatchJob:input_type -> rewind.coordinator.v1.WatchJobRequest
+	66, // 70: rewind.coordinator.v1.Coordinator.Audit:input_type -> rewind.coordinator.v1.AuditRequest
+	69, // 71: rewind.coordinator.v1.Coordinator.Nodes:input_type -> rewind.coordinator.v1.NodesRequest
+	71, // 72: rewind.coordinator.v1.Coordinator.Enroll:input_type -> rewind.coordinator.v1.EnrollRequest
+	11, // 73: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
+	13, // 74: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
+	15, // 75: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
+	15, // 76: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
+	17, // 77: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
+	20, // 78: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
+	30, // 79: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
+	33, // 80: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
+	35, // 81: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
+	38, // 82: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
+	63, // 83: rewind.coordinator.v1.Coordinator.RankSources:output_type -> rewind.coordinator.v1.RankSourcesResponse
+	65, // 84: rewind.coordinator.v1.Coordinator.SuspectTierCopy:output_type -> rewind.coordinator.v1.SuspectTierCopyResponse
+	40, // 85: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
+	43, // 86: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
+	53, // 87: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
+	56, // 88: rewind.coordinator.v1.Coordinator.TierStatus:output_type -> rewind.coordinator.v1.TierStatusResponse
+	58, // 89: rewind.coordinator.v1.Coordinator.NodeDown:output_type -> rewind.coordinator.v1.NodeDownResponse
+	60, // 90: rewind.coordinator.v1.Coordinator.WatchJob:output_type -> rewind.coordinator.v1.JobEvent
+	68, // 91: rewind.coordinator.v1.Coordinator.Audit:output_type -> rewind.coordinator.v1.AuditResponse
+	70, // 92: rewind.coordinator.v1.Coordinator.Nodes:output_type -> rewind.coordinator.v1.NodesResponse
+	72, // 93: rewind.coordinator.v1.Coordinator.Enroll:output_type -> rewind.coordinator.v1.EnrollResponse
+	73, // [73:94] is the sub-list for method output_type
+	52, // [52:73] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_coordinator_proto_init() }
@@ -5574,7 +6011,7 @@ func file_coordinator_proto_init() {
 		return
 	}
 	file_coordinator_proto_msgTypes[5].OneofWrappers = []any{}
-	file_coordinator_proto_msgTypes[33].OneofWrappers = []any{
+	file_coordinator_proto_msgTypes[36].OneofWrappers = []any{
 		(*TransferOrder_Push)(nil),
 		(*TransferOrder_Manifest)(nil),
 		(*TransferOrder_Delete)(nil),
@@ -5582,14 +6019,14 @@ func file_coordinator_proto_init() {
 		(*TransferOrder_Abort)(nil),
 		(*TransferOrder_Resume)(nil),
 	}
-	file_coordinator_proto_msgTypes[57].OneofWrappers = []any{}
+	file_coordinator_proto_msgTypes[60].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_coordinator_proto_rawDesc), len(file_coordinator_proto_rawDesc)),
-			NumEnums:      6,
-			NumMessages:   68,
+			NumEnums:      7,
+			NumMessages:   71,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

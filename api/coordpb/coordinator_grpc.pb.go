@@ -65,8 +65,15 @@ type CoordinatorClient interface {
 	// Latest returns the job's latest consistent step.
 	Latest(ctx context.Context, in *LatestRequest, opts ...grpc.CallOption) (*LatestResponse, error)
 	ListJobs(ctx context.Context, in *ListJobsRequest, opts ...grpc.CallOption) (*ListJobsResponse, error)
+	// ListSteps lists a job's steps, oldest first: with view summary, each
+	// step counted (StepSummary), a page of steps at a time; without a
+	// view, every copy of every step, refused when that is more than one
+	// answer carries (StepView).
 	ListSteps(ctx context.Context, in *ListStepsRequest, opts ...grpc.CallOption) (*ListStepsResponse, error)
-	InspectStep(ctx context.Context, in *StepRequest, opts ...grpc.CallOption) (*InspectStepResponse, error)
+	// InspectStep returns one step: with view summary, counted; with view
+	// copies, counted and a page of its copies in rank order; without a
+	// view, every copy, refused when that is more than one answer carries.
+	InspectStep(ctx context.Context, in *InspectStepRequest, opts ...grpc.CallOption) (*InspectStepResponse, error)
 	// VerifyStep asks every agent holding a copy of the step to re-read and
 	// check it.
 	VerifyStep(ctx context.Context, in *StepRequest, opts ...grpc.CallOption) (*VerifyStepResponse, error)
@@ -204,7 +211,7 @@ func (c *coordinatorClient) ListSteps(ctx context.Context, in *ListStepsRequest,
 	return out, nil
 }
 
-func (c *coordinatorClient) InspectStep(ctx context.Context, in *StepRequest, opts ...grpc.CallOption) (*InspectStepResponse, error) {
+func (c *coordinatorClient) InspectStep(ctx context.Context, in *InspectStepRequest, opts ...grpc.CallOption) (*InspectStepResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(InspectStepResponse)
 	err := c.cc.Invoke(ctx, Coordinator_InspectStep_FullMethodName, in, out, cOpts...)
@@ -382,8 +389,15 @@ type CoordinatorServer interface {
 	// Latest returns the job's latest consistent step.
 	Latest(context.Context, *LatestRequest) (*LatestResponse, error)
 	ListJobs(context.Context, *ListJobsRequest) (*ListJobsResponse, error)
+	// ListSteps lists a job's steps, oldest first: with view summary, each
+	// step counted (StepSummary), a page of steps at a time; without a
+	// view, every copy of every step, refused when that is more than one
+	// answer carries (StepView).
 	ListSteps(context.Context, *ListStepsRequest) (*ListStepsResponse, error)
-	InspectStep(context.Context, *StepRequest) (*InspectStepResponse, error)
+	// InspectStep returns one step: with view summary, counted; with view
+	// copies, counted and a page of its copies in rank order; without a
+	// view, every copy, refused when that is more than one answer carries.
+	InspectStep(context.Context, *InspectStepRequest) (*InspectStepResponse, error)
 	// VerifyStep asks every agent holding a copy of the step to re-read and
 	// check it.
 	VerifyStep(context.Context, *StepRequest) (*VerifyStepResponse, error)
@@ -469,7 +483,7 @@ func (UnimplementedCoordinatorServer) ListJobs(context.Context, *ListJobsRequest
 func (UnimplementedCoordinatorServer) ListSteps(context.Context, *ListStepsRequest) (*ListStepsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListSteps not implemented")
 }
-func (UnimplementedCoordinatorServer) InspectStep(context.Context, *StepRequest) (*InspectStepResponse, error) {
+func (UnimplementedCoordinatorServer) InspectStep(context.Context, *InspectStepRequest) (*InspectStepResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method InspectStep not implemented")
 }
 func (UnimplementedCoordinatorServer) VerifyStep(context.Context, *StepRequest) (*VerifyStepResponse, error) {
@@ -648,7 +662,7 @@ func _Coordinator_ListSteps_Handler(srv interface{}, ctx context.Context, dec fu
 }
 
 func _Coordinator_InspectStep_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(StepRequest)
+	in := new(InspectStepRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
@@ -660,7 +674,7 @@ func _Coordinator_InspectStep_Handler(srv interface{}, ctx context.Context, dec 
 		FullMethod: Coordinator_InspectStep_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(CoordinatorServer).InspectStep(ctx, req.(*StepRequest))
+		return srv.(CoordinatorServer).InspectStep(ctx, req.(*InspectStepRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }

@@ -28,6 +28,9 @@ func (k JobEventKind) Label() string { return label(k.String(), "JOB_EVENT_KIND_
 // Label returns the answer as logs name it: "busy".
 func (a SuspectAnswer) Label() string { return label(a.String(), "SUSPECT_ANSWER_") }
 
+// Label returns the view as people name it: "summary".
+func (v StepView) Label() string { return label(v.String(), "STEP_VIEW_") }
+
 // MarshalText writes the kind's label.
 func (k OrderKind) MarshalText() ([]byte, error) { return []byte(k.Label()), nil }
 
@@ -45,6 +48,9 @@ func (k JobEventKind) MarshalText() ([]byte, error) { return []byte(k.Label()), 
 
 // MarshalText writes the answer's label.
 func (a SuspectAnswer) MarshalText() ([]byte, error) { return []byte(a.Label()), nil }
+
+// MarshalText writes the view's label.
+func (v StepView) MarshalText() ([]byte, error) { return []byte(v.Label()), nil }
 
 // UnmarshalText reads a kind's label.
 func (k *OrderKind) UnmarshalText(b []byte) error {
@@ -69,6 +75,11 @@ func (s *TierCopyState) UnmarshalText(b []byte) error {
 // UnmarshalText reads a kind's label.
 func (k *JobEventKind) UnmarshalText(b []byte) error {
 	return unlabel(b, "JOB_EVENT_KIND_", JobEventKind_value, (*int32)(k))
+}
+
+// UnmarshalText reads a view's label.
+func (v *StepView) UnmarshalText(b []byte) error {
+	return unlabel(b, "STEP_VIEW_", StepView_value, (*int32)(v))
 }
 
 // UnmarshalText reads an answer's label.

@@ -35,6 +35,10 @@ func TestLabels(t *testing.T) {
 		var got StepState
 		check(StepState(n), &got, func() bool { return got == StepState(n) })
 	}
+	for n := range StepView_name {
+		var got StepView
+		check(StepView(n), &got, func() bool { return got == StepView(n) })
+	}
 	for n := range TierCopyState_name {
 		var got TierCopyState
 		check(TierCopyState(n), &got, func() bool { return got == TierCopyState(n) })

@@ -16,12 +16,13 @@ func runLs(ctx context.Context, args []string) error {
 	o := newOpFlags("ls", "ls [flags] [JOB]")
 	fs := o.fs
 	socket := fs.String("socket", "", "list what one agent holds, through its socket (default when no coordinator is given: $REWIND_SOCKET or "+sdk.DefaultSocket+")")
+	copies := fs.Bool("copies", false, "with JOB and --json: also every copy of each step (as rewind inspect --json shows them), asked for a page at a time")
 	asJSON := o.asJSON
 	if err := o.parse(args); err != nil {
 		return err
 	}
 	if *o.coordinator != "" && *socket == "" {
-		return lsCoordinator(ctx, o)
+		return lsCoordinator(ctx, o, *copies)
 	}
 	c, err := sdk.Dial(ctx, *socket)
 	if err != nil {

@@ -99,55 +99,16 @@ func parseStep(s string) (int64, error) {
 	return v, nil
 }
 
-// lsCoordinator lists jobs, or the steps of one job with where copies live.
-func lsCoordinator(ctx context.Context, o opFlags) error {
+// lsCoordinator lists jobs, or the steps of one job with where copies
+// live (lsSteps); copies: with --json, every copy of each step too.
+func lsCoordinator(ctx context.Context, o opFlags, copies bool) error {
 	c, ctx, done, err := o.dial(ctx)
 	if err != nil {
 		return err
 	}
 	defer done()
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	defer tw.Flush()
 	if job := o.fs.Arg(0); job != "" {
-		resp, err := c.ListSteps(ctx, &coordpb.ListStepsRequest{Job: job})
-		if err != nil {
-			return err
-		}
-		if *o.asJSON {
-			return printJSON(resp)
-		}
-		jobs, err := c.ListJobs(ctx, &coordpb.ListJobsRequest{})
-		if err != nil {
-			return err
-		}
-		for _, j := range jobs.Jobs {
-			if j.Id == job {
-				if err := printRecoveryPoints(os.Stdout, recoveryPoints(j, resp.Steps), time.Now()); err != nil {
-					return err
-				}
-				fmt.Println()
-			}
-		}
-		fmt.Fprintln(tw, "STEP\tSTATE\tRANKS\tSIZE\tCOPIES\tTIERS")
-		for _, st := range resp.Steps {
-			var size uint64
-			nodes := map[string]int{}
-			for _, cp := range st.Copies {
-				where := cp.Tier + ":" + cp.Node
-				if cp.State == coordpb.CopyState_COPY_STATE_CORRUPT {
-					where += "(corrupt)"
-				} else {
-					size += cp.SizeBytes
-				}
-				nodes[where]++
-			}
-			state := st.State.Label()
-			if st.Unrestorable != nil {
-				state += ", unrestorable"
-			}
-			fmt.Fprintf(tw, "%d\t%s\t%d/%d\t%s\t%s\t%s\n", st.Step, state, st.RanksCommitted, st.WorldSize, units.Bytes(size), copiesSummary(nodes), tiersSummary(st))
-		}
-		return nil
+		return lsSteps(ctx, c, job, *o.asJSON, copies)
 	}
 	resp, err := c.ListJobs(ctx, &coordpb.ListJobsRequest{})
 	if err != nil {
@@ -156,6 +117,7 @@ func lsCoordinator(ctx context.Context, o opFlags) error {
 	if *o.asJSON {
 		return printJSON(resp)
 	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "JOB\tWORLD SIZE\tEPOCH\tLATEST CONSISTENT\tPROTECTED\tSTEPS\tTIER POLICY")
 	var resized []string
 	for _, j := range resp.Jobs {
@@ -188,15 +150,6 @@ func stepOrDash(step int64) string {
 		return "-"
 	}
 	return strconv.FormatInt(step, 10)
-}
-
-func copiesSummary(nodes map[string]int) string {
-	var parts []string
-	for n, k := range nodes {
-		parts = append(parts, fmt.Sprintf("%s×%d", n, k))
-	}
-	slices.Sort(parts)
-	return strings.Join(parts, " ")
 }
 
 func runVerify(ctx context.Context, args []string) error {
@@ -265,7 +218,7 @@ func printVerify(resp *coordpb.VerifyStepResponse, job string, step int64, named
 // verifyFailed is the error of a verification that was not clean.
 func verifyFailed(ctx context.Context, c coordpb.CoordinatorClient, job string, step int64, resp *coordpb.VerifyStepResponse) error {
 	var worldSize uint32 // to name ranks with no copy at all; 0 if the step is gone
-	if st, err := c.InspectStep(ctx, &coordpb.StepRequest{Job: job, Step: step}); err == nil {
+	if st, err := c.InspectStep(ctx, &coordpb.InspectStepRequest{Job: job, Step: step, View: coordpb.StepView_STEP_VIEW_SUMMARY}); err == nil {
 		worldSize = st.Step.WorldSize
 	}
 	return verifyVerdict(job, step, worldSize, resp.Checks)
@@ -433,6 +386,9 @@ func unrestorableText(u *coordpb.UnrestorableStep) string {
 		}
 		parts = append(parts, fmt.Sprintf("rank %d: %s", r.Rank, strings.Join(cs, "; ")))
 	}
+	if more := int(u.RanksFailed) - len(u.Ranks); more > 0 { // a summary names the first ranks
+		parts = append(parts, fmt.Sprintf("%d more ranks", more))
+	}
 	return strings.Join(parts, "; ")
 }
 
@@ -523,40 +479,4 @@ func runDelete(ctx context.Context, args []string) error {
 		p.Add(1, sizes[i])
 	}
 	return nil
-}
-
-// inspectStep prints one step of a job: every rank's copies.
-func inspectStep(ctx context.Context, o opFlags, job string, step int64) error {
-	c, ctx, done, err := o.dial(ctx)
-	if err != nil {
-		return err
-	}
-	defer done()
-	resp, err := c.InspectStep(ctx, &coordpb.StepRequest{Job: job, Step: step})
-	if err != nil {
-		return err
-	}
-	if *o.asJSON {
-		return printJSON(resp)
-	}
-	st := resp.Step
-	fmt.Printf("job %s step %d: %s, %d/%d ranks committed\n", st.Job, st.Step, st.State.Label(), st.RanksCommitted, st.WorldSize)
-	if st.Unrestorable != nil {
-		fmt.Printf("unrestorable (a restore found at %s): %s\n", time.Unix(0, st.Unrestorable.AtUnixNano).Format(time.DateTime), unrestorableText(st.Unrestorable))
-	}
-	if len(st.Tiers) > 0 {
-		fmt.Printf("tiers: %s\n", tiersSummary(st))
-		for _, tc := range st.Tiers {
-			if tc.State == coordpb.TierCopyState_TIER_COPY_STATE_CORRUPT {
-				fmt.Printf("  %s: %s\n", tc.Tier, tc.Error)
-			}
-		}
-	}
-	fmt.Println()
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RANK\tNODE\tTIER\tSIZE\tHEADER CHECKSUM\tSTATE")
-	for _, cp := range st.Copies {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", cp.Rank, cp.Node, cp.Tier, units.Bytes(cp.SizeBytes), cp.HeaderChecksum, cp.State.Label())
-	}
-	return tw.Flush()
 }

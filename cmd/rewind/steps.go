@@ -55,19 +55,13 @@ func (o opFlags) jobSteps() (string, []stepSpec, error) {
 // does not list it). A single step is kept even when not listed, so that
 // the coordinator's answer says why; a range keeps only listed steps.
 func resolveSteps(ctx context.Context, c coordpb.CoordinatorClient, job string, specs []stepSpec) ([]int64, []uint64, error) {
-	resp, err := c.ListSteps(ctx, &coordpb.ListStepsRequest{Job: job})
+	listed, err := listSteps(ctx, c, job)
 	if err != nil {
 		return nil, nil, err
 	}
 	size := map[int64]uint64{}
-	for _, st := range resp.Steps {
-		var n uint64
-		for _, cp := range st.Copies {
-			if cp.State != coordpb.CopyState_COPY_STATE_CORRUPT {
-				n += cp.SizeBytes
-			}
-		}
-		size[st.Step] = n
+	for _, st := range listed {
+		size[st.Step] = summaryOf(st).Bytes
 	}
 	var steps []int64
 	var sizes []uint64
@@ -83,7 +77,7 @@ func resolveSteps(ctx context.Context, c coordpb.CoordinatorClient, job string, 
 			add(sp.first)
 			continue
 		}
-		for _, st := range resp.Steps {
+		for _, st := range listed {
 			if st.Step >= sp.first && st.Step <= sp.last {
 				add(st.Step)
 			}

@@ -24,7 +24,7 @@ func waitTierCopies(ctx context.Context, c coordpb.CoordinatorClient, job string
 	p := progress.Stderr(fmt.Sprintf("tier copies of job %s step %d", job, step), 0, 0)
 	defer p.Clear()
 	for {
-		resp, err := c.InspectStep(ctx, &coordpb.StepRequest{Job: job, Step: step})
+		resp, err := c.InspectStep(ctx, &coordpb.InspectStepRequest{Job: job, Step: step, View: coordpb.StepView_STEP_VIEW_SUMMARY})
 		if err != nil {
 			return err
 		}
@@ -44,14 +44,7 @@ func waitTierCopies(ctx context.Context, c coordpb.CoordinatorClient, job string
 // bytes they move in all (the step's size on each tier), and how many
 // are still being made.
 func tierProgress(st *coordpb.Step) (done, total uint64, copying int) {
-	var size uint64
-	seen := map[uint32]bool{}
-	for _, cp := range st.Copies {
-		if !seen[cp.Rank] && cp.State != coordpb.CopyState_COPY_STATE_CORRUPT {
-			seen[cp.Rank] = true
-			size += cp.SizeBytes
-		}
-	}
+	size := summaryOf(st).StepBytes
 	for _, tc := range st.Tiers {
 		total += size
 		switch tc.State {

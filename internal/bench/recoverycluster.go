@@ -292,7 +292,7 @@ func (cl *recCluster) saveStep(ctx context.Context, step int64, tensors []sdk.Te
 }
 
 func (cl *recCluster) inspect(ctx context.Context, step int64) (*coordpb.Step, error) {
-	resp, err := cl.api.InspectStep(ctx, &coordpb.StepRequest{Job: recoveryJob, Step: step})
+	resp, err := cl.api.InspectStep(ctx, &coordpb.InspectStepRequest{Job: recoveryJob, Step: step})
 	if err != nil {
 		return nil, err
 	}

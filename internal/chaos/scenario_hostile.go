@@ -281,11 +281,11 @@ func (s *session) coordinatorCalls() []call {
 			return err
 		}},
 		{"coordinator InspectStep of a negative step", true, func(ctx context.Context) error {
-			_, err := api.InspectStep(ctx, &coordpb.StepRequest{Job: job, Step: -7})
+			_, err := api.InspectStep(ctx, &coordpb.InspectStepRequest{Job: job, Step: -7})
 			return err
 		}},
 		{"coordinator InspectStep of another job", true, func(ctx context.Context) error {
-			_, err := api.InspectStep(ctx, &coordpb.StepRequest{Job: "hostile-none", Step: 1})
+			_, err := api.InspectStep(ctx, &coordpb.InspectStepRequest{Job: "hostile-none", Step: 1})
 			return err
 		}},
 		{"coordinator Latest of the job", false, func(ctx context.Context) error {
