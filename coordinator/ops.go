@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	"rewind.dev/rewind/api/agentpb"
@@ -257,6 +259,8 @@ func uniqueRanks(cs []*coordpb.Copy) map[uint32]bool {
 
 // DeleteStep deletes every copy of a step. The latest consistent step is
 // refused unless force is set: it is what a restore would use.
+// Each node holding copies in memory is called once, for all of them
+// (deleteFromMemory).
 func (c *Coordinator) DeleteStep(ctx context.Context, job string, step int64, force bool) (int, error) {
 	c.mu.Lock()
 	if err := c.rebuildingLocked(job); err != nil && !force { // latest may be behind: what to refuse is not known yet
@@ -275,38 +279,17 @@ func (c *Coordinator) DeleteStep(ctx context.Context, job string, step int64, fo
 	if step == latest && !force {
 		return 0, fmt.Errorf("%w: coordinator: step %d is the latest consistent step of job %s; deleting it would leave nothing newer to restore (use --force)", ErrRefused, step, job)
 	}
-	st, err := c.step(ctx, job, step)
+	v, err := c.view(ctx, job, step, -1, nil)
 	if err != nil {
 		return 0, err
 	}
-	n := 0
-	var errs []error
+	n := c.tiers.deleteStep(job, step) // tier copies: out of the index now, off the stores by the agents
 	var gone []Record
-	n += c.tiers.deleteStep(job, step) // tier copies: out of the index now, off the stores by the agents
-	for _, cp := range st.Copies {
-		if cp.Tier != "shm" {
-			continue
-		}
-		if err := ctx.Err(); err != nil { // what was deleted is still recorded below
-			errs = append(errs, err)
-			break
-		}
-		if c.isDown(cp.Node) { // its memory is gone with it
-			n++
-			gone = append(gone, Record{Job: job, Step: step, Rank: cp.Rank, WorldSize: st.WorldSize, Node: cp.Node, Tier: cp.Tier, Sum: cp.HeaderChecksum, State: CopyDeleted})
-			continue
-		}
-		err := c.agentCall(ctx, cp.Node, func(ctx context.Context, a agentpb.AgentClient) error {
-			_, err := a.Delete(ctx, &agentpb.DeleteRequest{Job: job, Rank: cp.Rank, Step: step})
-			return err
-		})
-		if err != nil {
-			errs = append(errs, fmt.Errorf("rank %d on %s: %w", cp.Rank, cp.Node, err))
-			continue
-		}
-		n++
-		gone = append(gone, Record{Job: job, Step: step, Rank: cp.Rank, WorldSize: st.WorldSize, Node: cp.Node, Tier: cp.Tier, State: CopyDeleted})
+	deleted, errs := c.deleteFromMemory(ctx, v)
+	for _, cp := range deleted {
+		gone = append(gone, Record{Job: job, Step: step, Rank: cp.Rank, WorldSize: v.WorldSize, Node: cp.Node, Tier: cp.Tier, State: CopyDeleted})
 	}
+	n += len(deleted)
 	if len(gone) > 0 {
 		if _, err := c.report("", gone); err != nil {
 			errs = append(errs, err)
@@ -314,4 +297,59 @@ func (c *Coordinator) DeleteStep(ctx context.Context, job string, step int64, fo
 	}
 	c.log.Info("step deleted", "job", job, "step", step, "copies", n, "forced", force, "at", time.Now().UTC().Format(time.RFC3339))
 	return n, errors.Join(errs...)
+}
+
+// deleteParallel is how many nodes a deletion calls at once: a step of
+// thousands of ranks is in the memory of as many nodes.
+const deleteParallel = 16
+
+// deleteFromMemory deletes the step's copies in nodes' memory, one call
+// per node (every rank's shard of the step it holds, replicas among
+// them), deleteParallel nodes at a time, and returns the copies deleted:
+// those on nodes that answered, and on nodes that are down (their memory
+// is gone with them). A node that failed keeps its copies in the index.
+func (c *Coordinator) deleteFromMemory(ctx context.Context, v *stepView) ([]*Copy, []error) {
+	byNode := map[string][]*Copy{}
+	for _, cp := range slices.Concat(v.copies, v.bad) {
+		if cp.Tier == "shm" {
+			byNode[cp.Node] = append(byNode[cp.Node], cp)
+		}
+	}
+	var (
+		mu      sync.Mutex
+		deleted []*Copy
+		errs    []error
+		wg      sync.WaitGroup
+	)
+	sem := make(chan struct{}, deleteParallel)
+	for _, node := range slices.Sorted(maps.Keys(byNode)) {
+		cs := byNode[node]
+		if c.isDown(node) {
+			deleted = append(deleted, cs...)
+			continue
+		}
+		if err := ctx.Err(); err != nil { // what was deleted is still recorded
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+			break
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			err := c.agentCall(ctx, node, func(ctx context.Context, a agentpb.AgentClient) error {
+				_, err := a.Delete(ctx, &agentpb.DeleteRequest{Job: v.Job, AllRanks: true, Step: v.Step})
+				return err
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%d copies on %s: %w", len(cs), node, err))
+				return
+			}
+			deleted = append(deleted, cs...)
+		})
+	}
+	wg.Wait()
+	return deleted, errs
 }
