@@ -65,10 +65,15 @@ test:
 	echo "test: building MinIO, helm, the trixie root, the control plane and the images in the background (bin/test-prep.log)"; \
 	if ! $(MAKE) --no-print-directory packages; then kill -TERM -- -$$prep 2>/dev/null; wait $$prep; exit 1; fi; \
 	touch $(PACKAGES_READY); \
-	if ! $(MAKE) --no-print-directory $(TEST_FRONT); then kill -TERM -- -$$prep 2>/dev/null; wait $$prep; exit 1; fi; \
+	echo "test: packages at $$(date -u +%T), $$SECONDS s in"; \
+	for t in $(TEST_FRONT); do \
+		if ! $(MAKE) --no-print-directory $$t; then kill -TERM -- -$$prep 2>/dev/null; wait $$prep; exit 1; fi; \
+		echo "test: $$t done at $$(date -u +%T), $$SECONDS s in"; \
+	done; \
 	echo "test: waiting for the background builds"; \
 	if ! wait $$prep; then tail -n 40 $(BIN)/test-prep.log; echo "test: the background builds failed (bin/test-prep.log)"; exit 1; fi; \
-	$(MAKE) --no-print-directory $(TEST_AFTER)
+	echo "test: background builds done at $$(date -u +%T), $$SECONDS s in"; \
+	$(MAKE) --no-print-directory $(TEST_AFTER) && echo "test: $(TEST_AFTER) done at $$(date -u +%T), $$SECONDS s in"
 
 # test-prep is what make test builds in the background: what the tests
 # need, built once and cached under bin/, what the front needs first
@@ -77,12 +82,18 @@ test:
 # chaos smoke run, the front's last test, needs them last).
 test-prep:
 	@$(MAKE) --no-print-directory minio helm
+	@date -u +'test-prep: minio and helm at %T'
 	@for i in $$(seq 1800); do [ -e $(PACKAGES_READY) ] && break; sleep 1; done; \
 		[ -e $(PACKAGES_READY) ] || { echo "test-prep: the Debian packages were not installed within 30 minutes"; exit 1; }
-	@$(MAKE) --no-print-directory python-trixie kube-bin
+	@$(MAKE) --no-print-directory python-trixie
+	@date -u +'test-prep: the trixie root at %T'
+	@$(MAKE) --no-print-directory kube-bin
+	@date -u +'test-prep: the control plane at %T'
 	@if docker info >/dev/null 2>&1 && command -v docker-compose >/dev/null; then $(MAKE) --no-print-directory images; fi
+	@date -u +'test-prep: the images at %T'
 	@$(MAKE) --no-print-directory build
 	$(GO) test -c -o /dev/null ./kube/e2e
+	@date -u +'test-prep: done at %T'
 
 ## packages: every Debian package the checks and tests use (etcd, prometheus, protoc, debootstrap, the Python SDK's), installed where missing.
 packages: prometheus python-deps python-lint-deps tools kube-debs
