@@ -325,7 +325,9 @@ func (c *Coordinator) deleteFromMemory(ctx context.Context, v *stepView) ([]*Cop
 	for _, node := range slices.Sorted(maps.Keys(byNode)) {
 		cs := byNode[node]
 		if c.isDown(node) {
+			mu.Lock() // the calls started for earlier nodes append too
 			deleted = append(deleted, cs...)
+			mu.Unlock()
 			continue
 		}
 		if err := ctx.Err(); err != nil { // what was deleted is still recorded
