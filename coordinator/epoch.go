@@ -197,14 +197,20 @@ func (c *Coordinator) jobEpochLocked(job string) (uint64, int64) {
 
 // adoptEpochs raises each job's epoch to the one node's agent, registering,
 // says it was told, where that is newer than what this coordinator knows
-// (its index lost): the fence never goes back. An agent's word raises a
-// fence only where it could be true and only when it is needed: while
-// this coordinator catches up with the agents (rebuild.go: after it
-// starts or begins to lead), for a job the node takes part in (a rank
-// placed on it, or a copy of the job on it). Otherwise any node could
-// fence any job: its ranks' saves refused, its agents deleting its steps
-// past the adopted epoch's start.
-func (c *Coordinator) adoptEpochs(node string, told []*coordpb.Pin) error {
+// (its index lost, or a standby's behind): the fence never goes back. An
+// agent's word raises a fence only where it could be true: from a node
+// one of the job's ranks is placed on, at any time (all of a job's nodes
+// may come back after this coordinator caught up: were their epoch not
+// adopted, its next recovery would raise the epoch to one the agents
+// already passed, and fence nothing); from a node that holds a copy of
+// the job, or whose inventory in this registration (claimed) names it, only
+// while this coordinator catches up with the agents (rebuild.go: after
+// it starts or begins to lead), as a gang re-formed on other nodes than
+// the index knows registers. The epoch is adopted before the inventory
+// is applied, so that its records do not join a step of the stale epoch.
+// Otherwise any node could fence any job: its ranks' saves refused, its
+// agents deleting its steps past the adopted epoch's start.
+func (c *Coordinator) adoptEpochs(node string, told []*coordpb.Pin, claimed map[string]bool) error {
 	_, err := c.apply(func(ch *Changes) error {
 		c.noteLeadLocked()
 		catchingUp := c.catchingUpLocked()
@@ -213,7 +219,7 @@ func (c *Coordinator) adoptEpochs(node string, told []*coordpb.Pin) error {
 			if j == nil || p.Epoch <= j.epochOf() {
 				continue
 			}
-			if !catchingUp || !c.takesPartLocked(node, j) {
+			if !placed(node, j) && !(catchingUp && (claimed[p.Job] || c.state.JobsOn(node)[j.ID])) {
 				c.log.Warn("an agent names a newer epoch of a job, which it cannot know here; not adopted",
 					"node", node, "job", p.Job, "epoch", p.Epoch, "index_epoch", j.epochOf(), "catching_up", catchingUp)
 				continue
@@ -227,13 +233,18 @@ func (c *Coordinator) adoptEpochs(node string, told []*coordpb.Pin) error {
 	return err
 }
 
-// takesPartLocked reports whether node runs one of j's ranks or holds a
-// copy of its shards. The caller holds c.mu.
-func (c *Coordinator) takesPartLocked(node string, j *Job) bool {
+// placed reports whether one of j's ranks is placed on node.
+func placed(node string, j *Job) bool {
 	for _, n := range j.Placement {
 		if n == node {
 			return true
 		}
 	}
-	return c.state.JobsOn(node)[j.ID]
+	return false
+}
+
+// takesPartLocked reports whether node runs one of j's ranks or holds a
+// copy of its shards. The caller holds c.mu.
+func (c *Coordinator) takesPartLocked(node string, j *Job) bool {
+	return c.state.JobsOn(node)[j.ID] || placed(node, j)
 }

@@ -64,14 +64,18 @@ func (s *server) Register(ctx context.Context, req *coordpb.RegisterRequest) (*c
 			told[p.Job] = p.Step
 		}
 	}
-	if err := s.c.adoptEpochs(n.Name, req.Pins); err != nil {
+	claimed := map[string]bool{}
+	for _, r := range req.Inventory {
+		claimed[r.GetJob()] = true
+	}
+	if err := s.c.adoptEpochs(n.Name, req.Pins, claimed); err != nil {
 		return nil, toStatus(err)
 	}
 	pins, err := s.c.Register(&NodeInfo{Name: n.Name, Addr: n.Addr, FailureDomain: n.FailureDomain, BudgetBytes: n.ShmBudgetBytes}, recordsOf(req.Inventory), told)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	if err := s.c.adoptEpochs(n.Name, req.Pins); err != nil { // jobs the inventory created
+	if err := s.c.adoptEpochs(n.Name, req.Pins, claimed); err != nil { // jobs the inventory created
 		return nil, toStatus(err)
 	}
 	return &coordpb.RegisterResponse{Incarnation: s.c.Incarnation(), Pins: pins}, nil
