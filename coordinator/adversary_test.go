@@ -158,7 +158,7 @@ func TestNodeCannotRestartAnotherJob(t *testing.T) {
 	}
 	defer as.CloseSend()
 	wait.For(t, 5*time.Second, "the coordinator drops node-a's claim that the victim's gang is broken, or acts on it", func() bool {
-		return len(gang) > 0 || logs.Has(restarting, "job="+victim) || logs.Has("take no part in a job hold its gang broken", "job="+victim, "node-a")
+		return len(gang) > 0 || logs.Has(restarting, "job="+victim) || logs.Has("takes no part in a job holds its gang broken", "job="+victim, "node=node-a")
 	})
 	if logs.Has(restarting, "job="+victim) {
 		t.Fatalf("the coordinator restarts the victim on node-a's word:\n%s", logs)

@@ -68,7 +68,7 @@ func (c *Coordinator) finishUnfinished(ctx context.Context) {
 		if time.Since(start) >= absentAfter*grace {
 			c.absentNodes(start, warned)
 		}
-		todo := c.gangs.unfinishedJobs(time.Since(start) >= grace)
+		todo := c.gangs.unfinishedJobs(time.Since(start) >= grace, time.Since(start) >= absentAfter*grace, since)
 		for _, job := range slices.Sorted(maps.Keys(todo)) {
 			c.finishRecovery(ctx, job, todo[job], since, time.Since(start) >= grace, warned)
 		}
@@ -78,10 +78,13 @@ func (c *Coordinator) finishUnfinished(ctx context.Context) {
 // unfinishedJobs returns the unfinished recoveries still to finish, each
 // at the step its abort named by the agents of the nodes that take part in
 // the job, and forgets those a recovery or restart has begun on since.
-// One held broken only by nodes that take no part in it (or of a job the
-// index does not know) waits for the agents' inventories until the grace
-// is over, then is forgotten.
-func (g *gangs) unfinishedJobs(graceOver bool) map[string]int64 {
+// A node's claim on a job it takes no part in (or of a job the index does
+// not know) waits while its inventory may still make it take part: until
+// the grace is over and the node registered in this lead (since), or
+// until giveUp (the node never registered); then it is forgotten. The
+// order stream that carries the claim connects apart from the
+// registration, and may come first by more than the grace.
+func (g *gangs) unfinishedJobs(graceOver, giveUp bool, since time.Time) map[string]int64 {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.c.mu.Lock()
@@ -99,9 +102,16 @@ func (g *gangs) unfinishedJobs(graceOver bool) map[string]int64 {
 				break
 			}
 		}
-		if _, ok := todo[job]; !ok && graceOver {
-			g.c.log.Warn("agents of nodes that take no part in a job hold its gang broken; ignored",
-				"job", job, "nodes", slices.Sorted(maps.Keys(by)))
+		if _, ok := todo[job]; ok || !graceOver {
+			continue
+		}
+		for _, n := range slices.Sorted(maps.Keys(by)) {
+			if giveUp || len(g.c.inventoryDueLocked([]string{n}, since)) == 0 {
+				g.c.log.Warn("the agent of a node that takes no part in a job holds its gang broken; ignored", "job", job, "node", n)
+				delete(by, n)
+			}
+		}
+		if len(by) == 0 {
 			delete(g.unfinished, job)
 		}
 	}

@@ -82,3 +82,46 @@ func TestRegistrationOfAnEarlierLeadIsDue(t *testing.T) {
 		t.Fatalf("inventories due in the lead won again: %v; want node-0's", due)
 	}
 }
+
+// TestABrokenGangWaitsForItsNodesInventory: after a restart that lost the
+// index, an agent's order stream (which names the gangs it holds broken)
+// may connect more than the grace before its registration (which names
+// the job's copies on it): the claim must wait for the inventory, then be
+// acted on, not be forgotten because the job was unknown at the grace. A
+// node that registered in this lead and takes no part in the job has its
+// claim forgotten at the grace; a node that never registers, when the
+// absent nodes are given up on.
+func TestABrokenGangWaitsForItsNodesInventory(t *testing.T) {
+	c, clk := newLeadTestCoordinator(t, nil)
+	since := c.noteLead()
+	clk.Step(time.Second)
+	if _, err := c.Register(&NodeInfo{Name: "node-c"}, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	g := c.gangs
+	g.mu.Lock()
+	g.noteBroken("node-b", map[string]int64{"victim": 3})
+	g.noteBroken("node-c", map[string]int64{"victim": 3, "other": 5})
+	g.noteBroken("node-x", map[string]int64{"other": 5})
+	g.mu.Unlock()
+	if todo := g.unfinishedJobs(true, false, since); len(todo) != 0 {
+		t.Fatalf("unfinished before node-b's inventory: %v; want none yet", todo)
+	}
+	if got := g.unfinished["victim"]; len(got) != 1 || got["node-b"] != 3 {
+		t.Fatalf("claims on victim past the grace: %v; want node-b's alone (its inventory is due, node-c's is in)", got)
+	}
+	rec := Record{Job: "victim", Step: 3, Rank: 0, WorldSize: 1, Node: "node-b", Size: 4096, Sum: "s", State: CopyCommitted}
+	if _, err := c.Register(&NodeInfo{Name: "node-b"}, []Record{rec}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if todo := g.unfinishedJobs(true, false, since); todo["victim"] != 3 {
+		t.Fatalf("unfinished once node-b registered its copy of victim: %v; want victim at step 3", todo)
+	}
+	if _, ok := g.unfinished["other"]["node-x"]; !ok {
+		t.Fatal("node-x's claim forgotten before node-x registered or was given up on")
+	}
+	g.unfinishedJobs(true, true, since)
+	if _, ok := g.unfinished["other"]; ok {
+		t.Fatalf("claims on other after giving up on absent nodes: %v", g.unfinished["other"])
+	}
+}
