@@ -156,9 +156,10 @@ func placesCell(s *coordpb.StepSummary) string {
 		}
 	} else {
 		for _, t := range s.Tiers {
+			first := len(parts)
 			count(t.Tier, t)
-			if t.Nodes > 1 {
-				parts[len(parts)-1] += fmt.Sprintf(" on %d nodes", t.Nodes)
+			if t.Nodes > 1 && len(parts) > first { // after the tier's first part, its good copies when it has any
+				parts[first] += fmt.Sprintf(" on %d nodes", t.Nodes)
 			}
 		}
 	}

@@ -387,7 +387,7 @@ func unrestorableText(u *coordpb.UnrestorableStep) string {
 		parts = append(parts, fmt.Sprintf("rank %d: %s", r.Rank, strings.Join(cs, "; ")))
 	}
 	if more := int(u.RanksFailed) - len(u.Ranks); more > 0 { // a summary names the first ranks
-		parts = append(parts, fmt.Sprintf("%d more ranks", more))
+		parts = append(parts, count(more, "more rank", "more ranks"))
 	}
 	return strings.Join(parts, "; ")
 }
