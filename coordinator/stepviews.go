@@ -7,34 +7,35 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/tiers"
 )
 
 // The answers that show a job's steps (ListSteps, InspectStep) grow with
-// its ranks, steps and copies; one gRPC message does not (4 MiB by
-// default: about 59,000 copies). The views of coordpb.StepView that hold
-// at any size count a step's copies (summary) and list them a page of
-// whole ranks at a time (copies); a listing of summaries is paged by
-// steps. An answer without a view, as clients before views ask, carries
-// every copy, or is refused with ErrTooLarge when that is more than
-// maxAnswerCopies.
+// its ranks, steps and copies; one gRPC message does not (a client takes
+// 4 MiB by default: some 60,000 copies with short node names, 14,000 with
+// the longest). The views of coordpb.StepView that hold at any size count
+// a step's copies (summary) and list them a page of whole ranks at a time
+// (copies); a listing of summaries is paged by steps. A page is bounded
+// by its items and by its bytes (pages.go). An answer without a view, as
+// clients before views ask, carries every copy, or is refused with
+// ErrTooLarge when that is more than a client takes.
 
 const (
-	// maxAnswerCopies bounds the copies an answer without a view carries:
-	// about 2.3 MiB at some 71 bytes each, under the 4 MiB a gRPC client
-	// takes by default with room for the steps' other fields.
-	maxAnswerCopies = 32768
-	// A listing of summaries: steps per page. A summary is at most a few
-	// KiB (maxSummaryPlaces places, maxSummaryFailures failures), so a
-	// page is at most about a MiB.
+	// A listing of summaries: steps per page. A summary is some 3 KiB
+	// with node names of 28 characters, 17 KiB with names of 253
+	// (maxSummaryPlaces places); pageBytes cuts a page of those short.
 	defaultStepsPage = 64
 	maxStepsPage     = 256
-	// A page of a step's copies, in copies: 4,096 is about 290 KiB;
-	// 16,384 about 1.2 MiB.
+	// A page of a step's copies, in copies: 4,096 is 270 KiB with node
+	// names of 28 characters, 1.1 MiB with names of 253; 16,384 is 1.1
+	// MiB with the short names, and cut short by pageBytes (at some
+	// 7,000 copies) with the long ones.
 	defaultCopiesPage = 4096
 	maxCopiesPage     = 16384
 	// maxSummaryPlaces bounds the places (tier and node) a summary
@@ -46,62 +47,66 @@ const (
 	maxSummaryFailures = 8
 )
 
-// ErrTooLarge is an answer that would carry more than one message holds,
-// asked for without a view that pages it.
-var ErrTooLarge = errors.New("answer too large")
-
-// tooLarge says which views to ask for instead.
-func tooLarge(what string, n int) error {
-	return fmt.Errorf("%w: coordinator: %s more than %d copies, more than one answer carries: ask for view summary (counts) "+
-		"or InspectStep's view copies (a page at a time), as rewind ls and rewind inspect of this release do", ErrTooLarge, what, n)
-}
-
-// Page tokens name where the next page starts: "step/N" for a listing,
-// "rank/N" for a step's copies.
+// The fields the answers' sizes are counted in.
 const (
-	stepToken = "step/"
-	rankToken = "rank/"
+	stepsField  protowire.Number = 1 // ListStepsResponse.steps, InspectStepResponse.step
+	copiesField protowire.Number = 7 // Step.copies
 )
 
-func parseToken(tok, prefix string) (int64, error) {
-	if tok == "" {
-		return 0, nil
-	}
-	v, err := strconv.ParseInt(strings.TrimPrefix(tok, prefix), 10, 64)
-	if err != nil || !strings.HasPrefix(tok, prefix) || v < 0 {
-		return 0, fmt.Errorf("%w: coordinator: page token %q is not one this call gave", ErrInvalid, tok)
-	}
-	return v, nil
-}
-
-// pageSize returns the page size asked for: def for 0, at most max.
-func pageSize(asked uint32, def, max int) int {
-	if asked == 0 {
-		return def
-	}
-	return min(int(asked), max)
-}
+// errOverBudget is a step whose encoding is over the bytes left for it.
+var errOverBudget = errors.New("coordinator: over budget")
 
 // listSteps answers ListSteps for job's steps, oldest first.
 func (c *Coordinator) listSteps(ctx context.Context, req *coordpb.ListStepsRequest, steps []int64) (*coordpb.ListStepsResponse, error) {
-	resp := &coordpb.ListStepsResponse{}
 	switch req.View {
 	case coordpb.StepView_STEP_VIEW_UNSPECIFIED:
+		return c.listFull(ctx, req.Job, steps)
 	case coordpb.StepView_STEP_VIEW_SUMMARY:
-		from, err := parseToken(req.PageToken, stepToken)
-		if err != nil {
+		return c.listSummaries(ctx, req, steps)
+	}
+	return nil, fmt.Errorf("%w: coordinator: ListSteps has no view %s", ErrInvalid, req.View.Label())
+}
+
+// listFull answers a listing without a view: every copy of every step,
+// refused once that is more than a client takes.
+func (c *Coordinator) listFull(ctx context.Context, job string, steps []int64) (*coordpb.ListStepsResponse, error) {
+	resp := &coordpb.ListStepsResponse{}
+	size := 0
+	for _, n := range steps {
+		v, err := c.view(ctx, job, n, -1, nil)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			continue // deleted since
+		case err != nil:
 			return nil, err
 		}
-		steps = steps[sortedIndex(steps, from):]
-		if n := pageSize(req.PageSize, defaultStepsPage, maxStepsPage); len(steps) > n {
-			resp.NextPageToken = stepToken + strconv.FormatInt(steps[n], 10)
-			steps = steps[:n]
+		st, k, err := c.fullStep(ctx, v, clientMaxAnswer-size)
+		switch {
+		case errors.Is(err, errOverBudget):
+			return nil, tooLarge(fmt.Sprintf("job %s's %d steps are", job, len(steps)))
+		case err != nil:
+			return nil, err
 		}
-	default:
-		return nil, fmt.Errorf("%w: coordinator: ListSteps has no view %s", ErrInvalid, req.View.Label())
+		resp.Steps, size = append(resp.Steps, st), size+k
 	}
-	copies := 0
-	for _, n := range steps {
+	return resp, nil
+}
+
+// listSummaries answers a listing of summaries: a page of steps from
+// the one its token names, up to its page size and pageBytes (at least
+// one step).
+func (c *Coordinator) listSummaries(ctx context.Context, req *coordpb.ListStepsRequest, steps []int64) (*coordpb.ListStepsResponse, error) {
+	from, err := parseToken(req.PageToken, stepToken, req.Job, 0)
+	if err != nil {
+		return nil, err
+	}
+	resp := &coordpb.ListStepsResponse{}
+	limit, size := pageSize(req.PageSize, defaultStepsPage, maxStepsPage), 0
+	for _, n := range steps[sortedIndex(steps, from):] {
+		if len(resp.Steps) == limit {
+			resp.NextPageToken = pageToken(stepToken, req.Job, 0, n)
+			break
+		}
 		v, err := c.view(ctx, req.Job, n, -1, nil)
 		switch {
 		case errors.Is(err, ErrNotFound):
@@ -109,22 +114,22 @@ func (c *Coordinator) listSteps(ctx context.Context, req *coordpb.ListStepsReque
 		case err != nil:
 			return nil, err
 		}
-		var st *coordpb.Step
-		if req.View == coordpb.StepView_STEP_VIEW_SUMMARY {
-			st, err = v.summarized(ctx)
-		} else {
-			if copies += len(v.copies) + len(v.bad); copies > maxAnswerCopies {
-				return nil, tooLarge(fmt.Sprintf("job %s's steps hold", req.Job), maxAnswerCopies)
-			}
-			st, err = v.proto(ctx)
-		}
+		st, err := v.summarized(ctx)
 		if err != nil {
 			return nil, err
 		}
 		st.Tiers = c.tiers.copiesOf(st.Job, st.Step)
-		resp.Steps = append(resp.Steps, st)
+		k := fieldSize(stepsField, proto.Size(st))
+		if len(resp.Steps) > 0 && size+k > pageBytes {
+			resp.NextPageToken = pageToken(stepToken, req.Job, 0, n)
+			break
+		}
+		resp.Steps, size = append(resp.Steps, st), size+k
 	}
-	return resp, nil
+	if len(resp.Steps) == 0 {
+		return resp, nil
+	}
+	return resp, checkFits(resp, fmt.Sprintf("job %s step %d's summary", req.Job, resp.Steps[0].Step))
 }
 
 // sortedIndex returns the index of the first of sorted steps at or after
@@ -134,41 +139,77 @@ func sortedIndex(steps []int64, from int64) int {
 	return i
 }
 
+// fullStep returns step v as the API shows it, with its tier copies and
+// every copy in rank order, and its size as an answer's field; or
+// errOverBudget, having built little more than budget bytes of it, when
+// that is more than budget.
+func (c *Coordinator) fullStep(ctx context.Context, v *stepView, budget int) (*coordpb.Step, int, error) {
+	p := v.head()
+	p.Tiers = c.tiers.copiesOf(v.Job, v.Step)
+	size := proto.Size(p)
+	if fieldSize(stepsField, size) > budget {
+		return nil, 0, errOverBudget
+	}
+	for i, cp := range v.ordered() {
+		if i%ctxEvery == 0 && ctx.Err() != nil {
+			return nil, 0, fmt.Errorf("coordinator: reading job %s step %d: %w", v.Job, v.Step, ctx.Err())
+		}
+		pc := copyProto(cp)
+		if size += fieldSize(copiesField, proto.Size(pc)); fieldSize(stepsField, size) > budget {
+			return nil, 0, errOverBudget
+		}
+		p.Copies = append(p.Copies, pc)
+	}
+	return p, fieldSize(stepsField, size), nil
+}
+
 // inspectStep answers InspectStep.
 func (c *Coordinator) inspectStep(ctx context.Context, req *coordpb.InspectStepRequest) (*coordpb.InspectStepResponse, error) {
-	var st *coordpb.Step
-	resp := &coordpb.InspectStepResponse{}
 	switch req.View {
 	case coordpb.StepView_STEP_VIEW_UNSPECIFIED:
 		v, err := c.view(ctx, req.Job, req.Step, -1, nil)
 		if err != nil {
 			return nil, err
 		}
-		if n := len(v.copies) + len(v.bad); n > maxAnswerCopies {
-			return nil, tooLarge(fmt.Sprintf("job %s step %d holds %d copies,", req.Job, req.Step, n), maxAnswerCopies)
-		}
-		if st, err = v.proto(ctx); err != nil {
+		st, _, err := c.fullStep(ctx, v, clientMaxAnswer)
+		switch {
+		case errors.Is(err, errOverBudget):
+			return nil, tooLarge(fmt.Sprintf("job %s step %d's %d copies are", req.Job, req.Step, len(v.copies)+len(v.bad)))
+		case err != nil:
 			return nil, err
 		}
+		return &coordpb.InspectStepResponse{Step: st}, nil
 	case coordpb.StepView_STEP_VIEW_SUMMARY, coordpb.StepView_STEP_VIEW_COPIES:
-		from, err := parseToken(req.PageToken, rankToken)
-		if err != nil {
-			return nil, err
-		}
-		if st, err = c.stepHead(ctx, req.Job, req.Step, req.View == coordpb.StepView_STEP_VIEW_SUMMARY || req.PageToken == ""); err != nil {
-			return nil, err
-		}
-		if req.View == coordpb.StepView_STEP_VIEW_COPIES {
-			if st.Copies, resp.NextPageToken, err = c.copiesPage(ctx, req.Job, req.Step, from, pageSize(req.PageSize, defaultCopiesPage, maxCopiesPage)); err != nil {
-				return nil, err
-			}
-		}
-	default:
-		return nil, fmt.Errorf("%w: coordinator: InspectStep has no view %s", ErrInvalid, req.View.Label())
+		return c.inspectPage(ctx, req)
+	}
+	return nil, fmt.Errorf("%w: coordinator: InspectStep has no view %s", ErrInvalid, req.View.Label())
+}
+
+// inspectPage answers InspectStep with a view: the step counted, or
+// (view copies) a page of its copies, counted on the first.
+func (c *Coordinator) inspectPage(ctx context.Context, req *coordpb.InspectStepRequest) (*coordpb.InspectStepResponse, error) {
+	from, err := parseToken(req.PageToken, rankToken, req.Job, req.Step)
+	if err != nil {
+		return nil, err
+	}
+	copies := req.View == coordpb.StepView_STEP_VIEW_COPIES
+	st, err := c.stepHead(ctx, req.Job, req.Step, !copies || req.PageToken == "")
+	if err != nil {
+		return nil, err
 	}
 	st.Tiers = c.tiers.copiesOf(st.Job, st.Step)
-	resp.Step = st
-	return resp, nil
+	resp := &coordpb.InspectStepResponse{Step: st}
+	what := fmt.Sprintf("job %s step %d's summary", req.Job, req.Step)
+	if copies {
+		limit, budget := pageSize(req.PageSize, defaultCopiesPage, maxCopiesPage), pageBytes-proto.Size(st)
+		if st.Copies, resp.NextPageToken, err = c.copiesPage(ctx, req.Job, req.Step, from, limit, budget); err != nil {
+			return nil, err
+		}
+		if len(st.Copies) > 0 {
+			what = fmt.Sprintf("job %s step %d with rank %d's copies", req.Job, req.Step, st.Copies[0].Rank)
+		}
+	}
+	return resp, checkFits(resp, what)
 }
 
 // stepHead returns a step without its copies: summarized, or (cheaper)
@@ -190,42 +231,60 @@ func (c *Coordinator) stepHead(ctx context.Context, job string, n int64, summari
 
 // copiesPage returns the copies of job's step n of whole ranks from
 // rank from on, in rank order (a rank's found corrupt after its others),
-// until limit copies (at least one rank's), and the page token of the
-// rest ("" if none). It locks c.mu for at most viewChunk ranks at a time.
-func (c *Coordinator) copiesPage(ctx context.Context, job string, n, from int64, limit int) ([]*coordpb.Copy, string, error) {
+// until limit copies or budget bytes of their encoding (at least one
+// rank's), and the page token of the rest ("" if none).
+func (c *Coordinator) copiesPage(ctx context.Context, job string, n, from int64, limit, budget int) ([]*coordpb.Copy, string, error) {
 	var out []*coordpb.Copy
 	var st *Step
-	r := uint64(from)
+	r, size := uint64(from), 0
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, "", fmt.Errorf("coordinator: reading job %s step %d: %w", job, n, err)
 		}
-		c.mu.Lock()
-		now, err := c.stepLocked(job, n)
-		if err == nil && st != nil && now != st {
-			err = errStepChanged
-		}
+		chunk, world, err := c.copiesChunk(job, n, &st, r, max(limit-len(out), 64))
 		if err != nil {
-			c.mu.Unlock()
 			return nil, "", err
 		}
-		st = now
-		world := uint64(st.WorldSize)
-		for end := min(r+viewChunk, world); r < end; r++ {
-			cs, bad := st.Copies[uint32(r)], st.Bad[uint32(r)]
-			if k := len(cs) + len(bad); k > 0 && len(out) > 0 && len(out)+k > limit {
-				c.mu.Unlock()
-				return out, rankToken + strconv.FormatUint(r, 10), nil
+		for _, cs := range chunk {
+			k := 0
+			ps := make([]*coordpb.Copy, len(cs))
+			for i, cp := range cs {
+				ps[i] = copyProto(cp)
+				k += fieldSize(copiesField, proto.Size(ps[i]))
 			}
-			for _, cp := range slices.Concat(cs, bad) {
-				out = append(out, copyProto(cp))
+			if len(ps) > 0 && len(out) > 0 && (len(out)+len(ps) > limit || size+k > budget) {
+				return out, pageToken(rankToken, job, n, int64(r)), nil
 			}
+			out, size, r = append(out, ps...), size+k, r+1
 		}
-		c.mu.Unlock()
 		if r >= world {
 			return out, "", nil
 		}
 	}
+}
+
+// copiesChunk copies out of the index the copies of job's step n of
+// want ranks (at most viewChunk) from rank from on, each rank's found
+// corrupt after its others, and returns them with the step's world size.
+// *st is the step an earlier chunk was of: a step replaced meanwhile is
+// errStepChanged.
+func (c *Coordinator) copiesChunk(job string, n int64, st **Step, from uint64, want int) ([][]*Copy, uint64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now, err := c.stepLocked(job, n)
+	if err == nil && *st != nil && now != *st {
+		err = errStepChanged
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	*st = now
+	world := uint64(now.WorldSize)
+	var out [][]*Copy
+	for r := from; r < min(from+uint64(min(want, viewChunk)), world); r++ {
+		out = append(out, slices.Concat(now.Copies[uint32(r)], now.Bad[uint32(r)]))
+	}
+	return out, world, nil
 }
 
 // summarized returns the step as the API shows it with its copies

@@ -126,6 +126,17 @@ func (v *stepView) byRank() []*Copy {
 	return v.copies
 }
 
+// ordered returns the copies in rank order, the ones found corrupt
+// among them, each after its rank's others.
+func (v *stepView) ordered() []*Copy {
+	cs := v.byRank()
+	if len(v.bad) > 0 {
+		cs = slices.Concat(cs, v.bad)
+		slices.SortStableFunc(cs, func(a, b *Copy) int { return cmp.Compare(a.Rank, b.Rank) })
+	}
+	return cs
+}
+
 // complete reports whether every rank has a copy.
 func (v *stepView) complete() bool { return v.ranks == v.WorldSize }
 
@@ -133,11 +144,7 @@ func (v *stepView) complete() bool { return v.ranks == v.WorldSize }
 // ones found corrupt among them, so marked).
 func (v *stepView) proto(ctx context.Context) (*coordpb.Step, error) {
 	p := v.head()
-	cs := v.byRank()
-	if len(v.bad) > 0 {
-		cs = slices.Concat(cs, v.bad)
-		slices.SortStableFunc(cs, func(a, b *Copy) int { return cmp.Compare(a.Rank, b.Rank) })
-	}
+	cs := v.ordered()
 	p.Copies = make([]*coordpb.Copy, len(cs))
 	for i, cp := range cs {
 		if i%ctxEvery == 0 && ctx.Err() != nil {

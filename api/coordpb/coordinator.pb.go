@@ -81,14 +81,15 @@ func (CopyState) EnumDescriptor() ([]byte, []int) {
 }
 
 // StepView is how much of a step an answer carries. Answers grow with a
-// job's ranks, steps and copies; one gRPC message does not (4 MiB by
-// default, about 59,000 copies), so the views that hold at any size
-// count copies, and list them a page at a time.
+// job's ranks, steps and copies; what a client takes does not (4 MiB by
+// default: about 60,000 copies with short node names, 14,000 with the
+// longest), so the views that hold at any size count copies, and list
+// them a page at a time.
 type StepView int32
 
 const (
 	// Every copy of every step asked for (Step.copies), as before views
-	// were: an answer that would carry more than 32,768 copies is refused
+	// were: an answer over the 4 MiB a client takes by default is refused
 	// (RESOURCE_EXHAUSTED, naming the views to ask for instead).
 	StepView_STEP_VIEW_UNSPECIFIED StepView = 0
 	// Each step with its copies counted (Step.summary), none listed.
@@ -1468,8 +1469,10 @@ type ListStepsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Job   string                 `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
 	View  StepView               `protobuf:"varint,2,opt,name=view,proto3,enum=rewind.coordinator.v1.StepView" json:"view,omitempty"`
-	// With view summary: at most this many steps (0: 64; at most 256),
-	// from the one page_token names (empty: the oldest).
+	// With view summary: at most this many steps (0: 64; at most 256)
+	// and about 2 MiB of them (one step always), from the one page_token
+	// names (empty: the oldest). A page token is taken only for the job
+	// it was given for (else INVALID_ARGUMENT).
 	PageSize      uint32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -2347,8 +2350,9 @@ type InspectStepRequest struct {
 	Step  int64                  `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
 	View  StepView               `protobuf:"varint,3,opt,name=view,proto3,enum=rewind.coordinator.v1.StepView" json:"view,omitempty"`
 	// With view copies: whole ranks' copies up to this many (0: 4,096; at
-	// most 16,384; one rank's copies always), from the rank page_token
-	// names (empty: rank 0).
+	// most 16,384) and about 2 MiB (one rank's copies always), from the
+	// rank page_token names (empty: rank 0). A page token is taken only
+	// for the job and step it was given for (else INVALID_ARGUMENT).
 	PageSize      uint32 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	PageToken     string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
