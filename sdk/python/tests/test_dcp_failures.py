@@ -76,8 +76,8 @@ def test_a_step_saved_again(agent, tmp_path):
 
 def test_agent_killed_mid_save(start_agent, monkeypatch, tmp_path):
     """Step 4 saved; during step 6's save the agent exits at a rank's
-    commit after the other rank committed (fault point
-    agent/shard-copied, the fourth commit): every rank's dcp.save
+    commit (fault point agent/shard-copied, the fourth commit; the other
+    rank's commit may be done or cut off with it): every rank's dcp.save
     raises, and the restarted agent, which re-indexes its shared memory,
     serves step 4 as the latest, every value, at world size 2 and 3."""
     monkeypatch.setenv("REWIND_FAULTS", "agent/shard-copied=3*off->exit(9)")
@@ -91,6 +91,8 @@ def test_agent_killed_mid_save(start_agent, monkeypatch, tmp_path):
     a.start()
     with rewind.Client(socket=a.socket, job=job) as c:
         steps = sorted((s.rank, s.step) for s in c.list(job) if s.state == rewind.ShardState.SHARD_STATE_COMMITTED)
-    assert (0, 4) in steps and (1, 4) in steps and len([s for s in steps if s[1] == 6]) == 1, steps
+    # The agent exited at the second rank's commit of step 6; the first
+    # rank's, running beside it, may or may not have been recorded.
+    assert (0, 4) in steps and (1, 4) in steps and len([s for s in steps if s[1] == 6]) <= 1, steps
     loaded(run("load", 2, a, job, tmp_path), 4, 4)
     loaded(run("load", 3, a, job, tmp_path), 4, 4)
