@@ -17,9 +17,12 @@ rewind.objects document says which DCP item each tensor is:
      "planner_data": {FQN: [PATH...]} | null,
      "save": SAVE_ID}
 
-SAVE_ID is one dcp.save's, the same in every rank's shard: a load refuses
-a step whose shards come from two saves of it (the step saved again, and
-that save failed on some ranks after others committed).
+SAVE_ID is one dcp.save's, made by DCP's coordinator rank when it plans
+the save and the same in every rank's shard: a load refuses a step whose
+shards come from two saves of it (the step saved again, and that save
+failed on some ranks after others committed). Processes saving without
+torch.distributed (each its own coordinator) share no id: their shards
+carry null, as shards written before save ids do.
 
 DCP's global Metadata is not stored: Reader.read_metadata rebuilds it from
 the headers of every rank's shard of the step (each chunk record is a
@@ -37,7 +40,9 @@ made with (a Reader's None: the latest), whatever ids it was given before.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import hashlib
 import io
 import json
 import os
@@ -119,6 +124,11 @@ class Stored:
 
 _clients: dict[tuple, Client] = {}
 _clients_lock = threading.Lock()
+
+# (save id, rank) of each shard this process wrote, the newest last: a plan
+# carrying one again is an earlier save's plan (see Writer.write_data).
+_written: collections.deque = collections.deque(maxlen=4096)
+_written_lock = threading.Lock()
 
 
 def _distributed() -> bool:
@@ -255,12 +265,8 @@ class Writer(_Base, StorageWriter):
                  timeout: float = 60.0):
         _Base.__init__(self, step, job, socket, timeout)
         StorageWriter.__init__(self)
-        self.save_id = uuid.uuid4().hex
+        self.save_id: str | None = None  # the last save's (None: none yet, or saved without torch.distributed)
         self.client: Client | None = None
-
-    def reset(self, checkpoint_id=None) -> None:
-        _Base.reset(self, checkpoint_id)
-        self.save_id = uuid.uuid4().hex
 
     def storage_meta(self) -> StorageMeta | None:
         job = self.client.job if self.client is not None else self.job or ""
@@ -281,15 +287,48 @@ class Writer(_Base, StorageWriter):
             raise InvalidError("dcp save", f"ranks disagree on the job and step to save: {sorted(seen, key=str)}")
         # Each shard's rank and world size are the plan's in DCP's process
         # group (dcp.save's process_group, else every rank): a subgroup's
-        # checkpoint is whole at the subgroup's size. The coordinator's
-        # save id goes into every shard: a load can tell the shards of
-        # this save from those of another save of the same step.
-        return [dataclasses.replace(p, storage_data=(*p.storage_data, r, len(plans), self.save_id))
+        # checkpoint is whole at the subgroup's size. One save id per
+        # dcp.save (this runs once a save, on DCP's coordinator rank; not
+        # per Writer: a retry loop reuses one with no reset between saves)
+        # goes into every shard: a load can tell the shards of this save
+        # from those of another save of the same step. Without
+        # torch.distributed each process plans a save of its own, and an
+        # id of its own would set its shard apart from the other ranks'
+        # of the same save: none is stored.
+        save = self.save_id = uuid.uuid4().hex if _distributed() else None
+        return [dataclasses.replace(p, storage_data=(*p.storage_data, r, len(plans), save))
                 for r, p in enumerate(plans)]
 
     def write_data(self, plan, planner) -> Future:
         assert self.client is not None and self.step is not None
+        try:
+            self._check_fresh(plan)
+            return self._write(plan, planner)
+        finally:
+            _drop_cached_plans(planner)
+
+    def _check_fresh(self, plan) -> None:
+        """Refuses a plan that is not this save's: DCP's plan caching
+        (DefaultSavePlanner(enable_plan_caching=True)) gives a rank whose
+        local plan did not change its final plan of an earlier save, and
+        with it that save's id (or another storage's data). Written, the
+        shard would pass for the earlier save's."""
+        sd = plan.storage_data
+        if not (isinstance(sd, tuple) and len(sd) == 5):
+            raise InvalidError("dcp save", f"the plan's storage data {sd!r} is not this Writer's: a plan DCP cached "
+                                           "(enable_plan_caching) from a save through another storage")
+        key = (sd[4], sd[2])
+        with _written_lock:
+            if sd[4] is not None and key in _written:
+                raise InvalidError("dcp save", f"rank {sd[2]} was given the plan of an earlier save (save {sd[4]}), "
+                                               "as DCP's plan caching (enable_plan_caching) does: the save is "
+                                               "refused, and the cached plans dropped for the next")
+            _written.append(key)
+
+    def _write(self, plan, planner) -> Future:
+        assert self.client is not None and self.step is not None
         _, _, rank, world, save = plan.storage_data
+        self.save_id = save
         # Without torch.distributed DCP plans each process alone: its rank
         # is the one identity resolves (REWIND_RANK, RANK).
         c = self.client = _client(self.socket, self.client.job, self.timeout,
@@ -339,6 +378,21 @@ class Writer(_Base, StorageWriter):
             metadata.storage_meta = self.storage_meta()
 
 
+def _drop_cached_plans(planner) -> None:
+    """Drops what DCP's plan caching (DefaultSavePlanner(enable_plan_caching=True),
+    torch 2.8 and later: class-wide dicts of SavePlanner keyed by the
+    planner's _cached_plans_key) holds for planner, so that the next save
+    through Writer plans afresh and each rank's plan carries that save's
+    id."""
+    key = getattr(planner, "_cached_plans_key", None)
+    if key is None:
+        return
+    for cls in type(planner).__mro__:
+        for name, cache in list(vars(cls).items()):
+            if name.startswith("_cached_") and isinstance(cache, dict):
+                cache.pop(key, None)
+
+
 class Reader(_Base, StorageReader):
     """A DCP StorageReader from rewind: dcp.load(state_dict, storage_reader=Reader()).
 
@@ -358,6 +412,7 @@ class Reader(_Base, StorageReader):
         self.saved_world_size = 0
         self._sums: dict[int, str] = {}  # saved rank -> header checksum seen by read_metadata
         self._chunk_sizes: dict[Stored, tuple] = {}
+        self._read: tuple = (None, "")  # the save id of the shards read_metadata read, and a digest of their headers
         self.storage_data: dict = {}
 
     def reset(self, checkpoint_id=None) -> None:
@@ -389,6 +444,8 @@ class Reader(_Base, StorageReader):
                     planner_data = None if pd is None else {**planner_data, **pd}
             r += 1
         _check_one_save(c, step, saves)
+        heads = "".join(f"{r}:{s}\n" for r, s in sorted(self._sums.items()))
+        self._read = (saves[0] if saves else None, hashlib.sha256(heads.encode()).hexdigest()[:16])
         self.saved_world_size = world
         meta = Metadata(state_dict_metadata=sdm, planner_data=planner_data, storage_data=stored)
         if "storage_meta" in {f.name for f in dataclasses.fields(Metadata)}:
@@ -408,20 +465,35 @@ class Reader(_Base, StorageReader):
         self.storage_data = metadata.storage_data
 
     def prepare_local_plan(self, plan):
-        # Each rank chose its step in its own read_metadata: the step goes
-        # with its plan, for the coordinator to check they all agree.
+        # Each rank chose its step, and read the headers of its shards, in
+        # its own read_metadata: the step, the save id and a digest of
+        # the headers go with its plan, for the coordinator to check that
+        # every rank read the same shards.
         assert self.client is not None
-        return dataclasses.replace(plan, storage_data=(self.client.job, self.loaded_step))
+        return dataclasses.replace(plan, storage_data=(self.client.job, self.loaded_step, *self._read))
 
     def prepare_global_plan(self, plans):
         """Refuses a load whose ranks chose different steps (Reader(step=)
         given apart, or a lone agent's newest whole step changed between
-        them): a restore never mixes steps across ranks."""
+        them), or read different shards of the step (a save of it
+        committed between their read_metadata, each rank's copies whole
+        but of two saves): a restore never mixes steps or saves across
+        ranks."""
         chosen = [p.storage_data for p in plans]
-        if len(set(chosen)) > 1:
-            ranks = ", ".join(f"rank {r}: job {c[0]} step {c[1]}" if c else f"rank {r}: none" for r, c in enumerate(chosen))
+        steps = [c[:2] if c else None for c in chosen]
+        if len(set(steps)) > 1:
+            ranks = ", ".join(f"rank {r}: job {c[0]} step {c[1]}" if c else f"rank {r}: none" for r, c in enumerate(steps))
             raise InvalidError("dcp load", f"the ranks chose different steps ({ranks}); a load never mixes steps: "
                                            "name one with Reader(step=N) or checkpoint_id on every rank")
+        if len(set(chosen)) > 1:
+            groups: dict = {}
+            for r, c in enumerate(chosen):
+                groups.setdefault(c[2:], []).append(r)
+            ranks = "; ".join(f"ranks {', '.join(map(str, rs))}: save {s or '(none)'}, headers {d}"
+                              for (s, d), rs in groups.items())
+            raise NotFoundError(f"dcp load step {steps[0][1]} of job {steps[0][0]}",
+                                f"the ranks read {len(groups)} different sets of its shards ({ranks}): a save of "
+                                "the step committed while the load read it; load again")
         return plans
 
     def read_data(self, plan, planner) -> Future:

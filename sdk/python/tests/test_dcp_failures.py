@@ -74,6 +74,67 @@ def test_a_step_saved_again(agent, tmp_path):
         assert "come from 2 saves" in r["error"] and "ranks 0:" in r["error"] and "ranks 1:" in r["error"], r
 
 
+def test_a_writer_saving_again_after_a_failure(agent, tmp_path):
+    """One Writer per rank saves step 4 twice with no checkpoint_id (a
+    retry loop: DCP calls no reset between them), the second time with
+    other values, failing on rank 1 after rank 0 committed: each save has
+    its own id, so a load of step 4 fails on every rank naming the two
+    saves, rather than load rank 0's rows of the second save beside rank
+    1's of the first."""
+    job = f"dcp-retry-{os.getpid()}"
+    for r in run("save-twice", 2, agent, job, tmp_path, "--step", "4", "--salt", "1", "--salt2", "2",
+                 "--fail-rank", "1"):
+        assert r["error"] is None, r
+        assert (r["error2"] or "").startswith("CheckpointException") and "injected failure" in r["error2"], r
+    for r in run("load", 2, agent, job, tmp_path):
+        assert r["error"] is not None, f"a state of two saves loaded: {r}"
+        assert r["error"].startswith("CheckpointException") and "come from 2 saves" in r["error"], r
+
+
+def test_a_rank_given_an_earlier_saves_plan(agent, tmp_path):
+    """The second save of step 4 through one Writer per rank, where rank
+    1's planner gives the first save's plan again (DCP's plan caching,
+    DefaultSavePlanner(enable_plan_caching=True), does so for a rank whose
+    local plan did not change): that plan carries the first save's id, so
+    rank 1 refuses it before writing, the save fails on every rank, and a
+    load of step 4 is refused rather than mix the two saves."""
+    job = f"dcp-stale-{os.getpid()}"
+    for r in run("save-twice", 2, agent, job, tmp_path, "--step", "4", "--salt", "1", "--salt2", "2",
+                 "--stale-rank", "1"):
+        assert r["error"] is None, r
+        assert (r["error2"] or "").startswith("CheckpointException") and "an earlier save" in r["error2"], r
+    for r in run("load", 2, agent, job, tmp_path):
+        assert r["error"] is not None, f"a state of two saves loaded: {r}"
+        assert r["error"].startswith("CheckpointException") and "come from 2 saves" in r["error"], r
+
+
+def test_ranks_saving_without_a_process_group(agent, tmp_path):
+    """Three processes without torch.distributed (each DCP's coordinator
+    of its own save, its rank REWIND_RANK) save step 4, each its own keys:
+    every process loads every key, at step 4, in the same way (their
+    shards carry no save id, as none is shared)."""
+    job = f"dcp-alone-{os.getpid()}"
+    saved(run("save-alone", 3, agent, job, tmp_path, "--step", "4", "--salt", "3"))
+    for r in run("load-alone", 3, agent, job, tmp_path):
+        assert r["error"] is None, r
+        assert r["loaded_step"] == 4 and set(r["salts"].values()) == {3} and len(r["salts"]) == 6, r
+
+
+def test_ranks_reading_two_saves_of_a_step(agent, tmp_path):
+    """Step 4 saved; while it is loaded, another save of step 4 commits
+    after rank 0 read the step's shard headers and before rank 1 did:
+    each rank's set of shards is of one save, but not of the same one.
+    The load is refused in its plan, on every rank, before any rank reads
+    a byte, naming the two saves (a rank reading a shard that changed
+    after its read_metadata would fail later, in read_data)."""
+    job = f"dcp-race-{os.getpid()}"
+    saved(run("save", 2, agent, job, tmp_path, "--step", "4", "--salt", "4"))
+    for r in run("load-racing", 2, agent, job, tmp_path, "--step", "4"):
+        assert r["error"] is not None, f"a state of two saves loaded: {r}"
+        assert r["error"].startswith("CheckpointException") and "2 different sets of its shards" in r["error"], r
+        assert "ranks 0: save" in r["error"] and "ranks 1: save" in r["error"], r
+
+
 def test_agent_killed_mid_save(start_agent, monkeypatch, tmp_path):
     """Step 4 saved; during step 6's save the agent exits at a rank's
     commit (fault point agent/shard-copied, the fourth commit; the other
