@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
 	"rewind.dev/rewind/api/coordpb"
@@ -38,22 +37,10 @@ func (l *auditLog) take() []AuditEntry {
 // DeleteStep always, and everything refused.
 func serveAudited(t *testing.T, s *Security, log *auditLog) string {
 	t.Helper()
-	l, err := s.Listen("test server", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := NewAuthorizer(s, discard, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	au := NewAudit(map[string]AuditRule{coordpb.Coordinator_DeleteStep_FullMethodName: Audited(func(req any) string {
 		return Words("force", req.(*coordpb.DeleteStepRequest).Force, "empty", "")
 	})}, clock.NewFake(time.Unix(1_800_000_000, 0)), log.record)
-	srv := grpc.NewServer(s.ServerOption(), grpc.ChainUnaryInterceptor(au.Unary, a.Unary), grpc.ChainStreamInterceptor(au.Stream, a.Stream))
-	coordpb.RegisterCoordinatorServer(srv, stub{})
-	go srv.Serve(l)
-	t.Cleanup(srv.Stop)
-	return l.Addr().String()
+	return serveWith(t, s, au)
 }
 
 // TestAuditRecords: a recorded method is recorded whatever its outcome,

@@ -54,7 +54,7 @@ var nodeMayNameOthers = map[string]bool{coordpb.Coordinator_Enroll_FullMethodNam
 // without the check that keeps a node to itself, fails here.
 func TestNoMethodLetsAReaderChangeOrANodeSpeakForAnother(t *testing.T) {
 	p := newPKI(t)
-	addr := serveBoth(t, p.sec(Identity{RoleCoordinator, "coord"}))
+	addr := serve(t, p.sec(Identity{RoleCoordinator, "coord"}))
 	reader := dialAs(t, p.sec(Identity{RoleReader, "bob"}), addr)
 	nodeA := dialAs(t, p.sec(Identity{RoleNode, "node-a"}), addr)
 	methods := 0
@@ -175,25 +175,4 @@ func dialAs(t *testing.T, s *Security, addr string) *grpc.ClientConn {
 	}
 	t.Cleanup(func() { conn.Close() })
 	return conn
-}
-
-// serveBoth runs both services, answering Unimplemented to every call
-// that authorization lets through (a stream after reading its first
-// message, which is when the rules' Check runs).
-func serveBoth(t *testing.T, s *Security) string {
-	t.Helper()
-	l, err := s.Listen("test server", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := NewAuthorizer(s, discard, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer(s.ServerOption(), grpc.ChainUnaryInterceptor(a.Unary), grpc.ChainStreamInterceptor(a.Stream))
-	coordpb.RegisterCoordinatorServer(srv, stub{})
-	agentpb.RegisterAgentServer(srv, agentpb.UnimplementedAgentServer{})
-	go srv.Serve(l)
-	t.Cleanup(srv.Stop)
-	return l.Addr().String()
 }

@@ -94,9 +94,13 @@ func randName() string {
 	return string(rune('a'+nameSeq%26)) + time.Now().Format("150405.000000000")
 }
 
-// serve runs a coordinator service that answers Unimplemented to every
-// call that authorization lets through.
-func serve(t *testing.T, s *Security) string {
+// serve runs both services, answering Unimplemented to every call that
+// authorization lets through (a stream after reading its first message,
+// which is when the rules' Check runs).
+func serve(t *testing.T, s *Security) string { return serveWith(t, s, nil) }
+
+// serveWith is serve with au, when not nil, first in the chains.
+func serveWith(t *testing.T, s *Security, au *Audit) string {
 	t.Helper()
 	l, err := s.Listen("test server", "127.0.0.1:0")
 	if err != nil {
@@ -106,8 +110,13 @@ func serve(t *testing.T, s *Security) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer(s.ServerOption(), grpc.ChainUnaryInterceptor(a.Unary), grpc.ChainStreamInterceptor(a.Stream))
+	unary, stream := []grpc.UnaryServerInterceptor{a.Unary}, []grpc.StreamServerInterceptor{a.Stream}
+	if au != nil {
+		unary, stream = append([]grpc.UnaryServerInterceptor{au.Unary}, unary...), append([]grpc.StreamServerInterceptor{au.Stream}, stream...)
+	}
+	srv := grpc.NewServer(s.ServerOption(), grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...))
 	coordpb.RegisterCoordinatorServer(srv, stub{})
+	agentpb.RegisterAgentServer(srv, agentpb.UnimplementedAgentServer{})
 	go srv.Serve(l)
 	t.Cleanup(srv.Stop)
 	return l.Addr().String()
