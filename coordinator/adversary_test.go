@@ -71,6 +71,16 @@ func victimShard(node string, step int64) *coordpb.ShardRecord {
 		HeaderChecksum: "crc32c:00000000", State: coordpb.CopyState_COPY_STATE_COMMITTED}
 }
 
+// startOnFakeClock starts a coordinator on a fake clock: a test steps it
+// past the coordinator's catching up with the agents.
+func startOnFakeClock(t *testing.T) (*testcluster.Coordinator, *clock.Fake) {
+	t.Helper()
+	clk := clock.NewFake(time.Now())
+	cfg := testcluster.CoordinatorConfig(t)
+	cfg.Clock = clk
+	return testcluster.StartCoordinator(t, cfg), clk
+}
+
 func wantVictimEpoch(t *testing.T, c coordpb.CoordinatorClient, epoch uint64, when string) {
 	t.Helper()
 	l, err := c.Latest(ctxT(t), &coordpb.LatestRequest{Job: victim})
@@ -88,10 +98,7 @@ func wantVictimEpoch(t *testing.T, c coordpb.CoordinatorClient, epoch uint64, wh
 // a copy of the job to take part); node-b's own agent is still believed
 // while the coordinator catches up, and its rank saves on.
 func TestNodeCannotFenceAnotherJob(t *testing.T) {
-	clk := clock.NewFake(time.Now())
-	cfg := testcluster.CoordinatorConfig(t)
-	cfg.Clock = clk
-	c := testcluster.StartCoordinator(t, cfg)
+	c, clk := startOnFakeClock(t)
 	a, b := dialNode(t, c.Addr, "node-a"), dialNode(t, c.Addr, "node-b")
 	victimRuns(t, a, b)
 

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"rewind.dev/rewind/api/coordpb"
-	"rewind.dev/rewind/internal/clock"
 	"rewind.dev/rewind/internal/testcluster"
 )
 
@@ -16,10 +15,7 @@ import (
 // epoch not adopted, the next recovery would raise the epoch to one the
 // agents already passed, and fence no rank of the old gang.
 func TestAJobsNodesBackLateBringTheirEpoch(t *testing.T) {
-	clk := clock.NewFake(time.Now())
-	cfg := testcluster.CoordinatorConfig(t)
-	cfg.Clock = clk
-	c := testcluster.StartCoordinator(t, cfg)
+	c, clk := startOnFakeClock(t)
 	a, b := dialNode(t, c.Addr, "node-a"), dialNode(t, c.Addr, "node-b")
 	victimRuns(t, a, b)
 
@@ -40,10 +36,7 @@ func TestAJobsNodesBackLateBringTheirEpoch(t *testing.T) {
 // dropped with it when node-a's record of the new epoch arrives; step 2
 // would then never become consistent.
 func TestARegangedJobsNewNodeBringsItsEpoch(t *testing.T) {
-	clk := clock.NewFake(time.Now())
-	cfg := testcluster.CoordinatorConfig(t)
-	cfg.Clock = clk
-	c := testcluster.StartCoordinator(t, cfg)
+	c, _ := startOnFakeClock(t) // standing still: the coordinator catches up throughout
 	a, d, n := dialNode(t, c.Addr, "node-a"), dialNode(t, c.Addr, "node-d"), dialNode(t, c.Addr, "node-n")
 	registerNode(t, a, "node-a", nil, nil)
 	registerNode(t, d, "node-d", nil, nil)
