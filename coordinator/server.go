@@ -232,35 +232,10 @@ func (s *server) Latest(ctx context.Context, req *coordpb.LatestRequest) (*coord
 	return resp, nil
 }
 
+// ListJobs lists the jobs, or the one asked for, by id (jobviews.go).
 func (s *server) ListJobs(ctx context.Context, req *coordpb.ListJobsRequest) (*coordpb.ListJobsResponse, error) {
-	s.c.mu.Lock()
-	if err := s.c.rebuildingLocked(""); err != nil {
-		s.c.mu.Unlock()
-		return nil, toStatus(err)
-	}
-	resp := &coordpb.ListJobsResponse{}
-	for _, j := range s.c.state.Jobs {
-		resp.Jobs = append(resp.Jobs, &coordpb.Job{Id: j.ID, WorldSize: j.WorldSize, LatestConsistent: j.answer(j.Latest), Protected: j.Protected, Steps: uint32(len(j.Steps)), Placement: maps.Clone(j.Placement),
-			Epoch: j.epochOf()})
-	}
-	s.c.mu.Unlock()
-	for _, j := range resp.Jobs { // after the index lock: tiering's lock comes first
-		j.Policy = s.c.tiers.policyText(j.Id)
-		el := s.c.elastic.get(j.Id)
-		j.MinWorldSize, j.FullWorldSize, j.WorldSizeReason = el.Min, el.Full, el.Why
-	}
-	slices.SortFunc(resp.Jobs, func(a, b *coordpb.Job) int { return cmpString(a.Id, b.Id) })
-	return resp, nil
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
+	resp, err := s.c.listJobs(req)
+	return resp, toStatus(err)
 }
 
 // ListSteps lists a job's steps, oldest first (stepviews.go). The index

@@ -80,6 +80,60 @@ func (CopyState) EnumDescriptor() ([]byte, []int) {
 	return file_coordinator_proto_rawDescGZIP(), []int{0}
 }
 
+// JobView is how much of a job ListJobs carries. A job's placement grows
+// with its ranks (some 290 KB at 8,192 ranks on 1,024 nodes), what a
+// client takes does not (4 MiB by default).
+type JobView int32
+
+const (
+	// Every job with its placement (Job.placement), as before views were:
+	// an answer over the 4 MiB a client takes by default is refused
+	// (RESOURCE_EXHAUSTED, naming the view and filter to ask for instead).
+	JobView_JOB_VIEW_UNSPECIFIED JobView = 0
+	// Each job without its placement: Job.nodes counts the nodes it is
+	// placed on.
+	JobView_JOB_VIEW_SUMMARY JobView = 1
+)
+
+// Enum value maps for JobView.
+var (
+	JobView_name = map[int32]string{
+		0: "JOB_VIEW_UNSPECIFIED",
+		1: "JOB_VIEW_SUMMARY",
+	}
+	JobView_value = map[string]int32{
+		"JOB_VIEW_UNSPECIFIED": 0,
+		"JOB_VIEW_SUMMARY":     1,
+	}
+)
+
+func (x JobView) Enum() *JobView {
+	p := new(JobView)
+	*p = x
+	return p
+}
+
+func (x JobView) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (JobView) Descriptor() protoreflect.EnumDescriptor {
+	return file_coordinator_proto_enumTypes[1].Descriptor()
+}
+
+func (JobView) Type() protoreflect.EnumType {
+	return &file_coordinator_proto_enumTypes[1]
+}
+
+func (x JobView) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use JobView.Descriptor instead.
+func (JobView) EnumDescriptor() ([]byte, []int) {
+	return file_coordinator_proto_rawDescGZIP(), []int{1}
+}
+
 // StepView is how much of a step an answer carries. Answers grow with a
 // job's ranks, steps and copies; what a client takes does not (4 MiB by
 // default: about 60,000 copies with short node names, 14,000 with the
@@ -124,11 +178,11 @@ func (x StepView) String() string {
 }
 
 func (StepView) Descriptor() protoreflect.EnumDescriptor {
-	return file_coordinator_proto_enumTypes[1].Descriptor()
+	return file_coordinator_proto_enumTypes[2].Descriptor()
 }
 
 func (StepView) Type() protoreflect.EnumType {
-	return &file_coordinator_proto_enumTypes[1]
+	return &file_coordinator_proto_enumTypes[2]
 }
 
 func (x StepView) Number() protoreflect.EnumNumber {
@@ -137,7 +191,7 @@ func (x StepView) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use StepView.Descriptor instead.
 func (StepView) EnumDescriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{1}
+	return file_coordinator_proto_rawDescGZIP(), []int{2}
 }
 
 // StepState is where a step stands: partial until every rank committed,
@@ -178,11 +232,11 @@ func (x StepState) String() string {
 }
 
 func (StepState) Descriptor() protoreflect.EnumDescriptor {
-	return file_coordinator_proto_enumTypes[2].Descriptor()
+	return file_coordinator_proto_enumTypes[3].Descriptor()
 }
 
 func (StepState) Type() protoreflect.EnumType {
-	return &file_coordinator_proto_enumTypes[2]
+	return &file_coordinator_proto_enumTypes[3]
 }
 
 func (x StepState) Number() protoreflect.EnumNumber {
@@ -191,7 +245,7 @@ func (x StepState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use StepState.Descriptor instead.
 func (StepState) EnumDescriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{2}
+	return file_coordinator_proto_rawDescGZIP(), []int{3}
 }
 
 // TierCopyState is where a step's copy on a durable tier stands.
@@ -245,11 +299,11 @@ func (x TierCopyState) String() string {
 }
 
 func (TierCopyState) Descriptor() protoreflect.EnumDescriptor {
-	return file_coordinator_proto_enumTypes[3].Descriptor()
+	return file_coordinator_proto_enumTypes[4].Descriptor()
 }
 
 func (TierCopyState) Type() protoreflect.EnumType {
-	return &file_coordinator_proto_enumTypes[3]
+	return &file_coordinator_proto_enumTypes[4]
 }
 
 func (x TierCopyState) Number() protoreflect.EnumNumber {
@@ -258,7 +312,7 @@ func (x TierCopyState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TierCopyState.Descriptor instead.
 func (TierCopyState) EnumDescriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{3}
+	return file_coordinator_proto_rawDescGZIP(), []int{4}
 }
 
 // OrderKind is what a transfer order asks of an agent.
@@ -307,11 +361,11 @@ func (x OrderKind) String() string {
 }
 
 func (OrderKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_coordinator_proto_enumTypes[4].Descriptor()
+	return file_coordinator_proto_enumTypes[5].Descriptor()
 }
 
 func (OrderKind) Type() protoreflect.EnumType {
-	return &file_coordinator_proto_enumTypes[4]
+	return &file_coordinator_proto_enumTypes[5]
 }
 
 func (x OrderKind) Number() protoreflect.EnumNumber {
@@ -320,7 +374,7 @@ func (x OrderKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OrderKind.Descriptor instead.
 func (OrderKind) EnumDescriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{4}
+	return file_coordinator_proto_rawDescGZIP(), []int{5}
 }
 
 // JobEventKind is what a recovery of a job came to.
@@ -360,11 +414,11 @@ func (x JobEventKind) String() string {
 }
 
 func (JobEventKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_coordinator_proto_enumTypes[5].Descriptor()
+	return file_coordinator_proto_enumTypes[6].Descriptor()
 }
 
 func (JobEventKind) Type() protoreflect.EnumType {
-	return &file_coordinator_proto_enumTypes[5]
+	return &file_coordinator_proto_enumTypes[6]
 }
 
 func (x JobEventKind) Number() protoreflect.EnumNumber {
@@ -373,7 +427,7 @@ func (x JobEventKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use JobEventKind.Descriptor instead.
 func (JobEventKind) EnumDescriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{5}
+	return file_coordinator_proto_rawDescGZIP(), []int{6}
 }
 
 // SuspectAnswer is what the coordinator does with a node's report of a
@@ -433,11 +487,11 @@ func (x SuspectAnswer) String() string {
 }
 
 func (SuspectAnswer) Descriptor() protoreflect.EnumDescriptor {
-	return file_coordinator_proto_enumTypes[6].Descriptor()
+	return file_coordinator_proto_enumTypes[7].Descriptor()
 }
 
 func (SuspectAnswer) Type() protoreflect.EnumType {
-	return &file_coordinator_proto_enumTypes[6]
+	return &file_coordinator_proto_enumTypes[7]
 }
 
 func (x SuspectAnswer) Number() protoreflect.EnumNumber {
@@ -446,7 +500,7 @@ func (x SuspectAnswer) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SuspectAnswer.Descriptor instead.
 func (SuspectAnswer) EnumDescriptor() ([]byte, []int) {
-	return file_coordinator_proto_rawDescGZIP(), []int{6}
+	return file_coordinator_proto_rawDescGZIP(), []int{7}
 }
 
 type Node struct {
@@ -1255,7 +1309,12 @@ func (x *LatestResponse) GetEpochStep() int64 {
 }
 
 type ListJobsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only this job (empty: every job). A job the coordinator does not
+	// know is an empty list, not an error: a node's supervisor asks for
+	// its job before the job is registered.
+	Job           string  `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	View          JobView `protobuf:"varint,2,opt,name=view,proto3,enum=rewind.coordinator.v1.JobView" json:"view,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1290,6 +1349,20 @@ func (*ListJobsRequest) Descriptor() ([]byte, []int) {
 	return file_coordinator_proto_rawDescGZIP(), []int{11}
 }
 
+func (x *ListJobsRequest) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *ListJobsRequest) GetView() JobView {
+	if x != nil {
+		return x.View
+	}
+	return JobView_JOB_VIEW_UNSPECIFIED
+}
+
 type Job struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	Id               string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1310,8 +1383,10 @@ type Job struct {
 	MinWorldSize    uint32 `protobuf:"varint,9,opt,name=min_world_size,json=minWorldSize,proto3" json:"min_world_size,omitempty"`
 	FullWorldSize   uint32 `protobuf:"varint,10,opt,name=full_world_size,json=fullWorldSize,proto3" json:"full_world_size,omitempty"`
 	WorldSizeReason string `protobuf:"bytes,11,opt,name=world_size_reason,json=worldSizeReason,proto3" json:"world_size_reason,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// How many nodes the placement names, in every view.
+	Nodes         uint32 `protobuf:"varint,12,opt,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
@@ -1419,6 +1494,13 @@ func (x *Job) GetWorldSizeReason() string {
 		return x.WorldSizeReason
 	}
 	return ""
+}
+
+func (x *Job) GetNodes() uint32 {
+	if x != nil {
+		return x.Nodes
+	}
+	return 0
 }
 
 type ListJobsResponse struct {
@@ -5408,8 +5490,10 @@ const file_coordinator_proto_rawDesc = "" +
 	"\tprotected\x18\x03 \x01(\x03R\tprotected\x12\x14\n" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x1d\n" +
 	"\n" +
-	"epoch_step\x18\x05 \x01(\x03R\tepochStep\"\x11\n" +
-	"\x0fListJobsRequest\"\xc4\x03\n" +
+	"epoch_step\x18\x05 \x01(\x03R\tepochStep\"W\n" +
+	"\x0fListJobsRequest\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x122\n" +
+	"\x04view\x18\x02 \x01(\x0e2\x1e.rewind.coordinator.v1.JobViewR\x04view\"\xda\x03\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -5423,7 +5507,8 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x0emin_world_size\x18\t \x01(\rR\fminWorldSize\x12&\n" +
 	"\x0ffull_world_size\x18\n" +
 	" \x01(\rR\rfullWorldSize\x12*\n" +
-	"\x11world_size_reason\x18\v \x01(\tR\x0fworldSizeReason\x1a<\n" +
+	"\x11world_size_reason\x18\v \x01(\tR\x0fworldSizeReason\x12\x14\n" +
+	"\x05nodes\x18\f \x01(\rR\x05nodes\x1a<\n" +
 	"\x0ePlacementEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"B\n" +
@@ -5749,7 +5834,10 @@ const file_coordinator_proto_rawDesc = "" +
 	"\x16COPY_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14COPY_STATE_COMMITTED\x10\x01\x12\x16\n" +
 	"\x12COPY_STATE_CORRUPT\x10\x02\x12\x16\n" +
-	"\x12COPY_STATE_DELETED\x10\x03*R\n" +
+	"\x12COPY_STATE_DELETED\x10\x03*9\n" +
+	"\aJobView\x12\x18\n" +
+	"\x14JOB_VIEW_UNSPECIFIED\x10\x00\x12\x14\n" +
+	"\x10JOB_VIEW_SUMMARY\x10\x01*R\n" +
 	"\bStepView\x12\x19\n" +
 	"\x15STEP_VIEW_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11STEP_VIEW_SUMMARY\x10\x01\x12\x14\n" +
@@ -5825,188 +5913,190 @@ func file_coordinator_proto_rawDescGZIP() []byte {
 	return file_coordinator_proto_rawDescData
 }
 
-var file_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
 var file_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 71)
 var file_coordinator_proto_goTypes = []any{
 	(CopyState)(0),                  // 0: rewind.coordinator.v1.CopyState
-	(StepView)(0),                   // 1: rewind.coordinator.v1.StepView
-	(StepState)(0),                  // 2: rewind.coordinator.v1.StepState
-	(TierCopyState)(0),              // 3: rewind.coordinator.v1.TierCopyState
-	(OrderKind)(0),                  // 4: rewind.coordinator.v1.OrderKind
-	(JobEventKind)(0),               // 5: rewind.coordinator.v1.JobEventKind
-	(SuspectAnswer)(0),              // 6: rewind.coordinator.v1.SuspectAnswer
-	(*Node)(nil),                    // 7: rewind.coordinator.v1.Node
-	(*ShardRecord)(nil),             // 8: rewind.coordinator.v1.ShardRecord
-	(*RegisterRequest)(nil),         // 9: rewind.coordinator.v1.RegisterRequest
-	(*Pin)(nil),                     // 10: rewind.coordinator.v1.Pin
-	(*RegisterResponse)(nil),        // 11: rewind.coordinator.v1.RegisterResponse
-	(*RegisterJobRequest)(nil),      // 12: rewind.coordinator.v1.RegisterJobRequest
-	(*RegisterJobResponse)(nil),     // 13: rewind.coordinator.v1.RegisterJobResponse
-	(*ReportRequest)(nil),           // 14: rewind.coordinator.v1.ReportRequest
-	(*ReportResponse)(nil),          // 15: rewind.coordinator.v1.ReportResponse
-	(*LatestRequest)(nil),           // 16: rewind.coordinator.v1.LatestRequest
-	(*LatestResponse)(nil),          // 17: rewind.coordinator.v1.LatestResponse
-	(*ListJobsRequest)(nil),         // 18: rewind.coordinator.v1.ListJobsRequest
-	(*Job)(nil),                     // 19: rewind.coordinator.v1.Job
-	(*ListJobsResponse)(nil),        // 20: rewind.coordinator.v1.ListJobsResponse
-	(*ListStepsRequest)(nil),        // 21: rewind.coordinator.v1.ListStepsRequest
-	(*Copy)(nil),                    // 22: rewind.coordinator.v1.Copy
-	(*Step)(nil),                    // 23: rewind.coordinator.v1.Step
-	(*StepSummary)(nil),             // 24: rewind.coordinator.v1.StepSummary
-	(*CopyCount)(nil),               // 25: rewind.coordinator.v1.CopyCount
-	(*UnrestorableStep)(nil),        // 26: rewind.coordinator.v1.UnrestorableStep
-	(*RankFailure)(nil),             // 27: rewind.coordinator.v1.RankFailure
-	(*CopyFailure)(nil),             // 28: rewind.coordinator.v1.CopyFailure
-	(*TierCopy)(nil),                // 29: rewind.coordinator.v1.TierCopy
-	(*ListStepsResponse)(nil),       // 30: rewind.coordinator.v1.ListStepsResponse
-	(*StepRequest)(nil),             // 31: rewind.coordinator.v1.StepRequest
-	(*InspectStepRequest)(nil),      // 32: rewind.coordinator.v1.InspectStepRequest
-	(*InspectStepResponse)(nil),     // 33: rewind.coordinator.v1.InspectStepResponse
-	(*CopyCheck)(nil),               // 34: rewind.coordinator.v1.CopyCheck
-	(*VerifyStepResponse)(nil),      // 35: rewind.coordinator.v1.VerifyStepResponse
-	(*PlanRestoreRequest)(nil),      // 36: rewind.coordinator.v1.PlanRestoreRequest
-	(*RankPlan)(nil),                // 37: rewind.coordinator.v1.RankPlan
-	(*PlanRestoreResponse)(nil),     // 38: rewind.coordinator.v1.PlanRestoreResponse
-	(*DeleteStepRequest)(nil),       // 39: rewind.coordinator.v1.DeleteStepRequest
-	(*DeleteStepResponse)(nil),      // 40: rewind.coordinator.v1.DeleteStepResponse
-	(*TransfersRequest)(nil),        // 41: rewind.coordinator.v1.TransfersRequest
-	(*ShardEntry)(nil),              // 42: rewind.coordinator.v1.ShardEntry
-	(*TransferOrder)(nil),           // 43: rewind.coordinator.v1.TransferOrder
-	(*PushOrder)(nil),               // 44: rewind.coordinator.v1.PushOrder
-	(*ManifestOrder)(nil),           // 45: rewind.coordinator.v1.ManifestOrder
-	(*DeleteOrder)(nil),             // 46: rewind.coordinator.v1.DeleteOrder
-	(*ReplicateOrder)(nil),          // 47: rewind.coordinator.v1.ReplicateOrder
-	(*AbortOrder)(nil),              // 48: rewind.coordinator.v1.AbortOrder
-	(*ResumeOrder)(nil),             // 49: rewind.coordinator.v1.ResumeOrder
-	(*TierEvent)(nil),               // 50: rewind.coordinator.v1.TierEvent
-	(*TierHealth)(nil),              // 51: rewind.coordinator.v1.TierHealth
-	(*TierReportRequest)(nil),       // 52: rewind.coordinator.v1.TierReportRequest
-	(*TierReportResponse)(nil),      // 53: rewind.coordinator.v1.TierReportResponse
-	(*TierStatusRequest)(nil),       // 54: rewind.coordinator.v1.TierStatusRequest
-	(*NodeTiers)(nil),               // 55: rewind.coordinator.v1.NodeTiers
-	(*TierStatusResponse)(nil),      // 56: rewind.coordinator.v1.TierStatusResponse
-	(*NodeDownRequest)(nil),         // 57: rewind.coordinator.v1.NodeDownRequest
-	(*NodeDownResponse)(nil),        // 58: rewind.coordinator.v1.NodeDownResponse
-	(*WatchJobRequest)(nil),         // 59: rewind.coordinator.v1.WatchJobRequest
-	(*JobEvent)(nil),                // 60: rewind.coordinator.v1.JobEvent
-	(*RankSourcesRequest)(nil),      // 61: rewind.coordinator.v1.RankSourcesRequest
-	(*RankSource)(nil),              // 62: rewind.coordinator.v1.RankSource
-	(*RankSourcesResponse)(nil),     // 63: rewind.coordinator.v1.RankSourcesResponse
-	(*SuspectTierCopyRequest)(nil),  // 64: rewind.coordinator.v1.SuspectTierCopyRequest
-	(*SuspectTierCopyResponse)(nil), // 65: rewind.coordinator.v1.SuspectTierCopyResponse
-	(*AuditRequest)(nil),            // 66: rewind.coordinator.v1.AuditRequest
-	(*AuditEntry)(nil),              // 67: rewind.coordinator.v1.AuditEntry
-	(*AuditResponse)(nil),           // 68: rewind.coordinator.v1.AuditResponse
-	(*NodesRequest)(nil),            // 69: rewind.coordinator.v1.NodesRequest
-	(*NodesResponse)(nil),           // 70: rewind.coordinator.v1.NodesResponse
-	(*EnrollRequest)(nil),           // 71: rewind.coordinator.v1.EnrollRequest
-	(*EnrollResponse)(nil),          // 72: rewind.coordinator.v1.EnrollResponse
-	nil,                             // 73: rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
-	nil,                             // 74: rewind.coordinator.v1.Job.PlacementEntry
-	nil,                             // 75: rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
-	nil,                             // 76: rewind.coordinator.v1.JobEvent.PlacementEntry
-	nil,                             // 77: rewind.coordinator.v1.JobEvent.SourcesEntry
+	(JobView)(0),                    // 1: rewind.coordinator.v1.JobView
+	(StepView)(0),                   // 2: rewind.coordinator.v1.StepView
+	(StepState)(0),                  // 3: rewind.coordinator.v1.StepState
+	(TierCopyState)(0),              // 4: rewind.coordinator.v1.TierCopyState
+	(OrderKind)(0),                  // 5: rewind.coordinator.v1.OrderKind
+	(JobEventKind)(0),               // 6: rewind.coordinator.v1.JobEventKind
+	(SuspectAnswer)(0),              // 7: rewind.coordinator.v1.SuspectAnswer
+	(*Node)(nil),                    // 8: rewind.coordinator.v1.Node
+	(*ShardRecord)(nil),             // 9: rewind.coordinator.v1.ShardRecord
+	(*RegisterRequest)(nil),         // 10: rewind.coordinator.v1.RegisterRequest
+	(*Pin)(nil),                     // 11: rewind.coordinator.v1.Pin
+	(*RegisterResponse)(nil),        // 12: rewind.coordinator.v1.RegisterResponse
+	(*RegisterJobRequest)(nil),      // 13: rewind.coordinator.v1.RegisterJobRequest
+	(*RegisterJobResponse)(nil),     // 14: rewind.coordinator.v1.RegisterJobResponse
+	(*ReportRequest)(nil),           // 15: rewind.coordinator.v1.ReportRequest
+	(*ReportResponse)(nil),          // 16: rewind.coordinator.v1.ReportResponse
+	(*LatestRequest)(nil),           // 17: rewind.coordinator.v1.LatestRequest
+	(*LatestResponse)(nil),          // 18: rewind.coordinator.v1.LatestResponse
+	(*ListJobsRequest)(nil),         // 19: rewind.coordinator.v1.ListJobsRequest
+	(*Job)(nil),                     // 20: rewind.coordinator.v1.Job
+	(*ListJobsResponse)(nil),        // 21: rewind.coordinator.v1.ListJobsResponse
+	(*ListStepsRequest)(nil),        // 22: rewind.coordinator.v1.ListStepsRequest
+	(*Copy)(nil),                    // 23: rewind.coordinator.v1.Copy
+	(*Step)(nil),                    // 24: rewind.coordinator.v1.Step
+	(*StepSummary)(nil),             // 25: rewind.coordinator.v1.StepSummary
+	(*CopyCount)(nil),               // 26: rewind.coordinator.v1.CopyCount
+	(*UnrestorableStep)(nil),        // 27: rewind.coordinator.v1.UnrestorableStep
+	(*RankFailure)(nil),             // 28: rewind.coordinator.v1.RankFailure
+	(*CopyFailure)(nil),             // 29: rewind.coordinator.v1.CopyFailure
+	(*TierCopy)(nil),                // 30: rewind.coordinator.v1.TierCopy
+	(*ListStepsResponse)(nil),       // 31: rewind.coordinator.v1.ListStepsResponse
+	(*StepRequest)(nil),             // 32: rewind.coordinator.v1.StepRequest
+	(*InspectStepRequest)(nil),      // 33: rewind.coordinator.v1.InspectStepRequest
+	(*InspectStepResponse)(nil),     // 34: rewind.coordinator.v1.InspectStepResponse
+	(*CopyCheck)(nil),               // 35: rewind.coordinator.v1.CopyCheck
+	(*VerifyStepResponse)(nil),      // 36: rewind.coordinator.v1.VerifyStepResponse
+	(*PlanRestoreRequest)(nil),      // 37: rewind.coordinator.v1.PlanRestoreRequest
+	(*RankPlan)(nil),                // 38: rewind.coordinator.v1.RankPlan
+	(*PlanRestoreResponse)(nil),     // 39: rewind.coordinator.v1.PlanRestoreResponse
+	(*DeleteStepRequest)(nil),       // 40: rewind.coordinator.v1.DeleteStepRequest
+	(*DeleteStepResponse)(nil),      // 41: rewind.coordinator.v1.DeleteStepResponse
+	(*TransfersRequest)(nil),        // 42: rewind.coordinator.v1.TransfersRequest
+	(*ShardEntry)(nil),              // 43: rewind.coordinator.v1.ShardEntry
+	(*TransferOrder)(nil),           // 44: rewind.coordinator.v1.TransferOrder
+	(*PushOrder)(nil),               // 45: rewind.coordinator.v1.PushOrder
+	(*ManifestOrder)(nil),           // 46: rewind.coordinator.v1.ManifestOrder
+	(*DeleteOrder)(nil),             // 47: rewind.coordinator.v1.DeleteOrder
+	(*ReplicateOrder)(nil),          // 48: rewind.coordinator.v1.ReplicateOrder
+	(*AbortOrder)(nil),              // 49: rewind.coordinator.v1.AbortOrder
+	(*ResumeOrder)(nil),             // 50: rewind.coordinator.v1.ResumeOrder
+	(*TierEvent)(nil),               // 51: rewind.coordinator.v1.TierEvent
+	(*TierHealth)(nil),              // 52: rewind.coordinator.v1.TierHealth
+	(*TierReportRequest)(nil),       // 53: rewind.coordinator.v1.TierReportRequest
+	(*TierReportResponse)(nil),      // 54: rewind.coordinator.v1.TierReportResponse
+	(*TierStatusRequest)(nil),       // 55: rewind.coordinator.v1.TierStatusRequest
+	(*NodeTiers)(nil),               // 56: rewind.coordinator.v1.NodeTiers
+	(*TierStatusResponse)(nil),      // 57: rewind.coordinator.v1.TierStatusResponse
+	(*NodeDownRequest)(nil),         // 58: rewind.coordinator.v1.NodeDownRequest
+	(*NodeDownResponse)(nil),        // 59: rewind.coordinator.v1.NodeDownResponse
+	(*WatchJobRequest)(nil),         // 60: rewind.coordinator.v1.WatchJobRequest
+	(*JobEvent)(nil),                // 61: rewind.coordinator.v1.JobEvent
+	(*RankSourcesRequest)(nil),      // 62: rewind.coordinator.v1.RankSourcesRequest
+	(*RankSource)(nil),              // 63: rewind.coordinator.v1.RankSource
+	(*RankSourcesResponse)(nil),     // 64: rewind.coordinator.v1.RankSourcesResponse
+	(*SuspectTierCopyRequest)(nil),  // 65: rewind.coordinator.v1.SuspectTierCopyRequest
+	(*SuspectTierCopyResponse)(nil), // 66: rewind.coordinator.v1.SuspectTierCopyResponse
+	(*AuditRequest)(nil),            // 67: rewind.coordinator.v1.AuditRequest
+	(*AuditEntry)(nil),              // 68: rewind.coordinator.v1.AuditEntry
+	(*AuditResponse)(nil),           // 69: rewind.coordinator.v1.AuditResponse
+	(*NodesRequest)(nil),            // 70: rewind.coordinator.v1.NodesRequest
+	(*NodesResponse)(nil),           // 71: rewind.coordinator.v1.NodesResponse
+	(*EnrollRequest)(nil),           // 72: rewind.coordinator.v1.EnrollRequest
+	(*EnrollResponse)(nil),          // 73: rewind.coordinator.v1.EnrollResponse
+	nil,                             // 74: rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
+	nil,                             // 75: rewind.coordinator.v1.Job.PlacementEntry
+	nil,                             // 76: rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
+	nil,                             // 77: rewind.coordinator.v1.JobEvent.PlacementEntry
+	nil,                             // 78: rewind.coordinator.v1.JobEvent.SourcesEntry
 }
 var file_coordinator_proto_depIdxs = []int32{
 	0,  // 0: rewind.coordinator.v1.ShardRecord.state:type_name -> rewind.coordinator.v1.CopyState
-	7,  // 1: rewind.coordinator.v1.RegisterRequest.node:type_name -> rewind.coordinator.v1.Node
-	8,  // 2: rewind.coordinator.v1.RegisterRequest.inventory:type_name -> rewind.coordinator.v1.ShardRecord
-	10, // 3: rewind.coordinator.v1.RegisterRequest.pins:type_name -> rewind.coordinator.v1.Pin
-	10, // 4: rewind.coordinator.v1.RegisterResponse.pins:type_name -> rewind.coordinator.v1.Pin
-	73, // 5: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
-	8,  // 6: rewind.coordinator.v1.ReportRequest.shards:type_name -> rewind.coordinator.v1.ShardRecord
-	10, // 7: rewind.coordinator.v1.ReportResponse.pins:type_name -> rewind.coordinator.v1.Pin
-	10, // 8: rewind.coordinator.v1.ReportResponse.consistent:type_name -> rewind.coordinator.v1.Pin
-	74, // 9: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
-	19, // 10: rewind.coordinator.v1.ListJobsResponse.jobs:type_name -> rewind.coordinator.v1.Job
-	1,  // 11: rewind.coordinator.v1.ListStepsRequest.view:type_name -> rewind.coordinator.v1.StepView
-	0,  // 12: rewind.coordinator.v1.Copy.state:type_name -> rewind.coordinator.v1.CopyState
-	2,  // 13: rewind.coordinator.v1.Step.state:type_name -> rewind.coordinator.v1.StepState
-	22, // 14: rewind.coordinator.v1.Step.copies:type_name -> rewind.coordinator.v1.Copy
-	29, // 15: rewind.coordinator.v1.Step.tiers:type_name -> rewind.coordinator.v1.TierCopy
-	26, // 16: rewind.coordinator.v1.Step.unrestorable:type_name -> rewind.coordinator.v1.UnrestorableStep
-	24, // 17: rewind.coordinator.v1.Step.summary:type_name -> rewind.coordinator.v1.StepSummary
-	25, // 18: rewind.coordinator.v1.StepSummary.tiers:type_name -> rewind.coordinator.v1.CopyCount
-	25, // 19: rewind.coordinator.v1.StepSummary.places:type_name -> rewind.coordinator.v1.CopyCount
-	27, // 20: rewind.coordinator.v1.UnrestorableStep.ranks:type_name -> rewind.coordinator.v1.RankFailure
-	28, // 21: rewind.coordinator.v1.RankFailure.copies:type_name -> rewind.coordinator.v1.CopyFailure
-	3,  // 22: rewind.coordinator.v1.TierCopy.state:type_name -> rewind.coordinator.v1.TierCopyState
-	23, // 23: rewind.coordinator.v1.ListStepsResponse.steps:type_name -> rewind.coordinator.v1.Step
-	1,  // 24: rewind.coordinator.v1.InspectStepRequest.view:type_name -> rewind.coordinator.v1.StepView
-	23, // 25: rewind.coordinator.v1.InspectStepResponse.step:type_name -> rewind.coordinator.v1.Step
-	22, // 26: rewind.coordinator.v1.CopyCheck.copy:type_name -> rewind.coordinator.v1.Copy
-	34, // 27: rewind.coordinator.v1.VerifyStepResponse.checks:type_name -> rewind.coordinator.v1.CopyCheck
-	22, // 28: rewind.coordinator.v1.RankPlan.sources:type_name -> rewind.coordinator.v1.Copy
-	37, // 29: rewind.coordinator.v1.PlanRestoreResponse.ranks:type_name -> rewind.coordinator.v1.RankPlan
-	26, // 30: rewind.coordinator.v1.PlanRestoreResponse.skipped:type_name -> rewind.coordinator.v1.UnrestorableStep
-	75, // 31: rewind.coordinator.v1.TransfersRequest.broken_gangs:type_name -> rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
-	44, // 32: rewind.coordinator.v1.TransferOrder.push:type_name -> rewind.coordinator.v1.PushOrder
-	45, // 33: rewind.coordinator.v1.TransferOrder.manifest:type_name -> rewind.coordinator.v1.ManifestOrder
-	46, // 34: rewind.coordinator.v1.TransferOrder.delete:type_name -> rewind.coordinator.v1.DeleteOrder
-	47, // 35: rewind.coordinator.v1.TransferOrder.replicate:type_name -> rewind.coordinator.v1.ReplicateOrder
-	48, // 36: rewind.coordinator.v1.TransferOrder.abort:type_name -> rewind.coordinator.v1.AbortOrder
-	49, // 37: rewind.coordinator.v1.TransferOrder.resume:type_name -> rewind.coordinator.v1.ResumeOrder
-	42, // 38: rewind.coordinator.v1.ManifestOrder.shards:type_name -> rewind.coordinator.v1.ShardEntry
-	4,  // 39: rewind.coordinator.v1.TierEvent.kind:type_name -> rewind.coordinator.v1.OrderKind
-	50, // 40: rewind.coordinator.v1.TierReportRequest.events:type_name -> rewind.coordinator.v1.TierEvent
-	51, // 41: rewind.coordinator.v1.TierReportRequest.health:type_name -> rewind.coordinator.v1.TierHealth
-	51, // 42: rewind.coordinator.v1.NodeTiers.tiers:type_name -> rewind.coordinator.v1.TierHealth
-	55, // 43: rewind.coordinator.v1.TierStatusResponse.nodes:type_name -> rewind.coordinator.v1.NodeTiers
-	5,  // 44: rewind.coordinator.v1.JobEvent.kind:type_name -> rewind.coordinator.v1.JobEventKind
-	76, // 45: rewind.coordinator.v1.JobEvent.placement:type_name -> rewind.coordinator.v1.JobEvent.PlacementEntry
-	77, // 46: rewind.coordinator.v1.JobEvent.sources:type_name -> rewind.coordinator.v1.JobEvent.SourcesEntry
-	26, // 47: rewind.coordinator.v1.JobEvent.skipped:type_name -> rewind.coordinator.v1.UnrestorableStep
-	62, // 48: rewind.coordinator.v1.RankSourcesResponse.sources:type_name -> rewind.coordinator.v1.RankSource
-	6,  // 49: rewind.coordinator.v1.SuspectTierCopyResponse.answer:type_name -> rewind.coordinator.v1.SuspectAnswer
-	67, // 50: rewind.coordinator.v1.AuditResponse.entries:type_name -> rewind.coordinator.v1.AuditEntry
-	7,  // 51: rewind.coordinator.v1.NodesResponse.nodes:type_name -> rewind.coordinator.v1.Node
-	9,  // 52: rewind.coordinator.v1.Coordinator.Register:input_type -> rewind.coordinator.v1.RegisterRequest
-	12, // 53: rewind.coordinator.v1.Coordinator.RegisterJob:input_type -> rewind.coordinator.v1.RegisterJobRequest
-	14, // 54: rewind.coordinator.v1.Coordinator.Report:input_type -> rewind.coordinator.v1.ReportRequest
-	14, // 55: rewind.coordinator.v1.Coordinator.ReportStream:input_type -> rewind.coordinator.v1.ReportRequest
-	16, // 56: rewind.coordinator.v1.Coordinator.Latest:input_type -> rewind.coordinator.v1.LatestRequest
-	18, // 57: rewind.coordinator.v1.Coordinator.ListJobs:input_type -> rewind.coordinator.v1.ListJobsRequest
-	21, // 58: rewind.coordinator.v1.Coordinator.ListSteps:input_type -> rewind.coordinator.v1.ListStepsRequest
-	32, // 59: rewind.coordinator.v1.Coordinator.InspectStep:input_type -> rewind.coordinator.v1.InspectStepRequest
-	31, // 60: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
-	36, // 61: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
-	61, // 62: rewind.coordinator.v1.Coordinator.RankSources:input_type -> rewind.coordinator.v1.RankSourcesRequest
-	64, // 63: rewind.coordinator.v1.Coordinator.SuspectTierCopy:input_type -> rewind.coordinator.v1.SuspectTierCopyRequest
-	39, // 64: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
-	41, // 65: rewind.coordinator.v1.Coordinator.Transfers:input_type -> rewind.coordinator.v1.TransfersRequest
-	52, // 66: rewind.coordinator.v1.Coordinator.TierReport:input_type -> rewind.coordinator.v1.TierReportRequest
-	54, // 67: rewind.coordinator.v1.Coordinator.TierStatus:input_type -> rewind.coordinator.v1.TierStatusRequest
-	57, // 68: rewind.coordinator.v1.Coordinator.NodeDown:input_type -> rewind.coordinator.v1.NodeDownRequest
-	59, // 69: rewind.coordinator.v1.Coordinator.WatchJob:input_type -> rewind.coordinator.v1.WatchJobRequest
-	66, // 70: rewind.coordinator.v1.Coordinator.Audit:input_type -> rewind.coordinator.v1.AuditRequest
-	69, // 71: rewind.coordinator.v1.Coordinator.Nodes:input_type -> rewind.coordinator.v1.NodesRequest
-	71, // 72: rewind.coordinator.v1.Coordinator.Enroll:input_type -> rewind.coordinator.v1.EnrollRequest
-	11, // 73: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
-	13, // 74: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
-	15, // 75: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
-	15, // 76: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
-	17, // 77: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
-	20, // 78: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
-	30, // 79: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
-	33, // 80: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
-	35, // 81: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
-	38, // 82: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
-	63, // 83: rewind.coordinator.v1.Coordinator.RankSources:output_type -> rewind.coordinator.v1.RankSourcesResponse
-	65, // 84: rewind.coordinator.v1.Coordinator.SuspectTierCopy:output_type -> rewind.coordinator.v1.SuspectTierCopyResponse
-	40, // 85: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
-	43, // 86: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
-	53, // 87: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
-	56, // 88: rewind.coordinator.v1.Coordinator.TierStatus:output_type -> rewind.coordinator.v1.TierStatusResponse
-	58, // 89: rewind.coordinator.v1.Coordinator.NodeDown:output_type -> rewind.coordinator.v1.NodeDownResponse
-	60, // 90: rewind.coordinator.v1.Coordinator.WatchJob:output_type -> rewind.coordinator.v1.JobEvent
-	68, // 91: rewind.coordinator.v1.Coordinator.Audit:output_type -> rewind.coordinator.v1.AuditResponse
-	70, // 92: rewind.coordinator.v1.Coordinator.Nodes:output_type -> rewind.coordinator.v1.NodesResponse
-	72, // 93: rewind.coordinator.v1.Coordinator.Enroll:output_type -> rewind.coordinator.v1.EnrollResponse
-	73, // [73:94] is the sub-list for method output_type
-	52, // [52:73] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	8,  // 1: rewind.coordinator.v1.RegisterRequest.node:type_name -> rewind.coordinator.v1.Node
+	9,  // 2: rewind.coordinator.v1.RegisterRequest.inventory:type_name -> rewind.coordinator.v1.ShardRecord
+	11, // 3: rewind.coordinator.v1.RegisterRequest.pins:type_name -> rewind.coordinator.v1.Pin
+	11, // 4: rewind.coordinator.v1.RegisterResponse.pins:type_name -> rewind.coordinator.v1.Pin
+	74, // 5: rewind.coordinator.v1.RegisterJobRequest.placement:type_name -> rewind.coordinator.v1.RegisterJobRequest.PlacementEntry
+	9,  // 6: rewind.coordinator.v1.ReportRequest.shards:type_name -> rewind.coordinator.v1.ShardRecord
+	11, // 7: rewind.coordinator.v1.ReportResponse.pins:type_name -> rewind.coordinator.v1.Pin
+	11, // 8: rewind.coordinator.v1.ReportResponse.consistent:type_name -> rewind.coordinator.v1.Pin
+	1,  // 9: rewind.coordinator.v1.ListJobsRequest.view:type_name -> rewind.coordinator.v1.JobView
+	75, // 10: rewind.coordinator.v1.Job.placement:type_name -> rewind.coordinator.v1.Job.PlacementEntry
+	20, // 11: rewind.coordinator.v1.ListJobsResponse.jobs:type_name -> rewind.coordinator.v1.Job
+	2,  // 12: rewind.coordinator.v1.ListStepsRequest.view:type_name -> rewind.coordinator.v1.StepView
+	0,  // 13: rewind.coordinator.v1.Copy.state:type_name -> rewind.coordinator.v1.CopyState
+	3,  // 14: rewind.coordinator.v1.Step.state:type_name -> rewind.coordinator.v1.StepState
+	23, // 15: rewind.coordinator.v1.Step.copies:type_name -> rewind.coordinator.v1.Copy
+	30, // 16: rewind.coordinator.v1.Step.tiers:type_name -> rewind.coordinator.v1.TierCopy
+	27, // 17: rewind.coordinator.v1.Step.unrestorable:type_name -> rewind.coordinator.v1.UnrestorableStep
+	25, // 18: rewind.coordinator.v1.Step.summary:type_name -> rewind.coordinator.v1.StepSummary
+	26, // 19: rewind.coordinator.v1.StepSummary.tiers:type_name -> rewind.coordinator.v1.CopyCount
+	26, // 20: rewind.coordinator.v1.StepSummary.places:type_name -> rewind.coordinator.v1.CopyCount
+	28, // 21: rewind.coordinator.v1.UnrestorableStep.ranks:type_name -> rewind.coordinator.v1.RankFailure
+	29, // 22: rewind.coordinator.v1.RankFailure.copies:type_name -> rewind.coordinator.v1.CopyFailure
+	4,  // 23: rewind.coordinator.v1.TierCopy.state:type_name -> rewind.coordinator.v1.TierCopyState
+	24, // 24: rewind.coordinator.v1.ListStepsResponse.steps:type_name -> rewind.coordinator.v1.Step
+	2,  // 25: rewind.coordinator.v1.InspectStepRequest.view:type_name -> rewind.coordinator.v1.StepView
+	24, // 26: rewind.coordinator.v1.InspectStepResponse.step:type_name -> rewind.coordinator.v1.Step
+	23, // 27: rewind.coordinator.v1.CopyCheck.copy:type_name -> rewind.coordinator.v1.Copy
+	35, // 28: rewind.coordinator.v1.VerifyStepResponse.checks:type_name -> rewind.coordinator.v1.CopyCheck
+	23, // 29: rewind.coordinator.v1.RankPlan.sources:type_name -> rewind.coordinator.v1.Copy
+	38, // 30: rewind.coordinator.v1.PlanRestoreResponse.ranks:type_name -> rewind.coordinator.v1.RankPlan
+	27, // 31: rewind.coordinator.v1.PlanRestoreResponse.skipped:type_name -> rewind.coordinator.v1.UnrestorableStep
+	76, // 32: rewind.coordinator.v1.TransfersRequest.broken_gangs:type_name -> rewind.coordinator.v1.TransfersRequest.BrokenGangsEntry
+	45, // 33: rewind.coordinator.v1.TransferOrder.push:type_name -> rewind.coordinator.v1.PushOrder
+	46, // 34: rewind.coordinator.v1.TransferOrder.manifest:type_name -> rewind.coordinator.v1.ManifestOrder
+	47, // 35: rewind.coordinator.v1.TransferOrder.delete:type_name -> rewind.coordinator.v1.DeleteOrder
+	48, // 36: rewind.coordinator.v1.TransferOrder.replicate:type_name -> rewind.coordinator.v1.ReplicateOrder
+	49, // 37: rewind.coordinator.v1.TransferOrder.abort:type_name -> rewind.coordinator.v1.AbortOrder
+	50, // 38: rewind.coordinator.v1.TransferOrder.resume:type_name -> rewind.coordinator.v1.ResumeOrder
+	43, // 39: rewind.coordinator.v1.ManifestOrder.shards:type_name -> rewind.coordinator.v1.ShardEntry
+	5,  // 40: rewind.coordinator.v1.TierEvent.kind:type_name -> rewind.coordinator.v1.OrderKind
+	51, // 41: rewind.coordinator.v1.TierReportRequest.events:type_name -> rewind.coordinator.v1.TierEvent
+	52, // 42: rewind.coordinator.v1.TierReportRequest.health:type_name -> rewind.coordinator.v1.TierHealth
+	52, // 43: rewind.coordinator.v1.NodeTiers.tiers:type_name -> rewind.coordinator.v1.TierHealth
+	56, // 44: rewind.coordinator.v1.TierStatusResponse.nodes:type_name -> rewind.coordinator.v1.NodeTiers
+	6,  // 45: rewind.coordinator.v1.JobEvent.kind:type_name -> rewind.coordinator.v1.JobEventKind
+	77, // 46: rewind.coordinator.v1.JobEvent.placement:type_name -> rewind.coordinator.v1.JobEvent.PlacementEntry
+	78, // 47: rewind.coordinator.v1.JobEvent.sources:type_name -> rewind.coordinator.v1.JobEvent.SourcesEntry
+	27, // 48: rewind.coordinator.v1.JobEvent.skipped:type_name -> rewind.coordinator.v1.UnrestorableStep
+	63, // 49: rewind.coordinator.v1.RankSourcesResponse.sources:type_name -> rewind.coordinator.v1.RankSource
+	7,  // 50: rewind.coordinator.v1.SuspectTierCopyResponse.answer:type_name -> rewind.coordinator.v1.SuspectAnswer
+	68, // 51: rewind.coordinator.v1.AuditResponse.entries:type_name -> rewind.coordinator.v1.AuditEntry
+	8,  // 52: rewind.coordinator.v1.NodesResponse.nodes:type_name -> rewind.coordinator.v1.Node
+	10, // 53: rewind.coordinator.v1.Coordinator.Register:input_type -> rewind.coordinator.v1.RegisterRequest
+	13, // 54: rewind.coordinator.v1.Coordinator.RegisterJob:input_type -> rewind.coordinator.v1.RegisterJobRequest
+	15, // 55: rewind.coordinator.v1.Coordinator.Report:input_type -> rewind.coordinator.v1.ReportRequest
+	15, // 56: rewind.coordinator.v1.Coordinator.ReportStream:input_type -> rewind.coordinator.v1.ReportRequest
+	17, // 57: rewind.coordinator.v1.Coordinator.Latest:input_type -> rewind.coordinator.v1.LatestRequest
+	19, // 58: rewind.coordinator.v1.Coordinator.ListJobs:input_type -> rewind.coordinator.v1.ListJobsRequest
+	22, // 59: rewind.coordinator.v1.Coordinator.ListSteps:input_type -> rewind.coordinator.v1.ListStepsRequest
+	33, // 60: rewind.coordinator.v1.Coordinator.InspectStep:input_type -> rewind.coordinator.v1.InspectStepRequest
+	32, // 61: rewind.coordinator.v1.Coordinator.VerifyStep:input_type -> rewind.coordinator.v1.StepRequest
+	37, // 62: rewind.coordinator.v1.Coordinator.PlanRestore:input_type -> rewind.coordinator.v1.PlanRestoreRequest
+	62, // 63: rewind.coordinator.v1.Coordinator.RankSources:input_type -> rewind.coordinator.v1.RankSourcesRequest
+	65, // 64: rewind.coordinator.v1.Coordinator.SuspectTierCopy:input_type -> rewind.coordinator.v1.SuspectTierCopyRequest
+	40, // 65: rewind.coordinator.v1.Coordinator.DeleteStep:input_type -> rewind.coordinator.v1.DeleteStepRequest
+	42, // 66: rewind.coordinator.v1.Coordinator.Transfers:input_type -> rewind.coordinator.v1.TransfersRequest
+	53, // 67: rewind.coordinator.v1.Coordinator.TierReport:input_type -> rewind.coordinator.v1.TierReportRequest
+	55, // 68: rewind.coordinator.v1.Coordinator.TierStatus:input_type -> rewind.coordinator.v1.TierStatusRequest
+	58, // 69: rewind.coordinator.v1.Coordinator.NodeDown:input_type -> rewind.coordinator.v1.NodeDownRequest
+	60, // 70: rewind.coordinator.v1.Coordinator.WatchJob:input_type -> rewind.coordinator.v1.WatchJobRequest
+	67, // 71: rewind.coordinator.v1.Coordinator.Audit:input_type -> rewind.coordinator.v1.AuditRequest
+	70, // 72: rewind.coordinator.v1.Coordinator.Nodes:input_type -> rewind.coordinator.v1.NodesRequest
+	72, // 73: rewind.coordinator.v1.Coordinator.Enroll:input_type -> rewind.coordinator.v1.EnrollRequest
+	12, // 74: rewind.coordinator.v1.Coordinator.Register:output_type -> rewind.coordinator.v1.RegisterResponse
+	14, // 75: rewind.coordinator.v1.Coordinator.RegisterJob:output_type -> rewind.coordinator.v1.RegisterJobResponse
+	16, // 76: rewind.coordinator.v1.Coordinator.Report:output_type -> rewind.coordinator.v1.ReportResponse
+	16, // 77: rewind.coordinator.v1.Coordinator.ReportStream:output_type -> rewind.coordinator.v1.ReportResponse
+	18, // 78: rewind.coordinator.v1.Coordinator.Latest:output_type -> rewind.coordinator.v1.LatestResponse
+	21, // 79: rewind.coordinator.v1.Coordinator.ListJobs:output_type -> rewind.coordinator.v1.ListJobsResponse
+	31, // 80: rewind.coordinator.v1.Coordinator.ListSteps:output_type -> rewind.coordinator.v1.ListStepsResponse
+	34, // 81: rewind.coordinator.v1.Coordinator.InspectStep:output_type -> rewind.coordinator.v1.InspectStepResponse
+	36, // 82: rewind.coordinator.v1.Coordinator.VerifyStep:output_type -> rewind.coordinator.v1.VerifyStepResponse
+	39, // 83: rewind.coordinator.v1.Coordinator.PlanRestore:output_type -> rewind.coordinator.v1.PlanRestoreResponse
+	64, // 84: rewind.coordinator.v1.Coordinator.RankSources:output_type -> rewind.coordinator.v1.RankSourcesResponse
+	66, // 85: rewind.coordinator.v1.Coordinator.SuspectTierCopy:output_type -> rewind.coordinator.v1.SuspectTierCopyResponse
+	41, // 86: rewind.coordinator.v1.Coordinator.DeleteStep:output_type -> rewind.coordinator.v1.DeleteStepResponse
+	44, // 87: rewind.coordinator.v1.Coordinator.Transfers:output_type -> rewind.coordinator.v1.TransferOrder
+	54, // 88: rewind.coordinator.v1.Coordinator.TierReport:output_type -> rewind.coordinator.v1.TierReportResponse
+	57, // 89: rewind.coordinator.v1.Coordinator.TierStatus:output_type -> rewind.coordinator.v1.TierStatusResponse
+	59, // 90: rewind.coordinator.v1.Coordinator.NodeDown:output_type -> rewind.coordinator.v1.NodeDownResponse
+	61, // 91: rewind.coordinator.v1.Coordinator.WatchJob:output_type -> rewind.coordinator.v1.JobEvent
+	69, // 92: rewind.coordinator.v1.Coordinator.Audit:output_type -> rewind.coordinator.v1.AuditResponse
+	71, // 93: rewind.coordinator.v1.Coordinator.Nodes:output_type -> rewind.coordinator.v1.NodesResponse
+	73, // 94: rewind.coordinator.v1.Coordinator.Enroll:output_type -> rewind.coordinator.v1.EnrollResponse
+	74, // [74:95] is the sub-list for method output_type
+	53, // [53:74] is the sub-list for method input_type
+	53, // [53:53] is the sub-list for extension type_name
+	53, // [53:53] is the sub-list for extension extendee
+	0,  // [0:53] is the sub-list for field type_name
 }
 
 func init() { file_coordinator_proto_init() }
@@ -6029,7 +6119,7 @@ func file_coordinator_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_coordinator_proto_rawDesc), len(file_coordinator_proto_rawDesc)),
-			NumEnums:      7,
+			NumEnums:      8,
 			NumMessages:   71,
 			NumExtensions: 0,
 			NumServices:   1,

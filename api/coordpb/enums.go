@@ -31,6 +31,9 @@ func (a SuspectAnswer) Label() string { return label(a.String(), "SUSPECT_ANSWER
 // Label returns the view as people name it: "summary".
 func (v StepView) Label() string { return label(v.String(), "STEP_VIEW_") }
 
+// Label returns the view as people name it: "summary".
+func (v JobView) Label() string { return label(v.String(), "JOB_VIEW_") }
+
 // MarshalText writes the kind's label.
 func (k OrderKind) MarshalText() ([]byte, error) { return []byte(k.Label()), nil }
 
@@ -51,6 +54,9 @@ func (a SuspectAnswer) MarshalText() ([]byte, error) { return []byte(a.Label()),
 
 // MarshalText writes the view's label.
 func (v StepView) MarshalText() ([]byte, error) { return []byte(v.Label()), nil }
+
+// MarshalText writes the view's label.
+func (v JobView) MarshalText() ([]byte, error) { return []byte(v.Label()), nil }
 
 // UnmarshalText reads a kind's label.
 func (k *OrderKind) UnmarshalText(b []byte) error {
@@ -80,6 +86,11 @@ func (k *JobEventKind) UnmarshalText(b []byte) error {
 // UnmarshalText reads a view's label.
 func (v *StepView) UnmarshalText(b []byte) error {
 	return unlabel(b, "STEP_VIEW_", StepView_value, (*int32)(v))
+}
+
+// UnmarshalText reads a view's label.
+func (v *JobView) UnmarshalText(b []byte) error {
+	return unlabel(b, "JOB_VIEW_", JobView_value, (*int32)(v))
 }
 
 // UnmarshalText reads an answer's label.

@@ -39,6 +39,10 @@ func TestLabels(t *testing.T) {
 		var got StepView
 		check(StepView(n), &got, func() bool { return got == StepView(n) })
 	}
+	for n := range JobView_name {
+		var got JobView
+		check(JobView(n), &got, func() bool { return got == JobView(n) })
+	}
 	for n := range TierCopyState_name {
 		var got TierCopyState
 		check(TierCopyState(n), &got, func() bool { return got == TierCopyState(n) })

@@ -107,7 +107,7 @@ func lsSteps(ctx context.Context, c coordpb.CoordinatorClient, job string, asJSO
 		}
 		return printJSON(&coordpb.ListStepsResponse{Steps: steps})
 	}
-	jobs, err := c.ListJobs(ctx, &coordpb.ListJobsRequest{})
+	jobs, err := c.ListJobs(ctx, &coordpb.ListJobsRequest{Job: job, View: coordpb.JobView_JOB_VIEW_SUMMARY})
 	if err != nil {
 		return err
 	}

@@ -262,3 +262,74 @@ func normalSpace(s string) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// TestManyLargeJobsListed: rewind ls, rewind ls JOB and rewind policy
+// JOB work with 16 jobs of 8,192 ranks on 1,024 nodes registered, whose
+// placements together (4.6 MB) are more than one answer to a client
+// holds; a client that asks for them all, as one before views did, is
+// told what to ask instead, and a node's supervisor still gets its job's
+// placement.
+func TestManyLargeJobsListed(t *testing.T) {
+	const jobs = 16
+	ctx := t.Context()
+	addr := testcluster.StartCoordinator(t, testcluster.CoordinatorConfig(t)).Addr
+	op := testcluster.DialCoordinator(t, addr)
+	placement := map[uint32]string{}
+	for r := range uint32(bigRanks) {
+		placement[r] = bigNode(int(r) / bigPerNode)
+	}
+	job := func(i int) string { return fmt.Sprintf("big-job-%02d", i) }
+	for i := range jobs {
+		if _, err := op.RegisterJob(ctx, &coordpb.RegisterJobRequest{Job: job(i), WorldSize: bigRanks, Placement: placement}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !testcluster.Plaintext() {
+		t.Setenv(EnvTLSDir, testcluster.TLSDir(t, testcluster.OperatorID))
+	}
+	co := "--coordinator=" + addr
+	run := func(cmd func(context.Context, []string) error, args ...string) string {
+		t.Helper()
+		out, err := capture(t, cmd, append([]string{co}, args...)...)
+		if err != nil {
+			t.Fatalf("rewind %v: %v\n%.2000s", args, err, out)
+		}
+		return out
+	}
+
+	out := normalSpace(run(runLs))
+	for i := range jobs {
+		if want := fmt.Sprintf("\n%s %d 1 - - 0", job(i), bigRanks); !strings.Contains(out, want) {
+			t.Fatalf("ls lacks %q:\n%s", want, out)
+		}
+	}
+	var listed struct {
+		Jobs []map[string]any `json:"jobs"`
+	}
+	if err := json.Unmarshal([]byte(run(runLs, "--json")), &listed); err != nil || len(listed.Jobs) != jobs {
+		t.Fatalf("ls --json: %v, %d jobs", err, len(listed.Jobs))
+	}
+	for _, j := range listed.Jobs {
+		if j["nodes"] != float64(bigNodes) || j["placement"] != nil {
+			t.Fatalf("ls --json: job %v has nodes %v and placement of %T, want %d nodes and no placement", j["id"], j["nodes"], j["placement"], bigNodes)
+		}
+	}
+	if out := run(runLs, job(3)); !strings.Contains(out, "STEP") {
+		t.Fatalf("ls %s:\n%s", job(3), out)
+	}
+	if out, want := run(runPolicy, job(5)), job(5)+": "; !strings.HasPrefix(out, want) {
+		t.Fatalf("policy %s printed %q, want %q…", job(5), out, want)
+	}
+
+	_, err := op.ListJobs(ctx, &coordpb.ListJobsRequest{})
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "view summary") {
+		t.Errorf("ListJobs with every placement: %v, want ResourceExhausted naming the view", err)
+	}
+	one, err := op.ListJobs(ctx, &coordpb.ListJobsRequest{Job: job(7)})
+	if err != nil || len(one.Jobs) != 1 || one.Jobs[0].Id != job(7) || len(one.Jobs[0].Placement) != bigRanks || one.Jobs[0].Nodes != bigNodes {
+		t.Fatalf("ListJobs of %s with its placement: %v, %v", job(7), err, one)
+	}
+	if none, err := op.ListJobs(ctx, &coordpb.ListJobsRequest{Job: "no-such-job"}); err != nil || len(none.Jobs) != 0 {
+		t.Fatalf("ListJobs of an unknown job: %v, %v; want no jobs", err, none)
+	}
+}

@@ -110,7 +110,7 @@ func lsCoordinator(ctx context.Context, o opFlags, copies bool) error {
 	if job := o.fs.Arg(0); job != "" {
 		return lsSteps(ctx, c, job, *o.asJSON, copies)
 	}
-	resp, err := c.ListJobs(ctx, &coordpb.ListJobsRequest{})
+	resp, err := c.ListJobs(ctx, &coordpb.ListJobsRequest{View: coordpb.JobView_JOB_VIEW_SUMMARY})
 	if err != nil {
 		return err
 	}

@@ -88,7 +88,7 @@ func runPolicy(ctx context.Context, args []string) error {
 		return err
 	}
 	defer done()
-	jobs, err := c.ListJobs(ctx, &coordpb.ListJobsRequest{})
+	jobs, err := c.ListJobs(ctx, &coordpb.ListJobsRequest{Job: job, View: coordpb.JobView_JOB_VIEW_SUMMARY})
 	if err != nil {
 		return err
 	}

@@ -145,7 +145,7 @@ func (c *Cluster) notReady(ctx context.Context, job string) string {
 	if len(ts.Nodes) < len(nodeServices) {
 		return fmt.Sprintf("%d of %d agents connected", len(ts.Nodes), len(nodeServices))
 	}
-	jobs, err := c.API.ListJobs(cctx, &coordpb.ListJobsRequest{})
+	jobs, err := c.API.ListJobs(cctx, &coordpb.ListJobsRequest{Job: job, View: coordpb.JobView_JOB_VIEW_SUMMARY})
 	if err != nil {
 		return err.Error()
 	}

@@ -67,7 +67,7 @@ func (s *session) snapshot(ctx context.Context) (*Snapshot, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	snap := &Snapshot{At: time.Now()}
-	jobs, err := s.c.API.ListJobs(ctx, &coordpb.ListJobsRequest{})
+	jobs, err := s.c.API.ListJobs(ctx, &coordpb.ListJobsRequest{Job: s.cfg.Job}) // its placement
 	if err != nil {
 		return nil, err
 	}

@@ -118,7 +118,7 @@ func (c *Cluster) StartCoordinator(ctx context.Context, policy string, sec *tran
 			if err := logged(log, from, "coordinator serving"); err != nil {
 				return err
 			}
-			_, err := c.API.ListJobs(ctx, &coordpb.ListJobsRequest{})
+			_, err := c.API.ListJobs(ctx, &coordpb.ListJobsRequest{View: coordpb.JobView_JOB_VIEW_SUMMARY})
 			return err
 		})
 		if err != nil {

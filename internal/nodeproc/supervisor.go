@@ -142,7 +142,7 @@ func (s *supervisor) waitJob(ctx context.Context) (*coordpb.Job, error) {
 func (s *supervisor) job(ctx context.Context) (*coordpb.Job, error) {
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	resp, err := s.cfg.API.ListJobs(cctx, &coordpb.ListJobsRequest{})
+	resp, err := s.cfg.API.ListJobs(cctx, &coordpb.ListJobsRequest{Job: s.cfg.Job}) // its placement
 	if err != nil {
 		return nil, err
 	}
