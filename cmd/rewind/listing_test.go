@@ -139,6 +139,24 @@ func startBigJob(t *testing.T) (string, *deleteCounter) {
 	return addr, deletes
 }
 
+// operator returns a runner of a command of rewind as the operator
+// against the coordinator at addr: its output, the test failed on an
+// error.
+func operator(t *testing.T, addr string) func(cmd func(context.Context, []string) error, args ...string) string {
+	t.Helper()
+	if !testcluster.Plaintext() {
+		t.Setenv(EnvTLSDir, testcluster.TLSDir(t, testcluster.OperatorID))
+	}
+	return func(cmd func(context.Context, []string) error, args ...string) string {
+		t.Helper()
+		out, err := capture(t, cmd, append([]string{"--coordinator=" + addr}, args...)...)
+		if err != nil {
+			t.Fatalf("rewind %v: %v\n%.2000s", args, err, out)
+		}
+		return out
+	}
+}
+
 // TestLargeJobOperatorCommands: rewind ls JOB (a table and --json),
 // rewind inspect JOB STEP and rewind delete of a step range work on a job
 // of 8,192 ranks, 6 steps and 2 copies, and count its copies right. A
@@ -149,18 +167,7 @@ func TestLargeJobOperatorCommands(t *testing.T) {
 		t.Skip("feeds a coordinator 98,304 copies")
 	}
 	addr, deletes := startBigJob(t)
-	if !testcluster.Plaintext() {
-		t.Setenv(EnvTLSDir, testcluster.TLSDir(t, testcluster.OperatorID))
-	}
-	co := "--coordinator=" + addr
-	run := func(cmd func(context.Context, []string) error, args ...string) string {
-		t.Helper()
-		out, err := capture(t, cmd, append([]string{co}, args...)...)
-		if err != nil {
-			t.Fatalf("rewind %v: %v\n%.2000s", args, err, out)
-		}
-		return out
-	}
+	run := operator(t, addr)
 	const copies, stepBytes = 2 * bigRanks, uint64(bigRanks * bigShard)
 
 	// ls JOB: a line a step, every rank committed, the copies counted.
@@ -284,18 +291,7 @@ func TestManyLargeJobsListed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if !testcluster.Plaintext() {
-		t.Setenv(EnvTLSDir, testcluster.TLSDir(t, testcluster.OperatorID))
-	}
-	co := "--coordinator=" + addr
-	run := func(cmd func(context.Context, []string) error, args ...string) string {
-		t.Helper()
-		out, err := capture(t, cmd, append([]string{co}, args...)...)
-		if err != nil {
-			t.Fatalf("rewind %v: %v\n%.2000s", args, err, out)
-		}
-		return out
-	}
+	run := operator(t, addr)
 
 	out := normalSpace(run(runLs))
 	for i := range jobs {
