@@ -1,19 +1,15 @@
 package coordinator
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
-	"strings"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"rewind.dev/rewind/api/coordpb"
-	"rewind.dev/rewind/tiers"
 )
 
 // The answers that show a job's steps (ListSteps, InspectStep) grow with
@@ -295,65 +291,16 @@ func (v *stepView) summarized(ctx context.Context) (*coordpb.Step, error) {
 	if u := p.Unrestorable; u != nil && len(u.Ranks) > maxSummaryFailures {
 		u.RanksFailed, u.Ranks = uint32(len(u.Ranks)), u.Ranks[:maxSummaryFailures]
 	}
-	type place struct{ tier, node string }
-	places := map[place]*coordpb.CopyCount{}
-	byTier := map[string]*coordpb.CopyCount{}
-	counted := make([]bool, v.WorldSize) // ranks whose size is in StepBytes
-	s := &coordpb.StepSummary{}
-	add := func(cp *Copy, corrupt bool) {
-		pc := places[place{cp.Tier, cp.Node}]
-		if pc == nil {
-			pc = &coordpb.CopyCount{Tier: cp.Tier, Node: cp.Node}
-			places[place{cp.Tier, cp.Node}] = pc
-		}
-		tc := byTier[cp.Tier]
-		if tc == nil {
-			tc = &coordpb.CopyCount{Tier: cp.Tier}
-			byTier[cp.Tier] = tc
-		}
-		if pc.Copies == 0 {
-			tc.Nodes++
-		}
-		s.Copies, pc.Copies, tc.Copies = s.Copies+1, pc.Copies+1, tc.Copies+1
-		if corrupt {
-			s.Corrupt, pc.Corrupt, tc.Corrupt = s.Corrupt+1, pc.Corrupt+1, tc.Corrupt+1
-			return
-		}
-		s.Bytes, pc.Bytes, tc.Bytes = s.Bytes+cp.Size, pc.Bytes+cp.Size, tc.Bytes+cp.Size
-		if cp.Rank < v.WorldSize && !counted[cp.Rank] {
-			counted[cp.Rank] = true
-			s.StepBytes += cp.Size
-		}
-	}
+	var count coordpb.CopyCounter
 	for i, cp := range v.copies {
 		if i%ctxEvery == 0 && ctx.Err() != nil {
 			return nil, fmt.Errorf("coordinator: reading job %s step %d: %w", v.Job, v.Step, ctx.Err())
 		}
-		add(cp, cp.State == CopyCorrupt)
+		count.Add(cp.Tier, cp.Node, cp.Rank, cp.Size, cp.State == CopyCorrupt)
 	}
 	for _, cp := range v.bad {
-		add(cp, true)
+		count.Add(cp.Tier, cp.Node, cp.Rank, cp.Size, true)
 	}
-	byPlace := func(a, b *coordpb.CopyCount) int {
-		return cmp.Or(cmp.Compare(tierOrder(a.Tier), tierOrder(b.Tier)), strings.Compare(a.Tier, b.Tier), strings.Compare(a.Node, b.Node))
-	}
-	s.Tiers = slices.SortedFunc(maps.Values(byTier), byPlace)
-	all := slices.SortedFunc(maps.Values(places), byPlace)
-	s.PlacesTotal, s.Places = uint32(len(all)), all[:min(len(all), maxSummaryPlaces)]
-	p.Summary = s
+	p.Summary = count.Summary(maxSummaryPlaces)
 	return p, nil
 }
-
-// tierOrder orders tiers as a restore prefers them: memory, then the
-// durable tiers in tiers.Names' order, then any other.
-func tierOrder(tier string) int {
-	if tier == "shm" {
-		return 0
-	}
-	if i := slices.Index(durableTiers, tiers.Name(tier)); i >= 0 {
-		return 1 + i
-	}
-	return 1 + len(durableTiers)
-}
-
-var durableTiers = tiers.Names()

@@ -1,11 +1,9 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"os"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -176,42 +174,11 @@ func summaryOf(st *coordpb.Step) *coordpb.StepSummary {
 	if st.Summary != nil {
 		return st.Summary
 	}
-	s := &coordpb.StepSummary{}
-	places, byTier := map[[2]string]*coordpb.CopyCount{}, map[string]*coordpb.CopyCount{}
-	sized := map[uint32]bool{}
+	var count coordpb.CopyCounter
 	for _, cp := range st.Copies {
-		p, t := places[[2]string{cp.Tier, cp.Node}], byTier[cp.Tier]
-		if t == nil {
-			t = &coordpb.CopyCount{Tier: cp.Tier}
-			byTier[cp.Tier] = t
-		}
-		if p == nil {
-			p = &coordpb.CopyCount{Tier: cp.Tier, Node: cp.Node}
-			places[[2]string{cp.Tier, cp.Node}], t.Nodes = p, t.Nodes+1
-		}
-		s.Copies, p.Copies, t.Copies = s.Copies+1, p.Copies+1, t.Copies+1
-		if cp.State == coordpb.CopyState_COPY_STATE_CORRUPT {
-			s.Corrupt, p.Corrupt, t.Corrupt = s.Corrupt+1, p.Corrupt+1, t.Corrupt+1
-			continue
-		}
-		s.Bytes, p.Bytes, t.Bytes = s.Bytes+cp.SizeBytes, p.Bytes+cp.SizeBytes, t.Bytes+cp.SizeBytes
-		if !sized[cp.Rank] {
-			sized[cp.Rank], s.StepBytes = true, s.StepBytes+cp.SizeBytes
-		}
+		count.Add(cp.Tier, cp.Node, cp.Rank, cp.SizeBytes, cp.State == coordpb.CopyState_COPY_STATE_CORRUPT)
 	}
-	byPlace := func(a, b *coordpb.CopyCount) int {
-		return cmp.Or(strings.Compare(a.Tier, b.Tier), strings.Compare(a.Node, b.Node))
-	}
-	for _, p := range places {
-		s.Places = append(s.Places, p)
-	}
-	for _, t := range byTier {
-		s.Tiers = append(s.Tiers, t)
-	}
-	slices.SortFunc(s.Places, byPlace)
-	slices.SortFunc(s.Tiers, byPlace)
-	s.PlacesTotal = uint32(len(s.Places))
-	return s
+	return count.Summary(0)
 }
 
 // inspectStep prints one step of a job: its copies counted, then every
