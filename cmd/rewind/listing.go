@@ -21,48 +21,49 @@ import (
 // counts each step's copies (coordpb.StepSummary); rewind inspect and
 // rewind ls --copies list them.
 
+// eachPage asks for each page of a listing in turn, page given the
+// token of the page to ask for ("" the first) and returning the next
+// one ("" after the last); what names the listing in the error of a
+// coordinator whose tokens do not advance.
+func eachPage(what string, page func(token string) (string, error)) error {
+	for token := ""; ; {
+		next, err := page(token)
+		switch {
+		case err != nil || next == "":
+			return err
+		case next == token:
+			return fmt.Errorf("the coordinator's %s does not advance past page %q", what, token)
+		}
+		token = next
+	}
+}
+
 // listSteps returns job's steps, oldest first, each with its copies
 // counted and none listed.
 func listSteps(ctx context.Context, c coordpb.CoordinatorClient, job string) ([]*coordpb.Step, error) {
 	var out []*coordpb.Step
-	req := &coordpb.ListStepsRequest{Job: job, View: coordpb.StepView_STEP_VIEW_SUMMARY}
-	for {
-		resp, err := c.ListSteps(ctx, req)
+	err := eachPage("listing of job "+job, func(token string) (string, error) {
+		resp, err := c.ListSteps(ctx, &coordpb.ListStepsRequest{Job: job, View: coordpb.StepView_STEP_VIEW_SUMMARY, PageToken: token})
 		if err != nil {
-			return nil, err
+			return "", err
 		}
 		out = append(out, resp.Steps...)
-		switch resp.NextPageToken {
-		case "":
-			return out, nil
-		case req.PageToken:
-			return nil, fmt.Errorf("the coordinator's listing of job %s does not advance past page %q", job, req.PageToken)
-		}
-		req.PageToken = resp.NextPageToken
-	}
+		return resp.NextPageToken, nil
+	})
+	return out, err
 }
 
 // stepPages calls page with each page of job's step in turn: the first
 // carries the step's fields and its copies counted, each a page of its
 // copies in rank order (Step.Copies).
 func stepPages(ctx context.Context, c coordpb.CoordinatorClient, job string, step int64, page func(first bool, st *coordpb.Step) error) error {
-	req := &coordpb.InspectStepRequest{Job: job, Step: step, View: coordpb.StepView_STEP_VIEW_COPIES}
-	for {
-		resp, err := c.InspectStep(ctx, req)
+	return eachPage(fmt.Sprintf("listing of job %s step %d's copies", job, step), func(token string) (string, error) {
+		resp, err := c.InspectStep(ctx, &coordpb.InspectStepRequest{Job: job, Step: step, View: coordpb.StepView_STEP_VIEW_COPIES, PageToken: token})
 		if err != nil {
-			return err
+			return "", err
 		}
-		if err := page(req.PageToken == "", resp.Step); err != nil {
-			return err
-		}
-		switch resp.NextPageToken {
-		case "":
-			return nil
-		case req.PageToken:
-			return fmt.Errorf("the coordinator's copies of job %s step %d do not advance past page %q", job, step, req.PageToken)
-		}
-		req.PageToken = resp.NextPageToken
-	}
+		return resp.NextPageToken, page(token == "", resp.Step)
+	})
 }
 
 // inspectAll returns job's step with every copy, asked for a page at a
