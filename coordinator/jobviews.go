@@ -94,6 +94,6 @@ func jobsTooLarge(req *coordpb.ListJobsRequest, jobs int) error {
 		what = fmt.Sprintf("the summaries of %d jobs are", jobs)
 	}
 	return fmt.Errorf("%w: coordinator: %s more than the %s one answer to a client holds: ask for view summary "+
-		"(each job's nodes counted, no placement) or for one job, as rewind ls and rewind tiers of this release do",
+		"(each job's nodes counted, no placement) or for one job, as rewind ls and rewind policy of this release do",
 		ErrTooLarge, what, units.Bytes(clientMaxAnswer))
 }
