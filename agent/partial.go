@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/shm"
 	"rewind.dev/rewind/vfs"
@@ -245,9 +246,6 @@ func (a *Agent) expirePartials() int {
 	return len(old)
 }
 
-// maxFillRanges bounds the ranges of one Fill.
-const maxFillRanges = 1 << 16
-
 // Fill fetches the leaves that byte ranges of a partial open touch and
 // are not here yet, from the peers or tiers holding the shard, each
 // checked against its hash before it is written. It returns the bytes
@@ -260,8 +258,8 @@ func (a *Agent) Fill(ctx context.Context, id uint64, ranges [][2]int64) (int64, 
 		// said "not found" would be taken for "no checkpoint".
 		return 0, "", fmt.Errorf("%w: agent: no partial lease %d (expired, released, or the agent restarted since it was given); open the shard again", ErrBusy, id)
 	}
-	if len(ranges) > maxFillRanges {
-		return 0, "", fmt.Errorf("%w: agent: %d ranges in one fill, at most %d", ErrInvalid, len(ranges), maxFillRanges)
+	if len(ranges) > agentpb.MaxFillRanges {
+		return 0, "", fmt.Errorf("%w: agent: %d ranges in one fill, at most %d", ErrInvalid, len(ranges), agentpb.MaxFillRanges)
 	}
 	for _, r := range ranges {
 		if r[0] < p.h.DataStart || r[1] <= 0 || r[0] > p.ps.Size-r[1] {
@@ -269,7 +267,7 @@ func (a *Agent) Fill(ctx context.Context, id uint64, ranges [][2]int64) (int64, 
 				ErrInvalid, r[1], r[0], p.ps.Size, p.h.DataStart)
 		}
 	}
-	ranges = merged(ranges)
+	ranges = agentpb.MergedRanges(ranges) // at most the shard's bytes, each once
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.f == nil {
@@ -311,22 +309,6 @@ func (a *Agent) Fill(ctx context.Context, id uint64, ranges [][2]int64) (int64, 
 		runs = p.missing(ranges) // what the failed source did write and check stays
 	}
 	return fetched, "", fmt.Errorf("agent: fetching ranges of job %s rank %d step %d: %w", p.ps.Job, p.ps.Rank, p.ps.Step, errors.Join(errs...))
-}
-
-// merged returns ranges (offset, length) sorted and with those that
-// overlap or touch joined: at most the shard's bytes, each once.
-func merged(ranges [][2]int64) [][2]int64 {
-	rs := slices.Clone(ranges)
-	slices.SortFunc(rs, func(x, y [2]int64) int { return compare(x[0], y[0]) })
-	out := rs[:0]
-	for _, r := range rs {
-		if n := len(out); n > 0 && r[0] <= out[n-1][0]+out[n-1][1] {
-			out[n-1][1] = max(out[n-1][1], r[0]+r[1]-out[n-1][0])
-			continue
-		}
-		out = append(out, r)
-	}
-	return out
 }
 
 // leafRun is leaves [first, last] of tensor t: bytes [lo, hi) of the shard.

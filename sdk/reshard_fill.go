@@ -1,10 +1,8 @@
 package sdk
 
 import (
-	"cmp"
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 
 	"rewind.dev/rewind/api/agentpb"
@@ -82,28 +80,24 @@ func (s *Session) fillShard(ctx context.Context, o *openShard, ranges []*agentpb
 	return fetched, nil
 }
 
-// maxFillRanges is the most ranges the agent takes in one Fill.
-const maxFillRanges = 1 << 16
-
-// fillCalls sorts ranges by offset, merges those that touch or overlap
-// (the whole tensors of a shard lie one after another: one range) and
-// splits them into calls of at most maxFillRanges. A shard of 100,000
+// fillCalls merges ranges that touch or overlap (the whole tensors of a
+// shard lie one after another: one range), in offset order, and splits
+// them into calls of at most agentpb.MaxFillRanges. A shard of 100,000
 // tensors and more was otherwise refused whole, then fetched a call per
 // piece.
 func fillCalls(ranges []*agentpb.ByteRange) [][]*agentpb.ByteRange {
-	rs := slices.SortedFunc(slices.Values(ranges), func(a, b *agentpb.ByteRange) int { return cmp.Compare(a.Offset, b.Offset) })
-	var out []*agentpb.ByteRange
-	for _, r := range rs {
-		if n := len(out); n > 0 && r.Offset <= out[n-1].Offset+out[n-1].Length {
-			out[n-1].Length = max(out[n-1].Length, r.Offset+r.Length-out[n-1].Offset)
-			continue
-		}
-		out = append(out, &agentpb.ByteRange{Offset: r.Offset, Length: r.Length})
+	rs := make([][2]int64, len(ranges))
+	for i, r := range ranges {
+		rs[i] = [2]int64{int64(r.Offset), int64(r.Length)}
 	}
 	var calls [][]*agentpb.ByteRange
-	for len(out) > 0 {
-		n := min(len(out), maxFillRanges)
-		calls, out = append(calls, out[:n]), out[n:]
+	for merged := agentpb.MergedRanges(rs); len(merged) > 0; {
+		n := min(len(merged), agentpb.MaxFillRanges)
+		call := make([]*agentpb.ByteRange, n)
+		for i, r := range merged[:n] {
+			call[i] = &agentpb.ByteRange{Offset: uint64(r[0]), Length: uint64(r[1])}
+		}
+		calls, merged = append(calls, call), merged[n:]
 	}
 	return calls
 }

@@ -8,7 +8,7 @@ import (
 
 // TestFillCallsMergeAndSplit: the ranges of a shard's many small
 // tensors, read whole, become one range; ranges apart are kept apart
-// and sent in calls the agent takes (at most maxFillRanges each), none
+// and sent in calls the agent takes (at most agentpb.MaxFillRanges each), none
 // lost or changed.
 func TestFillCallsMergeAndSplit(t *testing.T) {
 	type tc struct {
@@ -39,8 +39,8 @@ func TestFillCallsMergeAndSplit(t *testing.T) {
 			}
 			var got [][2]uint64
 			for _, call := range calls {
-				if len(call) == 0 || len(call) > maxFillRanges {
-					t.Fatalf("a call of %d ranges; the agent takes 1 to %d", len(call), maxFillRanges)
+				if len(call) == 0 || len(call) > agentpb.MaxFillRanges {
+					t.Fatalf("a call of %d ranges; the agent takes 1 to %d", len(call), agentpb.MaxFillRanges)
 				}
 				for _, r := range call {
 					got = append(got, [2]uint64{r.Offset, r.Length})
