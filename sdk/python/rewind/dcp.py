@@ -50,7 +50,6 @@ import pickle
 import re
 import threading
 import uuid
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -58,29 +57,27 @@ import torch
 from . import format as fmt
 from . import identity
 from .client import DEFAULT_SOCKET, Client, OpenShard
-from .dtypes import TORCH
 from .errors import BusyError, CorruptError, InvalidError, NotFoundError, RewindError
 from .reshard import box_bytes, latest_whole
 
 try:
     from torch.distributed.checkpoint.metadata import (
-        BytesStorageMetadata,
-        ChunkStorageMetadata,
         Metadata,
         MetadataIndex,
         StorageMeta,
-        TensorProperties,
-        TensorStorageMetadata,
     )
     from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+    from torch.distributed.checkpoint.staging import AsyncStager
     from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 except ImportError as e:  # torch 1.x: a DCP without the 2.x interface (StorageMeta, reset)
     raise ImportError(f"rewind.dcp needs torch 2.x's torch.distributed.checkpoint (this torch is {torch.__version__}): "
                       f"{e}") from None
 from torch.futures import Future
 
+from .dcp_index import DOC_FORMAT, Stored, check_one_save, index_shard  # noqa: E402 (after the torch 2.x check)
+from .dcp_stage import Snapshot  # noqa: E402
+
 SCHEME = "rewind://"
-DOC_FORMAT = "rewind.dcp/1"
 _STEP_RE = re.compile(r"(?:.*?[-_])?([0-9]+)")
 _NOT_TENSOR_NAMES = ("", "__metadata__")  # what a safetensors header cannot name a tensor
 
@@ -111,15 +108,6 @@ def _valid_id(checkpoint_id) -> bool:
         return True
     except InvalidError:
         return False
-
-
-@dataclass(frozen=True)
-class Stored:
-    """Where a DCP item is: the shard tensor name in rank's shard (the
-    storage_data of WriteResult and Metadata)."""
-
-    rank: int
-    name: str
 
 
 _clients: dict[tuple, Client] = {}
@@ -251,7 +239,7 @@ class _Base:
         return self.checkpoint_id or f"{SCHEME}{job}/step-{step}"
 
 
-class Writer(_Base, StorageWriter):
+class Writer(_Base, StorageWriter, AsyncStager):
     """A DCP StorageWriter into rewind: dcp.save(..., storage_writer=Writer(step=N)).
 
     step: the training step (or from checkpoint_id rewind://JOB/step-N);
@@ -259,7 +247,13 @@ class Writer(_Base, StorageWriter):
     checkpoint_id's JOB); rank and world size are those of the process
     group DCP saves with (dcp.save's process_group, else every rank). Every
     rank's shard is committed when write_data returns: the step is
-    restorable once every rank has written, with or without finish."""
+    restorable once every rank has written, with or without finish.
+
+    As dcp.async_save's stager, stage copies the state's tensors before
+    async_save returns (rewind.dcp_stage): the save writes the values of
+    the step it was called at while the loop changes them."""
+
+    _synchronize_after_execute = False  # stage's copies are done when it returns
 
     def __init__(self, step: int | None = None, *, job: str | None = None, socket: str | None = None,
                  timeout: float = 60.0):
@@ -267,6 +261,14 @@ class Writer(_Base, StorageWriter):
         StorageWriter.__init__(self)
         self.save_id: str | None = None  # the last save's (None: none yet, or saved without torch.distributed)
         self.client: Client | None = None
+        self._snapshot: Snapshot | None = None
+
+    def stage(self, state_dict):
+        self._snapshot = Snapshot(state_dict)
+        return self._snapshot.state_dict
+
+    def synchronize_staging(self) -> None:
+        pass
 
     def storage_meta(self) -> StorageMeta | None:
         job = self.client.job if self.client is not None else self.job or ""
@@ -306,6 +308,9 @@ class Writer(_Base, StorageWriter):
             return self._write(plan, planner)
         finally:
             _drop_cached_plans(planner)
+            if self._snapshot is not None:  # staged for this save, written or not
+                self._snapshot.release()
+                self._snapshot = None
 
     def _check_fresh(self, plan) -> None:
         """Refuses a plan that is not this save's: DCP's plan caching
@@ -354,7 +359,7 @@ class Writer(_Base, StorageWriter):
                 nbytes = arr.nbytes
             else:
                 td = item.tensor_data
-                t = data.detach()
+                t = data.detach() if self._snapshot is None else self._snapshot.staged(data.detach())
                 if tuple(t.shape) != tuple(td.chunk.sizes):
                     raise InvalidError("dcp save", f"{name}: planner gave a {tuple(t.shape)} tensor for a "
                                        f"{tuple(td.chunk.sizes)} chunk")
@@ -438,12 +443,12 @@ class Reader(_Base, StorageReader):
                     raise CorruptError(f"dcp load step {step} of job {c.job}",
                                        f"rank {r}'s shard says world size {sh.header.meta.world_size}, rank 0's {world}")
                 self._sums[r] = sh.shard.header_checksum
-                pd, save = _index_shard(sh, r, sdm, stored, self._chunk_sizes)
+                pd, save = index_shard(sh, r, sdm, stored, self._chunk_sizes)
                 saves.append(save)
                 if planner_data is not None:
                     planner_data = None if pd is None else {**planner_data, **pd}
             r += 1
-        _check_one_save(c, step, saves)
+        check_one_save(c, step, saves)
         heads = "".join(f"{r}:{s}\n" for r, s in sorted(self._sums.items()))
         self._read = (saves[0] if saves else None, hashlib.sha256(heads.encode()).hexdigest()[:16])
         self.saved_world_size = world
@@ -567,63 +572,3 @@ class Reader(_Base, StorageReader):
                               f"piece {tuple(src.size())} read for a {tuple(target.size())} target")
         target.copy_(src)
         planner.commit_tensor(req, target)
-
-
-def _check_one_save(c: Client, step: int, saves: list) -> None:
-    """Refuses a step whose shards (the newest copy of each rank's) come
-    from different saves of it: a save of a step saved before that failed
-    after some ranks committed. Loaded, it would be a state of two saves,
-    a DTensor's rows from one and the rest from the other."""
-    if len(set(saves)) <= 1:
-        return
-    groups: dict = {}
-    for r, s in enumerate(saves):
-        groups.setdefault(s, []).append(r)
-    ranks = "; ".join(f"ranks {', '.join(map(str, rs))}: save {s or '(none)'}" for s, rs in groups.items())
-    raise NotFoundError(f"dcp load step {step} of job {c.job}",
-                        f"its shards come from {len(groups)} saves of the step ({ranks}): a save of the step "
-                        "failed after some ranks committed; load another step (Reader(step=N))")
-
-
-def _index_shard(sh: OpenShard, rank: int, sdm: dict, stored: dict, sizes: dict):
-    """Adds one saved rank's shard to the metadata being rebuilt; returns
-    its planner_data (None when it has none) and its save id (None for a
-    shard written before save ids)."""
-    h = sh.header
-    op = f"dcp load step {sh.shard.step} rank {rank}"
-    try:
-        doc = json.loads(h.objects or "null")
-        if not isinstance(doc, dict) or doc.get("format") != DOC_FORMAT:
-            raise ValueError(f"not a {DOC_FORMAT} document")
-        items = doc["items"]
-        for t in h.tensors:
-            it = items[t.name]
-            fqn = it["fqn"]
-            st = Stored(rank, t.name)
-            if it["kind"] == "bytes":
-                _merge(sdm, fqn, BytesStorageMetadata())
-                stored[MetadataIndex(fqn)] = st
-                continue
-            ch = t.chunk
-            if ch is None:
-                raise ValueError(f"tensor {t.name!r} has no chunk record")
-            props = TensorProperties(dtype=TORCH[t.dtype], requires_grad=bool(it.get("requires_grad")))
-            md = _merge(sdm, fqn, TensorStorageMetadata(props, torch.Size(ch["global_shape"]), []))
-            md.chunks.append(ChunkStorageMetadata(offsets=torch.Size(ch["offsets"]), sizes=torch.Size(t.shape)))
-            stored[MetadataIndex(fqn, ch["offsets"])] = st
-            sizes[st] = tuple(t.shape)
-        pd = doc.get("planner_data")
-        save = doc.get("save")
-        if save is not None and not isinstance(save, str):
-            raise ValueError(f"save id {save!r} is not a string")
-        return None if pd is None else {k: tuple(v) for k, v in pd.items()}, save
-    except (KeyError, TypeError, ValueError) as e:
-        raise RewindError(op, f"the shard is not a DCP checkpoint's ({type(e).__name__}: {e})") from None
-
-
-def _merge(sdm: dict, fqn: str, md):
-    have = sdm.setdefault(fqn, md)
-    if type(have) is not type(md) or (isinstance(md, TensorStorageMetadata) and (
-            have.size != md.size or have.properties.dtype != md.properties.dtype)):
-        raise ValueError(f"{fqn}: pieces of different kinds, global shapes or dtypes")
-    return have

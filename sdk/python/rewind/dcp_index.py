@@ -1,0 +1,93 @@
+"""How rewind.dcp's Reader rebuilds DCP's global Metadata from the shards:
+each saved rank's shard header (its tensors' chunk records and the
+rewind.dcp document in its objects) adds that rank's pieces; a step whose
+shards come from two saves of it is refused."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+
+from .client import Client, OpenShard
+from .dtypes import TORCH
+from .errors import NotFoundError, RewindError
+
+DOC_FORMAT = "rewind.dcp/1"
+
+
+@dataclass(frozen=True)
+class Stored:
+    """Where a DCP item is: the shard tensor name in rank's shard (the
+    storage_data of WriteResult and Metadata)."""
+
+    rank: int
+    name: str
+
+
+def check_one_save(c: Client, step: int, saves: list) -> None:
+    """Refuses a step whose shards (the newest copy of each rank's) come
+    from different saves of it: a save of a step saved before that failed
+    after some ranks committed. Loaded, it would be a state of two saves,
+    a DTensor's rows from one and the rest from the other."""
+    if len(set(saves)) <= 1:
+        return
+    groups: dict = {}
+    for r, s in enumerate(saves):
+        groups.setdefault(s, []).append(r)
+    ranks = "; ".join(f"ranks {', '.join(map(str, rs))}: save {s or '(none)'}" for s, rs in groups.items())
+    raise NotFoundError(f"dcp load step {step} of job {c.job}",
+                        f"its shards come from {len(groups)} saves of the step ({ranks}): a save of the step "
+                        "failed after some ranks committed; load another step (Reader(step=N))")
+
+
+def index_shard(sh: OpenShard, rank: int, sdm: dict, stored: dict, sizes: dict):
+    """Adds one saved rank's shard to the metadata being rebuilt; returns
+    its planner_data (None when it has none) and its save id (None for a
+    shard written before save ids)."""
+    h = sh.header
+    op = f"dcp load step {sh.shard.step} rank {rank}"
+    try:
+        doc = json.loads(h.objects or "null")
+        if not isinstance(doc, dict) or doc.get("format") != DOC_FORMAT:
+            raise ValueError(f"not a {DOC_FORMAT} document")
+        items = doc["items"]
+        for t in h.tensors:
+            it = items[t.name]
+            fqn = it["fqn"]
+            st = Stored(rank, t.name)
+            if it["kind"] == "bytes":
+                _merge(sdm, fqn, BytesStorageMetadata())
+                stored[MetadataIndex(fqn)] = st
+                continue
+            ch = t.chunk
+            if ch is None:
+                raise ValueError(f"tensor {t.name!r} has no chunk record")
+            props = TensorProperties(dtype=TORCH[t.dtype], requires_grad=bool(it.get("requires_grad")))
+            md = _merge(sdm, fqn, TensorStorageMetadata(props, torch.Size(ch["global_shape"]), []))
+            md.chunks.append(ChunkStorageMetadata(offsets=torch.Size(ch["offsets"]), sizes=torch.Size(t.shape)))
+            stored[MetadataIndex(fqn, ch["offsets"])] = st
+            sizes[st] = tuple(t.shape)
+        pd = doc.get("planner_data")
+        save = doc.get("save")
+        if save is not None and not isinstance(save, str):
+            raise ValueError(f"save id {save!r} is not a string")
+        return None if pd is None else {k: tuple(v) for k, v in pd.items()}, save
+    except (KeyError, TypeError, ValueError) as e:
+        raise RewindError(op, f"the shard is not a DCP checkpoint's ({type(e).__name__}: {e})") from None
+
+
+def _merge(sdm: dict, fqn: str, md):
+    have = sdm.setdefault(fqn, md)
+    if type(have) is not type(md) or (isinstance(md, TensorStorageMetadata) and (
+            have.size != md.size or have.properties.dtype != md.properties.dtype)):
+        raise ValueError(f"{fqn}: pieces of different kinds, global shapes or dtypes")
+    return have

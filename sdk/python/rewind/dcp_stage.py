@@ -1,0 +1,143 @@
+"""The snapshot dcp.async_save writes from (rewind.dcp.Writer.stage).
+
+dcp.async_save returns once its storage writer has staged the state dict,
+and the save runs on in a thread while the training loop goes on and
+changes the tensors in place. DCP's own staging leaves CPU tensors
+uncopied, so the save would read values of later steps. Writer.stage
+copies the bytes of every tensor (a DTensor's local piece, a
+ShardedTensor's local shards) before it returns: each storage the state
+dict's tensors view, once, over the span they cover, into a buffer of
+host memory (page-locked when the tensor is on a GPU, so the copy runs at
+the link's speed). The write then reads each piece from its copy
+(Snapshot.staged). The buffers of a finished save are reused by the
+next snapshot of the same storages: in a loop that waits for one
+async_save before the next, the snapshot costs one copy of the state and
+no allocation after the first.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from dataclasses import dataclass
+
+import torch
+
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # torch 2.0-2.3
+    from torch.distributed._tensor import DTensor
+
+_ALIGN = 64  # a span starts on a boundary every dtype's view of it can take
+
+# The buffers of the last snapshot whose save is done, by (storage address,
+# span, device type); a snapshot takes the ones it uses out of it.
+_idle: dict[tuple, torch.Tensor] = {}
+_idle_lock = threading.Lock()
+
+
+@dataclass
+class _Span:
+    storage: torch.UntypedStorage
+    lo: int
+    hi: int
+    buf: torch.Tensor | None = None
+
+
+def _extent(t: torch.Tensor) -> int:
+    """Bytes from t's first element to the end of its last."""
+    if t.numel() == 0:
+        return 0
+    return (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
+
+
+def _storage(t: torch.Tensor):
+    """t's untyped storage (torch 2; the stubs mypy checks are 1.13's)."""
+    return t.untyped_storage()  # type: ignore[attr-defined]
+
+
+def _local_tensors(v):
+    if isinstance(v, DTensor):
+        yield v.to_local()
+    elif hasattr(v, "local_shards"):  # ShardedTensor
+        for s in v.local_shards():
+            yield s.tensor
+    elif isinstance(v, torch.Tensor):
+        yield v
+
+
+class Snapshot:
+    """Copies of the storage spans a state dict's tensors view."""
+
+    def __init__(self, state_dict):
+        self.spans: dict[int, _Span] = {}
+        self.state_dict = self._walk(state_dict)
+        gpus = set()
+        with _idle_lock:
+            for ptr, sp in self.spans.items():
+                key = (ptr, sp.hi - sp.lo, sp.storage.device.type)
+                sp.buf = _idle.pop(key, None)
+        for sp in self.spans.values():
+            dev = sp.storage.device
+            if sp.buf is None:
+                sp.buf = torch.empty(sp.hi - sp.lo, dtype=torch.uint8, pin_memory=dev.type == "cuda")
+            src = torch.empty(0, dtype=torch.uint8, device=dev)
+            src.set_(sp.storage, sp.lo, (sp.hi - sp.lo,))  # type: ignore[call-overload]
+            sp.buf.copy_(src, non_blocking=dev.type == "cuda")
+            if dev.type == "cuda":
+                gpus.add(dev)
+        for dev in gpus:  # the copies were queued after the work that made the tensors
+            torch.cuda.current_stream(dev).synchronize()
+
+    def _walk(self, v):
+        """The state dict's structure with its own containers (a loop that
+        refills its dict changes nothing staged); tensors are the live ones,
+        their bytes recorded to copy; other values deep-copied."""
+        if isinstance(v, dict):
+            return {k: self._walk(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            out = [self._walk(x) for x in v]
+            if isinstance(v, list):
+                return out
+            return type(v)(*out) if hasattr(v, "_fields") else tuple(out)  # a named tuple, or a tuple
+        if isinstance(v, torch.Tensor) or hasattr(v, "local_shards"):
+            for t in _local_tensors(v):
+                self._record(t)
+            return v
+        return copy.deepcopy(v)
+
+    def _record(self, t: torch.Tensor) -> None:
+        n = _extent(t)
+        if n == 0 or t.device.type == "meta":
+            return
+        st = _storage(t)
+        lo = t.storage_offset() * t.element_size()
+        lo, hi = lo - lo % _ALIGN, lo + n
+        sp = self.spans.get(st.data_ptr())
+        if sp is None:
+            self.spans[st.data_ptr()] = _Span(st, lo, hi)
+        else:
+            sp.lo, sp.hi = min(sp.lo, lo), max(sp.hi, hi)
+
+    def staged(self, t: torch.Tensor) -> torch.Tensor:
+        """t, a view of a storage the snapshot copied, as the same view of
+        the copy (on the CPU). A tensor the snapshot does not hold (one a
+        custom planner made while writing) is returned as it is."""
+        n = _extent(t)
+        if n == 0 or t.device.type == "meta":
+            return t
+        sp = self.spans.get(_storage(t).data_ptr())
+        lo = t.storage_offset() * t.element_size()
+        if sp is None or sp.buf is None or lo < sp.lo or lo + n > sp.hi:
+            return t
+        return sp.buf[lo - sp.lo:lo - sp.lo + n].view(t.dtype).as_strided(t.shape, t.stride())
+
+    def release(self) -> None:
+        """The save is done with the copies: the next snapshot may reuse
+        them."""
+        with _idle_lock:
+            _idle.clear()
+            for ptr, sp in self.spans.items():
+                if sp.buf is not None:
+                    _idle[(ptr, sp.hi - sp.lo, sp.storage.device.type)] = sp.buf
+        self.spans = {}

@@ -1,0 +1,82 @@
+"""rewind.dcp_stage: the snapshot dcp.async_save writes from, without a
+process group (test_dcp.py's async test runs it under DCP)."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+pytest.importorskip("torch.distributed.checkpoint.metadata", reason="needs torch 2.x")
+try:
+    importlib.import_module("rewind.dcp")  # its torch 2.x check first
+    from rewind.dcp_stage import Snapshot
+except ImportError as e:
+    pytest.skip(f"rewind.dcp: {e}", allow_module_level=True)
+
+import torch
+
+
+def state():
+    big = torch.arange(4096, dtype=torch.float32)
+    return {
+        "w": torch.randn(64, 48),
+        "wt": None,  # the transposed view of w, below
+        "slice": big[100:300],  # a view of part of a storage
+        "bytes_of_big": big[1000:1004].view(torch.uint8),  # another dtype's view of the same storage
+        "scalar": torch.tensor(7, dtype=torch.int64),
+        "empty": torch.empty(0, 3),
+        "nested": {"list": [torch.ones(5), 3, "note"], "betas": (0.9, 0.99)},
+    }
+
+
+def test_staged_pieces_keep_the_values_at_stage_time():
+    sd = state()
+    sd["wt"] = sd["w"].t()
+    before = {k: v.clone() for k, v in sd.items() if isinstance(v, torch.Tensor)}
+    before["list0"] = sd["nested"]["list"][0].clone()
+    snap = Snapshot(sd)
+    staged = snap.state_dict
+    with torch.no_grad():  # the loop's next step, in place
+        for v in (sd["w"], sd["slice"], sd["scalar"], sd["nested"]["list"][0]):
+            v.add_(1)
+        sd["bytes_of_big"].fill_(0)
+    for k in ("w", "wt", "slice", "bytes_of_big", "scalar", "empty"):
+        got = snap.staged(staged[k])
+        assert got.dtype == before[k].dtype and got.shape == before[k].shape and torch.equal(got, before[k]), k
+        assert got.stride() == before[k].stride(), k  # the same view: a transposed view stays transposed
+    assert torch.equal(snap.staged(staged["nested"]["list"][0]), before["list0"])
+    assert not torch.equal(sd["w"], before["w"])  # the live tensors did change
+
+
+def test_containers_and_values_are_the_snapshots_own():
+    sd = state()
+    snap = Snapshot(sd)
+    sd["nested"]["list"][1] = 4
+    sd["nested"]["extra"] = 1
+    sd["new"] = torch.zeros(1)
+    assert snap.state_dict["nested"]["list"][1] == 3 and "extra" not in snap.state_dict["nested"]
+    assert "new" not in snap.state_dict
+    assert snap.state_dict["nested"]["betas"] == (0.9, 0.99)
+    assert snap.state_dict["w"] is sd["w"]  # the live tensor: DCP plans with its metadata
+
+
+def test_a_tensor_the_snapshot_does_not_hold_is_returned_as_it_is():
+    snap = Snapshot({"w": torch.ones(3)})
+    other = torch.zeros(3)
+    assert snap.staged(other) is other
+
+
+def test_buffers_are_reused_once_the_save_is_done():
+    sd = {"w": torch.randn(1 << 16), "b": torch.randn(10)}
+    first = Snapshot(sd)
+    bufs = {sp.buf.data_ptr() for sp in first.spans.values()}
+    during = Snapshot(sd)  # a second save before the first is done: buffers of its own
+    assert bufs.isdisjoint(sp.buf.data_ptr() for sp in during.spans.values())
+    first.release()
+    before = sd["w"].clone()
+    after = Snapshot(sd)
+    assert {sp.buf.data_ptr() for sp in after.spans.values()} == bufs
+    with torch.no_grad():
+        sd["w"].add_(1)
+    assert torch.equal(after.staged(sd["w"]), before)
