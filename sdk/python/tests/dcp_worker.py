@@ -7,8 +7,9 @@ ACTION: save (dcp.save through rewind.dcp.Writer), async_save
 the reference the save wrote), fs_save DIR (FileSystemWriter, for the
 benchmark). The agent's socket and the job come from REWIND_SOCKET and
 REWIND_JOB; REWIND_DCP_DEVICE=cuda puts the state on the GPUs (NCCL, one
-GPU per rank), else the CPU (gloo). A rank writes what it measured to
-OUT/rank-N.json.
+GPU per rank), else the CPU (gloo); REWIND_DCP_MODEL=fsdp2 makes the
+model an nn.Module sharded with FSDP2's fully_shard instead (see
+build_fsdp2). A rank writes what it measured to OUT/rank-N.json.
 
 The state: a model of DTensor parameters on a CPU device mesh (Shard(0),
 Shard(1) and Replicate placements, dimensions that do not divide by 3),
@@ -65,11 +66,51 @@ class Model(torch.nn.Module):
 def build(mesh, trained: bool):
     """The model and optimizer; trained: after one Adam step with seeded
     gradients (the state saved), else zeros (the state loaded into)."""
+    if os.environ.get("REWIND_DCP_MODEL") == "fsdp2":
+        return build_fsdp2(mesh, trained)
     model = Model(mesh, 1 if trained else 0)
     opt = torch.optim.Adam(model.parameters(), lr=0.01, foreach=False)
     if trained:
         for name, p in model.named_parameters():
             p.grad = distribute_tensor(full(name, 2), mesh, [PARAMS[name][1]])
+        opt.step()
+        opt.zero_grad()
+    return model, opt
+
+
+# Layer widths of the FSDP2 model: 4100 rows span several 1 MiB checksum
+# leaves per rank; 22, 37 and 5 divide by neither 2, 3 nor 4 (FSDP2 pads
+# its dim-0 shards, the last rank's shorter or empty).
+FSDP2_WIDTHS = (64, 4100, 22, 37, 5)
+
+
+def build_fsdp2(mesh, trained: bool):
+    """An nn.Sequential of Linear layers (seeded init, the same at any world
+    size) sharded by FSDP2: fully_shard on each Linear and on the root, as
+    torchtitan does per block. trained: after one Adam step, on the GPU
+    after a forward and backward of a seeded batch (gradients
+    reduce-scattered by FSDP2), on the CPU with seeded gradients; else a
+    fresh model with other values."""
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch 2.4-2.5: the composable API's module
+        from torch.distributed._composable.fsdp import fully_shard
+    torch.manual_seed(1 if trained else 99)
+    layers = [torch.nn.Linear(a, b) for a, b in zip(FSDP2_WIDTHS, FSDP2_WIDTHS[1:])]
+    model = torch.nn.Sequential(*layers).to(mesh.device_type)
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01, foreach=False)
+    if trained and mesh.device_type == "cuda":
+        x = torch.randn(8, FSDP2_WIDTHS[0], generator=torch.Generator().manual_seed(7)).to(mesh.device_type)
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    elif trained:  # torch 2.6's FSDP2 cannot run forward on the CPU: gradients set as its backward leaves them
+        for p in model.parameters():
+            g = torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel()))
+            p.grad = distribute_tensor(g, p.device_mesh, p.placements)
         opt.step()
         opt.zero_grad()
     return model, opt
@@ -94,9 +135,20 @@ def flat(d, prefix=""):
 
 
 def whole(v):
-    """The full value on the CPU (a reference compares across devices)."""
+    """The full value on the CPU (a reference compares across devices), a
+    copy: a replicated piece's full tensor is the piece itself."""
     v = v.full_tensor() if isinstance(v, DTensor) else v
-    return v.cpu() if isinstance(v, torch.Tensor) else v
+    return v.cpu().clone() if isinstance(v, torch.Tensor) else v
+
+
+def next_step(sd) -> None:
+    """What a training loop does right after dcp.async_save returns: its
+    next optimizer step changes every tensor of the state in place (here
+    each local value plus one, with no collective, beside the save's)."""
+    with torch.no_grad():
+        for _, v in flat(sd):
+            if isinstance(v, torch.Tensor):
+                (v.to_local() if isinstance(v, DTensor) else v).add_(1)
 
 
 def main() -> None:
@@ -113,6 +165,7 @@ def main() -> None:
     if action in ("save", "async_save", "fs_save"):
         model, opt = build(mesh, True)
         sd = state(model, opt, True)
+        ref = {k: whole(v) for k, v in flat(sd)}
         dist.barrier()
         t0 = time.perf_counter()
         if action == "save":
@@ -122,9 +175,9 @@ def main() -> None:
         else:
             fut = dcp.async_save(sd, storage_writer=rewind.dcp.Writer(step=step))
             res["blocked_s"] = time.perf_counter() - t0
+            next_step(sd)  # the loop goes on while the save completes
             fut.result()
         res["save_s"] = time.perf_counter() - t0
-        ref = {k: whole(v) for k, v in flat(sd)}
         if rank == 0:
             torch.save(ref, os.path.join(out, "reference.pt"))
     elif action == "load":

@@ -136,6 +136,31 @@ def test_gpu_state_loads_on_gpu_and_on_cpu_ranks(agent, tmp_path):
         assert all(r["param_device"] == "cpu" for r in results), results
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_fsdp2_model_and_optimizer(agent, tmp_path, monkeypatch, device):
+    """An nn.Module sharded by FSDP2's fully_shard (per layer and at the
+    root), after one Adam step, its model and Adam state saved through
+    the writer at world size 4 on the CPU (gloo), or on the GPUs (NCCL,
+    one rank a GPU, a forward and backward first): loaded back at that
+    size on that device, then at two other world sizes on CPU ranks,
+    every value equal to the full tensors saved."""
+    torch = pytest.importorskip("torch")
+    world = 4
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            pytest.skip("no CUDA device")
+        world = min(torch.cuda.device_count(), 4)
+    monkeypatch.setenv("REWIND_DCP_MODEL", "fsdp2")
+    job = f"dcp-fsdp2-{device}-{os.getpid()}"
+    gang("save", world, agent, job, tmp_path, "7", device=device)
+    results = gang("load", world, agent, job, tmp_path, device=device)
+    check_loaded(results, world, saved_world=world)
+    assert all(r["param_device"].startswith(device) for r in results), results
+    assert set(results[0]["placements"].values()) == {"(Shard(dim=0),)"}, results[0]["placements"]
+    for other in sorted({2, 3, world + 1} - {world})[:2]:
+        check_loaded(gang("load", other, agent, job, tmp_path), other, saved_world=world)
+
+
 def test_replicated_items_stored_once(saved, agent):
     """DCP's planner gives each replicated item (a Replicate DTensor, the
     optimizer's step, param_groups, the extra state) to one rank: across
