@@ -186,8 +186,8 @@ bench: build minio
 ## host-pack: static binaries, stripped and gzipped, in bin/host/, for internal/bench/hostcheck.sh on a host without Go.
 host-pack:
 	mkdir -p $(BIN)/host
-	$(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/host/ ./cmd/rewind ./cmd/rewind-dev
-	gzip -9f $(BIN)/host/rewind $(BIN)/host/rewind-dev
+	$(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/host/ ./cmd/rewind ./cmd/rewind-dev ./$(PYTHON_SDK)/tests/testdata/gowriter
+	gzip -9f $(BIN)/host/rewind $(BIN)/host/rewind-dev $(BIN)/host/gowriter
 	@ls -l $(BIN)/host
 
 # make fuzz: each fuzz target for FUZZTIME (go test -fuzz runs one target

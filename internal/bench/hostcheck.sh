@@ -2,8 +2,9 @@
 # The figures the 2-vCPU development machine cannot give, in one bounded
 # run on a bigger host, a GPU one where there is one: the coordinator's
 # commit latency at 8,192 ranks (plaintext and mutual TLS, alternating),
-# Save against memcpy on many cores, the CUDA and DCP tests of the Python
-# SDK, and dcp.save from GPU state against FileSystemWriter.
+# Save against memcpy on many cores, the Python SDK's whole suite on the
+# host's torch (its CUDA tests, FSDP2 over NCCL and the other DCP tests
+# among them), and dcp.save from GPU state against FileSystemWriter.
 #
 #   make host-pack                       # here: static binaries, gzipped, in bin/host/
 #   sh internal/bench/hostcheck.sh OUT   # there, in the repository root
@@ -20,7 +21,7 @@ mkdir -p "$out"
 log=$out/hostcheck.log
 bin=$(mktemp -d)
 trap 'rm -rf "$bin"' EXIT
-for b in rewind rewind-dev; do
+for b in rewind rewind-dev gowriter; do
 	gzip -dc "bin/host/$b.gz" >"$bin/$b" || { echo "hostcheck: no bin/host/$b.gz: run make host-pack first" >&2; exit 2; }
 	chmod +x "$bin/$b"
 done
@@ -51,17 +52,18 @@ part() {
 has() { case " ${HOSTCHECK_PARTS:-coord save python dcp} " in *" $1 "*) return 0 ;; esac; return 1; }
 
 if has coord; then
-	for i in 1 2; do
-		part "coordinator, plaintext, run $i" 150 "$bin/rewind-dev" bench coordinator --ranks 8192 --steps 200
-		part "coordinator, mutual TLS, run $i" 150 "$bin/rewind-dev" bench coordinator --ranks 8192 --steps 200 --tls
+	for i in 1 2 3; do
+		part "coordinator, plaintext, run $i" 60 "$bin/rewind-dev" bench coordinator --ranks 8192 --steps 200
+		part "coordinator, mutual TLS, run $i" 60 "$bin/rewind-dev" bench coordinator --ranks 8192 --steps 200 --tls
 	done
 fi
 if has save; then
 	part "save against memcpy" 240 "$bin/rewind-dev" bench save --sizes 1GiB,4GiB --runs 3
 fi
 if has python && $py -c 'import torch, grpc, numpy, google.protobuf, pytest, xxhash' 2>/dev/null; then
-	part "python SDK: CUDA and DCP tests" 300 env REWIND_BIN="$bin/rewind" PYTHONUNBUFFERED=1 USE_LIBUV=0 \
-		$py -m pytest -q -p no:cacheprovider sdk/python/tests/test_cuda.py sdk/python/tests/test_dcp.py
+	part "python SDK: the whole suite, CUDA, FSDP2 and DCP tests among them" 300 \
+		env REWIND_BIN="$bin/rewind" REWIND_GOWRITER="$bin/gowriter" PYTHONUNBUFFERED=1 \
+		$py -m pytest -q -p no:cacheprovider -rs -o faulthandler_timeout=120 sdk/python/tests
 fi
 if has dcp && $py -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
 	part "dcp.save from GPU state" 300 env PYTHONUNBUFFERED=1 USE_LIBUV=0 \

@@ -59,7 +59,7 @@ def worker(args) -> None:
     backend = "gloo"
     if args.device == "cuda":  # one GPU per rank, NCCL between them
         torch.cuda.set_device(args.rank % torch.cuda.device_count())
-        backend = "nccl"
+        backend = "cpu:gloo,cuda:nccl"  # dcp.async_save needs a CPU backend beside NCCL
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank, world_size=args.world)
     mesh = init_device_mesh(args.device, (args.world,))
     rows = max(1, args.mib * (1 << 20) // 4 // COLS // args.tensors)
