@@ -77,28 +77,33 @@ func (s *Session) RestoreInto(ctx context.Context, layout Layout) (*Resharded, e
 }
 
 // newestComplete returns the newest step of which the agent holds a
-// committed shard of every rank of the world size it was saved at.
+// committed shard of every rank of one world size. Shards of one step at
+// two world sizes are two gangs' saves of it (a coordinator would have
+// fenced the older): neither makes the other whole.
 func (s *Session) newestComplete(ctx context.Context) (int64, error) {
 	shards, err := s.c.List(ctx, s.job)
 	if err != nil {
 		return 0, err
 	}
-	ranks := map[int64]map[uint32]bool{}
-	sizes := map[int64]uint32{}
+	type save struct {
+		step  int64
+		world uint32
+	}
+	ranks := map[save]map[uint32]bool{}
 	for _, sh := range shards {
-		if sh.State != agentpb.ShardState_SHARD_STATE_COMMITTED {
+		if sh.State != agentpb.ShardState_SHARD_STATE_COMMITTED || sh.Rank >= sh.WorldSize {
 			continue
 		}
-		if ranks[sh.Step] == nil {
-			ranks[sh.Step] = map[uint32]bool{}
+		k := save{sh.Step, sh.WorldSize}
+		if ranks[k] == nil {
+			ranks[k] = map[uint32]bool{}
 		}
-		ranks[sh.Step][sh.Rank] = true
-		sizes[sh.Step] = sh.WorldSize
+		ranks[k][sh.Rank] = true
 	}
 	best := int64(-1)
-	for step, rs := range ranks {
-		if step > best && len(rs) == int(sizes[step]) {
-			best = step
+	for k, rs := range ranks {
+		if k.step > best && len(rs) == int(k.world) {
+			best = k.step
 		}
 	}
 	if best < 0 {

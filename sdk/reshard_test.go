@@ -269,3 +269,31 @@ func TestReshardRefusesBadLayouts(t *testing.T) {
 		t.Fatalf("empty layout: %+v, %v", res, err)
 	}
 }
+
+// TestReshardStepOfTwoGangs: an agent alone holds step 6 of two gangs,
+// neither whole: ranks 1 to 3 of the old one at world size 4 (its rank 0
+// died in that save) and rank 0 of a new one at world size 2. Every rank
+// of 0 to 3 has a shard of step 6, but no world size's ranks are all
+// there: the restore picks step 5, whole at world size 4.
+func TestReshardStepOfTwoGangs(t *testing.T) {
+	c, _ := start(t, nil)
+	gs := model(5)
+	saveSharded(t, c, "two", 5, gs, 4)
+	other := []sdk.Tensor{{Name: "w", DType: shm.F32, Shape: []int64{2}, Data: make([]byte, 8)}}
+	for r := uint32(1); r < 4; r++ {
+		if err := session(t, c, "two", r, 4).Save(ctxT(t), 6, other, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := session(t, c, "two", 0, 2).Save(ctxT(t), 6, other, nil); err != nil {
+		t.Fatal(err)
+	}
+	l := layoutFor(gs, 0, 2, 1)
+	res, err := session(t, c, "two", 0, 2).RestoreInto(ctxT(t), l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Step != 5 || res.SavedWorldSize != 4 {
+		t.Fatalf("restored step %d of world size %d; want step 5 of world size 4", res.Step, res.SavedWorldSize)
+	}
+}

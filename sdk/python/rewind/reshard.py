@@ -77,15 +77,16 @@ class _Piece:
 
 
 def latest_whole(c) -> int | None:
-    """The newest step of which the agent holds every rank's committed
-    shard (what a lone agent, without a coordinator, can restore)."""
-    ranks: dict[int, set] = {}
-    world: dict[int, int] = {}
+    """The newest step of which the agent holds a committed shard of every
+    rank of one world size (what a lone agent, without a coordinator, can
+    restore). Shards of one step at two world sizes are two gangs' saves
+    of it, which a coordinator would have fenced: neither makes the other
+    whole."""
+    ranks: dict[tuple[int, int], set] = {}
     for s in c.list():
         if s.state == ShardState.SHARD_STATE_COMMITTED:
-            ranks.setdefault(s.step, set()).add(s.rank)
-            world[s.step] = s.world_size
-    whole = [step for step, rs in ranks.items() if rs == set(range(world[step]))]
+            ranks.setdefault((s.step, s.world_size), set()).add(s.rank)
+    whole = [step for (step, world), rs in ranks.items() if rs == set(range(world))]
     return max(whole, default=None)
 
 

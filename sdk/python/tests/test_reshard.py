@@ -345,3 +345,26 @@ def test_many_tensors_with_long_names(agent, job):
     with rewind.Client(socket=agent.socket, job=job, rank=1, world_size=2, timeout=60) as c:
         c.restore(layout=Layout([Slice(n, (1,), out) for n, out in outs.items()]))
     assert all(outs[n].item() == -i for i, n in enumerate(names))
+
+
+def test_a_step_saved_at_two_world_sizes(agent, job):
+    """An agent alone (no coordinator to fence the old gang) holds step 6
+    of two gangs, neither whole: ranks 1 to 3 of the old one at world
+    size 4 (its rank 0 died in that save) and rank 0 of a new one at
+    world size 2 (its rank 1 died in that save). Step 6 is whole at no
+    world size, though every rank of 0 to 3 has a shard of it: the
+    restore picks step 5, whole at world size 4."""
+    save_world_4(agent, job)
+    for r, (lo, hi) in enumerate(SAVED_ROWS):
+        if r > 0:
+            with rewind.Client(socket=agent.socket, job=job, rank=r, world_size=4) as c:
+                c.save_tensors(6, {"w": W[lo:hi] + 100, "b": B.clone()},
+                               chunks={"w": {"global_shape": [10, 3], "offsets": [lo, 0]}})
+    with rewind.Client(socket=agent.socket, job=job, rank=0, world_size=2) as c:
+        c.save_tensors(6, {"w": W[:5] + 1, "b": B.clone()}, chunks={"w": {"global_shape": [10, 3], "offsets": [0, 0]}})
+    for r, (lo, hi) in enumerate(rows(2)):
+        w, b = torch.empty(hi - lo, 3), torch.empty(5, dtype=torch.float64)
+        with rewind.Client(socket=agent.socket, job=job, rank=r, world_size=2) as c:
+            res = c.restore(layout=Layout([Slice("w", (lo, 0), w), Slice("b", (0,), b)]))
+        assert (res.step, res.saved_world_size) == (5, 4)
+        assert torch.equal(w, W[lo:hi]) and torch.equal(b, B)
