@@ -121,8 +121,10 @@ class Snapshot:
 
     def staged(self, t: torch.Tensor) -> torch.Tensor:
         """t, a view of a storage the snapshot copied, as the same view of
-        the copy (on the CPU). A tensor the snapshot does not hold (one a
-        custom planner made while writing) is returned as it is."""
+        the copy (on the CPU), with t's lazy conjugate and negative bits
+        (the bytes are the storage's, the bits how t reads them). A tensor
+        the snapshot does not hold (one a custom planner made while
+        writing) is returned as it is."""
         n = _extent(t)
         if n == 0 or t.device.type == "meta":
             return t
@@ -130,7 +132,10 @@ class Snapshot:
         lo = t.storage_offset() * t.element_size()
         if sp is None or sp.buf is None or lo < sp.lo or lo + n > sp.hi:
             return t
-        return sp.buf[lo - sp.lo:lo - sp.lo + n].view(t.dtype).as_strided(t.shape, t.stride())
+        v = sp.buf[lo - sp.lo:lo - sp.lo + n].view(t.dtype).as_strided(t.shape, t.stride())
+        if t.is_neg():
+            v = torch._neg_view(v)
+        return v.conj() if t.is_conj() else v
 
     def release(self) -> None:
         """The save is done with the copies: the next snapshot may reuse

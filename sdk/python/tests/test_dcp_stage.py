@@ -80,3 +80,19 @@ def test_buffers_are_reused_once_the_save_is_done():
     with torch.no_grad():
         sd["w"].add_(1)
     assert torch.equal(after.staged(sd["w"]), before)
+
+
+def test_lazy_conjugate_and_negative_views_keep_their_bits():
+    """A lazy conjugate (and the negative view its .imag is) reads its
+    storage through a bit: the staged view carries the bit too, or the
+    save writes the unconjugated values that dcp.save does not."""
+    c = torch.randn(4, 3, dtype=torch.complex64)
+    sd = {"conj": c.conj(), "neg": c.conj().imag, "plain": c}
+    want = {k: v.resolve_conj().resolve_neg().clone() for k, v in sd.items()}
+    snap = Snapshot(sd)
+    with torch.no_grad():
+        c.add_(1)
+    for k, v in sd.items():
+        got = snap.staged(v.detach())
+        assert torch.equal(got.resolve_conj().resolve_neg(), want[k]), k
+
