@@ -92,14 +92,14 @@ class Snapshot:
     def _walk(self, v):
         """The state dict's structure with its own containers (a loop that
         refills its dict changes nothing staged); tensors are the live ones,
-        their bytes recorded to copy; other values deep-copied."""
+        their bytes recorded to copy; other values deep-copied. A tuple is
+        one of those: DCP pickles it whole as it writes, the tensors in it
+        too, so the copy is its own (and of its type: a torch.Size stays
+        one)."""
         if isinstance(v, dict):
             return {k: self._walk(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            out = [self._walk(x) for x in v]
-            if isinstance(v, list):
-                return out
-            return type(v)(*out) if hasattr(v, "_fields") else tuple(out)  # a named tuple, or a tuple
+        if isinstance(v, list):
+            return [self._walk(x) for x in v]
         if isinstance(v, torch.Tensor) or hasattr(v, "local_shards"):
             for t in _local_tensors(v):
                 self._record(t)

@@ -3,6 +3,7 @@ process group (test_dcp.py's async test runs it under DCP)."""
 
 from __future__ import annotations
 
+import collections
 import importlib
 
 import pytest
@@ -96,3 +97,19 @@ def test_lazy_conjugate_and_negative_views_keep_their_bits():
         got = snap.staged(v.detach())
         assert torch.equal(got.resolve_conj().resolve_neg(), want[k]), k
 
+
+def test_tensors_in_a_tuple_keep_the_values_at_stage_time():
+    """DCP pickles a tuple whole (its tensors too) while it writes: the
+    snapshot holds a copy of it, of its own type (torch.Size stays one)."""
+    t = torch.zeros(3)
+    shape = torch.Size([2, 3])
+    Pair = collections.namedtuple("Pair", "a b")
+    sd = {"tup": (t, 1), "pair": Pair(t, [t]), "shape": shape, "nested": [(t,)]}
+    snap = Snapshot(sd)
+    with torch.no_grad():
+        t.add_(1)
+    st = snap.state_dict
+    assert torch.equal(st["tup"][0], torch.zeros(3)) and st["tup"][1] == 1
+    assert type(st["pair"]) is Pair and torch.equal(st["pair"].a, torch.zeros(3))
+    assert torch.equal(st["pair"].b[0], torch.zeros(3)) and torch.equal(st["nested"][0][0], torch.zeros(3))
+    assert type(st["shape"]) is torch.Size and st["shape"] == shape
