@@ -18,6 +18,7 @@ no allocation after the first.
 from __future__ import annotations
 
 import copy
+import io
 import threading
 from dataclasses import dataclass
 
@@ -66,6 +67,19 @@ def _local_tensors(v):
         yield v
 
 
+def _copy(v):
+    """A copy of a value DCP pickles (torch.save) as it writes: deepcopy's,
+    else torch.save's and torch.load's (deepcopy refuses a tensor that is
+    not a graph leaf, in an object or a tuple; torch.save does not)."""
+    try:
+        return copy.deepcopy(v)
+    except Exception:
+        buf = io.BytesIO()
+        torch.save(v, buf)
+        buf.seek(0)
+        return torch.load(buf, weights_only=False)
+
+
 class Snapshot:
     """Copies of the storage spans a state dict's tensors view."""
 
@@ -104,7 +118,7 @@ class Snapshot:
             for t in _local_tensors(v):
                 self._record(t)
             return v
-        return copy.deepcopy(v)
+        return _copy(v)
 
     def _record(self, t: torch.Tensor) -> None:
         n = _extent(t)

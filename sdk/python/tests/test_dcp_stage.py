@@ -4,6 +4,7 @@ process group (test_dcp.py's async test runs it under DCP)."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import importlib
 
 import pytest
@@ -113,3 +114,22 @@ def test_tensors_in_a_tuple_keep_the_values_at_stage_time():
     assert type(st["pair"]) is Pair and torch.equal(st["pair"].a, torch.zeros(3))
     assert torch.equal(st["pair"].b[0], torch.zeros(3)) and torch.equal(st["nested"][0][0], torch.zeros(3))
     assert type(st["shape"]) is torch.Size and st["shape"] == shape
+
+
+@dataclasses.dataclass
+class Stats:
+    """A user's object holding a tensor that is not a graph leaf."""
+
+    loss: torch.Tensor
+    n: int
+
+
+def test_a_value_dcp_pickles_but_deepcopy_refuses_is_staged():
+    """deepcopy refuses tensors with a grad_fn, torch.save (what DCP
+    writes such a value with) does not: staging copies the value anyway."""
+    w = torch.ones(3, requires_grad=True)
+    sd = {"stats": Stats(w * 2, 5), "pair": (w * 3, 1)}
+    snap = Snapshot(sd)
+    assert isinstance(snap.state_dict["stats"], Stats) and snap.state_dict["stats"].n == 5
+    assert torch.equal(snap.state_dict["stats"].loss, torch.full((3,), 2.0))
+    assert torch.equal(snap.state_dict["pair"][0], torch.full((3,), 3.0))
