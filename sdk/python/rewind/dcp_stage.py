@@ -32,7 +32,8 @@ except ImportError:  # torch 2.0-2.3
 _ALIGN = 64  # a span starts on a boundary every dtype's view of it can take
 
 # The buffers of the last snapshot whose save is done, by (storage address,
-# span, device type); a snapshot takes the ones it uses out of it.
+# storage size, span, device type); a snapshot takes the ones it uses out
+# of it.
 _idle: dict[tuple, torch.Tensor] = {}
 _idle_lock = threading.Lock()
 
@@ -55,6 +56,12 @@ def _extent(t: torch.Tensor) -> int:
 def _storage(t: torch.Tensor):
     """t's untyped storage (torch 2; the stubs mypy checks are 1.13's)."""
     return t.untyped_storage()  # type: ignore[attr-defined]
+
+
+def _key(st) -> tuple[int, int]:
+    """A storage's address and size: two storages may start at one address
+    (torch.from_numpy of an array and of a slice of it)."""
+    return st.data_ptr(), st.nbytes()
 
 
 def _local_tensors(v):
@@ -84,13 +91,12 @@ class Snapshot:
     """Copies of the storage spans a state dict's tensors view."""
 
     def __init__(self, state_dict):
-        self.spans: dict[int, _Span] = {}
+        self.spans: dict[tuple[int, int], _Span] = {}
         self.state_dict = self._walk(state_dict)
         gpus = set()
         with _idle_lock:
-            for ptr, sp in self.spans.items():
-                key = (ptr, sp.hi - sp.lo, sp.storage.device.type)
-                sp.buf = _idle.pop(key, None)
+            for k, sp in self.spans.items():
+                sp.buf = _idle.pop((*k, sp.hi - sp.lo, sp.storage.device.type), None)
         for sp in self.spans.values():
             dev = sp.storage.device
             if sp.buf is None:
@@ -127,9 +133,9 @@ class Snapshot:
         st = _storage(t)
         lo = t.storage_offset() * t.element_size()
         lo, hi = lo - lo % _ALIGN, lo + n
-        sp = self.spans.get(st.data_ptr())
+        sp = self.spans.get(_key(st))
         if sp is None:
-            self.spans[st.data_ptr()] = _Span(st, lo, hi)
+            self.spans[_key(st)] = _Span(st, lo, hi)
         else:
             sp.lo, sp.hi = min(sp.lo, lo), max(sp.hi, hi)
 
@@ -142,7 +148,7 @@ class Snapshot:
         n = _extent(t)
         if n == 0 or t.device.type == "meta":
             return t
-        sp = self.spans.get(_storage(t).data_ptr())
+        sp = self.spans.get(_key(_storage(t)))
         lo = t.storage_offset() * t.element_size()
         if sp is None or sp.buf is None or lo < sp.lo or lo + n > sp.hi:
             return t
@@ -156,7 +162,7 @@ class Snapshot:
         them."""
         with _idle_lock:
             _idle.clear()
-            for ptr, sp in self.spans.items():
+            for k, sp in self.spans.items():
                 if sp.buf is not None:
-                    _idle[(ptr, sp.hi - sp.lo, sp.storage.device.type)] = sp.buf
+                    _idle[(*k, sp.hi - sp.lo, sp.storage.device.type)] = sp.buf
         self.spans = {}

@@ -16,6 +16,7 @@ try:
 except ImportError as e:
     pytest.skip(f"rewind.dcp: {e}", allow_module_level=True)
 
+import numpy as np
 import torch
 
 
@@ -133,3 +134,15 @@ def test_a_value_dcp_pickles_but_deepcopy_refuses_is_staged():
     assert isinstance(snap.state_dict["stats"], Stats) and snap.state_dict["stats"].n == 5
     assert torch.equal(snap.state_dict["stats"].loss, torch.full((3,), 2.0))
     assert torch.equal(snap.state_dict["pair"][0], torch.full((3,), 3.0))
+
+
+def test_two_storages_at_one_address_are_staged_apart():
+    """Two storages may start at one address (torch.from_numpy of an array
+    and of a slice of it): each is copied within its own bytes."""
+    arr = np.arange(100, dtype=np.float32)
+    sd = {"head": torch.from_numpy(arr[:10]), "all": torch.from_numpy(arr)}
+    snap = Snapshot(sd)
+    want = {k: v.clone() for k, v in sd.items()}
+    arr += 1
+    for k, v in sd.items():
+        assert torch.equal(snap.staged(v), want[k]), k
