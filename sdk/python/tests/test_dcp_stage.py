@@ -19,6 +19,8 @@ except ImportError as e:
 import numpy as np
 import torch
 
+import rewind
+
 
 def state():
     big = torch.arange(4096, dtype=torch.float32)
@@ -146,3 +148,23 @@ def test_two_storages_at_one_address_are_staged_apart():
     arr += 1
     for k, v in sd.items():
         assert torch.equal(snap.staged(v), want[k]), k
+
+
+def test_a_save_after_a_failed_async_save_writes_its_own_values(agent, job):
+    """An async_save that fails before it writes (a checkpoint_id without
+    a step) leaves nothing staged behind: a dcp.save through the same
+    Writer (a retry) writes the values at its own call."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+    w = rewind.dcp.Writer(socket=agent.socket)
+    sd = {"x": torch.ones(4)}
+    fut = dcp.async_save(sd, checkpoint_id=f"rewind://{job}", storage_writer=w)
+    with pytest.raises(CheckpointException, match="no step"):
+        fut.result()
+    with torch.no_grad():
+        sd["x"].fill_(2)
+    dcp.save(sd, checkpoint_id=f"rewind://{job}/step-1", storage_writer=w)
+    got = {"x": torch.zeros(4)}
+    dcp.load(got, checkpoint_id=f"rewind://{job}/step-1", storage_reader=rewind.dcp.Reader(socket=agent.socket))
+    assert got["x"].tolist() == [2.0] * 4
