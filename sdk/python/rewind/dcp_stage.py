@@ -66,10 +66,10 @@ def _key(st) -> tuple[int, int]:
 
 def _local_tensors(v):
     if isinstance(v, DTensor):
-        yield v.to_local()
-    elif hasattr(v, "local_shards"):  # ShardedTensor
+        yield from _local_tensors(v.to_local())
+    elif hasattr(v, "local_shards"):  # a ShardedTensor's Shards; a LocalShardsWrapper's tensors
         for s in v.local_shards():
-            yield s.tensor
+            yield getattr(s, "tensor", s)
     elif isinstance(v, torch.Tensor):
         yield v
 

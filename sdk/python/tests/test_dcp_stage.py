@@ -168,3 +168,19 @@ def test_a_save_after_a_failed_async_save_writes_its_own_values(agent, job):
     got = {"x": torch.zeros(4)}
     dcp.load(got, checkpoint_id=f"rewind://{job}/step-1", storage_reader=rewind.dcp.Reader(socket=agent.socket))
     assert got["x"].tolist() == [2.0] * 4
+
+
+def test_a_local_shards_wrapper_is_staged_shard_by_shard():
+    """torch's LocalShardsWrapper (torchrec's local piece of a DTensor, and
+    a value dcp.save writes by itself) lists plain tensors as its
+    local_shards, not ShardedTensor's Shards: each is staged."""
+    try:
+        from torch.distributed.tensor._shards_wrapper import LocalShardsWrapper
+    except ImportError:
+        pytest.skip("this torch has no LocalShardsWrapper")
+    a, b = torch.ones(2, 3), torch.zeros(2, 3)
+    snap = Snapshot({"w": LocalShardsWrapper([a, b], [torch.Size([0, 0]), torch.Size([0, 3])])})
+    with torch.no_grad():
+        a.add_(1)
+        b.add_(1)
+    assert torch.equal(snap.staged(a), torch.ones(2, 3)) and torch.equal(snap.staged(b), torch.zeros(2, 3))
