@@ -263,7 +263,6 @@ class Writer(_Base, StorageWriter, AsyncStager):
         self.client: Client | None = None
         self._staged: Snapshot | None = None  # stage's, for the save it stages
         self._snapshot: Snapshot | None = None  # the one the save under way writes from
-        self._begun = False
 
     def stage(self, state_dict):
         self._staged = Snapshot(state_dict)
@@ -272,27 +271,18 @@ class Writer(_Base, StorageWriter, AsyncStager):
     def synchronize_staging(self) -> None:
         pass
 
-    def _begin(self) -> None:
-        """A save begins (its first call into the writer: storage_meta, else
-        set_up_storage_writer): it writes from what stage staged for it,
-        or from the live tensors. A snapshot that an async save staged and
-        never wrote (it failed first) is dropped, not written by the next
-        save through this writer (a retry with dcp.save)."""
-        self._snapshot, self._staged = self._staged, None
-        self._begun = True
-
     def storage_meta(self) -> StorageMeta | None:
-        self._begin()
-        return self._meta()
-
-    def _meta(self) -> StorageMeta:
         job = self.client.job if self.client is not None else self.job or ""
         return StorageMeta(checkpoint_id=self._id(job, self.step), save_id=self.save_id)
 
     def set_up_storage_writer(self, is_coordinator: bool) -> None:
-        if not self._begun:
-            self._begin()
-        self._begun = False
+        # A save begins (DCP calls this once a save, before planning; it
+        # may call storage_meta more than once, before and after the
+        # write): it writes from what stage staged for it, or from the
+        # live tensors. A snapshot that an async save staged and never
+        # wrote (it failed first) is dropped, not written by the next save
+        # through this writer (a retry with dcp.save).
+        self._snapshot, self._staged = self._staged, None
         if self.step is None:
             raise InvalidError("dcp save", "no step: pass Writer(step=N) or checkpoint_id rewind://JOB/step-N")
         self.client = self._connect()
@@ -398,7 +388,7 @@ class Writer(_Base, StorageWriter, AsyncStager):
         rebuilt from them at load: what is left is to name the checkpoint
         in the Metadata dcp.save returns, as FileSystemWriter does."""
         if hasattr(metadata, "storage_meta"):
-            metadata.storage_meta = self._meta()
+            metadata.storage_meta = self.storage_meta()
 
 
 def _drop_cached_plans(planner) -> None:
