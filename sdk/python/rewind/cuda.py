@@ -4,9 +4,9 @@ copies are issued non-blocking on a side stream per device, and the save
 waits for them (stream.synchronize) before hashing the copied bytes and
 committing: a save never returns before its bytes are in shared memory.
 
-UNTESTED ON A GPU so far: the development machines have none. Everything
-here runs only when torch.cuda.is_available(); tests that need a GPU are
-skipped without one.
+Everything here runs only when torch.cuda.is_available(); its tests
+(tests/test_cuda.py) pass on an NVIDIA H200 (torch 2.11, CUDA 13) and are
+skipped without a GPU.
 """
 
 from __future__ import annotations

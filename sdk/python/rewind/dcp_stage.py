@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import copy
 import io
+import mmap
 import threading
+import warnings
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +54,30 @@ def _extent(t: torch.Tensor) -> int:
     if t.numel() == 0:
         return 0
     return (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
+
+
+_PIN_MIN = 1 << 20  # smaller buffers stay pageable: their copies are short either way
+
+
+def _host_buffer(n: int, pinned: bool) -> torch.Tensor:
+    """n bytes of host memory; pinned (and n at least _PIN_MIN): pages of
+    their own (an anonymous mapping) page-locked for DMA from a GPU by
+    registering exactly them (cudaHostRegister, as the SDK does its shard
+    mappings), not through torch's pinned allocator, which rounds each
+    block up to a power of two (up to twice the state). Unregistered when
+    the buffer goes; if registration fails, a warning says so and the
+    copies go through pageable memory."""
+    if not pinned or n < _PIN_MIN:
+        return torch.empty(n, dtype=torch.uint8)
+    buf = torch.frombuffer(mmap.mmap(-1, n), dtype=torch.uint8)
+    rt = torch.cuda.cudart()
+    err = rt.cudaHostRegister(buf.data_ptr(), n, 0)  # cudaHostRegisterDefault
+    if int(getattr(err, "value", err)) != 0:
+        warnings.warn(f"rewind: cudaHostRegister of a {n}-byte staging buffer failed ({err}); "
+                      "dcp.async_save copies GPU tensors through pageable memory", RuntimeWarning, stacklevel=4)
+    else:
+        weakref.finalize(buf, rt.cudaHostUnregister, buf.data_ptr())
+    return buf
 
 
 def _storage(t: torch.Tensor):
@@ -100,7 +127,7 @@ class Snapshot:
         for sp in self.spans.values():
             dev = sp.storage.device
             if sp.buf is None:
-                sp.buf = torch.empty(sp.hi - sp.lo, dtype=torch.uint8, pin_memory=dev.type == "cuda")
+                sp.buf = _host_buffer(sp.hi - sp.lo, pinned=dev.type == "cuda")
             src = torch.empty(0, dtype=torch.uint8, device=dev)
             src.set_(sp.storage, sp.lo, (sp.hi - sp.lo,))  # type: ignore[call-overload]
             sp.buf.copy_(src, non_blocking=dev.type == "cuda")

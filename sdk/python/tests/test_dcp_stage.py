@@ -184,3 +184,23 @@ def test_a_local_shards_wrapper_is_staged_shard_by_shard():
         a.add_(1)
         b.add_(1)
     assert torch.equal(snap.staged(a), torch.ones(2, 3)) and torch.equal(snap.staged(b), torch.zeros(2, 3))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_gpu_tensors_staged_into_page_locked_buffers():
+    """GPU tensors are copied (after the work queued on them) into host
+    buffers page-locked by registration, exactly their size; the staged
+    views keep the values when the tensors change on the GPU."""
+    w = torch.zeros(3 << 20, device="cuda")  # 12 MiB: registered
+    b = torch.arange(10.0, device="cuda")  # small: pageable
+    for _ in range(10):
+        w.add_(1)  # queued, likely still running
+    snap = Snapshot({"w": w, "b": b})
+    w.add_(1)
+    b.mul_(2)
+    got = snap.staged(w)
+    assert got.device.type == "cpu" and torch.equal(got, torch.full((3 << 20,), 10.0))
+    assert torch.equal(snap.staged(b), torch.arange(10.0))
+    big = next(sp.buf for sp in snap.spans.values() if sp.buf.numel() >= 12 << 20)
+    assert big.is_pinned() and big.numel() == 12 << 20
+    snap.release()
