@@ -29,11 +29,14 @@ type Agent struct {
 	fsStat  vfs.FSStat
 	budget  uint64
 
-	mu     sync.Mutex // guards ranks, used, seq, leases
-	ranks  map[rankKey]*lockedRank
-	used   uint64
-	seq    uint64
-	leases map[uint64]*lease
+	mu    sync.Mutex // guards ranks, used, jobUsed, seq, leases
+	ranks map[rankKey]*lockedRank
+	used  uint64
+	// jobUsed: the bytes of each job's segments, own and replicas, and of
+	// the warm segment under warmName (Config.JobBudgetBytes).
+	jobUsed map[string]uint64
+	seq     uint64
+	leases  map[uint64]*lease
 	// partials are the partially open shards of other nodes (partial.go),
 	// by lease.
 	partials map[uint64]*partial
@@ -87,6 +90,7 @@ func New(cfg Config) (*Agent, error) {
 		log:      cfg.Logger.With("component", "agent", "node", cfg.Node),
 		paths:    shm.Paths{Root: cfg.ShmRoot},
 		ranks:    map[rankKey]*lockedRank{},
+		jobUsed:  map[string]uint64{},
 		leases:   map[uint64]*lease{},
 		partials: map[uint64]*partial{},
 		verifyQ:  make(chan verifyJob, 1024),
@@ -145,7 +149,9 @@ func (a *Agent) rank(job string, rank uint32, create bool) *lockedRank {
 	return r
 }
 
-// reserveBudget accounts for a segment growing from old to size bytes.
+// reserveBudget accounts for a segment of job growing from old to size
+// bytes: within the node's budget, and within the job's share of it
+// (Config.JobBudgetBytes) for a job's segment (not the warm one).
 func (a *Agent) reserveBudget(job string, rank uint32, old, size int64) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -161,24 +167,41 @@ func (a *Agent) reserveBudget(job string, rank uint32, old, size int64) error {
 		return fmt.Errorf("%w: agent: segment for job %s rank %d is %s, budget left %s (budget %s, %s in use)",
 			ErrBudget, job, rank, units.Bytes(uint64(size)), units.Bytes(left), units.Bytes(a.budget), units.Bytes(a.used))
 	}
+	if jb := a.cfg.JobBudgetBytes; jb > 0 && job != warmName && a.jobUsed[job]+grow > jb {
+		return &jobBudgetError{fmt.Sprintf("%v: agent: segment for job %s rank %d is %s, the job's share of this node's budget left %s (--job-budget %s, %s in use by the job's segments here)",
+			ErrBudget, job, rank, units.Bytes(uint64(size)), units.Bytes(jb-min(jb, a.jobUsed[job])), units.Bytes(jb), units.Bytes(a.jobUsed[job]))}
+	}
 	a.used += grow
+	a.jobUsed[job] += grow
 	return nil
 }
 
-// budgetLeft returns the bytes of the budget not in use.
-func (a *Agent) budgetLeft() int64 {
+// budgetLeft returns the bytes of the budget that job's segments may still
+// take: what the node's budget has not in use, and no more than what is
+// left of the job's share.
+func (a *Agent) budgetLeft(job string) int64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.used >= a.budget {
 		return 0
 	}
-	return int64(min(a.budget-a.used, maxShardBytes))
+	left := a.budget - a.used
+	if jb := a.cfg.JobBudgetBytes; jb > 0 {
+		left = min(left, jb-min(jb, a.jobUsed[job]))
+	}
+	return int64(min(left, maxShardBytes))
 }
 
-// adjustUsed records a segment's size change, once the file has changed.
-func (a *Agent) adjustUsed(delta int64) {
+// adjustUsed records a size change of a segment of job, once the file has
+// changed.
+func (a *Agent) adjustUsed(job string, delta int64) {
 	a.mu.Lock()
 	a.used = uint64(int64(a.used) + delta)
+	if n := int64(a.jobUsed[job]) + delta; n > 0 {
+		a.jobUsed[job] = uint64(n)
+	} else {
+		delete(a.jobUsed, job)
+	}
 	a.mu.Unlock()
 }
 
@@ -187,6 +210,19 @@ func (a *Agent) nextSeq() uint64 {
 	defer a.mu.Unlock()
 	a.seq++
 	return a.seq
+}
+
+// jobBytes returns the bytes of each job's segments (not the warm one's).
+func (a *Agent) jobBytes() map[string]uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make(map[string]uint64, len(a.jobUsed))
+	for job, n := range a.jobUsed {
+		if job != warmName {
+			out[job] = n
+		}
+	}
+	return out
 }
 
 // Used returns the bytes of all segments and the budget.

@@ -64,6 +64,10 @@ type Config struct {
 	// BudgetBytes caps the bytes of all segments on the node; 0 means the
 	// size of the shared-memory file system.
 	BudgetBytes uint64
+	// JobBudgetBytes caps the bytes of one job's segments on the node, its
+	// own ranks' and its replicas, within BudgetBytes: one job's saves
+	// cannot take the memory another job on the node needs. 0: no cap.
+	JobBudgetBytes uint64
 	// SlotsPerRank is how many segments each rank rotates through.
 	SlotsPerRank int
 	// VerifyWorkers is how many goroutines verify checksums.

@@ -26,6 +26,14 @@ var (
 	ErrUnknownPeer = errors.New("not a node the coordinator knows")
 )
 
+// jobBudgetError: a job's segments would pass its share of the node's
+// budget (Config.JobBudgetBytes). It is an ErrBudget; room made by
+// dropping other jobs' replicas does not help it.
+type jobBudgetError struct{ msg string }
+
+func (e *jobBudgetError) Error() string        { return e.msg }
+func (e *jobBudgetError) Is(target error) bool { return target == ErrBudget }
+
 func toStatus(err error) error {
 	if err == nil {
 		return nil

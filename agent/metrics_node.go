@@ -9,10 +9,11 @@ import (
 
 // nodeMetrics are the node's gauges computed when scraped: its identity
 // (rewind_agent_info, which dashboards join on the scrape's instance to
-// name the node), its segments by state and its tiers' health.
+// name the node), its segments by state, its tiers' health, and each
+// job's bytes against its share of the budget.
 type nodeMetrics struct {
-	a                        *Agent
-	info, segments, degraded *prometheus.Desc
+	a                                             *Agent
+	info, segments, degraded, jobBytes, jobBudget *prometheus.Desc
 }
 
 func newNodeMetrics(a *Agent) *nodeMetrics {
@@ -24,6 +25,9 @@ func newNodeMetrics(a *Agent) *nodeMetrics {
 			[]string{"state"}, nil),
 		degraded: prometheus.NewDesc("rewind_agent_tier_degraded", "1 while transfers to a tier fail and are retried, else 0.",
 			[]string{"tier"}, nil),
+		jobBytes: prometheus.NewDesc("rewind_agent_shm_job_bytes", "Bytes of a job's segments in shared memory, its ranks' and its replicas, by job (job_id); what --job-budget caps.",
+			[]string{"job_id"}, nil),
+		jobBudget: prometheus.NewDesc("rewind_agent_shm_job_budget_bytes", "The most of the budget one job's segments may take (--job-budget; 0: no cap).", nil, nil),
 	}
 }
 
@@ -31,11 +35,17 @@ func (m *nodeMetrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.info
 	ch <- m.segments
 	ch <- m.degraded
+	ch <- m.jobBytes
+	ch <- m.jobBudget
 }
 
 func (m *nodeMetrics) Collect(ch chan<- prometheus.Metric) {
 	a := m.a
 	ch <- prometheus.MustNewConstMetric(m.info, prometheus.GaugeValue, 1, a.cfg.Node, a.cfg.FailureDomain)
+	ch <- prometheus.MustNewConstMetric(m.jobBudget, prometheus.GaugeValue, float64(a.cfg.JobBudgetBytes))
+	for job, n := range a.jobBytes() {
+		ch <- prometheus.MustNewConstMetric(m.jobBytes, prometheus.GaugeValue, float64(n), job)
+	}
 	counts := map[slotState]int{stateWriting: 0, stateCommitted: 0, stateCorrupt: 0, stateStaged: 0}
 	for _, s := range a.List("") {
 		counts[s.State]++

@@ -83,8 +83,14 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 	if errors.Is(err, ErrBudget) && a.expirePartials() > 0 { // and reads whose reader is gone (partial.go)
 		err = a.reserveBudget(job, rank, s.Size, size)
 	}
-	if errors.Is(err, ErrBudget) && place && a.evictReplicas(size-s.Size, r) > 0 {
-		err = a.reserveBudget(job, rank, s.Size, size) // the node's own save goes before replicas
+	if errors.Is(err, ErrBudget) && place {
+		of := "" // the node's own save goes before replicas: any job's
+		if share := (*jobBudgetError)(nil); errors.As(err, &share) {
+			of = job // only the job's own replicas count in its share
+		}
+		if a.evictReplicas(of, size-s.Size, r) > 0 {
+			err = a.reserveBudget(job, rank, s.Size, size)
+		}
 	}
 	if err != nil {
 		if s.State == stateFree && s.Size == 0 { // a new slot: it never was
@@ -101,7 +107,7 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 	s.preparedAt = a.cfg.Clock.Now()
 	if err := a.persist(&r.rankState); err != nil {
 		*s = prev
-		a.releaseBudget(prev.Size, size)
+		a.releaseBudget(job, prev.Size, size)
 		return PrepareResult{}, err
 	}
 	path := a.paths.Segment(job, rank, s.Index)
@@ -115,7 +121,7 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 			s.State = stateFree
 			a.gone(&r.rankState, &prev) // its old step is gone: say so
 		}
-		a.releaseBudget(prev.Size, size)
+		a.releaseBudget(job, prev.Size, size)
 		if perr := a.persist(&r.rankState); perr != nil {
 			a.log.Error("restoring slot state after failed reserve", "err", perr)
 		}
@@ -123,7 +129,7 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 		return PrepareResult{}, err
 	}
 	if size < prev.Size {
-		a.adjustUsed(size - prev.Size)
+		a.adjustUsed(job, size-prev.Size)
 	}
 	s.Size = size
 	if place {
@@ -140,10 +146,11 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 	return PrepareResult{Slot: s.Index, Path: path, Size: size, Token: s.token, Resized: resized, SegmentID: segID}, nil
 }
 
-// releaseBudget undoes reserveBudget for a segment that did not grow.
-func (a *Agent) releaseBudget(old, size int64) {
+// releaseBudget undoes reserveBudget for a segment of job that did not
+// grow.
+func (a *Agent) releaseBudget(job string, old, size int64) {
 	if size > old {
-		a.adjustUsed(old - size)
+		a.adjustUsed(job, old-size)
 	}
 }
 
@@ -436,7 +443,7 @@ func (a *Agent) Delete(job string, rank uint32, allRanks bool, step int64) (n in
 			}
 			removed = append(removed, s)
 			freed += s.Size
-			a.adjustUsed(-s.Size)
+			a.adjustUsed(r.job, -s.Size)
 		}
 		r.slots = keep
 		for _, s := range removed { // once the slots left: a twin being read stays

@@ -142,7 +142,7 @@ func (a *Agent) makePartialFile(p *partial, raw []byte) error {
 	}
 	p.charged = int64(len(raw))
 	fail := func(err error) error {
-		a.adjustUsed(-p.charged)
+		a.adjustUsed(p.ps.Job, -p.charged)
 		return fmt.Errorf("agent: a partially open shard: %w", err)
 	}
 	if err := a.cfg.FS.MkdirAll(a.partialDir(), 0o700); err != nil {
@@ -203,7 +203,7 @@ func (a *Agent) releasePartial(id uint64) bool {
 	if err := a.cfg.FS.Remove(p.path); err != nil {
 		a.log.Warn("could not remove a partially open shard", "path", p.path, "err", err)
 	}
-	a.adjustUsed(-p.charged)
+	a.adjustUsed(p.ps.Job, -p.charged)
 	p.charged = 0
 	return true
 }
@@ -287,7 +287,7 @@ func (a *Agent) Fill(ctx context.Context, id uint64, ranges [][2]int64) (int64, 
 	p.charged += want
 	var fetched int64
 	defer func() { // what was not fetched is not held
-		a.adjustUsed(-(want - fetched))
+		a.adjustUsed(p.ps.Job, -(want - fetched))
 		p.charged -= want - fetched
 	}()
 	a.mu.Lock()

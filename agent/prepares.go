@@ -56,7 +56,7 @@ func (a *Agent) expireRankPrepares(r *lockedRank, now time.Time) int64 {
 			continue
 		}
 		freed += s.Size
-		a.adjustUsed(-s.Size)
+		a.adjustUsed(r.job, -s.Size)
 		changed = true
 		if s.State == stateFree {
 			a.log.Info("a free segment given back to the budget for another rank's save",

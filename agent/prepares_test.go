@@ -62,7 +62,7 @@ func TestUncommittedPrepareExpires(t *testing.T) {
 	if n := expiredCount(t, reg); n != 1 {
 		t.Errorf("rewind_agent_prepares_expired_total = %v, want 1", n)
 	}
-	if used := a.budget - uint64(a.budgetLeft()); used != size {
+	if used := a.budget - uint64(a.budgetLeft("b")); used != size {
 		t.Errorf("budget in use %d, want the one live prepare's %d", used, size)
 	}
 }

@@ -140,6 +140,7 @@ func (a *Agent) reindexRank(job string, rank uint32) (shards, corrupt int, err e
 			a.seq = s.Seq
 		}
 		a.used += uint64(fi.Size())
+		a.jobUsed[job] += uint64(fi.Size())
 		r.slots = append(r.slots, s)
 	}
 	if len(r.slots) > 0 {

@@ -404,11 +404,11 @@ func (a *Agent) fetchSource(ctx context.Context, ps PeerShard, src Source) (int6
 // evictReplicas frees replica segments for a save of the node's own that
 // does not fit the budget, until need bytes are free or none is left to
 // give: never a replica rank's newest copy, nor a step the job's pins hold,
-// nor a segment being read or verified. skip is the rank being prepared
-// (its lock is held); a rank busy elsewhere is passed over. It returns the
-// bytes freed.
-func (a *Agent) evictReplicas(need int64, skip *lockedRank) int64 {
-	ranks := a.rankList("")
+// nor a segment being read or verified. job: only that job's replicas
+// ("": any job's). skip is the rank being prepared (its lock is held); a
+// rank busy elsewhere is passed over. It returns the bytes freed.
+func (a *Agent) evictReplicas(job string, need int64, skip *lockedRank) int64 {
+	ranks := a.rankList(job)
 	var freed int64
 	for _, r := range ranks {
 		if freed >= need {
@@ -431,7 +431,7 @@ func (a *Agent) evictReplicas(need int64, skip *lockedRank) int64 {
 			}
 			evicted = append(evicted, s)
 			freed += s.Size
-			a.adjustUsed(-s.Size)
+			a.adjustUsed(r.job, -s.Size)
 			a.log.Warn("replica evicted for a save of this node's own", "job", r.job, "rank", r.rank, "step", s.Step, "bytes", s.Size)
 		}
 		r.slots = keep

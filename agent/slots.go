@@ -328,7 +328,7 @@ func (a *Agent) pickPinned(r *lockedRank, size int64, max int, pins pinSet, repl
 	if need := r.keptSteps(pins, replica) + 1; need > extra {
 		extra = min(need, max+maxAhead)
 	}
-	if len(r.slots) >= max && a.budgetLeft() < size {
+	if len(r.slots) >= max && a.budgetLeft(r.job) < size {
 		extra = max // no room for one more segment: the protected step may go
 	}
 	if s := r.pick(size, extra, pins, replica); s != nil {

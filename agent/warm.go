@@ -70,7 +70,7 @@ func (a *Agent) fillWarm() {
 		a.log.Warn("no warm segment", "err", err)
 		m.Close()
 		_ = a.cfg.FS.Remove(filling)
-		a.releaseBudget(0, size)
+		a.releaseBudget(warmName, 0, size)
 		return
 	}
 	a.warm.m, a.warm.path = m, path
@@ -84,19 +84,19 @@ func (a *Agent) makeWarm(path string, size int64) *shm.Mapping {
 		return nil
 	}
 	if _, err := a.segs.Reserve(path, size); err != nil {
-		a.releaseBudget(0, size)
+		a.releaseBudget(warmName, 0, size)
 		a.log.Warn("no warm segment", "err", err)
 		return nil
 	}
 	f, err := a.cfg.FS.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
-		a.releaseBudget(0, size)
+		a.releaseBudget(warmName, 0, size)
 		return nil
 	}
 	m, err := shm.Map(f, size, true)
 	f.Close()
 	if err != nil {
-		a.releaseBudget(0, size)
+		a.releaseBudget(warmName, 0, size)
 		a.log.Warn("no warm segment", "err", err)
 		return nil
 	}
@@ -121,7 +121,7 @@ func (a *Agent) adoptWarm(path string, size int64) bool {
 		a.log.Warn("adopting the warm segment", "err", err)
 		return false
 	}
-	a.adjustUsed(-int64(len(a.warm.m.Data)))
+	a.adjustUsed(warmName, -int64(len(a.warm.m.Data)))
 	if a.warm.adopted == nil {
 		a.warm.adopted = map[string]*shm.Mapping{}
 	}

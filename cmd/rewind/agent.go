@@ -27,6 +27,7 @@ func runAgent(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.AdvertiseAddr, "advertise", cfg.AdvertiseAddr, "address the coordinator and peers reach this agent's --listen at (default: node name and the --listen port)")
 	fs.StringVar(&cfg.FailureDomain, "failure-domain", cfg.FailureDomain, "what fails together with this node (rack, switch)")
 	budget := fs.String("budget", "0", "shared-memory budget for all segments, e.g. 64GiB (0: the tmpfs size, at most half the host's memory)")
+	jobBudget := fs.String("job-budget", "0", "the most of the budget one job's segments (its ranks' and its replicas) may take, e.g. 32GiB (0: no cap)")
 	fs.IntVar(&cfg.SlotsPerRank, "slots", cfg.SlotsPerRank, "segments per rank (at least 2)")
 	fs.BoolVar(&cfg.VerifyAfterCommit, "verify-after-commit", cfg.VerifyAfterCommit, "re-read every committed shard in the background")
 	positiveDuration(fs, &cfg.PrepareTTL, "prepare-ttl", "how long a save's Prepare holds its segment without a Commit before a save short of budget takes it back")
@@ -94,6 +95,9 @@ func runAgent(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg.BudgetBytes = b
+	if cfg.JobBudgetBytes, err = units.ParseBytes(*jobBudget); err != nil {
+		return fmt.Errorf("--job-budget: %w", err)
+	}
 	a, err := agent.New(cfg)
 	if err != nil {
 		return err
