@@ -50,6 +50,93 @@ func TestJobBytesMetric(t *testing.T) {
 	}
 }
 
+// newBudgetAgent is an agent over a fresh shm root with the given node
+// budget and job share.
+func newBudgetAgent(t *testing.T, budget, share uint64, mod func(*Config)) *Agent {
+	t.Helper()
+	d, err := os.MkdirTemp("/dev/shm", "rewind-test-")
+	if err != nil {
+		t.Skipf("no /dev/shm: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	cfg := DefaultConfig()
+	cfg.Node, cfg.ShmRoot, cfg.Socket = "n", filepath.Join(d, "shm"), filepath.Join(d, "a.sock")
+	cfg.ListenAddr, cfg.MetricsAddr, cfg.VerifyAfterCommit = "", "", false
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg.BudgetBytes, cfg.JobBudgetBytes, cfg.Registry = budget, share, prometheus.NewRegistry()
+	if mod != nil {
+		mod(&cfg)
+	}
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// TestJobShareEvictsOnlyItsOwnReplicas: a save short of both the node's
+// budget and its job's share makes room from its own job's replicas, and
+// job b's replica stays: b's giving way would free the node's budget but
+// not a's share, and a's save would fail anyway.
+func TestJobShareEvictsOnlyItsOwnReplicas(t *testing.T) {
+	for range 8 { // the agent walks ranks in map order: each round another order
+		jobShareEvictsOnlyItsOwnReplicas(t)
+	}
+}
+
+func jobShareEvictsOnlyItsOwnReplicas(t *testing.T) {
+	const s = 768 << 10
+	a := newBudgetAgent(t, 9*s/2, 7*s/2, nil)
+	ctx := context.Background()
+	for _, p := range []struct {
+		job   string
+		rank  uint32
+		place bool
+	}{{"a", 0, true}, {"a", 1, true}, {"a", 5, false}, {"b", 0, false}} {
+		if _, err := a.prepare(ctx, p.job, p.rank, 8, 1, s, p.place, false, 0, false); err != nil {
+			t.Fatalf("%s rank %d: %v", p.job, p.rank, err)
+		}
+	}
+	if _, err := a.Prepare(ctx, "a", 2, 8, 1, s); err != nil {
+		t.Fatalf("a's save with its own replica to give way: %v", err)
+	}
+	if n := len(a.rank("b", 0, false).slots); n != 1 {
+		t.Fatalf("job b's replica was evicted for job a's save (%d slots left)", n)
+	}
+	if n := len(a.rank("a", 5, false).slots); n != 0 {
+		t.Fatalf("job a's own replica is still there (%d slots): nothing gave way", n)
+	}
+}
+
+// TestRefusedSaveGivesBackTheWarmSegment: a restore's save that adopts the
+// warm segment and is then refused by its job's share leaves the warm
+// segment ready for the next one, counted once, and no file at the slot.
+func TestRefusedSaveGivesBackTheWarmSegment(t *testing.T) {
+	const w = 2 << 20
+	a := newBudgetAgent(t, 16<<20, 1<<20, func(cfg *Config) { cfg.WarmSegment = w })
+	a.fillWarm()
+	if a.warm.m == nil {
+		t.Fatal("no warm segment")
+	}
+	ctx := context.Background()
+	_, err := a.prepare(ctx, "a", 0, 1, 1, w, true, true, 0, false)
+	if !errors.Is(err, ErrBudget) {
+		t.Fatalf("a 2 MiB save in a 1 MiB share: %v, want ErrBudget", err)
+	}
+	if a.warm.m == nil || len(a.warm.adopted) != 0 {
+		t.Fatalf("the warm segment is not ready again (adopted: %d)", len(a.warm.adopted))
+	}
+	if _, err := os.Stat(a.warm.path); err != nil {
+		t.Fatalf("the warm segment's file: %v", err)
+	}
+	if _, err := os.Stat(a.paths.Segment("a", 0, 0)); !os.IsNotExist(err) {
+		t.Fatalf("a file is left at the refused slot: %v", err)
+	}
+	if used, _ := a.Used(); used != w || len(a.jobBytes()) != 0 {
+		t.Fatalf("in use %d bytes, by jobs %v; want the warm segment's %d alone", used, a.jobBytes(), w)
+	}
+}
+
 func jobGauges(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 	t.Helper()
 	mfs, err := reg.Gather()

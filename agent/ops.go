@@ -73,9 +73,7 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 	if err != nil {
 		return PrepareResult{}, err
 	}
-	if warm && s.State == stateFree && s.Size == 0 {
-		a.adoptWarm(a.paths.Segment(job, rank, s.Index), size)
-	}
+	adopted := warm && s.State == stateFree && s.Size == 0 && a.adoptWarm(a.paths.Segment(job, rank, s.Index), size)
 	err = a.reserveBudget(job, rank, s.Size, size)
 	if errors.Is(err, ErrBudget) && a.expirePrepares(r) > 0 { // saves never committed go first (prepares.go)
 		err = a.reserveBudget(job, rank, s.Size, size)
@@ -84,17 +82,14 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 		err = a.reserveBudget(job, rank, s.Size, size)
 	}
 	if errors.Is(err, ErrBudget) && place {
-		of := "" // the node's own save goes before replicas: any job's
-		if share := (*jobBudgetError)(nil); errors.As(err, &share) {
-			of = job // only the job's own replicas count in its share
-		}
-		if a.evictReplicas(of, size-s.Size, r) > 0 {
-			err = a.reserveBudget(job, rank, s.Size, size)
-		}
+		err = a.makeRoom(r, s.Size, size, err)
 	}
 	if err != nil {
 		if s.State == stateFree && s.Size == 0 { // a new slot: it never was
 			r.slots = slices.DeleteFunc(r.slots, func(x *slot) bool { return x == s })
+		}
+		if adopted { // the warm segment is the next restore's again
+			a.unadoptWarm(a.paths.Segment(job, rank, s.Index))
 		}
 		a.metrics.saves.WithLabelValues("budget").Inc()
 		return PrepareResult{}, err
@@ -144,6 +139,27 @@ func (a *Agent) prepare(ctx context.Context, job string, rank, worldSize uint32,
 		a.log.Info("segment sized", "job", job, "rank", rank, "slot", s.Index, "bytes", size)
 	}
 	return PrepareResult{Slot: s.Index, Path: path, Size: size, Token: s.token, Resized: resized, SegmentID: segID}, nil
+}
+
+// makeRoom frees replicas for a save of the node's own (rank r's segment
+// growing from old to size bytes) that the budget refused with err, and
+// reserves again: the job's own replicas first, then, while the node's
+// budget is what is short, any job's. Other jobs' replicas never give way
+// to a job short of its share (--job-budget): only its own count in it.
+// The caller holds r.mu.
+func (a *Agent) makeRoom(r *lockedRank, old, size int64, err error) error {
+	for _, of := range []string{r.job, ""} {
+		var share *jobBudgetError
+		if of == "" && errors.As(err, &share) {
+			return err
+		}
+		if a.evictReplicas(of, size-old, r) > 0 {
+			if err = a.reserveBudget(r.job, r.rank, old, size); err == nil {
+				return nil
+			}
+		}
+	}
+	return err
 }
 
 // releaseBudget undoes reserveBudget for a segment of job that did not

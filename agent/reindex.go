@@ -63,6 +63,12 @@ func (a *Agent) reindex() error {
 		a.log.Warn("segments found exceed the budget: saves will fail until some are deleted",
 			"used", units.Bytes(a.used), "budget", units.Bytes(a.budget))
 	}
+	for job, n := range a.jobUsed {
+		if jb := a.cfg.JobBudgetBytes; jb > 0 && n > jb && job != warmName {
+			a.log.Warn("a job's segments found exceed its share of the budget: its saves that need more room will fail until some are deleted",
+				"job", job, "used", units.Bytes(n), "job_budget", units.Bytes(jb))
+		}
+	}
 	return nil
 }
 

@@ -130,6 +130,28 @@ func (a *Agent) adoptWarm(path string, size int64) bool {
 	return true
 }
 
+// unadoptWarm undoes adoptWarm for a slot whose save the budget refused:
+// the segment at path is the warm one again, counted as such, or, if
+// another is ready or being made, it goes.
+func (a *Agent) unadoptWarm(path string) {
+	a.warm.mu.Lock()
+	defer a.warm.mu.Unlock()
+	m := a.warm.adopted[path]
+	delete(a.warm.adopted, path)
+	if m == nil {
+		return
+	}
+	if a.warm.m == nil && !a.warm.filling && a.cfg.FS.Rename(path, a.warm.path) == nil {
+		a.warm.m = m
+		a.adjustUsed(warmName, int64(len(m.Data)))
+		return
+	}
+	m.Close()
+	if err := a.cfg.FS.Remove(path); err != nil && !os.IsNotExist(err) {
+		a.log.Warn("removing a warm segment a refused save had adopted", "path", path, "err", err)
+	}
+}
+
 // warmMapping returns, once, the mapping of a warm segment adopted at
 // path (the first size bytes are the slot), or nil.
 func (a *Agent) warmMapping(path string) *shm.Mapping {
