@@ -13,8 +13,9 @@ rank's slots are sized and mapped, as in every save after a job's first
 two). A save's time runs from a barrier before it to the last rank done;
 between runs, untimed, the agent finishes its background re-read of the
 last save (a training loop overlaps it with its next step).
-Then dcp.async_save through the writer: how long the call blocks the
-loop, and the time to its future's completion. A second and third gang
+Then dcp.async_save through the writer and through FileSystemWriter to
+/dev/shm (DCP's own staging): how long each call blocks the loop, and the
+time to its future's completion. A second and third gang
 load the last rewind step with rewind.dcp.Reader at the same world size
 and at world size - 1 (resharding: every rank reads pieces of several
 saved ranks). Medians over --runs; a table for docs/performance.md.
@@ -115,6 +116,17 @@ def worker(args) -> None:
             times.setdefault("async_blocked", []).append(time.perf_counter() - t0)
             fut.result()
             times.setdefault("async_total", []).append(time.perf_counter() - t0)
+            # The same through FileSystemWriter to /dev/shm: DCP's own
+            # staging, what a storage that does not stage gets.
+            dist.barrier()
+            t0 = time.perf_counter()
+            fut = dcp.async_save(sd, storage_writer=dcp.FileSystemWriter(os.path.join(args.shm_dir, f"a{run}")))
+            times.setdefault("fs_async_blocked", []).append(time.perf_counter() - t0)
+            fut.result()
+            times.setdefault("fs_async_total", []).append(time.perf_counter() - t0)
+            dist.barrier()
+            if args.rank == 0:
+                shutil.rmtree(os.path.join(args.shm_dir, f"a{run}"), ignore_errors=True)
     else:
         for _ in range(args.runs):
             timed("load", lambda: dcp.load(sd, storage_reader=rewind.dcp.Reader()))
@@ -233,6 +245,8 @@ def report(args, saves: dict, load_same: dict, load_other: dict | None) -> None:
           f"{gb / args.world / med['rewind_write']:.2f} per rank | |")
     print(f"| `dcp.async_save`, rewind | blocks {med['async_blocked'] * 1e3:.0f} ms | "
           f"done after {med['async_total'] * 1e3:.0f} ms | |")
+    print(f"| `dcp.async_save`, `FileSystemWriter`, /dev/shm (DCP's staging) | blocks {med['fs_async_blocked'] * 1e3:.0f} ms | "
+          f"done after {med['fs_async_total'] * 1e3:.0f} ms | {med['fs_async_blocked'] / med['async_blocked']:.2f} of rewind's block |")
     same, fs_same = statistics.median(load_same["load"]), statistics.median(load_same["fs_load"])
     print(f"| `dcp.load`, rewind, world size {args.world} | {same * 1e3:.0f} ms | {gb / same:.2f} | {fs_same / same:.1f}x |")
     print(f"| `dcp.load`, `FileSystemReader`, /dev/shm, world size {args.world} | {fs_same * 1e3:.0f} ms | {gb / fs_same:.2f} | |")
