@@ -13,9 +13,14 @@ chunk record (global shape and offsets, rewind.chunks), a non-tensor item
 rewind.objects document says which DCP item each tensor is:
 
     {"format": "rewind.dcp/1",
-     "items": {NAME: {"fqn": FQN, "kind": "tensor" | "bytes", "requires_grad": BOOL}},
+     "items": {NAME: {"fqn": FQN, "kind": "tensor" | "bytes", "requires_grad": BOOL, "dtype": DTYPE?}},
      "planner_data": {FQN: [PATH...]} | null,
      "save": SAVE_ID}
+
+A tensor piece of a dtype the shard format has no name for (complex128,
+complex32, float8_e4m3fnuz, ...) is stored as its bytes: a U8 tensor with
+a trailing dimension of its element size (in its chunk record too), and
+DTYPE, torch's name of the dtype, in its item.
 
 SAVE_ID is one dcp.save's, made by DCP's coordinator rank when it plans
 the save and the same in every rank's shard: a load refuses a step whose
@@ -57,6 +62,7 @@ import torch
 from . import format as fmt
 from . import identity
 from .client import DEFAULT_SOCKET, Client, OpenShard
+from .dtypes import of_tensor
 from .errors import BusyError, CorruptError, InvalidError, NotFoundError, RewindError
 from .reshard import box_bytes, latest_whole
 
@@ -371,10 +377,15 @@ class Writer(_Base, StorageWriter, AsyncStager):
                 if tuple(t.shape) != tuple(td.chunk.sizes):
                     raise InvalidError("dcp save", f"{name}: planner gave a {tuple(t.shape)} tensor for a "
                                        f"{tuple(td.chunk.sizes)} chunk")
-                tensors[name] = t
-                chunks[name] = {"global_shape": list(td.size), "offsets": list(td.chunk.offsets)}
                 items[name] = {"fqn": item.index.fqn, "kind": "tensor",
                                "requires_grad": bool(td.properties.requires_grad)}
+                shape, offsets = list(td.size), list(td.chunk.offsets)
+                if of_tensor(t) is None:  # a dtype the shard format has no name for: its bytes, as U8
+                    items[name]["dtype"] = str(t.dtype).removeprefix("torch.")
+                    shape, offsets = shape + [t.element_size()], offsets + [0]
+                    t = t.resolve_conj().resolve_neg().unsqueeze(-1).view(torch.uint8)
+                tensors[name] = t
+                chunks[name] = {"global_shape": shape, "offsets": offsets}
                 nbytes = t.numel() * t.element_size()
             results.append(WriteResult(index=item.index, size_in_bytes=nbytes, storage_data=Stored(c.rank, name)))
         doc = {"format": DOC_FORMAT, "items": items, "planner_data": _planner_data_json(plan.planner_data), "save": save}
@@ -425,6 +436,7 @@ class Reader(_Base, StorageReader):
         self.saved_world_size = 0
         self._sums: dict[int, str] = {}  # saved rank -> header checksum seen by read_metadata
         self._chunk_sizes: dict[Stored, tuple] = {}
+        self._dtypes: dict[Stored, torch.dtype] = {}  # pieces stored as bytes (no name in the format): their dtype
         self._read: tuple = (None, "")  # the save id of the shards read_metadata read, and a digest of their headers
         self.storage_data: dict = {}
 
@@ -440,6 +452,7 @@ class Reader(_Base, StorageReader):
         planner_data: dict | None = {}
         self._sums.clear()
         self._chunk_sizes.clear()
+        self._dtypes.clear()
         world = 1
         saves: list = []  # each shard's save id
         r = 0
@@ -451,7 +464,7 @@ class Reader(_Base, StorageReader):
                     raise CorruptError(f"dcp load step {step} of job {c.job}",
                                        f"rank {r}'s shard says world size {sh.header.meta.world_size}, rank 0's {world}")
                 self._sums[r] = sh.shard.header_checksum
-                pd, save = index_shard(sh, r, sdm, stored, self._chunk_sizes)
+                pd, save = index_shard(sh, r, sdm, stored, self._chunk_sizes, self._dtypes)
                 saves.append(save)
                 if planner_data is not None:
                     planner_data = None if pd is None else {**planner_data, **pd}
@@ -550,7 +563,7 @@ class Reader(_Base, StorageReader):
             return 0, 0  # _check_item says so
         if req.type == LoadItemType.BYTE_IO or t.nbytes == 0:
             return sh.tensor_range(st.name)
-        es = t.nbytes // max(1, int(np.prod(t.shape, dtype=np.int64)))
+        es = self._element_size(t, st)
         return sh.tensor_range(st.name, *box_bytes(self._chunk_sizes[st], req.storage_offsets, req.lengths, es))
 
     def _check_item(self, sh: OpenShard, req) -> None:
@@ -562,21 +575,40 @@ class Reader(_Base, StorageReader):
         if t is None or req.type == LoadItemType.BYTE_IO or t.nbytes == 0:
             sh.verify([st.name])
             return
-        es = t.nbytes // max(1, int(np.prod(t.shape, dtype=np.int64)))
+        es = self._element_size(t, st)
         sh.verify_range(st.name, *box_bytes(self._chunk_sizes[st], req.storage_offsets, req.lengths, es))
+
+    def _element_size(self, t, st: Stored) -> int:
+        """Bytes of one element of the stored piece, in its DCP dtype."""
+        return t.nbytes // max(1, int(np.prod(self._chunk_sizes[st], dtype=np.int64)))
 
     def _read_item(self, sh: OpenShard, req, planner) -> None:
         st = self.storage_data[req.storage_index]
         if req.type == LoadItemType.BYTE_IO:
             planner.load_bytes(req, io.BytesIO(bytes(sh.raw(st.name))))
             return
-        src = sh.view(st.name).view(self._chunk_sizes[st])
+        dtype = self._dtypes.get(st)
+        src = sh.view(st.name)
+        # A piece stored as bytes is copied as bytes: in the shard its
+        # elements need not lie on their alignment.
+        if dtype is None:
+            src = src.view(self._chunk_sizes[st])
+        else:
+            src = src.view(*self._chunk_sizes[st], torch.empty(0, dtype=dtype).element_size())
         for d, (o, n) in enumerate(zip(req.storage_offsets, req.lengths)):
             if o or n != src.size(d):
                 src = src.narrow(d, o, n)
         target = planner.resolve_tensor(req).detach()
-        if target.size() != src.size():
+        size = src.size() if dtype is None else src.size()[:-1]
+        if target.size() != size:
             raise RewindError(f"dcp load {req.storage_index.fqn}",
-                              f"piece {tuple(src.size())} read for a {tuple(target.size())} target")
-        target.copy_(src)
+                              f"piece {tuple(size)} read for a {tuple(target.size())} target")
+        if dtype is None:
+            target.copy_(src)
+        elif target.dtype == dtype and not target.is_conj() and not target.is_neg():
+            target.unsqueeze(-1).view(torch.uint8).copy_(src)
+        else:  # into a target of another dtype: converted, as torch's copy does
+            typed = torch.empty(size, dtype=dtype)
+            typed.unsqueeze(-1).view(torch.uint8).copy_(src)
+            target.copy_(typed)
         planner.commit_tensor(req, target)

@@ -49,7 +49,7 @@ def check_one_save(c: Client, step: int, saves: list) -> None:
                         "failed after some ranks committed; load another step (Reader(step=N))")
 
 
-def index_shard(sh: OpenShard, rank: int, sdm: dict, stored: dict, sizes: dict):
+def index_shard(sh: OpenShard, rank: int, sdm: dict, stored: dict, sizes: dict, dtypes: dict):
     """Adds one saved rank's shard to the metadata being rebuilt; returns
     its planner_data (None when it has none) and its save id (None for a
     shard written before save ids)."""
@@ -71,11 +71,16 @@ def index_shard(sh: OpenShard, rank: int, sdm: dict, stored: dict, sizes: dict):
             ch = t.chunk
             if ch is None:
                 raise ValueError(f"tensor {t.name!r} has no chunk record")
-            props = TensorProperties(dtype=TORCH[t.dtype], requires_grad=bool(it.get("requires_grad")))
-            md = _merge(sdm, fqn, TensorStorageMetadata(props, torch.Size(ch["global_shape"]), []))
-            md.chunks.append(ChunkStorageMetadata(offsets=torch.Size(ch["offsets"]), sizes=torch.Size(t.shape)))
-            stored[MetadataIndex(fqn, ch["offsets"])] = st
-            sizes[st] = tuple(t.shape)
+            dtype, shape, offsets, piece = TORCH[t.dtype], ch["global_shape"], ch["offsets"], tuple(t.shape)
+            if "dtype" in it:  # stored as its bytes (U8), a trailing dimension of its element size
+                dtype = _byte_dtype(it["dtype"], t, ch)
+                dtypes[st] = dtype
+                shape, offsets, piece = shape[:-1], offsets[:-1], piece[:-1]
+            props = TensorProperties(dtype=dtype, requires_grad=bool(it.get("requires_grad")))
+            md = _merge(sdm, fqn, TensorStorageMetadata(props, torch.Size(shape), []))
+            md.chunks.append(ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(piece)))
+            stored[MetadataIndex(fqn, offsets)] = st
+            sizes[st] = piece
         pd = doc.get("planner_data")
         save = doc.get("save")
         if save is not None and not isinstance(save, str):
@@ -83,6 +88,17 @@ def index_shard(sh: OpenShard, rank: int, sdm: dict, stored: dict, sizes: dict):
         return None if pd is None else {k: tuple(v) for k, v in pd.items()}, save
     except (KeyError, TypeError, ValueError) as e:
         raise RewindError(op, f"the shard is not a DCP checkpoint's ({type(e).__name__}: {e})") from None
+
+
+def _byte_dtype(name, t, ch) -> torch.dtype:
+    """The dtype of a piece stored as its bytes, checked against them."""
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"tensor {t.name!r}: dtype {name!r} is not one of this torch's")
+    es = torch.empty(0, dtype=dtype).element_size()
+    if t.dtype != "U8" or not t.shape or t.shape[-1] != es or ch["global_shape"][-1:] != [es] or ch["offsets"][-1:] != [0]:
+        raise ValueError(f"tensor {t.name!r}: {name} stored as {t.dtype} {list(t.shape)}, not as its {es}-byte elements")
+    return dtype
 
 
 def _merge(sdm: dict, fqn: str, md):

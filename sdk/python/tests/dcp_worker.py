@@ -15,8 +15,8 @@ The state: a model of DTensor parameters on a CPU device mesh (Shard(0),
 Shard(1) and Replicate placements, dimensions that do not divide by 3),
 an Adam optimizer after one step (exp_avg, exp_avg_sq as DTensors, step
 as a replicated tensor, param_groups as non-tensor items), and extra
-replicated state (a tensor and plain values). Every value is the same
-seeded full tensor at any world size.
+state: a replicated tensor, plain values and a complex128 DTensor. Every
+value is the same seeded full tensor at any world size.
 """
 
 from __future__ import annotations
@@ -118,9 +118,25 @@ def build_fsdp2(mesh, trained: bool):
 
 def state(model, opt, trained: bool) -> dict:
     msd, osd = get_state_dict(model, opt)
+    # A complex128 DTensor (a dtype the shard format has no name for: its
+    # pieces are stored as bytes), 7 rows over any world size.
+    g = torch.Generator().manual_seed(5)
+    spectrum = torch.randn(7, 3, dtype=torch.complex128, generator=g) if trained else torch.zeros(7, 3, dtype=torch.complex128)
+    mesh = next(iter(msd.values())).device_mesh
     extra = {"rng": torch.arange(10, dtype=torch.int64) * (7 if trained else 0), "epoch": 3 if trained else 0,
-             "note": "saved" if trained else ""}
+             "note": "saved" if trained else "",
+             "spectrum": complex_dtensor(spectrum, mesh)}
     return {"model": msd, "optim": osd, "extra": extra}
+
+
+def complex_dtensor(full, mesh):
+    """full as a Shard(0) DTensor made without a collective: gloo moves no
+    complex tensors. Each rank's rows are torch.chunk's, as DTensor's."""
+    world = mesh.size()
+    pieces = list(torch.chunk(full, world, dim=0))
+    pieces += [full[:0]] * (world - len(pieces))
+    return DTensor.from_local(pieces[mesh.get_local_rank()].to(mesh.device_type), mesh, [Shard(0)], run_check=False,
+                              shape=full.shape, stride=full.stride())
 
 
 def flat(d, prefix=""):
@@ -137,6 +153,10 @@ def flat(d, prefix=""):
 def whole(v):
     """The full value on the CPU (a reference compares across devices), a
     copy: a replicated piece's full tensor is the piece itself."""
+    if isinstance(v, DTensor) and v.dtype.is_complex:  # gathered as objects: gloo moves no complex tensors
+        pieces = [None] * dist.get_world_size()
+        dist.all_gather_object(pieces, v.to_local().cpu())
+        return torch.cat(pieces)
     v = v.full_tensor() if isinstance(v, DTensor) else v
     return v.cpu().clone() if isinstance(v, torch.Tensor) else v
 
