@@ -14,9 +14,9 @@ import (
 	"rewind.dev/rewind/shm"
 )
 
-// epochAgent starts an agent with no coordinator and no listener, its
-// shared memory under /dev/shm.
-func epochAgent(t *testing.T) *Agent {
+// localAgent makes an agent with no coordinator and no listener, its
+// shared memory under /dev/shm; mod, if any, adjusts its config.
+func localAgent(t *testing.T, mod func(*Config)) *Agent {
 	t.Helper()
 	d, err := os.MkdirTemp("/dev/shm", "rewind-test-")
 	if err != nil {
@@ -27,12 +27,18 @@ func epochAgent(t *testing.T) *Agent {
 	cfg.Node, cfg.ShmRoot, cfg.Socket = "n", filepath.Join(d, "shm"), filepath.Join(d, "a.sock")
 	cfg.ListenAddr, cfg.MetricsAddr, cfg.VerifyAfterCommit = "", "", false
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if mod != nil {
+		mod(&cfg)
+	}
 	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return a
 }
+
+// epochAgent is a localAgent with its defaults.
+func epochAgent(t *testing.T) *Agent { return localAgent(t, nil) }
 
 // saveAsRank prepares and commits step of rank 0 of job j through the
 // server's path, as a rank of epoch, and returns the epoch the answer gave.

@@ -3,10 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,21 +13,8 @@ import (
 // segments as they are prepared and refused past --job-budget, and
 // rewind_agent_shm_job_budget_bytes is the cap.
 func TestJobBytesMetric(t *testing.T) {
-	d, err := os.MkdirTemp("/dev/shm", "rewind-test-")
-	if err != nil {
-		t.Skipf("no /dev/shm: %v", err)
-	}
-	t.Cleanup(func() { os.RemoveAll(d) })
-	cfg := DefaultConfig()
-	cfg.Node, cfg.ShmRoot, cfg.Socket = "n", filepath.Join(d, "shm"), filepath.Join(d, "a.sock")
-	cfg.ListenAddr, cfg.MetricsAddr, cfg.VerifyAfterCommit = "", "", false
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	reg := prometheus.NewRegistry()
-	cfg.BudgetBytes, cfg.JobBudgetBytes, cfg.Registry = 8<<20, 2<<20, reg
-	a, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := newBudgetAgent(t, 8<<20, 2<<20, func(cfg *Config) { cfg.Registry = reg })
 	ctx := context.Background()
 	const size = 768 << 10
 	for rank := range uint32(2) {
@@ -54,24 +38,12 @@ func TestJobBytesMetric(t *testing.T) {
 // budget and job share.
 func newBudgetAgent(t *testing.T, budget, share uint64, mod func(*Config)) *Agent {
 	t.Helper()
-	d, err := os.MkdirTemp("/dev/shm", "rewind-test-")
-	if err != nil {
-		t.Skipf("no /dev/shm: %v", err)
-	}
-	t.Cleanup(func() { os.RemoveAll(d) })
-	cfg := DefaultConfig()
-	cfg.Node, cfg.ShmRoot, cfg.Socket = "n", filepath.Join(d, "shm"), filepath.Join(d, "a.sock")
-	cfg.ListenAddr, cfg.MetricsAddr, cfg.VerifyAfterCommit = "", "", false
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	cfg.BudgetBytes, cfg.JobBudgetBytes, cfg.Registry = budget, share, prometheus.NewRegistry()
-	if mod != nil {
-		mod(&cfg)
-	}
-	a, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return a
+	return localAgent(t, func(cfg *Config) {
+		cfg.BudgetBytes, cfg.JobBudgetBytes, cfg.Registry = budget, share, prometheus.NewRegistry()
+		if mod != nil {
+			mod(cfg)
+		}
+	})
 }
 
 // TestJobShareEvictsOnlyItsOwnReplicas: a save short of both the node's

@@ -3,10 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -22,22 +19,11 @@ import (
 // segment back and goes ahead, the segment file is gone, and the late
 // Commit is refused, naming the expiry.
 func TestUncommittedPrepareExpires(t *testing.T) {
-	d, err := os.MkdirTemp("/dev/shm", "rewind-test-")
-	if err != nil {
-		t.Skipf("no /dev/shm: %v", err)
-	}
-	t.Cleanup(func() { os.RemoveAll(d) })
 	clk := clock.NewFake(time.Unix(1_800_000_000, 0))
-	cfg := DefaultConfig()
-	cfg.Node, cfg.ShmRoot, cfg.Socket = "n", filepath.Join(d, "shm"), filepath.Join(d, "a.sock")
-	cfg.ListenAddr, cfg.MetricsAddr, cfg.VerifyAfterCommit = "", "", false
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	reg := prometheus.NewRegistry()
-	cfg.Clock, cfg.BudgetBytes, cfg.PrepareTTL, cfg.Registry = clk, 1<<20, time.Minute, reg
-	a, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := localAgent(t, func(cfg *Config) {
+		cfg.Clock, cfg.BudgetBytes, cfg.PrepareTTL, cfg.Registry = clk, 1<<20, time.Minute, reg
+	})
 	ctx := context.Background()
 	const size = 768 << 10 // two do not fit in the 1 MiB budget
 	stale, err := a.Prepare(ctx, "a", 0, 1, 1, size)
