@@ -373,6 +373,9 @@ class Writer(_Base, StorageWriter, AsyncStager):
                 nbytes = arr.nbytes
             else:
                 td = item.tensor_data
+                if data.is_quantized:  # its bytes are integers read through a scale: not a dtype's values
+                    raise InvalidError("dcp save", f"tensor {item.index.fqn!r} has dtype {data.dtype}, which a "
+                                       "shard cannot hold (a quantized tensor: dequantize it before the save)")
                 t = data.detach() if self._snapshot is None else self._snapshot.staged(data.detach())
                 if tuple(t.shape) != tuple(td.chunk.sizes):
                     raise InvalidError("dcp save", f"{name}: planner gave a {tuple(t.shape)} tensor for a "

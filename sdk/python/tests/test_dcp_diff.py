@@ -368,3 +368,27 @@ def test_a_dtype_the_format_has_no_name_for(dtype, agent, job, tmp_path):
     fs, rw = through_fs(make, other, tmp_path / "other"), through_rewind(make, other, agent, job)[0]
     assert (fs.failed, rw.failed) == (None, None), (fs.error, rw.error)
     assert differences(fs.values, rw.values) == []
+
+
+@pytest.mark.parametrize("how", ["save", "async_save"])
+def test_a_quantized_tensor_fails_the_save(how, agent, job, tmp_path):
+    """A quantized tensor, which FileSystemWriter pickles with its scale
+    and zero point, has no bytes a shard can hold as its values: the save
+    fails naming the key and the dtype (viewed as bytes, the save crashed
+    the process), and step 1 stays the job's only step."""
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+    def make(salt):
+        return {"ok": rand((2,), torch.float32, salt), "q": torch.quantize_per_tensor(torch.arange(6.0) * salt, 0.5, 0, torch.qint8)}
+
+    fs = through_fs(make, lambda m: {"ok": torch.zeros(2)}, tmp_path)
+    assert fs.failed is None, fs.error
+    dcp.save({"good": torch.arange(3.0)}, storage_writer=rewind.dcp.Writer(step=1, job=job, socket=agent.socket))
+    w = rewind.dcp.Writer(step=2, job=job, socket=agent.socket)
+    with pytest.raises(CheckpointException) as e:
+        if how == "save":
+            dcp.save(make(1), storage_writer=w)
+        else:
+            dcp.async_save(make(1), storage_writer=w).result()
+    assert "'q'" in str(e.value) and "qint8" in str(e.value), e.value
+    assert_earlier_step_intact(agent, job)
