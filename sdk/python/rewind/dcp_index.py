@@ -93,12 +93,16 @@ def index_shard(sh: OpenShard, rank: int, sdm: dict, stored: dict, sizes: dict, 
 def _byte_dtype(name, t, ch) -> torch.dtype:
     """The dtype of a piece stored as its bytes, checked against them."""
     dtype = getattr(torch, name, None) if isinstance(name, str) else None
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"tensor {t.name!r}: dtype {name!r} is not one of this torch's")
-    es = torch.empty(0, dtype=dtype).element_size()
+    try:
+        probe = torch.empty(0, dtype=dtype) if isinstance(dtype, torch.dtype) else None
+    except (RuntimeError, TypeError):  # a quantized dtype, one torch makes no plain tensor of
+        probe = None
+    if probe is None or probe.is_quantized:
+        raise ValueError(f"tensor {t.name!r}: dtype {name!r} is not one a piece of this torch is stored as")
+    es = probe.element_size()
     if t.dtype != "U8" or not t.shape or t.shape[-1] != es or ch["global_shape"][-1:] != [es] or ch["offsets"][-1:] != [0]:
         raise ValueError(f"tensor {t.name!r}: {name} stored as {t.dtype} {list(t.shape)}, not as its {es}-byte elements")
-    return dtype
+    return probe.dtype
 
 
 def _merge(sdm: dict, fqn: str, md):
