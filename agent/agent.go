@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"sync"
 	"time"
@@ -32,8 +33,8 @@ type Agent struct {
 	mu    sync.Mutex // guards ranks, used, jobUsed, seq, leases
 	ranks map[rankKey]*lockedRank
 	used  uint64
-	// jobUsed: the bytes of each job's segments, own and replicas, and of
-	// the warm segment under warmName (Config.JobBudgetBytes).
+	// jobUsed: the bytes of each job's segments, own and replicas
+	// (Config.JobBudgetBytes); the warm segment, no job's, is in used alone.
 	jobUsed map[string]uint64
 	seq     uint64
 	leases  map[uint64]*lease
@@ -167,12 +168,14 @@ func (a *Agent) reserveBudget(job string, rank uint32, old, size int64) error {
 		return fmt.Errorf("%w: agent: segment for job %s rank %d is %s, budget left %s (budget %s, %s in use)",
 			ErrBudget, job, rank, units.Bytes(uint64(size)), units.Bytes(left), units.Bytes(a.budget), units.Bytes(a.used))
 	}
-	if jb := a.cfg.JobBudgetBytes; jb > 0 && job != warmName && a.jobUsed[job]+grow > jb {
-		return &jobBudgetError{fmt.Sprintf("%v: agent: segment for job %s rank %d is %s, the job's share of this node's budget left %s (--job-budget %s, %s in use by the job's segments here)",
-			ErrBudget, job, rank, units.Bytes(uint64(size)), units.Bytes(jb-min(jb, a.jobUsed[job])), units.Bytes(jb), units.Bytes(a.jobUsed[job]))}
+	if job != warmName {
+		if jb := a.cfg.JobBudgetBytes; jb > 0 && a.jobUsed[job]+grow > jb {
+			return &jobBudgetError{fmt.Sprintf("%v: agent: segment for job %s rank %d is %s, the job's share of this node's budget left %s (--job-budget %s, %s in use by the job's segments here)",
+				ErrBudget, job, rank, units.Bytes(uint64(size)), units.Bytes(jb-min(jb, a.jobUsed[job])), units.Bytes(jb), units.Bytes(a.jobUsed[job]))}
+		}
+		a.jobUsed[job] += grow
 	}
 	a.used += grow
-	a.jobUsed[job] += grow
 	return nil
 }
 
@@ -197,10 +200,12 @@ func (a *Agent) budgetLeft(job string) int64 {
 func (a *Agent) adjustUsed(job string, delta int64) {
 	a.mu.Lock()
 	a.used = uint64(int64(a.used) + delta)
-	if n := int64(a.jobUsed[job]) + delta; n > 0 {
-		a.jobUsed[job] = uint64(n)
-	} else {
-		delete(a.jobUsed, job)
+	if job != warmName {
+		if n := int64(a.jobUsed[job]) + delta; n > 0 {
+			a.jobUsed[job] = uint64(n)
+		} else {
+			delete(a.jobUsed, job)
+		}
 	}
 	a.mu.Unlock()
 }
@@ -212,17 +217,11 @@ func (a *Agent) nextSeq() uint64 {
 	return a.seq
 }
 
-// jobBytes returns the bytes of each job's segments (not the warm one's).
+// jobBytes returns the bytes of each job's segments.
 func (a *Agent) jobBytes() map[string]uint64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	out := make(map[string]uint64, len(a.jobUsed))
-	for job, n := range a.jobUsed {
-		if job != warmName {
-			out[job] = n
-		}
-	}
-	return out
+	return maps.Clone(a.jobUsed)
 }
 
 // Used returns the bytes of all segments and the budget.

@@ -64,7 +64,7 @@ func (a *Agent) reindex() error {
 			"used", units.Bytes(a.used), "budget", units.Bytes(a.budget))
 	}
 	for job, n := range a.jobUsed {
-		if jb := a.cfg.JobBudgetBytes; jb > 0 && n > jb && job != warmName {
+		if jb := a.cfg.JobBudgetBytes; jb > 0 && n > jb {
 			a.log.Warn("a job's segments found exceed its share of the budget: its saves that need more room will fail until some are deleted",
 				"job", job, "used", units.Bytes(n), "job_budget", units.Bytes(jb))
 		}
