@@ -26,24 +26,32 @@ def _ok(err) -> bool:
     return int(getattr(err, "value", err)) == 0
 
 
-def register(m: Mapping) -> bool:
-    """Pins a mapping for DMA once; on failure copies still work, through
-    pageable memory (slower), and a warning says so."""
-    if m.cuda_registered:
-        return True
-    rt = torch.cuda.cudart()
-    err = rt.cudaHostRegister(m.address(), m.size, 0)  # cudaHostRegisterDefault
+def pin(address: int, size: int, what: str, stacklevel: int = 2) -> bool:
+    """Page-locks size bytes at address for DMA (cudaHostRegister); on
+    failure copies still work, through pageable memory (slower), and a
+    warning naming what says so."""
+    err = torch.cuda.cudart().cudaHostRegister(address, size, 0)  # cudaHostRegisterDefault
     if not _ok(err):
-        warnings.warn(f"rewind: cudaHostRegister of {m.size} bytes at {m.path} failed ({err}); "
-                      "GPU tensors are copied through pageable memory", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"rewind: cudaHostRegister of {size} bytes ({what}) failed ({err}); "
+                      "GPU tensors are copied through pageable memory", RuntimeWarning, stacklevel=stacklevel + 1)
         return False
-    m.cuda_registered = True
     return True
+
+
+def unpin(address: int) -> None:
+    torch.cuda.cudart().cudaHostUnregister(address)
+
+
+def register(m: Mapping) -> bool:
+    """Pins a mapping for DMA once (pin)."""
+    if not m.cuda_registered:
+        m.cuda_registered = pin(m.address(), m.size, f"the mapping of {m.path}", stacklevel=3)
+    return m.cuda_registered
 
 
 def unregister(m: Mapping) -> None:
     if m.cuda_registered:
-        torch.cuda.cudart().cudaHostUnregister(m.address())
+        unpin(m.address())
         m.cuda_registered = False
 
 

@@ -21,7 +21,6 @@ import copy
 import io
 import mmap
 import threading
-import warnings
 import weakref
 from dataclasses import dataclass
 
@@ -31,6 +30,9 @@ try:
     from torch.distributed.tensor import DTensor
 except ImportError:  # torch 2.0-2.3
     from torch.distributed._tensor import DTensor
+
+from . import cuda, state
+from .placement import untyped as _storage
 
 _ALIGN = 64  # a span starts on a boundary every dtype's view of it can take
 
@@ -51,9 +53,7 @@ class _Span:
 
 def _extent(t: torch.Tensor) -> int:
     """Bytes from t's first element to the end of its last."""
-    if t.numel() == 0:
-        return 0
-    return (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
+    return 0 if t.numel() == 0 else state.extent(t) * t.element_size()
 
 
 _PIN_MIN = 1 << 20  # smaller buffers stay pageable: their copies are short either way
@@ -70,19 +70,9 @@ def _host_buffer(n: int, pinned: bool) -> torch.Tensor:
     if not pinned or n < _PIN_MIN:
         return torch.empty(n, dtype=torch.uint8)
     buf = torch.frombuffer(mmap.mmap(-1, n), dtype=torch.uint8)
-    rt = torch.cuda.cudart()
-    err = rt.cudaHostRegister(buf.data_ptr(), n, 0)  # cudaHostRegisterDefault
-    if int(getattr(err, "value", err)) != 0:
-        warnings.warn(f"rewind: cudaHostRegister of a {n}-byte staging buffer failed ({err}); "
-                      "dcp.async_save copies GPU tensors through pageable memory", RuntimeWarning, stacklevel=4)
-    else:
-        weakref.finalize(buf, rt.cudaHostUnregister, buf.data_ptr())
+    if cuda.pin(buf.data_ptr(), n, "a dcp.async_save staging buffer", stacklevel=4):
+        weakref.finalize(buf, cuda.unpin, buf.data_ptr())
     return buf
-
-
-def _storage(t: torch.Tensor):
-    """t's untyped storage (torch 2; the stubs mypy checks are 1.13's)."""
-    return t.untyped_storage()  # type: ignore[attr-defined]
 
 
 def _key(st) -> tuple[int, int]:

@@ -68,7 +68,7 @@ class Placement:
     def relocate(self, name: str, t: torch.Tensor, saved: str) -> torch.Tensor:
         """The callable's choice for a tensor restored on the CPU."""
         assert self.fn is not None
-        storage = _untyped(t)
+        storage = untyped(t)
         try:
             got = self.fn(storage, saved)
         except Exception as e:
@@ -114,6 +114,6 @@ class Placement:
             raise RewindError(self.op, f"moving tensor {name!r} to {dev}: {e}") from None
 
 
-def _untyped(t: torch.Tensor):
+def untyped(t: torch.Tensor):
     untyped = getattr(t, "untyped_storage", None)  # torch 2; 1.x: the typed storage's
     return untyped() if untyped is not None else t.storage().untyped()

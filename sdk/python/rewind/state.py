@@ -179,7 +179,7 @@ def _storage_key(t: torch.Tensor):
     return (t.device, ptr, t.dtype) if ptr else None
 
 
-def _extent(t: torch.Tensor) -> int:
+def extent(t: torch.Tensor) -> int:
     """Elements of storage from t's first element to past its last."""
     return 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
 
@@ -231,7 +231,7 @@ def _store_group(g: list[Leaf], views: dict, name) -> Leaf | None:
                               "stride": _contiguous_stride(lf.shape)}
         return g[0]
     lo = min(t.storage_offset() for t in ts)
-    hi = max(t.storage_offset() + _extent(t) for t in ts)
+    hi = max(t.storage_offset() + extent(t) for t in ts)
     if hi - lo > sum(t.numel() for t in ts):
         return None  # the span is larger than the views: sharing would store more
     i = next((i for i, t in enumerate(ts) if t.is_contiguous() and t.storage_offset() == lo and t.numel() == hi - lo), -1)
