@@ -40,7 +40,7 @@ demo: build
 demo-elastic: build
 	$(BIN)/rewind-dev demo --nodes 3 --ranks 6 --elastic 2
 
-## test: lint, then every test: Go (race detector on), the Python SDK's pytest suite (with torch 1.13, then with torch 2.x in a trixie root, its DCP tests there), the Helm chart, the controller against a real API server and mpi-operator, the chaos smoke run (when a Docker engine answers).
+## test: lint, then every test: Go (race detector on), the Python SDK's pytest suite (with torch 1.13, then with torch 2.6 in a trixie root, then its DCP tests with torch 2.14 in a forky root), the Helm chart, the controller against a real API server and mpi-operator, the chaos smoke run (when a Docker engine answers).
 # On a fresh machine most of make test is building and fetching what the
 # later tests need: MinIO, helm, the trixie root, the control plane
 # (kube-bin, the longest), the images. Those are made in that order in
@@ -55,14 +55,14 @@ demo-elastic: build
 # compiled there. The background waits for the packages before it needs
 # them (bin/.packages-ready): it must not race the front for dpkg's lock.
 # An interrupted or failed make test stops the background too.
-TEST_FRONT := lint test-go test-python test-python-trixie test-helm chaos-smoke
+TEST_FRONT := lint test-go test-python test-python-trixie test-python-forky test-helm chaos-smoke
 TEST_AFTER := test-kube
 PACKAGES_READY := $(BIN)/.packages-ready
 test:
 	@mkdir -p $(BIN) && rm -f $(PACKAGES_READY); \
 	setsid nice -n 15 $(MAKE) --no-print-directory test-prep > $(BIN)/test-prep.log 2>&1 & prep=$$!; \
 	trap 'kill -TERM -- -'$$prep' 2>/dev/null; wait '$$prep' 2>/dev/null' INT TERM; \
-	echo "test: building MinIO, helm, the trixie root, the control plane and the images in the background (bin/test-prep.log)"; \
+	echo "test: building MinIO, helm, the trixie and forky roots, the control plane and the images in the background (bin/test-prep.log)"; \
 	if ! $(MAKE) --no-print-directory packages; then kill -TERM -- -$$prep 2>/dev/null; wait $$prep; exit 1; fi; \
 	touch $(PACKAGES_READY); \
 	echo "test: packages at $$(date -u +%T), $$SECONDS s in"; \
@@ -87,6 +87,8 @@ test-prep:
 		[ -e $(PACKAGES_READY) ] || { echo "test-prep: the Debian packages were not installed within 30 minutes"; exit 1; }
 	@$(MAKE) --no-print-directory python-trixie
 	@date -u +'test-prep: the trixie root at %T'
+	@$(MAKE) --no-print-directory python-forky
+	@date -u +'test-prep: the forky root at %T'
 	@$(MAKE) --no-print-directory kube-bin
 	@date -u +'test-prep: the control plane at %T'
 	@if docker info >/dev/null 2>&1 && command -v docker-compose >/dev/null; then $(MAKE) --no-print-directory images; fi

@@ -6,6 +6,8 @@
 #   python-trixie    a Debian trixie root with torch 2.x, under bin/ (once)
 #   test-python-trixie  the whole suite in that root (torch 2.x, numpy 2, Python 3.13)
 #   test-python-dcp  rewind.dcp's tests alone (torch 2.x DCP, gloo on the CPU) in that root
+#   python-forky     a Debian forky root with the newest torch Debian has (2.14), under bin/ (once)
+#   test-python-forky  rewind.dcp's tests in that root
 #   bench-dcp        dcp.save through rewind.dcp.Writer against FileSystemWriter
 #   bench-python     client.save against torch.save to local disk and /dev/shm
 #   generate-python  regenerate sdk/python/rewind/_pb from api/agent.proto
@@ -20,7 +22,7 @@ PYTHON_DEBS := python3-torch python3-grpcio python3-numpy python3-protobuf pytho
 BENCH_PYTHON_FLAGS ?= --sizes 1GiB,4GiB --runs 5
 
 .PHONY: python-deps python-rewind-bin test-python bench-python generate-python lint-python python-lint-deps \
-	python-trixie test-python-trixie python-gowriter test-python-dcp bench-dcp
+	python-trixie test-python-trixie python-gowriter test-python-dcp bench-dcp python-forky test-python-forky
 
 python-deps:
 	@$(PYTHON) -c 'import torch, grpc, numpy, google.protobuf, pytest, xxhash' 2>/dev/null || \
@@ -66,6 +68,24 @@ test-python-dcp: python-trixie python-rewind-bin
 	$(TRIXIE) run $(TRIXIE_ROOT) $(CURDIR) sh -c 'cd /src && REWIND_BIN=$(TRIXIE_REWIND) \
 		python3 -m pytest -q -p no:cacheprovider $(PYTHON_SDK)/tests/test_dcp.py $(PYTHON_SDK)/tests/test_dcp_cases.py \
 		$(PYTHON_SDK)/tests/test_dcp_diff.py $(PYTHON_SDK)/tests/test_dcp_failures.py'
+
+# The DCP tests again with the newest torch Debian packages: forky's
+# (2.14; the build refuses one older than 2.7, whose async_save has no
+# process executor). DCP's interface moves between versions (its
+# async_save process executor, its stagers, its gloo's dtypes): trixie's
+# 2.6 is the oldest torch 2.x rewind.dcp supports, forky's the newest.
+FORKY_ROOT := $(BIN)/forky
+PYTHON_DCP_TESTS := $(addprefix $(PYTHON_SDK)/tests/,test_dcp.py test_dcp_cases.py test_dcp_diff.py \
+	test_dcp_failures.py test_dcp_stage.py)
+
+## python-forky: a Debian forky root (the newest torch Debian has, 2.14) for the DCP tests, under bin/ (once).
+python-forky:
+	TRIXIE_SUITE=forky TRIXIE_TORCH_MIN=2.7 $(TRIXIE) build $(FORKY_ROOT)
+
+## test-python-forky: rewind.dcp's tests with the newest torch Debian has (the forky root): DCP's process executor among them.
+test-python-forky: python-forky python-rewind-bin
+	$(TRIXIE) run $(FORKY_ROOT) $(CURDIR) sh -c 'cd /src && REWIND_BIN=$(TRIXIE_REWIND) \
+		python3 -m pytest -q -p no:cacheprovider $(PYTHON_DCP_TESTS)'
 
 ## bench-dcp: dcp.save through rewind.dcp.Writer against FileSystemWriter (/dev/shm, local disk); figures in docs/performance.md.
 bench-dcp: python-trixie python-rewind-bin

@@ -1,7 +1,10 @@
 #!/bin/sh
 # A Debian trixie root for the PyTorch DCP tests: bookworm's torch (1.13)
 # has no usable torch.distributed.checkpoint, DTensor or FSDP2; trixie's
-# python3-torch (2.6) has them. python.mk calls it.
+# python3-torch (2.6) has them. python.mk calls it. With TRIXIE_SUITE=forky
+# (and TRIXIE_TORCH_MIN=2.7) it makes a root of Debian's next release
+# instead, whose torch (2.14) is the newest Debian has: the DCP tests run
+# against the oldest torch 2.x rewind.dcp supports and the newest.
 #
 #   trixie.sh build ROOT            debootstrap + packages, once (a stamp file)
 #   trixie.sh run ROOT REPO CMD...  CMD in the root, REPO at /src, /proc and
@@ -15,11 +18,14 @@
 set -eu
 
 MIRROR=${TRIXIE_MIRROR:-http://deb.debian.org/debian}
+SUITE=${TRIXIE_SUITE:-trixie}
 # What the tests import. A minbase root from trixie's archive is what the
 # suite pins; the build checks that its torch is of the major version the
-# DCP interface needs (TRIXIE_TORCH_MAJOR).
+# DCP interface needs (TRIXIE_TORCH_MAJOR), and at least TRIXIE_TORCH_MIN
+# (major.minor) when given.
 DEBS="python3-torch python3-numpy python3-grpcio python3-protobuf python3-pytest python3-xxhash"
 TORCH_MAJOR=${TRIXIE_TORCH_MAJOR:-2}
+TORCH_MIN=${TRIXIE_TORCH_MIN:-}
 STAMP=.rewind-trixie-ready
 
 die() { echo "trixie.sh: $*" >&2; exit 1; }
@@ -30,14 +36,17 @@ build() {
 	command -v debootstrap >/dev/null || {
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap
 	}
-	[ -e /usr/share/debootstrap/scripts/trixie ] || die "this debootstrap does not know trixie"
+	# A release this debootstrap predates is made as sid is (its script).
+	script=/usr/share/debootstrap/scripts/$SUITE
+	[ -e "$script" ] || script=/usr/share/debootstrap/scripts/sid
+	[ -e "$script" ] || die "this debootstrap knows neither $SUITE nor sid"
 	tmp="$root.partial"
 	mkdir -p "$(dirname "$root")"
 	# Each stage leaves a mark, so that a build cut short (a network
 	# failure, an interrupt) goes on from the last stage done.
 	if [ ! -f "$tmp/.debootstrapped" ]; then
 		rm -rf "$tmp"
-		debootstrap --variant=minbase trixie "$tmp" "$MIRROR" ||
+		debootstrap --variant=minbase "$SUITE" "$tmp" "$MIRROR" "$script" ||
 			die "debootstrap failed (log: $tmp/debootstrap/debootstrap.log)"
 		touch "$tmp/.debootstrapped"
 	fi
@@ -51,13 +60,17 @@ build() {
 			rm -rf /var/lib/apt/lists/*
 		" >&2
 		chroot "$1" python3 -c "import torch, grpc, numpy, google.protobuf, pytest, xxhash; print(\"torch=\" + torch.__version__)"
-		' sh "$tmp" "$DEBS") || die "installing $DEBS in the trixie root failed"
+		' sh "$tmp" "$DEBS") || die "installing $DEBS in the $SUITE root failed"
 	v=$(echo "$v" | sed -n 's/^torch=//p')
 	case "$v" in
 	"$TORCH_MAJOR".*) ;;
-	*) die "the trixie root has torch '$v', the DCP tests need torch $TORCH_MAJOR.x" ;;
+	*) die "the $SUITE root has torch '$v', the DCP tests need torch $TORCH_MAJOR.x" ;;
 	esac
-	echo "trixie.sh: root ready with torch $v"
+	if [ -n "$TORCH_MIN" ]; then
+		older=$(printf '%s\n%s\n' "$TORCH_MIN" "${v%%+*}" | sort -V | head -n1)
+		[ "$older" = "$TORCH_MIN" ] || die "the $SUITE root has torch '$v', older than $TORCH_MIN"
+	fi
+	echo "trixie.sh: $SUITE root ready with torch $v"
 	rm -rf "$root"
 	mv "$tmp" "$root"
 	touch "$root/$STAMP"
@@ -66,7 +79,7 @@ build() {
 run() {
 	root=$1 repo=$2
 	shift 2
-	[ -f "$root/$STAMP" ] || die "no trixie root at $root: run trixie.sh build first"
+	[ -f "$root/$STAMP" ] || die "no root at $root: run trixie.sh build first"
 	exec unshare --mount --propagation private -- sh -eu -c '
 		root=$1 repo=$2
 		shift 2

@@ -277,6 +277,22 @@ class Writer(_Base, StorageWriter, AsyncStager):
     def synchronize_staging(self) -> None:
         pass
 
+    def __getstate__(self):
+        """The writer as dcp.async_save's process executor sends it to DCP's
+        checkpoint process (torch 2.7 and later), beside the state dict
+        its stage returned: its settings, not this process's connection
+        or snapshot. A snapshot holding live tensors (a ShardedTensor's
+        shards), which only this process can read through their copies,
+        fails the save here, naming them, rather than write live values."""
+        if self._staged is not None and self._staged.live:
+            raise InvalidError("dcp async_save", "the state holds " + ", ".join(sorted(set(self._staged.live))) +
+                               ", which rewind.dcp.Writer stages for a save in this process only: with "
+                               "async_checkpointer_type=PROCESS pass async_stager=DefaultStager(...) "
+                               "(torch.distributed.checkpoint.staging), or use the thread executor")
+        state = self.__dict__.copy()
+        state.update(client=None, _staged=None, _snapshot=None)
+        return state
+
     def storage_meta(self) -> StorageMeta | None:
         job = self.client.job if self.client is not None else self.job or ""
         return StorageMeta(checkpoint_id=self._id(job, self.step), save_id=self.save_id)

@@ -1,18 +1,22 @@
 """The snapshot dcp.async_save writes from (rewind.dcp.Writer.stage).
 
-dcp.async_save returns once its storage writer has staged the state dict,
-and the save runs on in a thread while the training loop goes on and
-changes the tensors in place. DCP's own staging leaves CPU tensors
-uncopied, so the save would read values of later steps. Writer.stage
+dcp.async_save returns once its stager has staged the state dict, and the
+save runs on (in a thread, or in DCP's checkpoint process) while the
+training loop goes on and changes the tensors in place. Writer.stage
 copies the bytes of every tensor (a DTensor's local piece, a
 ShardedTensor's local shards) before it returns: each storage the state
 dict's tensors view, once, over the span they cover, into a buffer of
 host memory (page-locked when the tensor is on a GPU, so the copy runs at
-the link's speed). The write then reads each piece from its copy
-(Snapshot.staged). The buffers of a finished save are reused by the
-next snapshot of the same storages: in a loop that waits for one
-async_save before the next, the snapshot costs one copy of the state and
-no allocation after the first.
+the link's speed). The state dict it returns holds copies: each plain
+tensor is the same view of the copy of its storage, each DTensor one over
+such a view with the DTensor's spec, so the save reads the values of the
+step it was called at wherever it runs. ShardedTensors and other tensors
+with local shards stay the live ones, read through their copies by the
+writer as it writes (Snapshot.staged), which only a save in this process
+can do. The buffers of a finished save are reused by the next snapshot
+of the same storages: in a loop that waits for one async_save before the
+next, the snapshot costs one copy of the state and no allocation after
+the first.
 """
 
 from __future__ import annotations
@@ -75,6 +79,23 @@ def _host_buffer(n: int, pinned: bool) -> torch.Tensor:
     return buf
 
 
+def _own_storage(t: torch.Tensor) -> torch.Tensor:
+    """t, a view into a snapshot's buffer, over a storage of its own that
+    starts at t's first byte (the same bytes, no copy). DCP's process
+    executor pickles each DTensor with its local tensor, and torch (2.14)
+    crashes pickling a DTensor whose local tensor starts past its
+    storage's first byte (a piece of a buffer shared with other views)."""
+    if t.storage_offset() == 0 or t.device.type != "cpu":
+        return t
+    lo = t.storage_offset() * t.element_size()
+    whole = torch.empty(0, dtype=torch.uint8).set_(_storage(t))
+    own = torch.frombuffer(whole.numpy()[lo:lo + _extent(t)], dtype=torch.uint8)
+    v = own.view(t.dtype).as_strided(t.shape, t.stride())
+    if t.is_neg():
+        v = torch._neg_view(v)
+    return v.conj() if t.is_conj() else v
+
+
 def _key(st) -> tuple[int, int]:
     """A storage's address and size: two storages may start at one address
     (torch.from_numpy of an array and of a slice of it)."""
@@ -109,7 +130,8 @@ class Snapshot:
 
     def __init__(self, state_dict):
         self.spans: dict[tuple[int, int], _Span] = {}
-        self.state_dict = self._walk(state_dict)
+        self.live: list[str] = []  # the types of values staged as the live ones (Snapshot.staged)
+        walked = self._walk(state_dict)
         gpus = set()
         with _idle_lock:
             for k, sp in self.spans.items():
@@ -125,6 +147,29 @@ class Snapshot:
                 gpus.add(dev)
         for dev in gpus:  # the copies were queued after the work that made the tensors
             torch.cuda.current_stream(dev).synchronize()
+        self.state_dict = self._copies(walked)
+
+    def _copies(self, v):
+        """The walked structure with each plain tensor and DTensor replaced
+        by the same view of the copy (torch's own stagers build DTensors
+        over CPU copies so too). Anything else with local shards stays
+        live, listed in self.live."""
+        if isinstance(v, dict):
+            return {k: self._copies(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [self._copies(x) for x in v]
+        if isinstance(v, DTensor):
+            return DTensor(_own_storage(self.staged(v._local_tensor.detach())), v._spec, requires_grad=v.requires_grad)
+        if hasattr(v, "local_shards"):
+            self.live.append(type(v).__name__)
+            return v
+        if isinstance(v, torch.Tensor):
+            return self._copy_of(v)
+        return v
+
+    def _copy_of(self, t: torch.Tensor) -> torch.Tensor:
+        s = self.staged(t.detach())
+        return s.requires_grad_(True) if t.requires_grad else s  # DCP records it in the tensor's properties
 
     def _walk(self, v):
         """The state dict's structure with its own containers (a loop that
@@ -160,8 +205,8 @@ class Snapshot:
         """t, a view of a storage the snapshot copied, as the same view of
         the copy (on the CPU), with t's lazy conjugate and negative bits
         (the bytes are the storage's, the bits how t reads them). A tensor
-        the snapshot does not hold (one a custom planner made while
-        writing) is returned as it is."""
+        the snapshot does not hold (a copy it made, one a custom planner
+        made while writing) is returned as it is."""
         n = _extent(t)
         if n == 0 or t.device.type == "meta":
             return t

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import inspect
 import io
 import json
 import os
@@ -58,6 +59,15 @@ def meshes(world: int):
     return one, two
 
 
+def distribute(v, mesh, place):
+    """distribute_tensor of v, which every rank holds whole: where torch can
+    (2.5 and later), each rank takes its piece of its own v, with no
+    scatter (torch 2.14's gloo scatters no bfloat16)."""
+    if "src_data_rank" in inspect.signature(distribute_tensor).parameters:
+        return distribute_tensor(v, mesh, place, src_data_rank=None)
+    return distribute_tensor(v, mesh, place)
+
+
 def odd(world: int, salt: int, plain: bool = False) -> dict:
     """Dense tensors of every layout and dtype, DTensors sharded on either
     dimension (some ranks with empty pieces), and non-tensor state.
@@ -67,7 +77,7 @@ def odd(world: int, salt: int, plain: bool = False) -> dict:
 
     def dt(name, shape, place, dtype=torch.float32, mesh=one):
         v = value(name, shape, dtype, salt)
-        return v if plain else distribute_tensor(v, mesh, place)
+        return v if plain else distribute(v, mesh, place)
 
     return {
         "dense": {
@@ -127,6 +137,8 @@ CASES = {"odd": odd, "tiny": tiny, "at_sign": at_sign}
 def whole(v):
     """A comparable full value (DTensor.full_tensor is a collective: every
     rank calls it in the same order)."""
+    if isinstance(v, DTensor) and v.dtype in (torch.bfloat16, torch.float16):  # gathered as float32, losslessly:
+        return v.to(torch.float32).full_tensor().to(v.dtype)  # torch 2.14's gloo moves no bfloat16
     if isinstance(v, DTensor):
         return v.full_tensor()
     if isinstance(v, torch.Tensor):

@@ -171,6 +171,22 @@ def next_step(sd) -> None:
                 (v.to_local() if isinstance(v, DTensor) else v).add_(1)
 
 
+def async_kwargs(action: str) -> dict:
+    """async_save's executor and stager: DCP's checkpoint process (torch
+    2.7 and later) with the writer staging, or with DCP's DefaultStager
+    staging and the writer sent to that process (torchtitan's
+    async_with_pinned_mem)."""
+    if not action.startswith("async_save_process"):
+        return {}
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")  # where that process's group meets (torchrun sets it)
+    kw: dict = {"async_checkpointer_type": AsyncCheckpointerType.PROCESS}
+    if action.endswith("_stager"):
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+        kw["async_stager"] = DefaultStager(StagingOptions(False, False, False, False))
+    return kw
+
+
 def main() -> None:
     faulthandler.dump_traceback_later(240, exit=True)  # a hung rank prints where, and ends
     action, rank, world, port, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
@@ -182,9 +198,13 @@ def main() -> None:
                             rank=rank, world_size=world)
     mesh = init_device_mesh(device, (world,))
     res: dict = {"rank": rank, "device": device}
-    if action in ("save", "async_save", "fs_save"):
+    if action in ("save", "async_save", "async_save_process", "async_save_process_stager", "fs_save"):
         model, opt = build(mesh, True)
         sd = state(model, opt, True)
+        if action.endswith("_stager"):  # DCP's DefaultStager (torch 2.14) fails on a local piece that views a
+            v = sd["extra"]["spectrum"]  # larger tensor ("copy_() on an invalid python storage"): its own here
+            sd["extra"]["spectrum"] = DTensor.from_local(v.to_local().clone(), v.device_mesh, v.placements,
+                                                         run_check=False, shape=v.shape, stride=v.stride())
         ref = {k: whole(v) for k, v in flat(sd)}
         dist.barrier()
         t0 = time.perf_counter()
@@ -193,10 +213,10 @@ def main() -> None:
         elif action == "fs_save":
             dcp.save(sd, storage_writer=dcp.FileSystemWriter(sys.argv[7]))
         else:
-            fut = dcp.async_save(sd, storage_writer=rewind.dcp.Writer(step=step))
+            fut = dcp.async_save(sd, storage_writer=rewind.dcp.Writer(step=step), **async_kwargs(action))
             res["blocked_s"] = time.perf_counter() - t0
             next_step(sd)  # the loop goes on while the save completes
-            fut.result()
+            getattr(fut, "upload_completion", fut).result()
         res["save_s"] = time.perf_counter() - t0
         if rank == 0:
             torch.save(ref, os.path.join(out, "reference.pt"))

@@ -193,6 +193,31 @@ def test_async_save_then_load(agent, tmp_path):
     check_loaded(gang("load", 3, agent, job, tmp_path), 3)
 
 
+def _process_executor() -> bool:
+    try:
+        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+    except ImportError:
+        return False
+    return hasattr(AsyncCheckpointerType, "PROCESS")
+
+
+@pytest.mark.skipif(not _process_executor(), reason="this torch's async_save has no process executor (torch 2.7+)")
+@pytest.mark.parametrize("stager", ["writer", "default"])
+def test_async_save_in_dcps_checkpoint_process(agent, tmp_path, stager):
+    """dcp.async_save with async_checkpointer_type=PROCESS sends the staged
+    state and the writer to DCP's checkpoint process, which saves while
+    the loop changes every tensor: staged by the writer (its copies go
+    with the state dict, so the process writes the values at the call),
+    and by DCP's DefaultStager (torchtitan's async_with_pinned_mem: the
+    writer connects from that process). Loaded at 3, every value is the
+    state at the call."""
+    job = f"dcp-process-{stager}-{os.getpid()}"
+    action = "async_save_process" + ("_stager" if stager == "default" else "")
+    results = gang(action, 4, agent, job, tmp_path, "7")
+    assert all(r["blocked_s"] <= r["save_s"] for r in results)
+    check_loaded(gang("load", 3, agent, job, tmp_path), 3)
+
+
 def cluster(rewind_bin, start_agent, tmp_path, *coord_flags: str, agent_flags: tuple[str, ...] = ()):
     """A coordinator (with coord_flags) and two agents (with agent_flags),
     nodes a and b."""

@@ -124,8 +124,13 @@ def nested_case(salt: int) -> dict:
         "a": {"b": {"c": rand((2,), torch.float32, salt, 30)}, "b.d": rand((2,), torch.float32, salt, 31)},
         "lst": [rand((2,), torch.float32, salt, 32), rand((3,), torch.int64, salt, 33)],
         "deep": {"x": [{"y": rand((1,), torch.float32, salt, 34)}, 5 * salt]},
-        7: rand((2,), torch.float32, salt, 35),  # a non-str key
     }
+
+
+def int_key_case(salt: int) -> dict:
+    """A non-str key: the file system loads it up to torch 2.6; from 2.14
+    DCP's load fails on it (it sorts int and str keys together)."""
+    return {"a": rand((2,), torch.float32, salt, 36), 7: rand((2,), torch.float32, salt, 35)}
 
 
 def objects_case(salt: int) -> dict:
@@ -300,7 +305,11 @@ FAILS: dict[str, Callable[[int], dict]] = {
     "unpicklable": lambda salt: {"w": torch.ones(2), "f": lambda: salt},
 }
 
-CASES = {**{k: (m, zeros_template) for k, m in SAME.items()}, **LOADS, **{k: (m, zeros_template) for k, m in FAILS.items()}}
+# Cases whose outcome through the file system depends on torch's
+# version: rewind's is the same as the file system's.
+VERSIONED: dict[str, Callable[[int], dict]] = {"int_key": int_key_case}
+
+CASES = {**{k: (m, zeros_template) for k, m in {**SAME, **VERSIONED}.items()}, **LOADS, **{k: (m, zeros_template) for k, m in FAILS.items()}}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -79,7 +79,9 @@ def test_a_step_saved_again(agent, tmp_path):
     res = run("load", 2, agent, job, tmp_path)
     refused_as_two_saves(res)
     for r in res:
-        assert "NotFoundError" in r["error"] and "ranks 0:" in r["error"] and "ranks 1:" in r["error"], r
+        # The ranks of each save are named (torch 2.6 raises the reader's
+        # NotFoundError; 2.14 keeps only its message, in an AssertionError).
+        assert "ranks 0:" in r["error"] and "ranks 1:" in r["error"], r
 
 
 def test_a_writer_saving_again_after_a_failure(agent, tmp_path):
