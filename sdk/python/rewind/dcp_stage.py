@@ -163,9 +163,9 @@ class Snapshot:
         if hasattr(v, "local_shards"):
             self.live.append(type(v).__name__)
             return v
-        if isinstance(v, torch.Tensor):
+        if isinstance(v, torch.Tensor) and v.layout == torch.strided and not v.is_quantized:
             return self._copy_of(v)
-        return v
+        return v  # a value copied whole; or a tensor whose bytes are not its values, which the save refuses
 
     def _copy_of(self, t: torch.Tensor) -> torch.Tensor:
         s = self.staged(t.detach())
