@@ -205,3 +205,46 @@ def test_gpu_tensors_staged_into_page_locked_buffers():
     big = next(sp.buf for sp in snap.spans.values() if sp.buf.numel() >= 12 << 20)
     assert big.is_pinned() and big.numel() == 12 << 20
     snap.release()
+
+
+def _mapped(address: int) -> bool:
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= address < hi:
+                return True
+    return False
+
+
+@pytest.mark.parametrize("registered", [True, False])
+def test_page_locked_buffers_are_unregistered_once_while_mapped(monkeypatch, registered):
+    """Without a GPU, rewind.cuda's pin and unpin recorded: a GPU span's
+    buffer registers exactly its own pages (page-aligned, its size, not a
+    power of two), and when the buffer goes it is unregistered once, while
+    its pages are still mapped (unregistering after munmap leaves them
+    locked, and could unregister another mapping made at the same
+    address); a view that outlives it still reads its bytes. A failed
+    registration is never undone; a small buffer is never registered."""
+    import gc
+    import mmap
+
+    import rewind.dcp_stage as stage
+
+    calls: list = []
+    monkeypatch.setattr(stage.cuda, "pin", lambda addr, n, what, stacklevel=2: calls.append(("pin", addr, n)) or registered)
+    monkeypatch.setattr(stage.cuda, "unpin", lambda addr: calls.append(("unpin", addr, _mapped(addr))))
+    n = (3 << 20) + 4096
+    buf = stage._host_buffer(n, pinned=True)
+    addr = buf.data_ptr()
+    assert calls == [("pin", addr, n)] and addr % mmap.PAGESIZE == 0 and buf.numel() == n
+    view = buf[4096:8192].view(torch.float32)  # what a staged tensor holds
+    view.fill_(1.5)
+    del buf  # the snapshot's reference: a view outliving it keeps the pages, unlocked
+    gc.collect()
+    assert calls[1:] == ([("unpin", addr, True)] if registered else [])
+    assert float(view[0]) == 1.5 and _mapped(addr)
+    del view
+    gc.collect()
+    assert len(calls) == (2 if registered else 1)
+    stage._host_buffer(stage._PIN_MIN - 1, pinned=True)
+    assert len(calls) == (2 if registered else 1)
