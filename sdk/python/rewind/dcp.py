@@ -80,7 +80,7 @@ except ImportError as e:  # torch 1.x: a DCP without the 2.x interface (StorageM
                       f"{e}") from None
 from torch.futures import Future
 
-from .dcp_index import DOC_FORMAT, Stored, check_one_save, index_shard  # noqa: E402 (after the torch 2.x check)
+from .dcp_index import DOC_FORMAT, Stored, check_covered, check_one_save, index_shard  # noqa: E402 (after the torch 2.x check)
 from .dcp_stage import Snapshot  # noqa: E402
 
 SCHEME = "rewind://"
@@ -269,6 +269,7 @@ class Writer(_Base, StorageWriter, AsyncStager):
         self.client: Client | None = None
         self._staged: Snapshot | None = None  # stage's, for the save it stages
         self._snapshot: Snapshot | None = None  # the one the save under way writes from
+        self._alone: int | None = None  # the rank a save with use_collectives=False names
 
     def stage(self, state_dict):
         self._staged = Snapshot(state_dict)
@@ -297,7 +298,11 @@ class Writer(_Base, StorageWriter, AsyncStager):
         job = self.client.job if self.client is not None else self.job or ""
         return StorageMeta(checkpoint_id=self._id(job, self.step), save_id=self.save_id)
 
-    def set_up_storage_writer(self, is_coordinator: bool) -> None:
+    def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
+        # torch 2.14 also passes the rank and use_collectives: a save with
+        # use_collectives=False plans each rank alone (prepare_global_plan
+        # sees its plan only), and names the rank here.
+        self._alone = None if kwargs.get("use_collectives", True) else kwargs.get("rank")
         # A save begins (DCP calls this once a save, before planning; it
         # may call storage_meta more than once, before and after the
         # write): it writes from what stage staged for it, or from the
@@ -327,6 +332,14 @@ class Writer(_Base, StorageWriter, AsyncStager):
         # torch.distributed each process plans a save of its own, and an
         # id of its own would set its shard apart from the other ranks'
         # of the same save: none is stored.
+        if self._alone is not None and _distributed():  # use_collectives=False: this rank of every rank
+            import torch.distributed as dist
+
+            rank, world = self._alone, dist.get_world_size()
+            if not 0 <= rank < world:
+                raise InvalidError("dcp save", f"use_collectives=False names rank {rank} of {world}")
+            self.save_id = None  # no plan crosses the ranks: no id they share
+            return [dataclasses.replace(plans[0], storage_data=(*plans[0].storage_data, rank, world, None))]
         save = self.save_id = uuid.uuid4().hex if _distributed() else None
         return [dataclasses.replace(p, storage_data=(*p.storage_data, r, len(plans), save))
                 for r, p in enumerate(plans)]
@@ -489,6 +502,7 @@ class Reader(_Base, StorageReader):
                     planner_data = None if pd is None else {**planner_data, **pd}
             r += 1
         check_one_save(c, step, saves)
+        check_covered(c, step, sdm)
         heads = "".join(f"{r}:{s}\n" for r, s in sorted(self._sums.items()))
         self._read = (saves[0] if saves else None, hashlib.sha256(heads.encode()).hexdigest()[:16])
         self.saved_world_size = world

@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.metadata import (
 
 from .client import Client, OpenShard
 from .dtypes import TORCH
-from .errors import NotFoundError, RewindError
+from .errors import CorruptError, NotFoundError, RewindError
 
 DOC_FORMAT = "rewind.dcp/1"
 
@@ -47,6 +47,38 @@ def check_one_save(c: Client, step: int, saves: list) -> None:
     raise NotFoundError(f"dcp load step {step} of job {c.job}",
                         f"its shards come from {len(groups)} saves of the step ({ranks}): a save of the step "
                         "failed after some ranks committed; load another step (Reader(step=N))")
+
+
+def check_covered(c: Client, step: int, sdm: dict) -> None:
+    """Refuses a step in which a tensor's saved pieces do not cover it:
+    DCP reads only the pieces that overlap what a rank loads, so a gap
+    would load as whatever the target held. A save by processes that each
+    planned alone (dcp.save with no_dist=True in a gang: every process
+    saves as rank 0 of 1) leaves one; so does a shard that lost a piece."""
+    for fqn, md in sdm.items():
+        if not isinstance(md, TensorStorageMetadata):
+            continue
+        total = _volume(md.size)
+        covered = 0
+        for ch in md.chunks:
+            if len(ch.offsets) != len(md.size) or any(
+                    o < 0 or n < 0 or o + n > s for o, n, s in zip(ch.offsets, ch.sizes, md.size)):
+                raise CorruptError(f"dcp load step {step} of job {c.job}",
+                                   f"tensor {fqn!r}: a piece at {list(ch.offsets)} of {list(ch.sizes)} lies outside "
+                                   f"its global shape {list(md.size)}")
+            covered += _volume(ch.sizes)
+        if covered < total:
+            raise NotFoundError(f"dcp load step {step} of job {c.job}",
+                                f"tensor {fqn!r}: its saved pieces hold {covered} of its {total} elements "
+                                f"(global shape {list(md.size)}): the step is not a whole checkpoint of it (saved "
+                                "by processes that each planned alone, as dcp.save with no_dist=True does?)")
+
+
+def _volume(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
 
 
 def index_shard(sh: OpenShard, rank: int, sdm: dict, stored: dict, sizes: dict, dtypes: dict):

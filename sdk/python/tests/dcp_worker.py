@@ -198,7 +198,8 @@ def main() -> None:
                             rank=rank, world_size=world)
     mesh = init_device_mesh(device, (world,))
     res: dict = {"rank": rank, "device": device}
-    if action in ("save", "async_save", "async_save_process", "async_save_process_stager", "fs_save"):
+    if action in ("save", "save_alone", "save_no_dist", "async_save", "async_save_process", "async_save_process_stager",
+                  "fs_save"):
         model, opt = build(mesh, True)
         sd = state(model, opt, True)
         if action.endswith("_stager"):  # DCP's DefaultStager (torch 2.14) fails on a local piece that views a
@@ -210,6 +211,13 @@ def main() -> None:
         t0 = time.perf_counter()
         if action == "save":
             dcp.save(sd, storage_writer=rewind.dcp.Writer(step=step))
+        elif action == "save_alone":  # each rank plans alone, naming its rank (torch 2.14)
+            dcp.save(sd, storage_writer=rewind.dcp.Writer(step=step), use_collectives=False)
+        elif action == "save_no_dist":  # each process saves as if it were the only one (rank 0 of 1), in turn
+            for turn in range(world):
+                if turn == rank:
+                    dcp.save(sd, storage_writer=rewind.dcp.Writer(step=step), no_dist=True)
+                dist.barrier()
         elif action == "fs_save":
             dcp.save(sd, storage_writer=dcp.FileSystemWriter(sys.argv[7]))
         else:
@@ -220,6 +228,13 @@ def main() -> None:
         res["save_s"] = time.perf_counter() - t0
         if rank == 0:
             torch.save(ref, os.path.join(out, "reference.pt"))
+    elif action == "load_refused":  # a load that must fail: its error
+        model, opt = build(mesh, False)
+        try:
+            dcp.load(state(model, opt, False), storage_reader=rewind.dcp.Reader())
+            res["error"] = None
+        except BaseException as e:  # DCP's CheckpointException is a BaseException
+            res["error"] = f"{type(e).__name__}: {e}"
     elif action == "load":
         model, opt = build(mesh, False)
         sd = state(model, opt, False)

@@ -218,6 +218,36 @@ def test_async_save_in_dcps_checkpoint_process(agent, tmp_path, stager):
     check_loaded(gang("load", 3, agent, job, tmp_path), 3)
 
 
+def _save_takes(param: str) -> bool:
+    import inspect
+
+    import torch.distributed.checkpoint as dcp
+    return param in inspect.signature(dcp.save).parameters
+
+
+@pytest.mark.skipif(not _save_takes("use_collectives"), reason="this torch's dcp.save has no use_collectives")
+def test_save_without_collectives(agent, tmp_path):
+    """dcp.save(..., use_collectives=False) plans every rank alone: each
+    shard is still its rank's of the 4 (the rank DCP names), so the step
+    is whole and loads at 3, every value equal."""
+    job = f"dcp-alone-{os.getpid()}"
+    gang("save_alone", 4, agent, job, tmp_path, "7")
+    check_loaded(gang("load", 3, agent, job, tmp_path), 3)
+
+
+@pytest.mark.skipif(not _save_takes("no_dist"), reason="this torch's dcp.save has no no_dist")
+def test_a_gang_saving_with_no_dist_is_refused_at_load(agent, tmp_path):
+    """dcp.save(..., no_dist=True) in each of 4 processes, one after
+    another: each saves the step as rank 0 of 1, its pieces alone, over the
+    one before (FileSystemWriter's files would overwrite each other so).
+    The load fails on every rank naming a tensor whose saved pieces do not
+    cover it, rather than load the missing rows as what the target held."""
+    job = f"dcp-nodist-{os.getpid()}"
+    gang("save_no_dist", 4, agent, job, tmp_path, "7")
+    for r in gang("load_refused", 4, agent, job, tmp_path):
+        assert r["error"] and "saved pieces hold" in r["error"] and "not a whole checkpoint" in r["error"], r
+
+
 def cluster(rewind_bin, start_agent, tmp_path, *coord_flags: str, agent_flags: tuple[str, ...] = ()):
     """A coordinator (with coord_flags) and two agents (with agent_flags),
     nodes a and b."""
