@@ -230,7 +230,7 @@ def test_save_without_collectives(agent, tmp_path):
     """dcp.save(..., use_collectives=False) plans every rank alone: each
     shard is still its rank's of the 4 (the rank DCP names), so the step
     is whole and loads at 3, every value equal."""
-    job = f"dcp-alone-{os.getpid()}"
+    job = f"dcp-no-collectives-{os.getpid()}"
     gang("save_alone", 4, agent, job, tmp_path, "7")
     check_loaded(gang("load", 3, agent, job, tmp_path), 3)
 
