@@ -285,14 +285,19 @@ class Writer(_Base, StorageWriter, AsyncStager):
         or snapshot. A snapshot holding live tensors (a ShardedTensor's
         shards), which only this process can read through their copies,
         fails the save here, naming them, rather than write live values."""
-        if self._staged is not None and self._staged.live:
-            raise InvalidError("dcp async_save", "the state holds " + ", ".join(sorted(set(self._staged.live))) +
+        staged, self._staged = self._staged, None  # it goes with the state dict: no later save here writes it
+        if staged is not None and staged.live:
+            raise InvalidError("dcp async_save", "the state holds " + ", ".join(sorted(set(staged.live))) +
                                ", which rewind.dcp.Writer stages for a save in this process only: with "
                                "async_checkpointer_type=PROCESS pass async_stager=DefaultStager(...) "
                                "(torch.distributed.checkpoint.staging), or use the thread executor")
         state = self.__dict__.copy()
         state.update(client=None, _staged=None, _snapshot=None)
         return state
+
+    def __setstate__(self, state) -> None:
+        _make_failures_picklable()  # in DCP's checkpoint process too
+        self.__dict__.update(state)
 
     def storage_meta(self) -> StorageMeta | None:
         job = self.client.job if self.client is not None else self.job or ""
@@ -335,9 +340,11 @@ class Writer(_Base, StorageWriter, AsyncStager):
         if self._alone is not None and _distributed():  # use_collectives=False: this rank of every rank
             import torch.distributed as dist
 
-            rank, world = self._alone, dist.get_world_size()
-            if not 0 <= rank < world:
-                raise InvalidError("dcp save", f"use_collectives=False names rank {rank} of {world}")
+            rank, world = dist.get_rank(), dist.get_world_size()
+            if self._alone != rank:  # no_dist (rank 0 everywhere), or a process group's rank
+                raise InvalidError("dcp save", f"use_collectives=False names rank {self._alone}, this process is rank "
+                                   f"{rank} of {world}: saves without collectives are of the default group's ranks "
+                                   "(no process_group, no no_dist)")
             self.save_id = None  # no plan crosses the ranks: no id they share
             return [dataclasses.replace(plans[0], storage_data=(*plans[0].storage_data, rank, world, None))]
         save = self.save_id = uuid.uuid4().hex if _distributed() else None

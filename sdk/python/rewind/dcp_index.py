@@ -60,7 +60,8 @@ def check_covered(c: Client, step: int, sdm: dict) -> None:
             continue
         total = _volume(md.size)
         covered = 0
-        for ch in md.chunks:
+        pieces = {(tuple(ch.offsets), tuple(ch.sizes)): ch for ch in md.chunks}  # a replica counts once
+        for ch in pieces.values():
             if len(ch.offsets) != len(md.size) or any(
                     o < 0 or n < 0 or o + n > s for o, n, s in zip(ch.offsets, ch.sizes, md.size)):
                 raise CorruptError(f"dcp load step {step} of job {c.job}",

@@ -73,27 +73,34 @@ def _host_buffer(n: int, pinned: bool) -> torch.Tensor:
     copies go through pageable memory."""
     if not pinned or n < _PIN_MIN:
         return torch.empty(n, dtype=torch.uint8)
-    buf = torch.frombuffer(mmap.mmap(-1, n), dtype=torch.uint8)
+    mm = mmap.mmap(-1, n)
+    buf = torch.frombuffer(mm, dtype=torch.uint8)
     if cuda.pin(buf.data_ptr(), n, "a dcp.async_save staging buffer", stacklevel=4):
-        weakref.finalize(buf, cuda.unpin, buf.data_ptr())
+        # The finalizer holds the mapping: pickled for DCP's process
+        # executor, the storage moves into shared memory and lets go of
+        # it, which must not unmap pages still registered.
+        weakref.finalize(buf, _unpin, buf.data_ptr(), mm)
     return buf
 
 
-def _own_storage(t: torch.Tensor) -> torch.Tensor:
-    """t, a view into a snapshot's buffer, over a storage of its own that
-    starts at t's first byte (the same bytes, no copy). DCP's process
-    executor pickles each DTensor with its local tensor, and torch (2.14)
-    crashes pickling a DTensor whose local tensor starts past its
-    storage's first byte (a piece of a buffer shared with other views)."""
-    if t.storage_offset() == 0 or t.device.type != "cpu":
-        return t
-    lo = t.storage_offset() * t.element_size()
-    whole = torch.empty(0, dtype=torch.uint8).set_(_storage(t))
-    own = torch.frombuffer(whole.numpy()[lo:lo + _extent(t)], dtype=torch.uint8)
-    v = own.view(t.dtype).as_strided(t.shape, t.stride())
-    if t.is_neg():
-        v = torch._neg_view(v)
-    return v.conj() if t.is_conj() else v
+def _unpin(address: int, mapping: mmap.mmap) -> None:
+    cuda.unpin(address)  # then the mapping goes, once nothing else holds it
+
+
+def _standalone(t: torch.Tensor) -> torch.Tensor:
+    """t, a copy the snapshot made, as a tensor DCP's process executor can
+    pickle: torch's tensor pickling keeps no lazy conjugate or negative
+    bit (they are resolved), torch (2.14) crashes pickling a DTensor whose
+    local tensor starts past its storage's first byte (a piece of a
+    buffer other views share: cloned, as a view of it would point at
+    memory the pickling of another view frees when it moves the buffer
+    into shared memory), and an empty piece the snapshot holds no buffer
+    for is made on the CPU."""
+    if t.numel() == 0:
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
+    return t.clone() if t.storage_offset() != 0 else t
 
 
 def _key(st) -> tuple[int, int]:
@@ -159,7 +166,11 @@ class Snapshot:
         if isinstance(v, list):
             return [self._copies(x) for x in v]
         if isinstance(v, DTensor):
-            return DTensor(_own_storage(self.staged(v._local_tensor.detach())), v._spec, requires_grad=v.requires_grad)
+            local = v._local_tensor
+            if hasattr(local, "local_shards"):  # a LocalShardsWrapper in a DTensor: live, as below
+                self.live.append(type(local).__name__)
+                return v
+            return DTensor(_standalone(self.staged(local.detach())), v._spec, requires_grad=v.requires_grad)
         if hasattr(v, "local_shards"):
             self.live.append(type(v).__name__)
             return v
@@ -169,6 +180,8 @@ class Snapshot:
 
     def _copy_of(self, t: torch.Tensor) -> torch.Tensor:
         s = self.staged(t.detach())
+        if t.numel() == 0 or t.is_conj() or t.is_neg():  # rare: what pickles as it reads (_standalone)
+            s = _standalone(s)
         return s.requires_grad_(True) if t.requires_grad else s  # DCP records it in the tensor's properties
 
     def _walk(self, v):

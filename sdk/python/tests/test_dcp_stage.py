@@ -171,6 +171,27 @@ def test_a_save_after_a_failed_async_save_writes_its_own_values(agent, job):
     assert got["x"].tolist() == [2.0] * 4
 
 
+def test_a_save_after_the_writer_went_to_dcps_checkpoint_process(agent, job):
+    """The process executor sends the writer, pickled, to DCP's checkpoint
+    process once its stage ran; the snapshot goes with the state dict. A
+    dcp.save through the same Writer afterwards writes the values at its
+    own call, not the snapshot's."""
+    import pickle
+
+    import torch.distributed.checkpoint as dcp
+
+    w = rewind.dcp.Writer(socket=agent.socket)
+    sd = {"x": torch.ones(4)}
+    w.stage(sd)
+    pickle.dumps(w)  # what the executor sends
+    with torch.no_grad():
+        sd["x"].fill_(2)
+    dcp.save(sd, checkpoint_id=f"rewind://{job}/step-1", storage_writer=w)
+    got = {"x": torch.zeros(4)}
+    dcp.load(got, checkpoint_id=f"rewind://{job}/step-1", storage_reader=rewind.dcp.Reader(socket=agent.socket))
+    assert got["x"].tolist() == [2.0] * 4
+
+
 def test_a_local_shards_wrapper_is_staged_shard_by_shard():
     """torch's LocalShardsWrapper (torchrec's local piece of a DTensor, and
     a value dcp.save writes by itself) lists plain tensors as its
@@ -248,3 +269,50 @@ def test_page_locked_buffers_are_unregistered_once_while_mapped(monkeypatch, reg
     assert len(calls) == (2 if registered else 1)
     stage._host_buffer(stage._PIN_MIN - 1, pinned=True)
     assert len(calls) == (2 if registered else 1)
+
+
+def test_the_staged_state_pickles_as_dcps_process_executor_sends_it(tmp_path):
+    """DCP's process executor pickles the staged state into its checkpoint
+    process (torch's ForkingPickler: each storage moves into shared memory
+    as it is sent). Rebuilt, it holds the values at stage time, the loop
+    having changed every tensor since: two DTensor pieces of one storage
+    (the second starting past its first byte, which torch 2.14 crashed
+    pickling, and whose bytes the move of the first must not free), plain
+    views of it, a lazy conjugate (pickling drops the bit), an empty
+    piece."""
+    import io
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from rewind.dcp_stage import DTensor
+    try:
+        from torch.distributed.tensor import Shard
+    except ImportError:  # torch 2.0-2.3
+        from torch.distributed._tensor import Shard
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        flat = torch.arange(40.0)
+        c = torch.randn(3, dtype=torch.complex64)
+        sd = {"d0": DTensor.from_local(flat[:8], mesh, [Shard(0)], run_check=False),
+              "d1": DTensor.from_local(flat[8:20].view(3, 4), mesh, [Shard(0)], run_check=False),
+              "v": flat.view(4, 10)[:, 5:], "c": c.conj(), "n": torch._neg_view(c[:2]),
+              "e": DTensor.from_local(flat[40:], mesh, [Shard(0)], run_check=False)}
+        want = {k: (v.to_local() if isinstance(v, DTensor) else v).resolve_conj().resolve_neg().clone()
+                for k, v in sd.items()}
+        staged = Snapshot(sd).state_dict
+        with torch.no_grad():
+            flat.add_(100)
+            c.mul_(2)
+        buf = io.BytesIO()
+        ForkingPickler(buf).dump(staged)
+        got = pickle.loads(buf.getvalue())
+        for k, w in want.items():
+            g = got[k].to_local() if isinstance(got[k], DTensor) else got[k]
+            assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w), k
+    finally:
+        dist.destroy_process_group()
