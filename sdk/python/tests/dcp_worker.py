@@ -87,10 +87,11 @@ FSDP2_WIDTHS = (64, 4100, 22, 37, 5)
 def build_fsdp2(mesh, trained: bool):
     """An nn.Sequential of Linear layers (seeded init, the same at any world
     size) sharded by FSDP2: fully_shard on each Linear and on the root, as
-    torchtitan does per block. trained: after one Adam step, on the GPU
-    after a forward and backward of a seeded batch (gradients
-    reduce-scattered by FSDP2), on the CPU with seeded gradients; else a
-    fresh model with other values."""
+    torchtitan does per block. trained: after one Adam step, after a
+    forward and backward of a seeded batch (gradients reduce-scattered by
+    FSDP2) where FSDP2 runs on the device (the GPU; the CPU from the torch
+    whose CPU streams record events, as 2.14's do), else with seeded
+    gradients; not trained: a fresh model with other values."""
     try:
         from torch.distributed.fsdp import fully_shard
     except ImportError:  # torch 2.4-2.5: the composable API's module
@@ -102,7 +103,7 @@ def build_fsdp2(mesh, trained: bool):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = torch.optim.Adam(model.parameters(), lr=0.01, foreach=False)
-    if trained and mesh.device_type == "cuda":
+    if trained and (mesh.device_type == "cuda" or hasattr(torch.cpu.Stream, "record_event")):
         x = torch.randn(8, FSDP2_WIDTHS[0], generator=torch.Generator().manual_seed(7)).to(mesh.device_type)
         model(x).square().mean().backward()
         opt.step()

@@ -140,7 +140,8 @@ def test_gpu_state_loads_on_gpu_and_on_cpu_ranks(agent, tmp_path):
 def test_fsdp2_model_and_optimizer(agent, tmp_path, monkeypatch, device):
     """An nn.Module sharded by FSDP2's fully_shard (per layer and at the
     root), after one Adam step, its model and Adam state saved through
-    the writer at world size 4 on the CPU (gloo), or on the GPUs (NCCL,
+    the writer at world size 4 on the CPU (gloo; a forward and backward
+    first where FSDP2 runs on the CPU, torch 2.14), or on the GPUs (NCCL,
     one rank a GPU, a forward and backward first): loaded back at that
     size on that device, then at two other world sizes on CPU ranks,
     every value equal to the full tensors saved."""
