@@ -111,7 +111,7 @@ def _key(st) -> tuple[int, int]:
 
 def _local_tensors(v):
     if isinstance(v, DTensor):
-        yield from _local_tensors(v.to_local())
+        yield from _local_tensors(v._local_tensor)  # not to_local(): an autograd op per tensor
     elif hasattr(v, "local_shards"):  # a ShardedTensor's Shards; a LocalShardsWrapper's tensors
         for s in v.local_shards():
             yield getattr(s, "tensor", s)
@@ -138,6 +138,7 @@ class Snapshot:
     def __init__(self, state_dict):
         self.spans: dict[tuple[int, int], _Span] = {}
         self.live: list[str] = []  # the types of values staged as the live ones (Snapshot.staged)
+        self._at: dict[int, tuple] = {}  # id of a walked tensor: its storage's key, byte offset, extent
         walked = self._walk(state_dict)
         gpus = set()
         with _idle_lock:
@@ -155,6 +156,7 @@ class Snapshot:
         for dev in gpus:  # the copies were queued after the work that made the tensors
             torch.cuda.current_stream(dev).synchronize()
         self.state_dict = self._copies(walked)
+        self._at = {}  # ids of tensors that may go: staged() looks them up afresh
 
     def _copies(self, v):
         """The walked structure with each plain tensor and DTensor replaced
@@ -170,7 +172,7 @@ class Snapshot:
             if hasattr(local, "local_shards"):  # a LocalShardsWrapper in a DTensor: live, as below
                 self.live.append(type(local).__name__)
                 return v
-            return DTensor(_standalone(self.staged(local.detach())), v._spec, requires_grad=v.requires_grad)
+            return DTensor(_standalone(self.staged(local)), v._spec, requires_grad=v.requires_grad)
         if hasattr(v, "local_shards"):
             self.live.append(type(v).__name__)
             return v
@@ -179,7 +181,9 @@ class Snapshot:
         return v  # a value copied whole; or a tensor whose bytes are not its values, which the save refuses
 
     def _copy_of(self, t: torch.Tensor) -> torch.Tensor:
-        s = self.staged(t.detach())
+        s = self.staged(t)
+        if s is t:  # not copied: a meta tensor
+            s = t.detach()
         if t.numel() == 0 or t.is_conj() or t.is_neg():  # rare: what pickles as it reads (_standalone)
             s = _standalone(s)
         return s.requires_grad_(True) if t.requires_grad else s  # DCP records it in the tensor's properties
@@ -206,11 +210,12 @@ class Snapshot:
         if n == 0 or t.device.type == "meta":
             return
         st = _storage(t)
-        lo = t.storage_offset() * t.element_size()
-        lo, hi = lo - lo % _ALIGN, lo + n
-        sp = self.spans.get(_key(st))
+        key, at = _key(st), t.storage_offset() * t.element_size()
+        self._at[id(t)] = (key, at, n)  # for _copies, while the walked tensors live
+        lo, hi = at - at % _ALIGN, at + n
+        sp = self.spans.get(key)
         if sp is None:
-            self.spans[_key(st)] = _Span(st, lo, hi)
+            self.spans[key] = _Span(st, lo, hi)
         else:
             sp.lo, sp.hi = min(sp.lo, lo), max(sp.hi, hi)
 
@@ -220,11 +225,14 @@ class Snapshot:
         (the bytes are the storage's, the bits how t reads them). A tensor
         the snapshot does not hold (a copy it made, one a custom planner
         made while writing) is returned as it is."""
-        n = _extent(t)
-        if n == 0 or t.device.type == "meta":
-            return t
-        sp = self.spans.get(_key(_storage(t)))
-        lo = t.storage_offset() * t.element_size()
+        where = self._at.get(id(t))
+        if where is None:
+            n = _extent(t)
+            if n == 0 or t.device.type == "meta":
+                return t
+            where = (_key(_storage(t)), t.storage_offset() * t.element_size(), n)
+        key, lo, n = where
+        sp = self.spans.get(key)
         if sp is None or sp.buf is None or lo < sp.lo or lo + n > sp.hi:
             return t
         v = sp.buf[lo - sp.lo:lo - sp.lo + n].view(t.dtype).as_strided(t.shape, t.stride())
