@@ -67,7 +67,7 @@ python-gowriter:
 test-python-dcp: python-trixie python-rewind-bin
 	$(TRIXIE) run $(TRIXIE_ROOT) $(CURDIR) sh -c 'cd /src && REWIND_BIN=$(TRIXIE_REWIND) \
 		python3 -m pytest -q -p no:cacheprovider $(PYTHON_SDK)/tests/test_dcp.py $(PYTHON_SDK)/tests/test_dcp_cases.py \
-		$(PYTHON_SDK)/tests/test_dcp_diff.py $(PYTHON_SDK)/tests/test_dcp_failures.py'
+		$(PYTHON_SDK)/tests/test_dcp_diff.py $(PYTHON_SDK)/tests/test_dcp_failures.py $(PYTHON_SDK)/tests/test_dcp_sharded.py'
 
 # The DCP tests again with the newest torch Debian packages: forky's
 # (2.14; the build refuses one older than 2.7, whose async_save has no
@@ -78,7 +78,7 @@ test-python-dcp: python-trixie python-rewind-bin
 # only, for make test's time.
 FORKY_ROOT := $(BIN)/forky
 PYTHON_DCP_TESTS := $(addprefix $(PYTHON_SDK)/tests/,test_dcp.py test_dcp_diff.py test_dcp_failures.py \
-	test_dcp_stage.py)
+	test_dcp_sharded.py test_dcp_stage.py)
 
 ## python-forky: a Debian forky root (the newest torch Debian has, 2.14) for the DCP tests, under bin/ (once).
 python-forky:
