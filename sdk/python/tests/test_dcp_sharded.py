@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("torch.distributed.checkpoint.metadata", reason="needs torch 2.x")
 pytest.importorskip("torch.distributed._shard.sharded_tensor", reason="this torch has no ShardedTensor")
 
-from test_dcp import gang  # noqa: E402
+from test_dcp import _process_executor, gang  # noqa: E402
 
 WORKER = Path(__file__).with_name("dcp_sharded_worker.py")
 
@@ -37,14 +37,6 @@ def test_sharded_tensor_saved_and_loaded_at_other_world_sizes(agent, tmp_path, h
     gang(how, 2, agent, job, tmp_path, "3", worker=WORKER)
     for world in (2, 3, 4):
         loaded(gang("load", world, agent, job, tmp_path, worker=WORKER), world)
-
-
-def _process_executor() -> bool:
-    try:
-        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
-    except ImportError:
-        return False
-    return hasattr(AsyncCheckpointerType, "PROCESS")
 
 
 @pytest.mark.skipif(not _process_executor(), reason="this torch's async_save has no process executor (torch 2.7+)")

@@ -151,6 +151,19 @@ def test_two_storages_at_one_address_are_staged_apart():
         assert torch.equal(snap.staged(v), want[k]), k
 
 
+def saves_its_own_values(w, sd, agent, job) -> bool:
+    """Whether a dcp.save through w, after sd's x changed, writes x's new
+    values (those a load of the step gets)."""
+    import torch.distributed.checkpoint as dcp
+
+    with torch.no_grad():
+        sd["x"].fill_(2)
+    dcp.save(sd, checkpoint_id=f"rewind://{job}/step-1", storage_writer=w)
+    got = {"x": torch.zeros(4)}
+    dcp.load(got, checkpoint_id=f"rewind://{job}/step-1", storage_reader=rewind.dcp.Reader(socket=agent.socket))
+    return got["x"].tolist() == [2.0] * 4
+
+
 def test_a_save_after_a_failed_async_save_writes_its_own_values(agent, job):
     """An async_save that fails before it writes (a checkpoint_id without
     a step) leaves nothing staged behind: a dcp.save through the same
@@ -163,12 +176,7 @@ def test_a_save_after_a_failed_async_save_writes_its_own_values(agent, job):
     fut = dcp.async_save(sd, checkpoint_id=f"rewind://{job}", storage_writer=w)
     with pytest.raises(CheckpointException, match="no step"):
         fut.result()
-    with torch.no_grad():
-        sd["x"].fill_(2)
-    dcp.save(sd, checkpoint_id=f"rewind://{job}/step-1", storage_writer=w)
-    got = {"x": torch.zeros(4)}
-    dcp.load(got, checkpoint_id=f"rewind://{job}/step-1", storage_reader=rewind.dcp.Reader(socket=agent.socket))
-    assert got["x"].tolist() == [2.0] * 4
+    assert saves_its_own_values(w, sd, agent, job)
 
 
 def test_a_save_after_the_writer_went_to_dcps_checkpoint_process(agent, job):
@@ -178,18 +186,11 @@ def test_a_save_after_the_writer_went_to_dcps_checkpoint_process(agent, job):
     own call, not the snapshot's."""
     import pickle
 
-    import torch.distributed.checkpoint as dcp
-
     w = rewind.dcp.Writer(socket=agent.socket)
     sd = {"x": torch.ones(4)}
     w.stage(sd)
     pickle.dumps(w)  # what the executor sends
-    with torch.no_grad():
-        sd["x"].fill_(2)
-    dcp.save(sd, checkpoint_id=f"rewind://{job}/step-1", storage_writer=w)
-    got = {"x": torch.zeros(4)}
-    dcp.load(got, checkpoint_id=f"rewind://{job}/step-1", storage_reader=rewind.dcp.Reader(socket=agent.socket))
-    assert got["x"].tolist() == [2.0] * 4
+    assert saves_its_own_values(w, sd, agent, job)
 
 
 def test_a_local_shards_wrapper_is_staged_shard_by_shard():
