@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"rewind.dev/rewind/internal/promtest"
 )
 
 // TestJobBytesMetric: rewind_agent_shm_job_bytes follows each job's
@@ -111,21 +114,14 @@ func TestRefusedSaveGivesBackTheWarmSegment(t *testing.T) {
 
 func jobGauges(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	s := promtest.Samples(t, reg)
+	if v := s["rewind_agent_shm_job_budget_bytes"]; v != 2<<20 {
+		t.Errorf("rewind_agent_shm_job_budget_bytes = %v, want 2 MiB", v)
 	}
 	out := map[string]float64{}
-	for _, mf := range mfs {
-		switch mf.GetName() {
-		case "rewind_agent_shm_job_bytes":
-			for _, m := range mf.GetMetric() {
-				out[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
-			}
-		case "rewind_agent_shm_job_budget_bytes":
-			if v := mf.GetMetric()[0].GetGauge().GetValue(); v != 2<<20 {
-				t.Errorf("rewind_agent_shm_job_budget_bytes = %v, want 2 MiB", v)
-			}
+	for k, v := range s {
+		if job, ok := strings.CutPrefix(k, `rewind_agent_shm_job_bytes{job_id="`); ok {
+			out[strings.TrimSuffix(job, `"}`)] = v
 		}
 	}
 	return out

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"rewind.dev/rewind/internal/clock"
+	"rewind.dev/rewind/internal/promtest"
 )
 
 // TestUncommittedPrepareExpires: a Prepare never committed holds its
@@ -55,15 +56,9 @@ func TestUncommittedPrepareExpires(t *testing.T) {
 
 func expiredCount(t *testing.T, reg *prometheus.Registry) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	v, ok := promtest.Samples(t, reg)["rewind_agent_prepares_expired_total"]
+	if !ok {
+		t.Fatal("no rewind_agent_prepares_expired_total")
 	}
-	for _, mf := range mfs {
-		if mf.GetName() == "rewind_agent_prepares_expired_total" {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	t.Fatal("no rewind_agent_prepares_expired_total")
-	return 0
+	return v
 }

@@ -13,6 +13,7 @@ import (
 
 	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/coordinator"
+	"rewind.dev/rewind/internal/promtest"
 	"rewind.dev/rewind/internal/testcluster"
 	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/membership"
@@ -136,24 +137,10 @@ func TestPartitionDoesNotRecover(t *testing.T) {
 	}
 }
 
-// members reads rewind_membership_members{state} from reg.
+// members reads rewind_membership_members{state} from reg (-1: none).
 func members(t *testing.T, reg *prometheus.Registry, state string) int {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "rewind_membership_members" {
-			continue
-		}
-		for _, m := range mf.Metric {
-			for _, l := range m.Label {
-				if l.GetName() == "state" && l.GetValue() == state {
-					return int(m.Gauge.GetValue())
-				}
-			}
-		}
+	if v, ok := promtest.Samples(t, reg)[fmt.Sprintf("rewind_membership_members{state=%q}", state)]; ok {
+		return int(v)
 	}
 	return -1
 }

@@ -13,6 +13,7 @@ import (
 
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/internal/clock"
+	"rewind.dev/rewind/internal/promtest"
 )
 
 // TestJobMetrics steps a fake clock through saves, replicas, a tier copy
@@ -55,7 +56,7 @@ func TestJobMetrics(t *testing.T) {
 	c.tiers.mu.Unlock()
 	clk.Step(5 * time.Second)
 
-	got := gather(t, reg)
+	got := promtest.Samples(t, reg)
 	want := map[string]float64{
 		`rewind_coordinator_leader`:                                     1,
 		`rewind_job_latest_step{job_id="j"}`:                            2,
@@ -83,7 +84,7 @@ func TestJobMetrics(t *testing.T) {
 	c.jobs.reganged(&coordpb.JobEvent{Job: "j", Ok: false})
 	clk.Step(7 * time.Second)
 	save(3, "a")
-	got = gather(t, reg)
+	got = promtest.Samples(t, reg)
 	check(t, got, map[string]float64{
 		`rewind_job_lost_seconds_total{job_id="j"}`:                           2,
 		`rewind_job_recoveries_total{job_id="j",result="ok"}`:                 1,
@@ -96,13 +97,13 @@ func TestJobMetrics(t *testing.T) {
 		`rewind_job_latest_step{job_id="j"}`:                                  3,
 	})
 	save(4, "a") // a later step ends no restart again
-	if n := gather(t, reg)[`rewind_job_recovery_phase_seconds_count{job_id="j",phase="restart"}`]; n != 1 {
+	if n := promtest.Samples(t, reg)[`rewind_job_recovery_phase_seconds_count{job_id="j",phase="restart"}`]; n != 1 {
 		t.Errorf("restart observed %v times, want 1", n)
 	}
 
 	// A follower's index is not the cluster's: it reports no job.
 	follower.Store(true)
-	got = gather(t, reg)
+	got = promtest.Samples(t, reg)
 	if got[`rewind_coordinator_leader`] != 0 {
 		t.Errorf("follower: leader gauge %v, want 0", got[`rewind_coordinator_leader`])
 	}
@@ -111,41 +112,6 @@ func TestJobMetrics(t *testing.T) {
 			t.Errorf("follower reports %s", k)
 		}
 	}
-}
-
-// gather returns every sample of reg as "name{labels}" -> value; a
-// histogram's as its _sum and _count.
-func gather(t *testing.T, reg *prometheus.Registry) map[string]float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.Metric {
-			var ls []string
-			for _, l := range m.Label {
-				ls = append(ls, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
-			}
-			key := func(suffix string) string {
-				if len(ls) == 0 {
-					return mf.GetName() + suffix
-				}
-				return mf.GetName() + suffix + "{" + strings.Join(ls, ",") + "}"
-			}
-			switch {
-			case m.Gauge != nil:
-				out[key("")] = m.Gauge.GetValue()
-			case m.Counter != nil:
-				out[key("")] = m.Counter.GetValue()
-			case m.Histogram != nil:
-				out[key("_sum")] = m.Histogram.GetSampleSum()
-				out[key("_count")] = float64(m.Histogram.GetSampleCount())
-			}
-		}
-	}
-	return out
 }
 
 func check(t *testing.T, got, want map[string]float64) {

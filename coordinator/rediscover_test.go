@@ -20,6 +20,7 @@ import (
 	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/api/coordpb"
 	"rewind.dev/rewind/coordinator"
+	"rewind.dev/rewind/internal/promtest"
 	"rewind.dev/rewind/internal/testcluster"
 	"rewind.dev/rewind/internal/wait"
 	"rewind.dev/rewind/tiers"
@@ -61,18 +62,11 @@ func (tc *tierCluster) waitDurable(job string, want map[string][]int64) {
 
 // rediscovered reads rewind_coordinator_tier_copies_rediscovered_total by tier.
 func rediscovered(t *testing.T, reg *prometheus.Registry) map[string]float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := promtest.Samples(t, reg)
 	out := map[string]float64{}
-	for _, mf := range mfs {
-		if mf.GetName() != "rewind_coordinator_tier_copies_rediscovered_total" {
-			continue
-		}
-		for _, m := range mf.Metric {
-			out[m.Label[0].GetValue()] = m.Counter.GetValue()
+	for _, tier := range []string{"nvme", "pfs", "s3"} {
+		if v, ok := s[fmt.Sprintf("rewind_coordinator_tier_copies_rediscovered_total{tier=%q}", tier)]; ok {
+			out[tier] = v
 		}
 	}
 	return out

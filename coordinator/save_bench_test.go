@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"rewind.dev/rewind/internal/promtest"
 	"rewind.dev/rewind/internal/testcluster"
 	"rewind.dev/rewind/sdk"
 )
@@ -64,12 +65,7 @@ func benchLockstep(b *testing.B, slots int, gap time.Duration) {
 	refreshes := func() float64 {
 		sum := 0.0
 		for _, reg := range regs {
-			mfs, _ := reg.Gather()
-			for _, mf := range mfs {
-				if mf.GetName() == "rewind_agent_pin_refreshes_total" {
-					sum += mf.GetMetric()[0].GetCounter().GetValue()
-				}
-			}
+			sum += promtest.Samples(b, reg)["rewind_agent_pin_refreshes_total"]
 		}
 		return sum
 	}

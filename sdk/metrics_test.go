@@ -1,7 +1,6 @@
 package sdk_test
 
 import (
-	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +9,7 @@ import (
 	"rewind.dev/rewind/agent"
 	"rewind.dev/rewind/api/agentpb"
 	"rewind.dev/rewind/internal/clock"
+	"rewind.dev/rewind/internal/promtest"
 )
 
 // TestSaveSecondsAndNodeMetrics prepares a save, lets the fake clock run
@@ -31,39 +31,14 @@ func TestSaveSecondsAndNodeMetrics(t *testing.T) {
 	if _, err := c.API().Commit(ctx, &agentpb.CommitRequest{Job: "blk", Rank: 0, Slot: prep.Slot, Token: prep.Token, Step: 1, HeaderChecksum: sum}); err != nil {
 		t.Fatal(err)
 	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	found := false
-	got := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.Metric {
-			if m.Gauge != nil {
-				var ls []string
-				for _, l := range m.Label {
-					ls = append(ls, l.GetName()+"="+l.GetValue())
-				}
-				got[mf.GetName()+"{"+strings.Join(ls, ",")+"}"] = m.Gauge.GetValue()
-			}
-		}
-		if mf.GetName() != "rewind_agent_save_seconds" {
-			continue
-		}
-		h := mf.Metric[0].Histogram
-		found = true
-		if l := mf.Metric[0].Label[0]; l.GetName() != "job_id" || l.GetValue() != "blk" || h.GetSampleCount() != 1 || h.GetSampleSum() != 0.25 {
-			t.Errorf("save seconds %s=%s: %d saves, %v s; want job_id=blk, 1 save of 0.25 s", l.GetName(), l.GetValue(), h.GetSampleCount(), h.GetSampleSum())
-		}
-	}
-	if !found {
-		t.Error("no rewind_agent_save_seconds")
-	}
+	got := promtest.Samples(t, reg)
 	for k, v := range map[string]float64{
-		"rewind_agent_info{failure_domain=rack-a,node=test-node}": 1,
-		"rewind_agent_segments{state=committed}":                  1,
-		"rewind_agent_segments{state=writing}":                    0,
-		"rewind_agent_segments{state=corrupt}":                    0,
+		`rewind_agent_save_seconds_count{job_id="blk"}`:               1,
+		`rewind_agent_save_seconds_sum{job_id="blk"}`:                 0.25,
+		`rewind_agent_info{failure_domain="rack-a",node="test-node"}`: 1,
+		`rewind_agent_segments{state="committed"}`:                    1,
+		`rewind_agent_segments{state="writing"}`:                      0,
+		`rewind_agent_segments{state="corrupt"}`:                      0,
 	} {
 		if g, ok := got[k]; !ok || g != v {
 			t.Errorf("%s = %v (present %v), want %v", k, g, ok, v)
