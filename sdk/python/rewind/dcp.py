@@ -292,7 +292,7 @@ class Writer(_Base, StorageWriter, AsyncStager):
                                "async_checkpointer_type=PROCESS pass async_stager=DefaultStager(...) "
                                "(torch.distributed.checkpoint.staging), or use the thread executor")
         state = self.__dict__.copy()
-        state.update(client=None, _staged=None, _snapshot=None)
+        state.update(client=None, _snapshot=None)
         return state
 
     def __setstate__(self, state) -> None:
